@@ -1,0 +1,156 @@
+//! Key decisions: what the cluster agrees on about one minion id.
+
+use std::fmt;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use super::id::MinionId;
+use super::version::Version;
+
+/// sha256 of a key file's exact bytes, as `salt-key -F` prints it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Fingerprint(pub [u8; 32]);
+
+impl Fingerprint {
+    pub fn of(bytes: &[u8]) -> Fingerprint {
+        Fingerprint(Sha256::digest(bytes).into())
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, byte) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(":")?;
+            }
+            write!(f, "{byte:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", &self.to_string()[..11])
+    }
+}
+
+/// A minion public key: the bytes exactly as found (never normalised, the
+/// fingerprint depends on every byte) and their fingerprint.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PublicKey {
+    bytes: Arc<[u8]>,
+    fingerprint: Fingerprint,
+}
+
+impl PublicKey {
+    /// Wraps bytes that already passed [`super::keyfile::check_public_key`].
+    pub fn new(bytes: impl Into<Arc<[u8]>>) -> PublicKey {
+        let bytes = bytes.into();
+        let fingerprint = Fingerprint::of(&bytes);
+        PublicKey { bytes, fingerprint }
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
+    }
+}
+
+impl fmt::Debug for PublicKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PublicKey({:?})", self.fingerprint)
+    }
+}
+
+/// The kind of a decision, without its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum VerdictKind {
+    Accepted,
+    Rejected,
+    Deleted,
+}
+
+impl VerdictKind {
+    /// The audit action name of a decision of this kind.
+    pub fn action(self) -> &'static str {
+        match self {
+            VerdictKind::Accepted => "accept",
+            VerdictKind::Rejected => "reject",
+            VerdictKind::Deleted => "delete",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Accepted(PublicKey),
+    Rejected(PublicKey),
+    /// A tombstone: the id is in none of the three folders.
+    Deleted,
+}
+
+impl Verdict {
+    pub fn kind(&self) -> VerdictKind {
+        match self {
+            Verdict::Accepted(_) => VerdictKind::Accepted,
+            Verdict::Rejected(_) => VerdictKind::Rejected,
+            Verdict::Deleted => VerdictKind::Deleted,
+        }
+    }
+
+    pub fn key(&self) -> Option<&PublicKey> {
+        match self {
+            Verdict::Accepted(key) | Verdict::Rejected(key) => Some(key),
+            Verdict::Deleted => None,
+        }
+    }
+
+    pub fn fingerprint(&self) -> Option<Fingerprint> {
+        self.key().map(PublicKey::fingerprint)
+    }
+}
+
+/// One decision about one minion id, as made on its origin node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub id: MinionId,
+    pub verdict: Verdict,
+    pub version: Version,
+    /// The version the origin held for this id when it decided; `None` when it
+    /// held none. Tells concurrent decisions from successive ones.
+    pub supersedes: Option<Version>,
+}
+
+impl Decision {
+    pub fn entry(&self) -> Entry {
+        Entry {
+            kind: self.verdict.kind(),
+            fingerprint: self.verdict.fingerprint(),
+            version: self.version.clone(),
+            supersedes: self.supersedes.clone(),
+        }
+    }
+}
+
+/// What a node keeps in memory about a decision: everything but the key bytes,
+/// which stay in the store (100,000 keys of ~450 bytes would not fit the
+/// memory target).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub kind: VerdictKind,
+    pub fingerprint: Option<Fingerprint>,
+    pub version: Version,
+    pub supersedes: Option<Version>,
+}
+
+impl Entry {
+    /// Whether the entry says the same thing as `verdict`, whatever its version.
+    pub fn same_verdict(&self, verdict: &Verdict) -> bool {
+        self.kind == verdict.kind() && self.fingerprint == verdict.fingerprint()
+    }
+}

@@ -1,0 +1,106 @@
+//! Anti-entropy digests: the id space is split into buckets, each summarised
+//! by the XOR of its entries' hashes, so two nodes find the few buckets where
+//! they differ by exchanging one small vector.
+
+use sha2::{Digest, Sha256};
+
+use super::id::MinionId;
+use super::version::Version;
+
+/// Buckets of the id space. 1,024 digests are 8 KiB on the wire; with 100,000
+/// keys a bucket holds about 100 entries, so one differing key costs 8 KiB
+/// plus one bucket's summaries.
+pub const N_BUCKETS: usize = 1024;
+
+pub fn bucket_of(id: &MinionId) -> usize {
+    let hash = Sha256::digest(id.as_str().as_bytes());
+    usize::from(u16::from_be_bytes([hash[0], hash[1]])) % N_BUCKETS
+}
+
+/// The hash of one `(id, version)`: a version names one decision, so equal
+/// hashes mean equal decisions.
+fn entry_hash(id: &MinionId, version: &Version) -> u64 {
+    let mut hasher = Sha256::new();
+    hasher.update(id.as_str().as_bytes());
+    hasher.update([0]);
+    hasher.update(version.hlc.to_be_bytes());
+    hasher.update(version.node.as_bytes());
+    let hash = hasher.finalize();
+    u64::from_be_bytes(hash[..8].try_into().expect("sha256 is 32 bytes"))
+}
+
+/// Per-bucket digests, updated incrementally as entries change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Digests {
+    buckets: Vec<u64>,
+}
+
+impl Default for Digests {
+    fn default() -> Self {
+        Digests { buckets: vec![0; N_BUCKETS] }
+    }
+}
+
+impl Digests {
+    /// Records that `id` moved from version `old` (if any) to `new`.
+    pub fn replace(&mut self, id: &MinionId, old: Option<&Version>, new: &Version) {
+        let bucket = &mut self.buckets[bucket_of(id)];
+        if let Some(old) = old {
+            *bucket ^= entry_hash(id, old);
+        }
+        *bucket ^= entry_hash(id, new);
+    }
+
+    pub fn as_slice(&self) -> &[u64] {
+        &self.buckets
+    }
+
+    /// Buckets whose digest differs from `theirs`; all of them when the
+    /// other side uses a different bucket count.
+    pub fn differing(&self, theirs: &[u64]) -> Vec<u32> {
+        if theirs.len() != self.buckets.len() {
+            return (0..N_BUCKETS as u32).collect();
+        }
+        let pairs = self.buckets.iter().zip(theirs);
+        (0u32..).zip(pairs).filter(|(_, (mine, theirs))| mine != theirs).map(|(idx, _)| idx).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(s: &str) -> MinionId {
+        MinionId::parse(s).unwrap()
+    }
+
+    #[test]
+    fn equal_contents_give_equal_digests_in_any_order() {
+        let (a, b) = (id("a"), id("b"));
+        let (v1, v2) = (Version::new(1, "n1"), Version::new(2, "n2"));
+        let mut one = Digests::default();
+        one.replace(&a, None, &v1);
+        one.replace(&b, None, &v2);
+        let mut two = Digests::default();
+        two.replace(&b, None, &Version::new(0, "x"));
+        two.replace(&a, None, &v1);
+        two.replace(&b, Some(&Version::new(0, "x")), &v2);
+        assert_eq!(one, two);
+        assert!(one.differing(two.as_slice()).is_empty());
+    }
+
+    #[test]
+    fn one_changed_entry_shows_in_one_bucket() {
+        let mut one = Digests::default();
+        let mut two = Digests::default();
+        for n in 0..500 {
+            let minion = id(&format!("m{n}"));
+            one.replace(&minion, None, &Version::new(n, "a"));
+            two.replace(&minion, None, &Version::new(n, "a"));
+        }
+        let changed = id("m42");
+        two.replace(&changed, Some(&Version::new(42, "a")), &Version::new(1000, "b"));
+        assert_eq!(one.differing(two.as_slice()), vec![bucket_of(&changed) as u32]);
+        assert_eq!(one.differing(&[0; 3]).len(), N_BUCKETS, "a bucket-count mismatch compares everything");
+    }
+}

@@ -1,0 +1,21 @@
+//! The replication core: pure types and state machines, no I/O.
+//!
+//! Architecture invariant: nothing under `core/` imports tokio, tonic,
+//! notify or std::fs; the driver (`agent.rs`) feeds it readings and messages
+//! and carries out what it returns, which is what makes the seeded
+//! simulation in `tests/sim.rs` possible.
+
+pub mod decision;
+pub mod digest;
+pub mod id;
+pub mod keyfile;
+pub mod merge;
+pub mod observe;
+pub mod replica;
+pub mod settle;
+pub mod version;
+
+pub use decision::{Decision, Entry, Fingerprint, PublicKey, Verdict, VerdictKind};
+pub use id::MinionId;
+pub use observe::{Folder, Seen, Slot, Slots};
+pub use version::Version;

@@ -1,0 +1,4 @@
+//! salt-keysync: replicates salt-key decisions between SaltStack masters.
+#![forbid(unsafe_code)]
+
+pub mod core;

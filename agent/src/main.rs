@@ -1,0 +1,2 @@
+//! The `salt-keysync` binary.
+fn main() {}
