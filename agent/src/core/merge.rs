@@ -36,17 +36,13 @@ pub fn merge(held: Option<&Entry>, incoming: &Decision) -> MergeOutcome {
     let disagree = !held.same_verdict(&incoming.verdict);
     if incoming.version > held.version {
         let concurrent = !knew(incoming.supersedes.as_ref(), &held.version);
-        let conflict = (concurrent && disagree).then(|| Conflict {
-            winner: incoming.version.clone(),
-            loser: held.version.clone(),
-        });
+        let conflict = (concurrent && disagree)
+            .then(|| Conflict { winner: incoming.version.clone(), loser: held.version.clone() });
         MergeOutcome::Apply { conflict }
     } else {
         let concurrent = !knew(held.supersedes.as_ref(), &incoming.version);
-        let conflict = (concurrent && disagree).then(|| Conflict {
-            winner: held.version.clone(),
-            loser: incoming.version.clone(),
-        });
+        let conflict = (concurrent && disagree)
+            .then(|| Conflict { winner: held.version.clone(), loser: incoming.version.clone() });
         MergeOutcome::Superseded { conflict }
     }
 }

@@ -177,8 +177,8 @@ impl Settler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use FsChange::*;
     use Folder::*;
+    use FsChange::*;
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)

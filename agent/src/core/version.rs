@@ -101,11 +101,7 @@ impl Hlc {
     pub fn observe(&mut self, version: &Version, wall_ms: u64, max_skew_ms: u64) -> Result<(), SkewError> {
         let limit = wall_ms.saturating_add(max_skew_ms);
         if version.millis() > limit {
-            return Err(SkewError {
-                version: version.clone(),
-                ahead_ms: version.millis() - wall_ms,
-                max_skew_ms,
-            });
+            return Err(SkewError { version: version.clone(), ahead_ms: version.millis() - wall_ms, max_skew_ms });
         }
         self.last = self.last.max(version.hlc);
         Ok(())

@@ -1,0 +1,317 @@
+//! Configuration in two phases: the TOML file as written (`RawConfig`, unknown
+//! keys refused), then a validated [`Config`] with resolved paths and timings.
+//! Every error names the key it is about.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub const DEFAULT_CONFIG: &str = "/etc/salt-keysync/config.toml";
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    node: String,
+    pki_dir: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
+    listen: Option<String>,
+    audit_log: Option<PathBuf>,
+    tls: RawTls,
+    #[serde(default)]
+    peer: Vec<RawPeer>,
+    #[serde(default)]
+    salt: RawSalt,
+    log_format: Option<String>,
+    #[serde(default)]
+    timings: RawTimings,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPeer {
+    name: String,
+    address: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSalt {
+    master_config: Option<PathBuf>,
+    cachedir: Option<PathBuf>,
+    master_id: Option<String>,
+    user: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTimings {
+    anti_entropy_interval: Option<String>,
+    rescan_interval: Option<String>,
+    max_clock_skew: Option<String>,
+    absent_grace: Option<String>,
+    reconnect_max: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Debug)]
+pub struct Peer {
+    pub name: String,
+    pub address: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct Tls {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// What the agent needs to know about the salt-master beside it.
+#[derive(Clone, Debug)]
+pub struct Salt {
+    /// The master's config file, read by `check` and at start-up to refuse
+    /// set-ups where the key folders are not the truth.
+    pub master_config: PathBuf,
+    /// Where `.dfn` is dropped to make the master rotate its AES key.
+    pub cachedir: PathBuf,
+    /// Written into `.dfn` (Salt 3008 does); `None`: this host's name + "_master".
+    pub master_id: Option<String>,
+    /// Owner of the files the agent writes; `None`: the owner of pki_dir.
+    pub user: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Timings {
+    pub anti_entropy_interval: Duration,
+    pub rescan_interval: Duration,
+    pub max_clock_skew: Duration,
+    pub absent_grace: Duration,
+    pub reconnect_max: Duration,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Timings {
+            anti_entropy_interval: Duration::from_secs(60),
+            rescan_interval: Duration::from_secs(300),
+            max_clock_skew: Duration::from_secs(300),
+            absent_grace: Duration::from_millis(40),
+            reconnect_max: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub node: String,
+    pub pki_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub audit_log: PathBuf,
+    pub tls: Tls,
+    pub peers: Vec<Peer>,
+    pub salt: Salt,
+    pub log_format: LogFormat,
+    pub timings: Timings,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config {path}: {key}: {message}")]
+    Invalid { path: PathBuf, key: String, message: String },
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        Config::parse(&text, path)
+    }
+
+    /// Parses and validates `text`; relative paths are resolved against the
+    /// folder of `path`.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text)
+            .map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string().trim_end().to_string() })?;
+        let invalid = |key: &str, message: String| ConfigError::Invalid { path: path.into(), key: key.into(), message };
+        let base = path.parent().unwrap_or(Path::new("."));
+        let resolve = |p: PathBuf| if p.is_relative() { base.join(p) } else { p };
+
+        check_name(&raw.node).map_err(|m| invalid("node", m))?;
+        let listen_raw = raw.listen.unwrap_or_else(|| "0.0.0.0:4515".into());
+        let listen = listen_raw.parse().map_err(|_| invalid("listen", format!("{listen_raw:?} is not ip:port")))?;
+        let state_dir = resolve(raw.state_dir.unwrap_or_else(|| "/var/lib/salt-keysync".into()));
+        let audit_log = raw.audit_log.map(resolve).unwrap_or_else(|| state_dir.join("audit.jsonl"));
+
+        let mut peers: Vec<Peer> = Vec::new();
+        for (idx, peer) in raw.peer.into_iter().enumerate() {
+            check_name(&peer.name).map_err(|m| invalid(&format!("peer[{idx}].name"), m))?;
+            if peer.name == raw.node {
+                return Err(invalid(&format!("peer[{idx}].name"), format!("{:?} is this node's own name", peer.name)));
+            }
+            if peers.iter().any(|p| p.name == peer.name) {
+                return Err(invalid(&format!("peer[{idx}].name"), format!("{:?} is listed twice", peer.name)));
+            }
+            if !is_host_port(&peer.address) {
+                return Err(invalid(&format!("peer[{idx}].address"), format!("{:?} is not host:port", peer.address)));
+            }
+            peers.push(Peer { name: peer.name, address: peer.address });
+        }
+
+        let log_format = match raw.log_format.as_deref() {
+            None | Some("text") => LogFormat::Text,
+            Some("json") => LogFormat::Json,
+            Some(other) => return Err(invalid("log_format", format!("{other:?} is neither \"text\" nor \"json\""))),
+        };
+
+        let defaults = Timings::default();
+        let t = raw.timings;
+        let duration = |key: &str, raw: Option<String>, default: Duration| match raw {
+            None => Ok(default),
+            Some(text) => humantime::parse_duration(&text)
+                .map_err(|e| invalid(&format!("timings.{key}"), format!("{text:?} is not a duration ({e})"))),
+        };
+        let timings = Timings {
+            anti_entropy_interval: duration(
+                "anti_entropy_interval",
+                t.anti_entropy_interval,
+                defaults.anti_entropy_interval,
+            )?,
+            rescan_interval: duration("rescan_interval", t.rescan_interval, defaults.rescan_interval)?,
+            max_clock_skew: duration("max_clock_skew", t.max_clock_skew, defaults.max_clock_skew)?,
+            absent_grace: duration("absent_grace", t.absent_grace, defaults.absent_grace)?,
+            reconnect_max: duration("reconnect_max", t.reconnect_max, defaults.reconnect_max)?,
+        };
+        if timings.anti_entropy_interval.is_zero() || timings.rescan_interval.is_zero() {
+            return Err(invalid("timings", "intervals must be greater than zero".into()));
+        }
+
+        let salt = Salt {
+            master_config: resolve(raw.salt.master_config.unwrap_or_else(|| "/etc/salt/master".into())),
+            cachedir: resolve(raw.salt.cachedir.unwrap_or_else(|| "/var/cache/salt/master".into())),
+            master_id: raw.salt.master_id,
+            user: raw.salt.user,
+        };
+
+        Ok(Config {
+            node: raw.node,
+            pki_dir: resolve(raw.pki_dir.unwrap_or_else(|| "/etc/salt/pki/master".into())),
+            state_dir,
+            listen,
+            audit_log,
+            tls: Tls { ca: resolve(raw.tls.ca), cert: resolve(raw.tls.cert), key: resolve(raw.tls.key) },
+            peers,
+            salt,
+            log_format,
+            timings,
+        })
+    }
+}
+
+/// Node names are DNS names of certificates.
+fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{name:?} is not a DNS name"))
+    }
+}
+
+fn is_host_port(address: &str) -> bool {
+    let Some((host, port)) = address.rsplit_once(':') else { return false };
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    !host.is_empty() && !host.contains(char::is_whitespace) && port.parse::<u16>().is_ok_and(|p| p > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+node = "master-a"
+[tls]
+ca = "tls/ca.pem"
+cert = "tls/node.pem"
+key = "/abs/node.key"
+[[peer]]
+name = "master-b"
+address = "10.0.0.12:4515"
+"#;
+
+    fn parse(text: &str) -> Result<Config, String> {
+        Config::parse(text, Path::new("/etc/salt-keysync/config.toml")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_follow_the_design() {
+        let config = parse(MINIMAL).unwrap();
+        assert_eq!(config.pki_dir, Path::new("/etc/salt/pki/master"));
+        assert_eq!(config.state_dir, Path::new("/var/lib/salt-keysync"));
+        assert_eq!(config.audit_log, Path::new("/var/lib/salt-keysync/audit.jsonl"));
+        assert_eq!(config.listen.to_string(), "0.0.0.0:4515");
+        assert_eq!(config.tls.ca, Path::new("/etc/salt-keysync/tls/ca.pem"));
+        assert_eq!(config.tls.key, Path::new("/abs/node.key"));
+        assert_eq!(config.peers[0].name, "master-b");
+        assert_eq!(config.salt.cachedir, Path::new("/var/cache/salt/master"));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases = [
+            (format!("{MINIMAL}\nbogus = 1"), "unknown field `bogus`"),
+            (MINIMAL.replace("10.0.0.12:4515", "x"), "peer[0].address: \"x\" is not host:port"),
+            (MINIMAL.replace("name = \"master-b\"", "name = \"master-a\""), "peer[0].name: \"master-a\" is this node"),
+            (MINIMAL.replace("node = \"master-a\"", "node = \"a b\""), "node: \"a b\" is not a DNS name"),
+            (format!("listen = \"nope\"\n{MINIMAL}"), "listen: \"nope\" is not ip:port"),
+            (format!("log_format = \"xml\"\n{MINIMAL}"), "log_format: \"xml\""),
+            (format!("{MINIMAL}\n[timings]\nrescan_interval = \"soon\""), "timings.rescan_interval: \"soon\""),
+            (
+                format!("{MINIMAL}\n[[peer]]\nname = \"master-b\"\naddress = \"h:1\""),
+                "peer[1].name: \"master-b\" is listed twice",
+            ),
+            (MINIMAL.replace("[tls]", "[tls]\ncrt = 1"), "unknown field `crt`"),
+        ];
+        for (text, want) in cases {
+            let err = parse(&text).unwrap_err();
+            assert!(err.contains(want), "{err:?} should contain {want:?}");
+        }
+    }
+
+    #[test]
+    fn host_port_forms() {
+        for ok in ["10.0.0.1:4515", "master-b.example.com:1", "[::1]:4515"] {
+            assert!(is_host_port(ok), "{ok}");
+        }
+        for bad in ["10.0.0.1", ":4515", "h:0", "h:99999", "a b:1"] {
+            assert!(!is_host_port(bad), "{bad}");
+        }
+    }
+}

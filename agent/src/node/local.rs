@@ -1,0 +1,171 @@
+//! Local side of the core task: folder events and scans turned into
+//! decisions, made durable, audited and sent to the peers.
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use super::{wall_ms, Core};
+use crate::audit::Record;
+use crate::core::observe::interpret;
+use crate::core::replica::ObserveMode;
+use crate::core::{Decision, Folder, MinionId, Slot, Slots};
+use crate::watcher::WatchEvent;
+
+impl Core {
+    pub(super) fn on_watch_event(&mut self, event: WatchEvent) {
+        match event {
+            WatchEvent::Change { folder, name, change } => {
+                self.settler.on_event(folder, &name, change, Instant::now());
+            }
+            WatchEvent::Rescan(reason) => self.rescan(&reason),
+        }
+    }
+
+    /// Reads the names whose events have settled.
+    pub(super) fn process_due(&mut self) {
+        let due = self.settler.take_due(Instant::now());
+        if due.is_empty() {
+            return;
+        }
+        let decisions: Vec<Decision> =
+            due.iter().filter_map(|name| self.observe_name(name, ObserveMode::Live, true)).collect();
+        self.record_local(decisions, None);
+    }
+
+    /// Reads one name's three files and returns the decision they amount to.
+    fn observe_name(&mut self, name: &str, mode: ObserveMode, audit_pending: bool) -> Option<Decision> {
+        let id = match MinionId::parse(name) {
+            Ok(id) => id,
+            Err(e) => {
+                self.refuse_once(Folder::Accepted, name, None, &e.to_string());
+                return None;
+            }
+        };
+        let slots = self.pki.read_slots(&id);
+        self.audit_slots(&id, &slots, audit_pending);
+        self.replica.observe(&id, interpret(&slots), wall_ms(), mode)
+    }
+
+    fn audit_slots(&mut self, id: &MinionId, slots: &Slots, audit_pending: bool) {
+        for folder in Folder::ALL {
+            match slots.get(folder) {
+                Slot::Refused(reason) => self.refuse_once(folder, id.as_str(), Some(id), &reason.to_string()),
+                _ => {
+                    self.refused.remove(&(folder, id.to_string()));
+                }
+            }
+        }
+        match &slots.pending {
+            Slot::Key(key) => {
+                let known = self.pending.insert(id.clone(), key.fingerprint());
+                if audit_pending && known != Some(key.fingerprint()) {
+                    self.audit.record(Record {
+                        minion: Some(id.to_string()),
+                        fingerprint: Some(key.fingerprint().to_string()),
+                        origin: Some(self.settings.node.clone()),
+                        ..Record::new("pending", "local", "observed")
+                    });
+                }
+            }
+            _ => {
+                self.pending.remove(id);
+            }
+        }
+    }
+
+    /// Audits a refused file once per reason (a rescan finds it again).
+    fn refuse_once(&mut self, folder: Folder, name: &str, id: Option<&MinionId>, reason: &str) {
+        let key = (folder, name.to_string());
+        if self.refused.get(&key).is_some_and(|seen| seen == reason) {
+            return;
+        }
+        tracing::warn!(folder = folder.dir_name(), file = name, reason, "refused key file");
+        self.audit.record(Record {
+            minion: Some(id.map_or_else(|| name.escape_debug().to_string(), MinionId::to_string)),
+            origin: Some(self.settings.node.clone()),
+            reason: Some(format!("{}/{}: {reason}", folder.dir_name(), name.escape_debug())),
+            ..Record::new("refuse", "local", "refused")
+        });
+        self.refused.insert(key, reason.to_string());
+    }
+
+    /// Makes local decisions durable, holds them, audits and sends them.
+    pub(super) fn record_local(&mut self, decisions: Vec<Decision>, reason: Option<&str>) {
+        if decisions.is_empty() {
+            return;
+        }
+        // The files were written by salt-key, which does not fsync: flush
+        // them first, or a crash could lose a file whose decision was sent.
+        if let Err(e) = self.pki.sync() {
+            tracing::error!(error = %e, "cannot flush pki_dir; decisions not recorded");
+            return;
+        }
+        let ids: Vec<MinionId> = Vec::new();
+        if let Err(e) = self.store.record(&decisions, &ids, &self.settings.node, self.replica.clock()) {
+            // Nothing was sent: the next scan finds the same changes again.
+            tracing::error!(error = %e, "cannot record local decisions");
+            return;
+        }
+        for decision in &decisions {
+            self.replica.commit(decision);
+            tracing::info!(minion = %decision.id, action = decision.verdict.kind().action(), version = %decision.version, "local decision");
+            self.audit.record(Record {
+                minion: Some(decision.id.to_string()),
+                fingerprint: decision.verdict.fingerprint().map(|f| f.to_string()),
+                origin: Some(self.settings.node.clone()),
+                version: Some(decision.version.to_string()),
+                other_version: decision.supersedes.as_ref().map(ToString::to_string),
+                reason: reason.map(str::to_string),
+                ..Record::new(decision.verdict.kind().action(), "local", "applied")
+            });
+        }
+        self.audit.sync();
+        self.broadcast(None, decisions);
+    }
+
+    /// Compares every name in the folders, and every id held, with the store.
+    /// Ids whose events are still settling are left to the settler.
+    pub(super) fn rescan(&mut self, why: &str) {
+        let listed = match self.pki.list() {
+            Ok(listed) => listed,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot list the key folders");
+                return;
+            }
+        };
+        let mut names: BTreeSet<String> = listed.into_iter().map(|(_, name)| name).collect();
+        names.extend(self.replica.entries().map(|(id, _)| id.to_string()));
+        let names: Vec<String> = names.into_iter().filter(|name| !self.settler.is_unsettled(name)).collect();
+        let decisions: Vec<Decision> =
+            names.iter().filter_map(|name| self.observe_name(name, ObserveMode::Live, true)).collect();
+        if !decisions.is_empty() {
+            tracing::warn!(n = decisions.len(), why, "rescan found changes no event reported");
+        }
+        self.record_local(decisions, Some("found by rescan"));
+    }
+
+    /// Start-up: finds what changed while the agent was stopped. On the very
+    /// first start, what the folders hold gets the bootstrap version.
+    pub(super) fn reconcile(&mut self, initialized: bool) {
+        let mode = if initialized { ObserveMode::Live } else { ObserveMode::FirstStart };
+        let listed = match self.pki.list() {
+            Ok(listed) => listed,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot list the key folders at start-up");
+                Vec::new()
+            }
+        };
+        let mut names: BTreeSet<String> = listed.into_iter().map(|(_, name)| name).collect();
+        names.extend(self.replica.entries().map(|(id, _)| id.to_string()));
+        let decisions: Vec<Decision> = names.iter().filter_map(|name| self.observe_name(name, mode, false)).collect();
+        let reason = if initialized { "changed while the agent was stopped" } else { "found at first start" };
+        tracing::info!(n_held = self.replica.len(), n_found = decisions.len(), reason, "start-up reconciliation");
+        if decisions.is_empty() && !initialized {
+            // Marks the store initialized: the next start is not a first start.
+            if let Err(e) = self.store.record(&[], &[], &self.settings.node, self.replica.clock()) {
+                tracing::error!(error = %e, "cannot initialize the state store");
+            }
+        }
+        self.record_local(decisions, Some(reason));
+    }
+}

@@ -1,0 +1,209 @@
+//! Peer side of the core task: merging peers' decisions, applying the newer
+//! ones to the folders durably, and forwarding them on.
+
+use std::collections::HashMap;
+
+use super::{wall_ms, Core};
+use crate::audit::Record;
+use crate::core::merge::{Conflict, MergeOutcome};
+use crate::core::{Decision, Folder, MinionId, VerdictKind};
+use crate::pki::{drop_dfn, Applied};
+
+/// A decision chosen for applying, with what the merge said about it.
+struct Accepted {
+    decision: Decision,
+    conflict: Option<Conflict>,
+}
+
+impl Core {
+    /// Merges decisions from `from`, applies the newer ones, and returns how
+    /// many were applied.
+    pub(super) fn apply_remote(&mut self, from: &str, decisions: Vec<Decision>) -> u32 {
+        let now = wall_ms();
+        let max_skew = self.settings.max_clock_skew.as_millis() as u64;
+        let mut chosen: HashMap<MinionId, Accepted> = HashMap::new();
+        for decision in decisions {
+            match self.replica.merge(&decision, now, max_skew) {
+                Err(skew) => self.audit_remote(&decision, from, "refuse", "refused", Some(skew.to_string())),
+                Ok(MergeOutcome::Duplicate) => {}
+                Ok(MergeOutcome::Superseded { conflict }) => {
+                    if let Some(conflict) = conflict {
+                        self.audit_conflict(&decision, from, &conflict);
+                    }
+                    let reason = self.replica.entry(&decision.id).map(|held| format!("holds newer {}", held.version));
+                    self.audit_remote(&decision, from, decision.verdict.kind().action(), "superseded", reason);
+                }
+                Ok(MergeOutcome::Apply { conflict }) => {
+                    // Several decisions for one id in a batch: the newest wins here too.
+                    let newer = chosen.get(&decision.id).is_none_or(|c| c.decision.version < decision.version);
+                    if newer {
+                        chosen.insert(decision.id.clone(), Accepted { decision, conflict });
+                    }
+                }
+            }
+        }
+        let mut batch: Vec<Accepted> = chosen.into_values().collect();
+        batch.sort_by(|a, b| a.decision.id.cmp(&b.decision.id));
+        self.apply_batch(from, batch)
+    }
+
+    fn apply_batch(&mut self, from: &str, batch: Vec<Accepted>) -> u32 {
+        if batch.is_empty() {
+            return 0;
+        }
+        let decisions: Vec<Decision> = batch.iter().map(|a| a.decision.clone()).collect();
+        if let Err(e) = self.store.journal(&decisions) {
+            tracing::error!(error = %e, "cannot journal decisions; not applied");
+            self.retry.extend(decisions.into_iter().map(|d| (from.to_string(), d)));
+            return 0;
+        }
+        let mut written = Vec::new();
+        let mut revoked = false;
+        for accepted in batch {
+            let decision = &accepted.decision;
+            let had_accepted = decision.verdict.kind() != VerdictKind::Accepted
+                && self.pki.folder_path(Folder::Accepted).join(decision.id.as_str()).symlink_metadata().is_ok();
+            match self.pki.apply(decision) {
+                Ok(applied) => {
+                    revoked |= had_accepted;
+                    written.push((accepted, applied));
+                }
+                Err(e) => {
+                    tracing::error!(minion = %decision.id, error = %e, "cannot apply decision; will retry");
+                    self.audit_remote(decision, from, decision.verdict.kind().action(), "failed", Some(e.to_string()));
+                    self.retry.push((from.to_string(), accepted.decision));
+                }
+            }
+        }
+        if written.is_empty() {
+            return 0;
+        }
+        let decisions: Vec<Decision> = written.iter().map(|(a, _)| a.decision.clone()).collect();
+        let ids: Vec<MinionId> = decisions.iter().map(|d| d.id.clone()).collect();
+        let durable = self.pki.sync().map_err(|e| e.to_string()).and_then(|()| {
+            self.store.record(&decisions, &ids, &self.settings.node, self.replica.clock()).map_err(|e| e.to_string())
+        });
+        if let Err(e) = durable {
+            // Not held, not forwarded: retried, and the journal finishes it after a crash.
+            tracing::error!(error = %e, "cannot make applied decisions durable; will retry");
+            self.retry.extend(decisions.into_iter().map(|d| (from.to_string(), d)));
+            return 0;
+        }
+        if revoked {
+            self.drop_dfn();
+        }
+        for (accepted, applied) in &written {
+            self.replica.commit(&accepted.decision);
+            self.audit_applied(from, accepted, applied);
+        }
+        self.audit.sync();
+        let n_applied = decisions.len() as u32;
+        self.broadcast(Some(from), decisions);
+        n_applied
+    }
+
+    /// Start-up: applies decisions journalled before a crash, unless
+    /// something newer is held by now.
+    pub(super) fn finish_journal(&mut self, journal: Vec<Decision>) {
+        if journal.is_empty() {
+            return;
+        }
+        tracing::info!(n = journal.len(), "finishing decisions interrupted by a stop");
+        let batch = journal
+            .into_iter()
+            .filter(|d| self.replica.entry(&d.id).is_none_or(|held| held.version < d.version))
+            .map(|decision| Accepted { decision, conflict: None })
+            .collect();
+        self.apply_batch("journal", batch);
+    }
+
+    pub(super) fn retry_failed(&mut self) {
+        let mut by_peer: HashMap<String, Vec<Decision>> = HashMap::new();
+        for (from, decision) in std::mem::take(&mut self.retry) {
+            by_peer.entry(from).or_default().push(decision);
+        }
+        for (from, decisions) in by_peer {
+            self.apply_remote(&from, decisions);
+        }
+    }
+
+    fn drop_dfn(&self) {
+        match drop_dfn(&self.settings.cachedir, &self.settings.master_id, self.owner) {
+            Ok(true) => {
+                tracing::info!(cachedir = %self.settings.cachedir.display(), "dropped .dfn: the master rotates its AES key")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::error!(cachedir = %self.settings.cachedir.display(), error = %e, "cannot drop .dfn; revoked minions stay connected until the master rotates its key");
+                self.audit.record(Record {
+                    reason: Some(format!("cannot drop {}/.dfn: {e}", self.settings.cachedir.display())),
+                    ..Record::new("rotate", "local", "failed")
+                });
+            }
+        }
+    }
+
+    fn audit_applied(&self, from: &str, accepted: &Accepted, applied: &Applied) {
+        let decision = &accepted.decision;
+        if let Some(conflict) = &accepted.conflict {
+            self.audit_conflict(decision, from, conflict);
+        }
+        tracing::debug!(minion = %decision.id, peer = from, version = %decision.version, "applied peer decision");
+        self.audit_remote(decision, from, decision.verdict.kind().action(), "applied", None);
+        if let Some(pending) = &applied.discarded_pending {
+            self.audit.record(Record {
+                minion: Some(decision.id.to_string()),
+                fingerprint: Some(pending.fingerprint().to_string()),
+                other_fingerprint: decision.verdict.fingerprint().map(|f| f.to_string()),
+                origin: Some(decision.version.node.to_string()),
+                reason: Some("a different pending key was discarded for the decided one".into()),
+                ..Record::new("pending", from, "discarded")
+            });
+        }
+    }
+
+    fn audit_remote(&self, decision: &Decision, from: &str, action: &str, outcome: &str, reason: Option<String>) {
+        self.audit.record(Record {
+            minion: Some(decision.id.to_string()),
+            fingerprint: decision.verdict.fingerprint().map(|f| f.to_string()),
+            origin: Some(decision.version.node.to_string()),
+            version: Some(decision.version.to_string()),
+            reason,
+            ..Record::new(action, from, outcome)
+        });
+    }
+
+    fn audit_conflict(&self, decision: &Decision, from: &str, conflict: &Conflict) {
+        let held = self.replica.entry(&decision.id);
+        let (winner_fp, loser_fp) = if conflict.winner == decision.version {
+            (decision.verdict.fingerprint(), held.and_then(|h| h.fingerprint))
+        } else {
+            (held.and_then(|h| h.fingerprint), decision.verdict.fingerprint())
+        };
+        let kinds = |v: &crate::core::Version| {
+            if *v == decision.version {
+                decision.verdict.kind().action()
+            } else {
+                held.map_or("none", |h| h.kind.action())
+            }
+        };
+        tracing::warn!(minion = %decision.id, winner = %conflict.winner, loser = %conflict.loser, "concurrent decisions");
+        self.audit.record(Record {
+            minion: Some(decision.id.to_string()),
+            fingerprint: winner_fp.map(|f| f.to_string()),
+            other_fingerprint: loser_fp.map(|f| f.to_string()),
+            origin: Some(conflict.winner.node.to_string()),
+            version: Some(conflict.winner.to_string()),
+            other_version: Some(conflict.loser.to_string()),
+            reason: Some(format!(
+                "{} at {} and {} at {} were made concurrently; {} wins",
+                kinds(&conflict.winner),
+                conflict.winner.node,
+                kinds(&conflict.loser),
+                conflict.loser.node,
+                conflict.winner
+            )),
+            ..Record::new("conflict", from, "resolved")
+        });
+    }
+}

@@ -1,0 +1,188 @@
+//! Outbound replication: one task per configured peer keeps a connection,
+//! pushes this node's decisions as they happen, and runs anti-entropy on
+//! connect and periodically (pulling what the peer holds newer, pushing what
+//! this node holds newer).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use keysync_proto::v1::{self, key_sync_client::KeySyncClient};
+use keysync_proto::PROTOCOL_VERSION;
+use keysync_server::TlsSetup;
+use tokio::sync::{broadcast, mpsc};
+use tokio::time::MissedTickBehavior;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use tracing::Instrument;
+
+use crate::config::Peer;
+use crate::core::digest::N_BUCKETS;
+use crate::core::{Decision, MinionId};
+use crate::node::{CoreHandle, Request};
+use crate::rpc::{DECISIONS_PER_BATCH, MAX_FETCH_IDS};
+use crate::wire::{decision_from_wire, decision_to_wire};
+
+pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+
+#[derive(Debug, thiserror::Error)]
+enum SessionError {
+    #[error(transparent)]
+    Connect(#[from] keysync_server::ConnectError),
+    #[error("{0}")]
+    Rpc(#[from] tonic::Status),
+    #[error("peer answered Hello as {0:?}")]
+    WrongName(String),
+    #[error("peer closed the push stream")]
+    PushClosed,
+    #[error(transparent)]
+    CoreGone(#[from] crate::node::CoreGone),
+}
+
+pub struct PeerLink {
+    pub peer: Peer,
+    pub node: String,
+    pub tls: Arc<TlsSetup>,
+    pub core: CoreHandle,
+    pub audit: Arc<crate::audit::AuditLog>,
+    pub anti_entropy_interval: Duration,
+    pub reconnect_max: Duration,
+}
+
+impl PeerLink {
+    /// Keeps the link up until `shutdown`, reconnecting with backoff.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let span = tracing::info_span!("peer", peer = %self.peer.name, address = %self.peer.address);
+        async move {
+            let mut backoff = FIRST_BACKOFF;
+            loop {
+                let (connected_tx, mut connected_rx) = mpsc::channel(1);
+                let session = tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    result = self.session(connected_tx, &shutdown) => result,
+                };
+                if connected_rx.try_recv().is_ok() {
+                    backoff = FIRST_BACKOFF;
+                }
+                match session {
+                    Ok(()) => return,
+                    Err(e) => tracing::warn!(error = %e, retry_in = ?backoff, "sync failed"),
+                }
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(self.reconnect_max);
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn session(&self, connected: mpsc::Sender<()>, shutdown: &CancellationToken) -> Result<(), SessionError> {
+        let mut client =
+            keysync_server::connect(&self.peer.address, &self.peer.name, &self.tls, MAX_MESSAGE_BYTES, CONNECT_TIMEOUT)
+                .await?;
+        let hello = client
+            .hello(v1::HelloRequest { node: self.node.clone(), protocol_version: PROTOCOL_VERSION })
+            .await?
+            .into_inner();
+        if hello.node != self.peer.name {
+            return Err(SessionError::WrongName(hello.node));
+        }
+        // Subscribed before anti-entropy, so nothing decided meanwhile is missed.
+        let mut outgoing = self.core.subscribe();
+        let (push_tx, push_rx) = mpsc::channel::<v1::DecisionBatch>(16);
+        let mut acks = client.push(ReceiverStream::new(push_rx)).await?.into_inner();
+        self.anti_entropy(&mut client, &push_tx).await?;
+        let _ = connected.try_send(());
+        tracing::info!(n_decisions = hello.n_decisions, "connected");
+
+        let mut timer = tokio::time::interval(self.anti_entropy_interval);
+        timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        timer.tick().await;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                out = outgoing.recv() => match out {
+                    Ok(out) if out.from.as_deref() == Some(self.peer.name.as_str()) => {}
+                    Ok(out) => send_decisions(&push_tx, &out.decisions).await?,
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::warn!(n_batches = n, "fell behind; repairing by anti-entropy");
+                        self.anti_entropy(&mut client, &push_tx).await?;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return Ok(()),
+                },
+                ack = acks.message() => match ack? {
+                    Some(ack) => tracing::trace!(n_received = ack.n_received, n_applied = ack.n_applied, "push acknowledged"),
+                    None => return Err(SessionError::PushClosed),
+                },
+                _ = timer.tick() => self.anti_entropy(&mut client, &push_tx).await?,
+            }
+        }
+    }
+
+    /// Digests first, then only what differs: fetch what the peer holds newer,
+    /// push what this node holds newer.
+    async fn anti_entropy(
+        &self,
+        client: &mut KeySyncClient<Channel>,
+        push_tx: &mpsc::Sender<v1::DecisionBatch>,
+    ) -> Result<(), SessionError> {
+        let digests = self.core.ask(|reply| Request::Digests { reply }).await?;
+        let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests };
+        let mut stream = client.diff(request).await?.into_inner();
+        let mut buckets = Vec::new();
+        let mut summaries = Vec::new();
+        while let Some(chunk) = stream.message().await? {
+            buckets.extend(chunk.buckets);
+            for summary in chunk.entries {
+                // A malformed summary only means that id is not fetched.
+                let Ok(id) = MinionId::parse(&summary.minion) else { continue };
+                let Some(version) = summary.version else { continue };
+                summaries.push((id, crate::core::Version::new(version.hlc, version.node)));
+            }
+        }
+        if buckets.is_empty() {
+            return Ok(());
+        }
+        let n_buckets = buckets.len();
+        let (newer_there, newer_here) = self.core.ask(|reply| Request::Compare { buckets, summaries, reply }).await?;
+        tracing::debug!(n_buckets, n_fetch = newer_there.len(), n_push = newer_here.len(), "anti-entropy");
+        send_decisions(push_tx, &newer_here).await?;
+        let mut n_applied = 0;
+        for ids in newer_there.chunks(MAX_FETCH_IDS) {
+            let request = v1::FetchRequest { minions: ids.iter().map(ToString::to_string).collect() };
+            let mut stream = client.fetch(request).await?.into_inner();
+            while let Some(batch) = stream.message().await? {
+                let decisions: Vec<Decision> = batch
+                    .decisions
+                    .into_iter()
+                    .filter_map(|msg| match decision_from_wire(msg) {
+                        Ok(decision) => Some(decision),
+                        Err(e) => {
+                            crate::rpc::audit_refused(&self.audit, &self.peer.name, &e);
+                            None
+                        }
+                    })
+                    .collect();
+                let from = self.peer.name.clone();
+                n_applied += self.core.ask(|reply| Request::Remote { from, decisions, reply }).await?;
+            }
+        }
+        if n_applied > 0 || !newer_here.is_empty() {
+            tracing::info!(n_pulled = n_applied, n_pushed = newer_here.len(), "anti-entropy repaired differences");
+        }
+        Ok(())
+    }
+}
+
+async fn send_decisions(push_tx: &mpsc::Sender<v1::DecisionBatch>, decisions: &[Decision]) -> Result<(), SessionError> {
+    for chunk in decisions.chunks(DECISIONS_PER_BATCH) {
+        let batch = v1::DecisionBatch { decisions: chunk.iter().map(decision_to_wire).collect() };
+        push_tx.send(batch).await.map_err(|_| SessionError::PushClosed)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,348 @@
+//! The master's key folders on disk: reading an id's three files without
+//! trusting them, and applying a decision with staged, atomic writes.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::core::keyfile::{check_public_key, KeyError, MAX_KEY_BYTES};
+use crate::core::observe::Refusal;
+use crate::core::{Decision, Folder, MinionId, PublicKey, Slot, Slots, Verdict};
+
+/// Mode of the key files the agent writes, as Salt leaves accepted keys.
+pub const KEY_MODE: u32 = 0o644;
+/// Mode Salt gives `.dfn`; exactly this, or the master ignores it.
+const DFN_MODE: u32 = 0o400;
+
+/// Names Salt uses for the master's own keys; never read as minion keys even
+/// if someone puts one into a key folder.
+const MASTER_KEY_NAMES: [&str; 4] = ["master.pem", "master.pub", "master_sign.pem", "master_sign.pub"];
+
+static STAGING_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// A file owner: the salt master user.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Owner {
+    /// Looks a user up in /etc/passwd (the salt user is a local system user).
+    pub fn from_user(name: &str) -> io::Result<Owner> {
+        let passwd = fs::read_to_string("/etc/passwd")?;
+        passwd
+            .lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split(':').collect();
+                (fields.len() >= 4 && fields[0] == name).then(|| (fields[2].parse().ok(), fields[3].parse().ok()))
+            })
+            .find_map(|ids| match ids {
+                (Some(uid), Some(gid)) => Some(Owner { uid, gid }),
+                _ => None,
+            })
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no user {name:?} in /etc/passwd")))
+    }
+
+    pub fn of_path(path: &Path) -> io::Result<Owner> {
+        let meta = fs::metadata(path)?;
+        Ok(Owner { uid: meta.uid(), gid: meta.gid() })
+    }
+}
+
+/// What applying a decision changed besides the target file.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// A pending key that differed from the decided one and was discarded.
+    pub discarded_pending: Option<PublicKey>,
+}
+
+pub struct Pki {
+    root: PathBuf,
+    owner: Owner,
+}
+
+impl Pki {
+    pub fn new(root: PathBuf, owner: Owner) -> Pki {
+        Pki { root, owner }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn folder_path(&self, folder: Folder) -> PathBuf {
+        self.root.join(folder.dir_name())
+    }
+
+    /// Creates missing key folders (Salt creates them when the master starts).
+    pub fn ensure_folders(&self) -> io::Result<()> {
+        for folder in Folder::ALL {
+            let path = self.folder_path(folder);
+            if !path.is_dir() {
+                fs::create_dir_all(&path)?;
+                fs::set_permissions(&path, fs::Permissions::from_mode(0o755))?;
+                std::os::unix::fs::chown(&path, Some(self.owner.uid), Some(self.owner.gid))?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn read_slots(&self, id: &MinionId) -> Slots {
+        Slots {
+            accepted: self.read_slot(Folder::Accepted, id.as_str()),
+            pending: self.read_slot(Folder::Pending, id.as_str()),
+            rejected: self.read_slot(Folder::Rejected, id.as_str()),
+        }
+    }
+
+    /// Reads one key file: a regular file directly in the folder, never
+    /// through a symlink, never a hard link, never larger than the cap, and
+    /// holding exactly one public key.
+    pub fn read_slot(&self, folder: Folder, name: &str) -> Slot {
+        if MASTER_KEY_NAMES.contains(&name) {
+            return Slot::Refused(Refusal::NotRegular("the name of a master key file"));
+        }
+        let path = self.folder_path(folder).join(name);
+        let file = OpenOptions::new()
+            .read(true)
+            // NONBLOCK: opening a FIFO must not hang the agent.
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(&path);
+        let mut file = match file {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Slot::Absent,
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Slot::Refused(Refusal::NotRegular("symbolic link"))
+            }
+            Err(e) => return Slot::Refused(Refusal::Unreadable(e.to_string())),
+        };
+        let meta = match file.metadata() {
+            Ok(meta) => meta,
+            Err(e) => return Slot::Refused(Refusal::Unreadable(e.to_string())),
+        };
+        if !meta.file_type().is_file() {
+            return Slot::Refused(Refusal::NotRegular(file_type_name(&meta)));
+        }
+        if meta.nlink() > 1 {
+            return Slot::Refused(Refusal::HardLinked(meta.nlink()));
+        }
+        if meta.len() > MAX_KEY_BYTES as u64 {
+            return Slot::Refused(Refusal::Content(KeyError::TooLarge(meta.len())));
+        }
+        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        if let Err(e) = (&mut file).take(MAX_KEY_BYTES as u64 + 1).read_to_end(&mut bytes) {
+            return Slot::Refused(Refusal::Unreadable(e.to_string()));
+        }
+        match check_public_key(&bytes) {
+            Ok(()) => Slot::Key(PublicKey::new(bytes)),
+            Err(e) => Slot::Refused(Refusal::Content(e)),
+        }
+    }
+
+    /// Names present in each folder (dot files skipped, as Salt does).
+    pub fn list(&self) -> io::Result<Vec<(Folder, String)>> {
+        let mut out = Vec::new();
+        for folder in Folder::ALL {
+            for dirent in fs::read_dir(self.folder_path(folder))? {
+                let name = dirent?.file_name();
+                match name.to_str() {
+                    Some(name) if !name.starts_with('.') => out.push((folder, name.to_string())),
+                    Some(_) => {}
+                    None => out.push((folder, name.to_string_lossy().into_owned())),
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Makes the folders say `decision`: the key staged in a dot file and
+    /// renamed into its folder, then the id removed from the other folders.
+    /// Not durable until [`Pki::sync`].
+    pub fn apply(&self, decision: &Decision) -> io::Result<Applied> {
+        let id = decision.id.as_str();
+        let (target, key) = match &decision.verdict {
+            Verdict::Accepted(key) => (Some(Folder::Accepted), Some(key)),
+            Verdict::Rejected(key) => (Some(Folder::Rejected), Some(key)),
+            Verdict::Deleted => (None, None),
+        };
+        let mut applied = Applied::default();
+        if let (Some(folder), Some(key)) = (target, key) {
+            if let Slot::Key(pending) = self.read_slot(Folder::Pending, id) {
+                if pending.fingerprint() != key.fingerprint() {
+                    applied.discarded_pending = Some(pending);
+                }
+            }
+            self.write_key(folder, id, key.bytes())?;
+        }
+        for folder in Folder::ALL {
+            if Some(folder) != target {
+                remove_if_present(&self.folder_path(folder).join(id))?;
+            }
+        }
+        Ok(applied)
+    }
+
+    fn write_key(&self, folder: Folder, id: &str, bytes: &[u8]) -> io::Result<()> {
+        let dir = self.folder_path(folder);
+        let seq = STAGING_SEQ.fetch_add(1, Ordering::Relaxed);
+        let staging = dir.join(format!(".keysync-{}-{seq}", std::process::id()));
+        let result = (|| {
+            let mut file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(KEY_MODE)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&staging)?;
+            file.write_all(bytes)?;
+            // The umask may have narrowed the mode given to open.
+            file.set_permissions(fs::Permissions::from_mode(KEY_MODE))?;
+            std::os::unix::fs::fchown(&file, Some(self.owner.uid), Some(self.owner.gid))?;
+            fs::rename(&staging, dir.join(id))
+        })();
+        if result.is_err() {
+            let _ = fs::remove_file(&staging);
+        }
+        result
+    }
+
+    /// Flushes everything written to the file system holding pki_dir.
+    pub fn sync(&self) -> io::Result<()> {
+        let dir = File::open(&self.root)?;
+        rustix::fs::syncfs(&dir)?;
+        Ok(())
+    }
+
+    /// Removes staging files a crash left behind.
+    pub fn clean_staging(&self) -> io::Result<usize> {
+        let mut removed = 0;
+        for folder in Folder::ALL {
+            for dirent in fs::read_dir(self.folder_path(folder))? {
+                let dirent = dirent?;
+                if dirent.file_name().to_string_lossy().starts_with(".keysync-") {
+                    remove_if_present(&dirent.path())?;
+                    removed += 1;
+                }
+            }
+        }
+        Ok(removed)
+    }
+}
+
+/// Drops `<cachedir>/.dfn` so the master rotates its AES key at its next
+/// maintenance run, as `salt-key` does on a reject or delete; an existing one
+/// is left alone (a rotation is already due). Returns whether one was written.
+pub fn drop_dfn(cachedir: &Path, master_id: &str, owner: Owner) -> io::Result<bool> {
+    let path = cachedir.join(".dfn");
+    let file =
+        OpenOptions::new().write(true).create_new(true).mode(DFN_MODE).custom_flags(libc::O_NOFOLLOW).open(&path);
+    let mut file = match file {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    file.write_all(master_id.as_bytes())?;
+    file.set_permissions(fs::Permissions::from_mode(DFN_MODE))?;
+    std::os::unix::fs::fchown(&file, Some(owner.uid), Some(owner.gid))?;
+    Ok(true)
+}
+
+fn remove_if_present(path: &Path) -> io::Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+fn file_type_name(meta: &fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let kind = meta.file_type();
+    if kind.is_dir() {
+        "directory"
+    } else if kind.is_fifo() {
+        "FIFO"
+    } else if kind.is_socket() {
+        "socket"
+    } else if kind.is_block_device() || kind.is_char_device() {
+        "device"
+    } else {
+        "special file"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::keyfile::tests::PUB;
+    use crate::core::Version;
+
+    fn setup() -> (tempfile::TempDir, Pki) {
+        let dir = tempfile::tempdir().unwrap();
+        let owner = Owner::of_path(dir.path()).unwrap();
+        let pki = Pki::new(dir.path().to_path_buf(), owner);
+        pki.ensure_folders().unwrap();
+        (dir, pki)
+    }
+
+    fn decision(verdict: Verdict) -> Decision {
+        Decision { id: MinionId::parse("web01").unwrap(), verdict, version: Version::new(1, "a"), supersedes: None }
+    }
+
+    #[test]
+    fn apply_moves_the_id_between_folders() {
+        let (dir, pki) = setup();
+        let other = PUB.replace("mwIDAQAB", "mwIDAQAC");
+        fs::write(dir.path().join("minions_pre/web01"), &other).unwrap();
+        let key = PublicKey::new(PUB.as_bytes());
+        let applied = pki.apply(&decision(Verdict::Accepted(key.clone()))).unwrap();
+        assert_eq!(applied.discarded_pending.unwrap().bytes(), other.as_bytes());
+        assert_eq!(fs::read(dir.path().join("minions/web01")).unwrap(), PUB.as_bytes());
+        let mode = fs::metadata(dir.path().join("minions/web01")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, KEY_MODE);
+        assert_eq!(pki.read_slots(&decision(Verdict::Deleted).id).pending, Slot::Absent);
+
+        pki.apply(&decision(Verdict::Rejected(key))).unwrap();
+        assert!(!dir.path().join("minions/web01").exists());
+        assert!(dir.path().join("minions_rejected/web01").exists());
+        pki.apply(&decision(Verdict::Deleted)).unwrap();
+        assert!(pki.list().unwrap().is_empty(), "no staging file or key left");
+        pki.sync().unwrap();
+    }
+
+    #[test]
+    fn reads_refuse_what_is_not_a_plain_public_key() {
+        let (dir, pki) = setup();
+        let accepted = dir.path().join("minions");
+        fs::write(dir.path().join("master.pem"), "-----BEGIN RSA PRIVATE KEY-----\n").unwrap();
+        std::os::unix::fs::symlink("../master.pem", accepted.join("link")).unwrap();
+        fs::hard_link(dir.path().join("master.pem"), accepted.join("hard")).unwrap();
+        fs::create_dir(accepted.join("dir")).unwrap();
+        fs::write(accepted.join("big"), vec![b'A'; MAX_KEY_BYTES + 10]).unwrap();
+        fs::write(accepted.join("master.pub"), PUB).unwrap();
+        fs::write(accepted.join("good"), PUB).unwrap();
+        let refused = |name: &str| match pki.read_slot(Folder::Accepted, name) {
+            Slot::Refused(reason) => reason.to_string(),
+            other => panic!("{name}: {other:?}"),
+        };
+        assert_eq!(refused("link"), "not a regular file (symbolic link)");
+        assert_eq!(refused("hard"), "a hard link with 2 names (could be another key file)");
+        assert_eq!(refused("dir"), "not a regular file (directory)");
+        assert!(refused("big").contains("more than the 16384 byte limit"));
+        assert!(refused("master.pub").contains("master key file"));
+        assert!(matches!(pki.read_slot(Folder::Accepted, "good"), Slot::Key(_)));
+        assert_eq!(pki.read_slot(Folder::Accepted, "missing"), Slot::Absent);
+    }
+
+    #[test]
+    fn dfn_is_dropped_once_with_salts_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let owner = Owner::of_path(dir.path()).unwrap();
+        assert!(drop_dfn(dir.path(), "m1_master", owner).unwrap());
+        assert!(!drop_dfn(dir.path(), "m1_master", owner).unwrap());
+        let meta = fs::metadata(dir.path().join(".dfn")).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o400);
+        assert_eq!(fs::read(dir.path().join(".dfn")).unwrap(), b"m1_master");
+    }
+}

@@ -1,0 +1,134 @@
+//! Conversions between the `keysync.v1` messages and the core's types. Every
+//! field from the wire is validated here, before anything else sees it.
+
+use std::sync::Arc;
+
+use keysync_proto::v1;
+
+use crate::core::keyfile::{check_public_key, KeyError};
+use crate::core::{Decision, MinionId, PublicKey, Verdict, Version};
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error("invalid minion id: {0}")]
+    Id(#[from] crate::core::id::IdError),
+    #[error("decision for {0:?} has no verdict")]
+    NoVerdict(String),
+    #[error("decision for {0:?} has no version")]
+    NoVersion(String),
+    #[error("decision for {id:?} carries an invalid node name {node:?}")]
+    Node { id: String, node: String },
+    #[error("decision for {id:?}: {source}")]
+    Key { id: String, source: KeyError },
+    #[error("delete decision for {0:?} carries a key")]
+    KeyOnDelete(String),
+}
+
+impl WireError {
+    /// The minion id the refused message was about, if it could be read.
+    pub fn minion(&self) -> Option<&str> {
+        match self {
+            WireError::Id(_) => None,
+            WireError::NoVerdict(id) | WireError::NoVersion(id) | WireError::KeyOnDelete(id) => Some(id),
+            WireError::Node { id, .. } | WireError::Key { id, .. } => Some(id),
+        }
+    }
+}
+
+pub fn decision_from_wire(msg: v1::Decision) -> Result<Decision, WireError> {
+    let id = MinionId::parse(&msg.minion)?;
+    let raw_id = || msg.minion.clone();
+    let version = msg.version.ok_or_else(|| WireError::NoVersion(raw_id()))?;
+    let version = version_from_wire(version, &msg.minion)?;
+    let supersedes = msg.supersedes.map(|v| version_from_wire(v, &msg.minion)).transpose()?;
+    let key = |bytes: Vec<u8>| {
+        check_public_key(&bytes).map_err(|source| WireError::Key { id: raw_id(), source })?;
+        Ok::<_, WireError>(PublicKey::new(bytes))
+    };
+    let verdict = match v1::Verdict::try_from(msg.verdict) {
+        Ok(v1::Verdict::Accepted) => Verdict::Accepted(key(msg.public_key)?),
+        Ok(v1::Verdict::Rejected) => Verdict::Rejected(key(msg.public_key)?),
+        Ok(v1::Verdict::Deleted) if msg.public_key.is_empty() => Verdict::Deleted,
+        Ok(v1::Verdict::Deleted) => return Err(WireError::KeyOnDelete(raw_id())),
+        Ok(v1::Verdict::Unspecified) | Err(_) => return Err(WireError::NoVerdict(raw_id())),
+    };
+    Ok(Decision { id, verdict, version, supersedes })
+}
+
+fn version_from_wire(msg: v1::Version, id: &str) -> Result<Version, WireError> {
+    let valid = !msg.node.is_empty()
+        && msg.node.len() <= 253
+        && msg.node.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    if !valid {
+        return Err(WireError::Node { id: id.into(), node: msg.node.escape_debug().to_string() });
+    }
+    Ok(Version { hlc: msg.hlc, node: Arc::from(msg.node) })
+}
+
+pub fn version_to_wire(version: &Version) -> v1::Version {
+    v1::Version { hlc: version.hlc, node: version.node.to_string() }
+}
+
+pub fn decision_to_wire(decision: &Decision) -> v1::Decision {
+    let verdict = match decision.verdict {
+        Verdict::Accepted(_) => v1::Verdict::Accepted,
+        Verdict::Rejected(_) => v1::Verdict::Rejected,
+        Verdict::Deleted => v1::Verdict::Deleted,
+    };
+    v1::Decision {
+        minion: decision.id.to_string(),
+        verdict: verdict.into(),
+        public_key: decision.verdict.key().map(|k| k.bytes().to_vec()).unwrap_or_default(),
+        version: Some(version_to_wire(&decision.version)),
+        supersedes: decision.supersedes.as_ref().map(version_to_wire),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::keyfile::tests::PUB;
+
+    fn accepted(minion: &str) -> v1::Decision {
+        v1::Decision {
+            minion: minion.into(),
+            verdict: v1::Verdict::Accepted.into(),
+            public_key: PUB.as_bytes().to_vec(),
+            version: Some(v1::Version { hlc: 5, node: "master-a".into() }),
+            supersedes: None,
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let decision = decision_from_wire(accepted("web01")).unwrap();
+        assert_eq!(decision_to_wire(&decision), accepted("web01"));
+    }
+
+    #[test]
+    fn refuses_hostile_fields() {
+        let private = "-----BEGIN RSA PRIVATE KEY-----\nAAAA\n-----END RSA PRIVATE KEY-----\n";
+        let cases: Vec<(v1::Decision, &str)> = vec![
+            (accepted("../master.pem"), "invalid minion id"),
+            (accepted("a/b"), "invalid minion id"),
+            (accepted("."), "invalid minion id"),
+            (accepted(""), "invalid minion id"),
+            (accepted("a\0b"), "invalid minion id"),
+            (accepted(&"x".repeat(300)), "invalid minion id"),
+            (v1::Decision { public_key: private.into(), ..accepted("web01") }, "private key"),
+            (v1::Decision { public_key: vec![], ..accepted("web01") }, "key file is empty"),
+            (v1::Decision { verdict: 0, ..accepted("web01") }, "no verdict"),
+            (v1::Decision { verdict: 77, ..accepted("web01") }, "no verdict"),
+            (v1::Decision { version: None, ..accepted("web01") }, "no version"),
+            (v1::Decision { verdict: v1::Verdict::Deleted.into(), ..accepted("web01") }, "carries a key"),
+            (
+                v1::Decision { version: Some(v1::Version { hlc: 1, node: "../x".into() }), ..accepted("web01") },
+                "invalid node name",
+            ),
+        ];
+        for (msg, want) in cases {
+            let err = decision_from_wire(msg.clone()).unwrap_err().to_string();
+            assert!(err.contains(want), "{msg:?}: {err:?} should contain {want:?}");
+        }
+    }
+}
