@@ -1,0 +1,200 @@
+//! In-process agent clusters: one call starts N agents in a temp dir, each
+//! with its own pki folders, state and certificates made at test time, and
+//! its peers reached through relays the test can cut (partitions).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use keysync_server::CertAuthority;
+use salt_keysync::audit::{read_verified, Record};
+use salt_keysync::config::Config;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::proxy::Link;
+use crate::salt_ops::FOLDERS;
+
+pub const NAMES: [&str; 5] = ["master-a", "master-b", "master-c", "master-d", "master-e"];
+
+/// Everything on disk that makes up one agent's world.
+pub struct AgentFiles {
+    pub name: String,
+    pub dir: PathBuf,
+    pub pki: PathBuf,
+    pub config_path: PathBuf,
+    pub audit_log: PathBuf,
+}
+
+/// Writes certificates, pki folders and a DESIGN §6 config for `name` under
+/// `root/name`. `peers`: (name, address) pairs.
+pub fn write_agent_files(
+    root: &Path,
+    ca: &CertAuthority,
+    name: &str,
+    listen: SocketAddr,
+    peers: &[(String, SocketAddr)],
+) -> AgentFiles {
+    let dir = root.join(name);
+    let pki = dir.join("pki");
+    for folder in FOLDERS {
+        std::fs::create_dir_all(pki.join(folder)).unwrap();
+    }
+    std::fs::create_dir_all(dir.join("cache")).unwrap();
+    let now = time::OffsetDateTime::now_utc();
+    let issued = ca.issue(&[name], now - time::Duration::hours(1), now + time::Duration::days(1)).unwrap();
+    std::fs::write(dir.join("ca.pem"), ca.cert_pem()).unwrap();
+    std::fs::write(dir.join("node.pem"), &issued.cert_pem).unwrap();
+    std::fs::write(dir.join("node.key"), &issued.key_pem).unwrap();
+    let mut config = format!(
+        r#"node = "{name}"
+pki_dir = "{pki}"
+state_dir = "{dir}/state"
+listen = "{listen}"
+
+[tls]
+ca = "{dir}/ca.pem"
+cert = "{dir}/node.pem"
+key = "{dir}/node.key"
+
+[salt]
+cachedir = "{dir}/cache"
+master_id = "{name}_master"
+master_config = "{dir}/salt-master.conf"
+
+[timings]
+anti_entropy_interval = "1s"
+reconnect_max = "300ms"
+rescan_interval = "1h"
+"#,
+        pki = pki.display(),
+        dir = dir.display(),
+    );
+    for (peer, address) in peers {
+        config.push_str(&format!("\n[[peer]]\nname = \"{peer}\"\naddress = \"{address}\"\n"));
+    }
+    let config_path = dir.join("config.toml");
+    std::fs::write(&config_path, config).unwrap();
+    AgentFiles { name: name.into(), audit_log: dir.join("state/audit.jsonl"), dir, pki, config_path }
+}
+
+pub struct TestAgent {
+    pub files: AgentFiles,
+    pub addr: SocketAddr,
+    running: Option<(CancellationToken, JoinHandle<anyhow::Result<()>>)>,
+}
+
+impl TestAgent {
+    pub fn pki(&self) -> &Path {
+        &self.files.pki
+    }
+
+    pub fn name(&self) -> &str {
+        &self.files.name
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.running.is_some()
+    }
+
+    async fn start(&mut self, listener: Option<TcpListener>) {
+        assert!(self.running.is_none(), "{} is already running", self.name());
+        let listener = match listener {
+            Some(listener) => listener,
+            None => TcpListener::bind(self.addr).await.unwrap(),
+        };
+        let config = Config::load(&self.files.config_path).unwrap();
+        let shutdown = CancellationToken::new();
+        let handle = tokio::spawn(salt_keysync::agent::run(config, Some(listener), shutdown.clone()));
+        self.running = Some((shutdown, handle));
+    }
+
+    async fn stop(&mut self) {
+        let (shutdown, handle) = self.running.take().expect("agent is running");
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(10), handle)
+            .await
+            .expect("agent stops within 10 s")
+            .expect("agent task did not panic")
+            .expect("agent ran without error");
+    }
+
+    /// The audit log, with its hash chain verified.
+    pub fn audit(&self) -> Vec<Record> {
+        read_verified(&self.files.audit_log).unwrap()
+    }
+}
+
+pub struct TestCluster {
+    pub agents: Vec<TestAgent>,
+    /// Relay from agent i to agent j.
+    links: HashMap<(usize, usize), Link>,
+    pub root: tempfile::TempDir,
+}
+
+impl TestCluster {
+    pub async fn start(n: usize) -> TestCluster {
+        let root = tempfile::tempdir().unwrap();
+        let ca = CertAuthority::new("test CA").unwrap();
+        let mut listeners = Vec::new();
+        for _ in 0..n {
+            listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
+        }
+        let addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+        let mut links = HashMap::new();
+        for i in 0..n {
+            for j in (0..n).filter(|&j| j != i) {
+                links.insert((i, j), Link::start(addrs[j]).await);
+            }
+        }
+        let mut agents = Vec::new();
+        for i in 0..n {
+            let peers: Vec<(String, SocketAddr)> =
+                (0..n).filter(|&j| j != i).map(|j| (NAMES[j].to_string(), links[&(i, j)].addr)).collect();
+            let files = write_agent_files(root.path(), &ca, NAMES[i], addrs[i], &peers);
+            agents.push(TestAgent { files, addr: addrs[i], running: None });
+        }
+        for (agent, listener) in agents.iter_mut().zip(listeners) {
+            agent.start(Some(listener)).await;
+        }
+        TestCluster { agents, links, root }
+    }
+
+    pub fn pki(&self, idx: usize) -> &Path {
+        self.agents[idx].pki()
+    }
+
+    pub async fn stop(&mut self, idx: usize) {
+        self.agents[idx].stop().await;
+    }
+
+    pub async fn restart(&mut self, idx: usize) {
+        self.agents[idx].start(None).await;
+    }
+
+    /// Cuts every link between agents of different groups.
+    pub fn partition(&self, groups: &[&[usize]]) {
+        let group_of = |idx: usize| groups.iter().position(|g| g.contains(&idx));
+        for (&(i, j), link) in &self.links {
+            if group_of(i) != group_of(j) {
+                link.cut();
+            }
+        }
+    }
+
+    pub fn heal(&self) {
+        for link in self.links.values() {
+            link.heal();
+        }
+    }
+
+    pub async fn shutdown(mut self) {
+        for idx in 0..self.agents.len() {
+            if self.agents[idx].is_running() {
+                self.stop(idx).await;
+            }
+        }
+    }
+}

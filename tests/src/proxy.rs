@@ -1,0 +1,58 @@
+//! A TCP relay on loopback that a test can cut and heal, to partition agents
+//! over real connections.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// Relays connections to `target` while up; cutting it drops open
+/// connections and refuses new ones until healed.
+pub struct Link {
+    pub addr: SocketAddr,
+    up: Arc<watch::Sender<bool>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Link {
+    pub async fn start(target: SocketAddr) -> Link {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (up, _) = watch::channel(true);
+        let up = Arc::new(up);
+        let relay_up = up.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((inbound, _)) = listener.accept().await else { return };
+                if !*relay_up.borrow() {
+                    continue;
+                }
+                let mut down = relay_up.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = TcpStream::connect(target).await else { return };
+                    let mut inbound = inbound;
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = down.wait_for(|up| !*up) => {}
+                    }
+                });
+            }
+        });
+        Link { addr, up, task }
+    }
+
+    pub fn cut(&self) {
+        self.up.send_replace(false);
+    }
+
+    pub fn heal(&self) {
+        self.up.send_replace(true);
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,5 @@
+//! The integration tests of salt-keysync, one binary (ripgrep style).
+
+/// In-process three-agent clusters over real mTLS: accept, reject and delete
+/// in both Salt patterns, restarts, transitive propagation, partitions.
+mod replication;
