@@ -93,8 +93,9 @@ impl Core {
             self.drop_dfn();
         }
         for (accepted, applied) in &written {
-            self.replica.commit(&accepted.decision);
+            // Audited first: a conflict record describes the decision held before.
             self.audit_applied(from, accepted, applied);
+            self.replica.commit(&accepted.decision);
         }
         self.audit.sync();
         let n_applied = decisions.len() as u32;
