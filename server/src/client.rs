@@ -1,0 +1,106 @@
+//! Outgoing connections: a mutually authenticated TLS 1.3 channel to one peer, as a KeySync client.
+
+use std::io;
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use keysync_proto::v1::key_sync_client::KeySyncClient;
+use rustls::pki_types::ServerName;
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::tls::TlsSetup;
+
+/// HTTP/2 pings that detect a vanished peer, also while no call is running.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Why a connection to a peer could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("peer name {name:?} is not a valid DNS name")]
+    InvalidPeerName { name: String },
+    #[error("peer address {address:?} is not host:port")]
+    InvalidAddress {
+        address: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("connecting to peer {peer} at {address}")]
+    Transport {
+        peer: String,
+        address: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("connecting to peer {peer} at {address} timed out after {timeout:?}")]
+    Timeout { peer: String, address: String, timeout: Duration },
+}
+
+/// Opens a mutually authenticated TLS 1.3 connection to `address` (`host:port`), verifying that
+/// the server's certificate chains to our CA and carries the DNS SAN `peer_name`, and returns a
+/// KeySync client on it whose messages are capped at `max_message_bytes` both ways.
+///
+/// The connection is eager: TCP, TLS and the HTTP/2 preface happen here, within `timeout`, so a
+/// wrong server name or certificate is an error from this function. Because TLS 1.3 finishes
+/// the client side first, the server's refusal of *our* certificate shows on the first call.
+/// If the connection drops later, the channel reconnects on the next call (same checks).
+pub async fn connect(
+    address: &str,
+    peer_name: &str,
+    tls: &TlsSetup,
+    max_message_bytes: usize,
+    timeout: Duration,
+) -> Result<KeySyncClient<Channel>, ConnectError> {
+    let server_name = match ServerName::try_from(peer_name.to_owned()) {
+        Ok(name @ ServerName::DnsName(_)) => name,
+        _ => return Err(ConnectError::InvalidPeerName { name: peer_name.to_owned() }),
+    };
+    let endpoint = Endpoint::from_shared(format!("http://{address}"))
+        .map_err(|source| ConnectError::InvalidAddress { address: address.to_owned(), source })?
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true);
+
+    let connector = TlsConnector::from(tls.client_config());
+    let target = address.to_owned();
+    let connect_one = tower::service_fn(move |_: Uri| {
+        let (connector, server_name, target) = (connector.clone(), server_name.clone(), target.clone());
+        async move {
+            tokio::time::timeout(timeout, open_tls(&target, server_name, connector))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("TCP and TLS handshake not completed within {timeout:?}"),
+                    ))
+                })
+                .map(TokioIo::new)
+        }
+    });
+
+    let channel = tokio::time::timeout(timeout, endpoint.connect_with_connector(connect_one))
+        .await
+        .map_err(|_| ConnectError::Timeout { peer: peer_name.to_owned(), address: address.to_owned(), timeout })?
+        .map_err(|source| ConnectError::Transport {
+            peer: peer_name.to_owned(),
+            address: address.to_owned(),
+            source,
+        })?;
+    Ok(KeySyncClient::new(channel)
+        .max_decoding_message_size(max_message_bytes)
+        .max_encoding_message_size(max_message_bytes))
+}
+
+/// One TCP connection and TLS handshake to `address`, expecting `server_name`.
+async fn open_tls(
+    address: &str,
+    server_name: ServerName<'static>,
+    connector: TlsConnector,
+) -> io::Result<TlsStream<TcpStream>> {
+    let tcp = TcpStream::connect(address).await?;
+    tcp.set_nodelay(true)?;
+    connector.connect(server_name, tcp).await
+}

@@ -1,0 +1,29 @@
+//! Transport of salt-keysync: the KeySync gRPC service on a mutual-TLS 1.3 listener, the client
+//! connector for peers, and a certificate helper.
+//!
+//! Architecture invariant: this crate never touches the filesystem (it takes PEM bytes, not
+//! paths) and knows nothing of Salt; it authenticates peers and moves protobuf messages.
+//!
+//! - [`tls`]: PEM material to rustls configurations.
+//! - [`serve`]: the listener; per-connection handshakes, peer identification, audit events.
+//! - [`connect`]: an authenticated client channel to one peer.
+//! - [`certgen`]: a small CA for sites without a PKI, and for tests.
+
+#![forbid(unsafe_code)]
+
+mod audit;
+pub mod certgen;
+mod client;
+mod events;
+mod identity;
+mod listener;
+mod service;
+pub mod tls;
+mod verifier;
+
+pub use certgen::{CertAuthority, CertError, IssuedCert};
+pub use client::{connect, ConnectError};
+pub use events::{EventFn, TransportEvent};
+pub use listener::{serve, ServeError, ServeOptions};
+pub use service::{Handler, PeerName};
+pub use tls::{PemInput, TlsError, TlsMaterial, TlsSetup};

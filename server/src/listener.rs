@@ -1,0 +1,305 @@
+//! The mTLS listener: accepts TCP, runs each TLS handshake in its own task, identifies the peer
+//! and serves the KeySync service on the identified connections.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::{pin, Pin};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use keysync_proto::v1::key_sync_server::KeySyncServer;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Semaphore};
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt as _;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tokio_util::task::TaskTracker;
+use tonic::transport::server::Connected;
+use tonic::transport::Server;
+
+use crate::audit::RefusalAudit;
+use crate::events::{EventFn, EventSink, TransportEvent};
+use crate::service::{Handler, KeySyncService, PeerInfo};
+use crate::tls::TlsSetup;
+use crate::verifier::HandshakeRecord;
+
+/// How long open connections may finish their calls once shutdown is requested.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// Handshakes in progress at once; beyond this a new connection is dropped at once, so that a
+/// flood of idle connections cannot exhaust memory while each waits for its timeout.
+const MAX_PENDING_HANDSHAKES: usize = 256;
+/// Pause after a failed `accept` (e.g. out of file descriptors) so the loop does not spin.
+const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
+/// HTTP/2 pings that detect a vanished peer on an otherwise idle connection.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Listener settings.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// Peer names admitted: a client must present a certificate with one of them as DNS SAN.
+    pub allowed_peers: Vec<String>,
+    /// Largest gRPC message decoded or encoded, in bytes.
+    pub max_message_bytes: usize,
+    /// Longest a client may take to complete its TLS handshake.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            allowed_peers: Vec::new(),
+            max_message_bytes: 8 * 1024 * 1024,
+            handshake_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why the listener stopped other than by shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("gRPC server failed")]
+    Transport(#[source] tonic::transport::Error),
+}
+
+/// Serves the KeySync service on `listener` until `shutdown` is cancelled.
+///
+/// Each TLS handshake runs in its own task bounded by `opts.handshake_timeout`, so a slow or bad
+/// client never blocks others. A client is admitted only with a certificate that chains to the
+/// CA and carries a DNS SAN equal to one of `opts.allowed_peers`; that name is the [`PeerName`]
+/// handed to every `handler` call. Refusals and connections are reported to `events`.
+///
+/// On shutdown the listener stops accepting, open connections get a short grace period to finish
+/// their calls, then are closed; the function returns once they are.
+///
+/// [`PeerName`]: crate::PeerName
+pub async fn serve<H: Handler>(
+    listener: TcpListener,
+    tls: &TlsSetup,
+    opts: ServeOptions,
+    handler: Arc<H>,
+    events: EventFn,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    let events = EventSink::new(events);
+    // Stops accepting on shutdown, and also if the gRPC server fails on its own.
+    let stop = shutdown.child_token();
+    let (conn_tx, conn_rx) = mpsc::channel::<PeerIo>(16);
+    let force_close = CancellationToken::new();
+    let handshakes = TaskTracker::new();
+
+    let service = KeySyncServer::new(KeySyncService::new(handler, events.clone()))
+        .max_decoding_message_size(opts.max_message_bytes)
+        .max_encoding_message_size(opts.max_message_bytes);
+    let audit_events = events.clone();
+    let server = Server::builder()
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .layer(tower::layer::layer_fn(move |inner| RefusalAudit::new(inner, audit_events.clone())))
+        .add_service(service)
+        .serve_with_incoming_shutdown(
+            ReceiverStream::new(conn_rx).map(Ok::<_, Infallible>),
+            shutdown.clone().cancelled_owned(),
+        );
+
+    let accepting = accept_loop(
+        listener,
+        AcceptContext {
+            tls: tls.clone(),
+            allowed_peers: opts.allowed_peers.into(),
+            handshake_timeout: opts.handshake_timeout,
+            events,
+            conn_tx,
+            force_close: force_close.clone(),
+            handshakes: handshakes.clone(),
+            stop: stop.clone(),
+        },
+    );
+
+    let serving = async {
+        let mut server = pin!(server);
+        let served = tokio::select! {
+            served = &mut server => served,
+            () = async { shutdown.cancelled().await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
+                force_close.cancel();
+                server.await
+            }
+        };
+        stop.cancel();
+        served
+    };
+    let (served, ()) = tokio::join!(serving, accepting);
+    handshakes.close();
+    handshakes.wait().await;
+    served.map_err(ServeError::Transport)
+}
+
+/// Everything the accept loop and its handshake tasks share.
+#[derive(Clone)]
+struct AcceptContext {
+    tls: TlsSetup,
+    allowed_peers: Arc<[String]>,
+    handshake_timeout: Duration,
+    events: EventSink,
+    conn_tx: mpsc::Sender<PeerIo>,
+    force_close: CancellationToken,
+    handshakes: TaskTracker,
+    stop: CancellationToken,
+}
+
+async fn accept_loop(listener: TcpListener, ctx: AcceptContext) {
+    let pending = Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES));
+    loop {
+        let accepted = tokio::select! {
+            () = ctx.stop.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((tcp, remote)) => match pending.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    let ctx = ctx.clone();
+                    ctx.handshakes.clone().spawn(async move {
+                        handshake(ctx, tcp, remote).await;
+                        drop(permit);
+                    });
+                }
+                Err(_) => ctx.events.emit(TransportEvent::HandshakeRefused {
+                    remote,
+                    presented: Vec::new(),
+                    reason: format!("more than {MAX_PENDING_HANDSHAKES} handshakes in progress"),
+                }),
+            },
+            Err(error) => {
+                tracing::warn!(%error, "accepting a TCP connection failed");
+                tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
+            }
+        }
+    }
+}
+
+/// Runs one TLS handshake and, if the peer is admitted, hands the connection to the server.
+async fn handshake(ctx: AcceptContext, tcp: TcpStream, remote: SocketAddr) {
+    if let Err(error) = tcp.set_nodelay(true) {
+        tracing::debug!(%remote, %error, "setting TCP_NODELAY failed");
+    }
+    let record = HandshakeRecord::new();
+    let config = match ctx.tls.server_config(ctx.allowed_peers.clone(), record.clone()) {
+        Ok(config) => config,
+        Err(error) => {
+            tracing::error!(%remote, %error, "building the TLS server configuration failed");
+            return;
+        }
+    };
+    let accepting = tokio::time::timeout(ctx.handshake_timeout, TlsAcceptor::from(config).accept(tcp));
+    let outcome = tokio::select! {
+        () = ctx.stop.cancelled() => return,
+        outcome = accepting => outcome,
+    };
+    let recorded = record.snapshot();
+    let refusal = match outcome {
+        Ok(Ok(stream)) => match recorded.peer {
+            Some(peer) => {
+                ctx.events.emit(TransportEvent::Connected { remote, peer: peer.clone() });
+                let io = PeerIo::new(stream, PeerInfo { peer }, &ctx.force_close);
+                // A closed channel means the server is shutting down: the connection just drops.
+                let _ = ctx.conn_tx.send(io).await;
+                return;
+            }
+            // The verifier admitted the certificate without naming it: cannot happen, refuse.
+            None => "handshake completed without an identified client certificate".to_owned(),
+        },
+        Ok(Err(error)) => error.to_string(),
+        Err(_elapsed) => format!("TLS handshake not completed within {:?}", ctx.handshake_timeout),
+    };
+    let event = if recorded.unknown_peer {
+        TransportEvent::UnknownPeer { remote, presented: recorded.presented }
+    } else {
+        TransportEvent::HandshakeRefused { remote, presented: recorded.presented, reason: refusal }
+    };
+    ctx.events.emit(event);
+}
+
+/// An identified TLS connection, as tonic sees it: it carries the peer's identity into every
+/// request, and fails its IO once `force_close` fires so that shutdown cannot hang on a peer.
+struct PeerIo {
+    stream: TlsStream<TcpStream>,
+    info: PeerInfo,
+    force_close: CancellationToken,
+    force_close_wait: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+impl PeerIo {
+    fn new(stream: TlsStream<TcpStream>, info: PeerInfo, force_close: &CancellationToken) -> Self {
+        Self {
+            stream,
+            info,
+            force_close: force_close.clone(),
+            force_close_wait: Box::pin(force_close.clone().cancelled_owned()),
+        }
+    }
+
+    /// Whether shutdown has closed this connection; registers the waker otherwise.
+    fn closed(&mut self, cx: &mut Context<'_>) -> bool {
+        // Checked first so that the wait future is never polled after it completed.
+        self.force_close.is_cancelled() || self.force_close_wait.as_mut().poll(cx).is_ready()
+    }
+}
+
+fn closed_error() -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionAborted, "listener shut down")
+}
+
+impl Connected for PeerIo {
+    type ConnectInfo = PeerInfo;
+
+    fn connect_info(&self) -> PeerInfo {
+        self.info.clone()
+    }
+}
+
+impl AsyncRead for PeerIo {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if self.closed(cx) {
+            return Poll::Ready(Err(closed_error()));
+        }
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for PeerIo {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        if self.force_close.is_cancelled() {
+            return Poll::Ready(Err(closed_error()));
+        }
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        if self.force_close.is_cancelled() {
+            return Poll::Ready(Err(closed_error()));
+        }
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}

@@ -1,0 +1,168 @@
+//! The KeySync gRPC service: binds every call to the caller's certificate name, checks Hello,
+//! and hands the rest to the caller's [`Handler`].
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use keysync_proto::v1::key_sync_server::KeySync;
+use keysync_proto::v1::{DecisionBatch, DiffChunk, DiffRequest, FetchRequest, HelloRequest, HelloResponse, PushAck};
+use keysync_proto::PROTOCOL_VERSION;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::Stream;
+use tonic::{Code, Request, Response, Status, Streaming};
+
+use crate::audit::ReachedService;
+use crate::events::{EventSink, TransportEvent};
+
+/// Name of an authenticated peer: the DNS SAN of its verified client certificate that equals
+/// one of the allowed peer names.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PeerName(pub String);
+
+impl fmt::Display for PeerName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What the agent does with the calls of an authenticated peer. `peer` is always the name from
+/// the peer's certificate; Hello has already been checked against it.
+#[tonic::async_trait]
+pub trait Handler: Send + Sync + 'static {
+    async fn hello(&self, peer: &PeerName, req: HelloRequest) -> Result<HelloResponse, Status>;
+    /// Called once per batch of a Push stream; an error ends the stream with that status.
+    async fn push(&self, peer: &PeerName, batch: DecisionBatch) -> Result<PushAck, Status>;
+    async fn diff(&self, peer: &PeerName, req: DiffRequest) -> Result<Vec<DiffChunk>, Status>;
+    async fn fetch(&self, peer: &PeerName, req: FetchRequest) -> Result<Vec<DecisionBatch>, Status>;
+}
+
+/// Per-connection facts, attached by the listener to every request of the connection.
+#[derive(Clone, Debug)]
+pub(crate) struct PeerInfo {
+    pub(crate) peer: PeerName,
+}
+
+/// Acks buffered per Push stream before the handler waits for the client to read them.
+const PUSH_ACK_BUFFER: usize = 16;
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// Adapts a [`Handler`] to the generated `KeySync` trait.
+pub(crate) struct KeySyncService<H> {
+    handler: Arc<H>,
+    events: EventSink,
+}
+
+impl<H: Handler> KeySyncService<H> {
+    pub(crate) fn new(handler: Arc<H>, events: EventSink) -> Self {
+        Self { handler, events }
+    }
+
+    /// The caller's peer name; also tells the audit layer that the request got this far.
+    fn peer_of<T>(&self, request: &Request<T>) -> Result<PeerName, Status> {
+        if let Some(reached) = request.extensions().get::<ReachedService>() {
+            reached.mark();
+        }
+        match request.extensions().get::<PeerInfo>() {
+            Some(info) => Ok(info.peer.clone()),
+            // Only reachable if the service were mounted on a listener other than ours.
+            None => Err(Status::unauthenticated("connection carries no peer identity")),
+        }
+    }
+
+    fn refuse(&self, peer: &PeerName, status: Status) -> Status {
+        self.events.emit(TransportEvent::RequestRefused { peer: peer.clone(), reason: status.message().to_owned() });
+        status
+    }
+}
+
+/// Whether an error from an inbound stream is the peer sending something we refuse (as opposed
+/// to the connection going away, which is not worth an audit record).
+fn is_refusal(status: &Status) -> bool {
+    matches!(status.code(), Code::OutOfRange | Code::ResourceExhausted | Code::Internal | Code::InvalidArgument)
+}
+
+fn stream_of<T: Send + 'static>(items: Vec<T>) -> BoxStream<T> {
+    Box::pin(tokio_stream::iter(items.into_iter().map(Ok)))
+}
+
+#[tonic::async_trait]
+impl<H: Handler> KeySync for KeySyncService<H> {
+    async fn hello(&self, request: Request<HelloRequest>) -> Result<Response<HelloResponse>, Status> {
+        let peer = self.peer_of(&request)?;
+        let hello = request.into_inner();
+        if hello.node != peer.0 {
+            return Err(self.refuse(
+                &peer,
+                Status::permission_denied(format!(
+                    "Hello names node {:?} but the client certificate is for {:?}",
+                    hello.node, peer.0
+                )),
+            ));
+        }
+        if hello.protocol_version != PROTOCOL_VERSION {
+            return Err(self.refuse(
+                &peer,
+                Status::failed_precondition(format!(
+                    "protocol version {} is not supported (this server speaks {PROTOCOL_VERSION})",
+                    hello.protocol_version
+                )),
+            ));
+        }
+        let response = self.handler.hello(&peer, hello).await?;
+        Ok(Response::new(response))
+    }
+
+    type PushStream = BoxStream<PushAck>;
+
+    async fn push(&self, request: Request<Streaming<DecisionBatch>>) -> Result<Response<Self::PushStream>, Status> {
+        let peer = self.peer_of(&request)?;
+        let mut inbound = request.into_inner();
+        let (ack_tx, ack_rx) = mpsc::channel(PUSH_ACK_BUFFER);
+        let handler = self.handler.clone();
+        let events = self.events.clone();
+        tokio::spawn(async move {
+            loop {
+                let ack = match inbound.message().await {
+                    Ok(Some(batch)) => handler.push(&peer, batch).await,
+                    Ok(None) => break,
+                    Err(status) => {
+                        if is_refusal(&status) {
+                            events.emit(TransportEvent::RequestRefused {
+                                peer: peer.clone(),
+                                reason: format!("Push: {}", status.message()),
+                            });
+                        } else {
+                            tracing::debug!(peer = %peer, error = %status, "push stream ended");
+                        }
+                        Err(status)
+                    }
+                };
+                let failed = ack.is_err();
+                // A closed channel means the client went away: nothing left to acknowledge.
+                if ack_tx.send(ack).await.is_err() || failed {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(ack_rx))))
+    }
+
+    type DiffStream = BoxStream<DiffChunk>;
+
+    async fn diff(&self, request: Request<DiffRequest>) -> Result<Response<Self::DiffStream>, Status> {
+        let peer = self.peer_of(&request)?;
+        let chunks = self.handler.diff(&peer, request.into_inner()).await?;
+        Ok(Response::new(stream_of(chunks)))
+    }
+
+    type FetchStream = BoxStream<DecisionBatch>;
+
+    async fn fetch(&self, request: Request<FetchRequest>) -> Result<Response<Self::FetchStream>, Status> {
+        let peer = self.peer_of(&request)?;
+        let batches = self.handler.fetch(&peer, request.into_inner()).await?;
+        Ok(Response::new(stream_of(batches)))
+    }
+}

@@ -1,0 +1,10 @@
+//! Integration tests of the mTLS transport: real listeners on 127.0.0.1:0, certificates made at
+//! test time.
+
+mod support;
+
+/// A full Hello, Push, Diff and Fetch exchange, and shutdown with a stream still open.
+mod roundtrip;
+
+/// Every refusal is reported with the presented identity, and the listener keeps serving.
+mod refusals;
