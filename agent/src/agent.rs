@@ -29,7 +29,7 @@ pub fn load_tls(config: &Config) -> Result<TlsSetup> {
         key_pem: read(&config.tls.key, "tls.key")?,
     };
     let tls = TlsSetup::new(&material)?;
-    if !tls.own_dns_names().iter().any(|name| *name == config.node) {
+    if !tls.own_dns_names().contains(&config.node) {
         anyhow::bail!(
             "node {:?} is not a DNS name of tls.cert {} (it names {:?})",
             config.node,

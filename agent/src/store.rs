@@ -228,7 +228,7 @@ mod tests {
             assert!(!store.load().unwrap().initialized);
             store.journal(std::slice::from_ref(&pending)).unwrap();
             store.journal(std::slice::from_ref(&accepted)).unwrap();
-            store.record(&[accepted.clone(), deleted.clone()], &[accepted.id.clone()], "a", 99).unwrap();
+            store.record(&[accepted.clone(), deleted.clone()], std::slice::from_ref(&accepted.id), "a", 99).unwrap();
         }
         let store = Store::open(dir.path(), "a").unwrap();
         let loaded = store.load().unwrap();

@@ -2,6 +2,7 @@
 //! pki folders, Salt-style file operations, and an "eventually" helper.
 #![forbid(unsafe_code)]
 
+pub mod binary;
 pub mod cluster;
 pub mod proxy;
 pub mod salt_ops;

@@ -60,7 +60,7 @@ pub fn check_public_key(bytes: &[u8]) -> Result<(), KeyError> {
     if !ended {
         return Err(KeyError::NotPublicKey("no END line (truncated?)"));
     }
-    if body_len < 64 || body_len % 4 != 0 {
+    if body_len < 64 || !body_len.is_multiple_of(4) {
         return Err(KeyError::NotPublicKey("the PEM body has an impossible length"));
     }
     if lines.next().is_some() {

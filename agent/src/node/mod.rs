@@ -30,6 +30,9 @@ pub struct Outgoing {
     pub decisions: Vec<Decision>,
 }
 
+/// `(id, version)` pairs: what anti-entropy compares.
+pub type Summaries = Vec<(MinionId, Version)>;
+
 /// Requests the rest of the agent makes of the core task.
 pub enum Request {
     /// Decisions received from `from` (already validated); replies with how
@@ -37,7 +40,7 @@ pub enum Request {
     Remote { from: String, decisions: Vec<Decision>, reply: oneshot::Sender<u32> },
     /// A peer's bucket digests; replies with the differing buckets and this
     /// node's summaries in them.
-    Diff { theirs: Vec<u64>, reply: oneshot::Sender<(Vec<u32>, Vec<(MinionId, Version)>)> },
+    Diff { theirs: Vec<u64>, reply: oneshot::Sender<(Vec<u32>, Summaries)> },
     /// Full decisions for ids.
     Fetch { ids: Vec<MinionId>, reply: oneshot::Sender<Vec<Decision>> },
     /// This node's digests, for its own anti-entropy round.

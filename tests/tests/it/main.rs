@@ -1,5 +1,7 @@
 //! The integration tests of salt-keysync, one binary (ripgrep style).
 
+/// The real binary as separate processes: CLI errors, `run --config` on three agents.
+mod binary;
 /// In-process three-agent clusters over real mTLS: accept, reject and delete
 /// in both Salt patterns, restarts, transitive propagation, partitions.
 mod replication;

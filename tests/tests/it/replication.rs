@@ -163,4 +163,3 @@ async fn accept_and_reject_made_during_a_partition_converge_as_a_conflict() {
     .await;
     cluster.shutdown().await;
 }
-
