@@ -124,8 +124,8 @@ mod tests {
 
     #[test]
     fn bootstrap_files_never_override_the_cluster() {
-        let cluster = decision(Verdict::Deleted, 99 << 16, "a", Some((1, "a")));
-        let stale = decision(accepted(), 0, "zzz", None);
+        let cluster = decision(Verdict::Deleted, 1_795_000_000_000 << 16, "a", Some((1, "a")));
+        let stale = Decision { version: Version::bootstrap("zzz", 1), ..decision(accepted(), 0, "zzz", None) };
         assert!(matches!(merge(Some(&cluster.entry()), &stale), MergeOutcome::Superseded { .. }));
         assert!(matches!(merge(Some(&stale.entry()), &cluster), MergeOutcome::Apply { .. }));
     }

@@ -81,7 +81,7 @@ impl Replica {
         }
         let version = match mode {
             ObserveMode::Live => Version::new(self.clock.tick(wall_ms), self.node.clone()),
-            ObserveMode::FirstStart => Version::bootstrap(self.node.clone()),
+            ObserveMode::FirstStart => Version::bootstrap(self.node.clone(), wall_ms),
         };
         Some(Decision { id: id.clone(), verdict, version, supersedes: held.map(|entry| entry.version.clone()) })
     }
@@ -162,7 +162,7 @@ mod tests {
     fn observing_an_unchanged_folder_decides_nothing() {
         let mut replica = Replica::new("a", Hlc::default());
         let d = replica.observe(&id(), Seen::Decided(accepted()), 1000, ObserveMode::Live).unwrap();
-        assert_eq!(d.version, Version::new(1000 << 16, "a"));
+        assert_eq!(d.version, Version::new(Hlc::default().tick(1000), "a"));
         assert_eq!(d.supersedes, None);
         replica.commit(&d);
         // The agent's own write of the same decision comes back as an event: no echo.

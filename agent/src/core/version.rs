@@ -8,6 +8,10 @@ use std::sync::Arc;
 /// Bits of an HLC value below the millisecond part: a logical counter.
 const LOGICAL_BITS: u32 = 16;
 
+/// Bootstrap versions live below this hlc; live ones (milliseconds << 16)
+/// are far above it.
+const BOOTSTRAP_CEILING: u64 = 1 << 42;
+
 /// `(hlc, origin node)`: compared by hlc first, then by node name, so two
 /// nodes can never issue equal versions.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -22,14 +26,16 @@ impl Version {
     }
 
     /// The version of decisions found on an agent's very first start. It is
-    /// below every version a running agent issues, so files found on a new or
-    /// stale master never override a decision the cluster already holds.
-    pub fn bootstrap(node: impl Into<Arc<str>>) -> Version {
-        Version::new(0, node)
+    /// below every version a running agent issues, and among bootstrap
+    /// versions the EARLIER first start is higher, so files found on a new or
+    /// stale master never override a decision the cluster already holds,
+    /// not even another master's bootstrap decision.
+    pub fn bootstrap(node: impl Into<Arc<str>>, wall_ms: u64) -> Version {
+        Version::new(BOOTSTRAP_CEILING - 1 - wall_ms.min(BOOTSTRAP_CEILING - 1), node)
     }
 
     pub fn is_bootstrap(&self) -> bool {
-        self.hlc == 0
+        self.hlc < BOOTSTRAP_CEILING
     }
 
     /// Wall-clock milliseconds since the epoch at which this version was issued.
@@ -89,10 +95,11 @@ impl Hlc {
         self.last
     }
 
-    /// Issues a new value, strictly greater than any issued or observed.
+    /// Issues a new value, strictly greater than any issued or observed,
+    /// and above every bootstrap version whatever the wall clock says.
     pub fn tick(&mut self, wall_ms: u64) -> u64 {
         let physical = wall_ms << LOGICAL_BITS;
-        self.last = physical.max(self.last + 1);
+        self.last = physical.max(self.last + 1).max(BOOTSTRAP_CEILING);
         self.last
     }
 
@@ -118,18 +125,26 @@ mod tests {
         let b1 = Version::new(1 << 16, "b");
         let a2 = Version::new(2 << 16, "a");
         assert!(a1 < b1 && b1 < a2);
-        assert!(Version::bootstrap("zzz") < a1);
-        assert!(Version::bootstrap("a") < Version::bootstrap("b"));
+        let now_ms = 1_795_000_000_000;
+        let live = Version::new(now_ms << 16, "a");
+        assert!(Version::bootstrap("zzz", now_ms) < live);
+        assert!(Version::bootstrap("a", now_ms).is_bootstrap() && !live.is_bootstrap());
+        // The master that joined first keeps its files; a later joiner's lose.
+        assert!(Version::bootstrap("b", now_ms + 1) < Version::bootstrap("a", now_ms));
+        assert!(Version::bootstrap("a", now_ms) < Version::bootstrap("b", now_ms));
     }
 
     #[test]
     fn clock_never_goes_back() {
         let mut clock = Hlc::default();
-        let t1 = clock.tick(1000);
-        let t2 = clock.tick(999); // wall clock stepped back
-        let t3 = clock.tick(1000);
+        let now_ms = 1_795_000_000_000;
+        let t1 = clock.tick(now_ms);
+        let t2 = clock.tick(now_ms - 1); // wall clock stepped back
+        let t3 = clock.tick(now_ms);
         assert!(t1 < t2 && t2 < t3);
-        assert_eq!(t1, 1000 << 16);
+        assert_eq!(t1, now_ms << 16);
+        // A clock near the epoch still issues live versions.
+        assert!(!Version::new(Hlc::default().tick(5), "a").is_bootstrap());
     }
 
     #[test]
