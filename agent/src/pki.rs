@@ -234,19 +234,35 @@ impl Pki {
 /// Drops `<cachedir>/.dfn` so the master rotates its AES key at its next
 /// maintenance run, as `salt-key` does on a reject or delete; an existing one
 /// is left alone (a rotation is already due). Returns whether one was written.
+///
+/// Salt 3008 refuses (and never clears) a `.dfn` whose content is not its id,
+/// so the master must never see a half-written one: it is staged complete and
+/// hard-linked into place, which also fails if `.dfn` appeared meanwhile.
 pub fn drop_dfn(cachedir: &Path, master_id: &str, owner: Owner) -> io::Result<bool> {
     let path = cachedir.join(".dfn");
-    let file =
-        OpenOptions::new().write(true).create_new(true).mode(DFN_MODE).custom_flags(libc::O_NOFOLLOW).open(&path);
-    let mut file = match file {
-        Ok(file) => file,
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
-        Err(e) => return Err(e),
-    };
-    file.write_all(master_id.as_bytes())?;
-    file.set_permissions(fs::Permissions::from_mode(DFN_MODE))?;
-    std::os::unix::fs::fchown(&file, Some(owner.uid), Some(owner.gid))?;
-    Ok(true)
+    if path.symlink_metadata().is_ok() {
+        return Ok(false);
+    }
+    let staging = cachedir.join(format!(".dfn-keysync-{}", std::process::id()));
+    remove_if_present(&staging)?;
+    let result = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(DFN_MODE)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&staging)?;
+        file.write_all(master_id.as_bytes())?;
+        file.set_permissions(fs::Permissions::from_mode(DFN_MODE))?;
+        std::os::unix::fs::fchown(&file, Some(owner.uid), Some(owner.gid))?;
+        match fs::hard_link(&staging, &path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(e),
+        }
+    })();
+    let _ = fs::remove_file(&staging);
+    result
 }
 
 fn remove_if_present(path: &Path) -> io::Result<()> {
@@ -344,5 +360,7 @@ mod tests {
         let meta = fs::metadata(dir.path().join(".dfn")).unwrap();
         assert_eq!(meta.permissions().mode() & 0o777, 0o400);
         assert_eq!(fs::read(dir.path().join(".dfn")).unwrap(), b"m1_master");
+        assert_eq!(meta.nlink(), 1, "the staging name is gone");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 }
