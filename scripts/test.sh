@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs every check and test of salt-keysync: formatting, clippy, and the whole
-# workspace's tests (unit, simulation, multi-agent, black-box). This is the
-# README's test command; .ci/run calls it.
+# Runs every check and test of salt-keysync: formatting, clippy, the Salt
+# venvs the real-Salt tests need (made once, cached under target/), and the
+# whole workspace's tests (unit, simulation, multi-agent, black-box, real
+# salt-key). This is the README's test command; .ci/run calls it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -9,5 +10,7 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== Salt venvs (3008.3, 3006.28)"
+tests/salt/venv.sh
 echo "== cargo test"
 cargo test --workspace --locked

@@ -5,3 +5,5 @@ mod binary;
 /// In-process three-agent clusters over real mTLS: accept, reject and delete
 /// in both Salt patterns, restarts, transitive propagation, partitions.
 mod replication;
+/// Real `salt-key` from Salt 3008.3 and 3006.28 driving three agent processes.
+mod salt_key;
