@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 use salt_keysync::core::digest::{bucket_of, Digests};
 use salt_keysync::core::merge::{merge, Conflict, MergeOutcome};
-use salt_keysync::core::replica::Replica;
+use salt_keysync::core::observe::Seen;
+use salt_keysync::core::replica::{ObserveMode, Replica};
 use salt_keysync::core::version::{Hlc, Version};
 use salt_keysync::core::{Decision, Entry, MinionId, PublicKey, Verdict};
 
@@ -14,8 +15,10 @@ use salt_keysync::core::{Decision, Entry, MinionId, PublicKey, Verdict};
 const IDS: [&str; 3] = ["web01", "db01", "tmpab12cd34"];
 const NODES: [&str; 3] = ["a", "b", "c"];
 
-/// Ahead of every generated version (at most 8 ms), so the skew bound never refuses one.
-const WALL_MS: u64 = 1_000;
+/// Around when the generated decisions are made.
+const BASE_MS: u64 = 1_700_000_000_000;
+/// Ahead of every generated live version, so the skew bound never refuses one.
+const WALL_MS: u64 = BASE_MS + 1_000;
 const MAX_SKEW_MS: u64 = 0;
 
 /// Two keys, plus the first without its trailing newline: a different fingerprint.
@@ -38,18 +41,24 @@ fn verdict(choice: u8) -> Verdict {
     }
 }
 
-/// hlc 0 is the bootstrap version; live versions use whole milliseconds.
-fn version(ms: u64, node: usize) -> Version {
-    Version::new(ms << 16, NODES[node])
+/// `at` 0 to 2: found at a first start at one of three moments (a bootstrap version);
+/// above: issued by a running node's clock at that millisecond.
+fn version(at: u64, node: usize) -> Version {
+    if at < 3 {
+        Version::bootstrap(NODES[node], BASE_MS + 1_000 * at)
+    } else {
+        Version::new(Hlc::default().tick(BASE_MS + at), NODES[node])
+    }
 }
 
 /// One decision. `supersedes` is strictly below the decision's own version, as
 /// `Replica::observe` makes it; a bootstrap decision supersedes nothing.
 fn decision() -> impl Strategy<Value = Decision> {
-    let at = (0u64..=8, 0..NODES.len());
-    (0..IDS.len(), at.clone(), 0u8..7, proptest::option::of(at)).prop_map(|(id, (ms, node), choice, sup)| {
-        let version = version(ms, node);
-        let supersedes = sup.map(|(ms, node)| self::version(ms, node)).filter(|sup| *sup < version && version.hlc > 0);
+    let at = (0u64..=10, 0..NODES.len());
+    (0..IDS.len(), at.clone(), 0u8..7, proptest::option::of(at)).prop_map(|(id, (at, node), choice, sup)| {
+        let version = version(at, node);
+        let supersedes =
+            sup.map(|(at, node)| self::version(at, node)).filter(|sup| *sup < version && !version.is_bootstrap());
         Decision { id: MinionId::parse(IDS[id]).unwrap(), verdict: verdict(choice), version, supersedes }
     })
 }
@@ -215,7 +224,7 @@ proptest! {
         prop_assert_eq!(merge(None, &a), MergeOutcome::Apply { conflict: None });
     }
 
-    /// A decision found on a first start (hlc 0) never replaces a live one, in any order.
+    /// A decision found on a first start never replaces a live one, in any order.
     #[test]
     fn bootstrap_never_beats_live((pool, schedule) in pool_and_schedule()) {
         let replica = deliver_all("x", schedule.iter().map(|&i| &pool[i]));
@@ -232,6 +241,38 @@ proptest! {
                 let replaced = merge(Some(&boot.entry()), live);
                 prop_assert!(matches!(replaced, MergeOutcome::Apply { .. }), "{replaced:?}");
             }
+        }
+    }
+
+    /// Files found at a later first start lose to those found at an earlier one (a late joiner
+    /// cannot override the cluster), and anything a running node decides beats both, whatever
+    /// the wall clocks say.
+    #[test]
+    fn a_later_first_start_never_overrides(
+        early_ms in 0u64..BASE_MS,
+        later_by in 1u64..10_000_000,
+        live_ms in any::<u64>().prop_map(|ms| ms % (2 * BASE_MS)),
+        nodes in (0..NODES.len(), 0..NODES.len(), 0..NODES.len()),
+        choices in (0u8..6, 0u8..6),
+    ) {
+        let id = MinionId::parse(IDS[0]).unwrap();
+        let first_start = |node: usize, choice: u8, wall_ms: u64| {
+            let mut replica = Replica::new(NODES[node], Hlc::default());
+            let seen = Seen::Decided(verdict(choice));
+            replica.observe(&id, seen, wall_ms, ObserveMode::FirstStart).expect("a key file is a decision")
+        };
+        let early = first_start(nodes.0, choices.0, early_ms);
+        let late = first_start(nodes.1, choices.1, early_ms + later_by);
+        prop_assert!(early.version.is_bootstrap() && late.version.is_bootstrap());
+        let outcome = merge(Some(&early.entry()), &late);
+        prop_assert!(matches!(outcome, MergeOutcome::Superseded { .. }), "{outcome:?}");
+
+        let mut running = Replica::new(NODES[nodes.2], Hlc::default());
+        let live = running.observe(&id, Seen::Decided(Verdict::Accepted(key(0))), live_ms, ObserveMode::Live).unwrap();
+        prop_assert!(!live.version.is_bootstrap());
+        for boot in [&early, &late] {
+            let outcome = merge(Some(&boot.entry()), &live);
+            prop_assert!(matches!(outcome, MergeOutcome::Apply { .. }), "{outcome:?}");
         }
     }
 
