@@ -54,3 +54,54 @@ impl Drop for AgentProcess {
         let _ = self.child.wait();
     }
 }
+
+/// Three (or `n`) agent processes with files under `root`, each peering with
+/// all others on free loopback ports.
+pub struct ProcessCluster {
+    pub files: Vec<crate::cluster::AgentFiles>,
+    agents: Vec<AgentProcess>,
+}
+
+impl ProcessCluster {
+    /// Writes the agents' files and lets `prepare` touch them before start.
+    pub fn start(root: &Path, n: usize, prepare: impl Fn(&crate::cluster::AgentFiles)) -> ProcessCluster {
+        let ca = keysync_server::CertAuthority::new("ca").unwrap();
+        let addrs: Vec<std::net::SocketAddr> = (0..n).map(|_| free_addr()).collect();
+        let files: Vec<_> = (0..n)
+            .map(|i| {
+                let peers: Vec<(String, std::net::SocketAddr)> =
+                    (0..n).filter(|&j| j != i).map(|j| (crate::cluster::NAMES[j].to_string(), addrs[j])).collect();
+                crate::cluster::write_agent_files(root, &ca, crate::cluster::NAMES[i], addrs[i], &peers)
+            })
+            .collect();
+        for f in &files {
+            prepare(f);
+        }
+        let agents = files.iter().map(|f| AgentProcess::start(&f.config_path, f.dir.join("agent.log"))).collect();
+        ProcessCluster { files, agents }
+    }
+
+    /// Waits until every agent logged its start.
+    pub async fn started(&self) {
+        for agent in &self.agents {
+            crate::wait_until(std::time::Duration::from_secs(20), "agent started", || {
+                std::fs::read_to_string(&agent.log).is_ok_and(|text| text.contains("agent started"))
+            })
+            .await;
+        }
+    }
+
+    /// Stops every agent with SIGTERM and asserts a clean exit.
+    pub fn stop(self) {
+        for agent in self.agents {
+            let log = agent.log.clone();
+            let status = agent.stop();
+            assert!(status.success(), "agent exited with {status}: {}", std::fs::read_to_string(log).unwrap());
+        }
+    }
+}
+
+/// A loopback address nothing listens on right now.
+pub fn free_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}

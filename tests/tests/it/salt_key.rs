@@ -3,14 +3,12 @@
 //! on the other two masters. The venvs come from `tests/salt/venv.sh`, which
 //! the test command runs first; a missing venv is a failure, never a skip.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use keysync_server::CertAuthority;
-use keysync_tests::binary::AgentProcess;
-use keysync_tests::cluster::{write_agent_files, AgentFiles, NAMES};
+use keysync_tests::binary::ProcessCluster;
+use keysync_tests::cluster::AgentFiles;
 use keysync_tests::salt_ops::{master_writes_pending, new_public_key, FOLDERS};
 use keysync_tests::wait_until;
 
@@ -43,10 +41,6 @@ fn salt_key(bin: &Path, conf: &Path, args: &[&str]) {
     assert!(out.status.success(), "salt-key {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
 async fn all_hold(files: &[AgentFiles], id: &str, want: Option<(&str, &[u8])>) {
     for f in files {
         let what = format!("{id} on {} should be {:?}", f.name, want.map(|w| w.0));
@@ -66,35 +60,17 @@ async fn all_hold(files: &[AgentFiles], id: &str, want: Option<(&str, &[u8])>) {
 fn real_salt_key_decisions_replicate(version: &str) {
     let salt_key_bin = salt_key_bin(version);
     let dir = tempfile::tempdir().unwrap();
-    let ca = CertAuthority::new("ca").unwrap();
-    let addrs: Vec<SocketAddr> = (0..3).map(|_| free_addr()).collect();
-    let files: Vec<AgentFiles> = (0..3)
-        .map(|i| {
-            let peers: Vec<(String, SocketAddr)> =
-                (0..3).filter(|&j| j != i).map(|j| (NAMES[j].to_string(), addrs[j])).collect();
-            write_agent_files(dir.path(), &ca, NAMES[i], addrs[i], &peers)
-        })
-        .collect();
-    let confs: Vec<PathBuf> = files.iter().map(salt_config).collect();
     let key = new_public_key();
-    for f in &files {
-        master_writes_pending(&f.pki, "web01", &key);
-    }
-    let agents: Vec<AgentProcess> =
-        files.iter().map(|f| AgentProcess::start(&f.config_path, f.dir.join("agent.log"))).collect();
+    let cluster = ProcessCluster::start(dir.path(), 3, |f| master_writes_pending(&f.pki, "web01", &key));
+    let files = &cluster.files;
+    let confs: Vec<PathBuf> = files.iter().map(salt_config).collect();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        for f in &files {
-            let log = f.dir.join("agent.log");
-            wait_until(Duration::from_secs(20), "agent started", || {
-                std::fs::read_to_string(&log).is_ok_and(|text| text.contains("agent started"))
-            })
-            .await;
-        }
+        cluster.started().await;
         salt_key(&salt_key_bin, &confs[0], &["-a", "web01"]);
-        all_hold(&files, "web01", Some(("minions", key.as_bytes()))).await;
+        all_hold(files, "web01", Some(("minions", key.as_bytes()))).await;
         salt_key(&salt_key_bin, &confs[1], &["-r", "web01", "--include-accepted"]);
-        all_hold(&files, "web01", Some(("minions_rejected", key.as_bytes()))).await;
+        all_hold(files, "web01", Some(("minions_rejected", key.as_bytes()))).await;
         // The replicated reject made masters a and c rotate their AES key too.
         for f in [&files[0], &files[2]] {
             let dfn = f.dir.join("cache/.dfn");
@@ -103,13 +79,9 @@ fn real_salt_key_decisions_replicate(version: &str) {
             std::fs::remove_file(&dfn).unwrap();
         }
         salt_key(&salt_key_bin, &confs[2], &["-d", "web01"]);
-        all_hold(&files, "web01", None).await;
+        all_hold(files, "web01", None).await;
     });
-    for agent in agents {
-        let log = agent.log.clone();
-        let status = agent.stop();
-        assert!(status.success(), "agent exited with {status}: {}", std::fs::read_to_string(log).unwrap());
-    }
+    cluster.stop();
 }
 
 #[test]
