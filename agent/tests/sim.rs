@@ -413,6 +413,7 @@ enum Msg {
     Decisions(Vec<Decision>),
 }
 
+/// Everything that happens, run in order of virtual time, then of scheduling.
 #[derive(Debug)]
 enum Event {
     Operator,
@@ -974,6 +975,7 @@ impl Sim {
                 return;
             }
             let node = up[self.rng.index(up.len())];
+            self.stats.crashes += 1;
             self.crash(node);
             let back = self.now + self.rng.between(300, 4_000);
             let epoch = self.nodes[node].epoch;
@@ -1003,8 +1005,7 @@ impl Sim {
     }
 
     fn crash(&mut self, node: usize) {
-        trace!(self, "{} crashes", self.nodes[node].name);
-        self.stats.crashes += 1;
+        trace!(self, "{} stops", self.nodes[node].name);
         let n = &mut self.nodes[node];
         n.up = false;
         n.epoch += 1;
@@ -1172,7 +1173,11 @@ impl Sim {
                     // Said the same as a decision the winner knew (concurrent agreeing ones collapse).
                     || ds.iter().any(|k| k.verdict == d.verdict && history(winner).contains(&k.version))
                     || self.reported.iter().any(|(i, loser, ..)| i == id && *loser == d.version)
-                    || ds.iter().any(|k| accounted.contains(&k.version) && k != d && history(k).contains(&d.version))
+                    || ds.iter().any(|k| {
+                        // Knowingly overruled, or merged as an agreeing one, by an accounted decision.
+                        let overruled = history(k).contains(&d.version) || k.verdict == d.verdict;
+                        k != d && accounted.contains(&k.version) && overruled
+                    })
                     // First-start files losing to the cluster is the design, not a loss.
                     || d.version.is_bootstrap();
                 if ok {

@@ -96,6 +96,8 @@ impl Replica {
     /// Holds `decision` (its files are durable and it is in the store).
     /// Ignored if something newer is already held.
     pub fn commit(&mut self, decision: &Decision) {
+        // A later local decision must outrank whatever is held.
+        self.clock.witness(decision.version.hlc);
         let entry = decision.entry();
         match self.entries.get_mut(&decision.id) {
             Some(held) if held.version >= entry.version => {}
@@ -112,6 +114,7 @@ impl Replica {
 
     /// Loads an entry from the store at start-up.
     pub fn load(&mut self, id: MinionId, entry: Entry) {
+        self.clock.witness(entry.version.hlc);
         self.digests.replace(&id, None, &entry.version);
         self.entries.insert(id, entry);
     }
@@ -179,6 +182,21 @@ mod tests {
         let delete = replica.observe(&id(), Seen::Undecided, 1001, ObserveMode::Live).unwrap();
         assert_eq!(delete.verdict, Verdict::Deleted);
         assert_eq!(delete.supersedes, Some(accept.version));
+    }
+
+    #[test]
+    fn a_decision_held_without_a_merge_still_moves_the_clock() {
+        let now_ms = 1_700_000_000_000;
+        let peer = Decision {
+            id: id(),
+            verdict: accepted(),
+            version: Version::new(Hlc::default().tick(now_ms + 2_000), "b"),
+            supersedes: None,
+        };
+        let mut replica = Replica::new("a", Hlc::resume(0));
+        replica.load(id(), peer.entry());
+        let delete = replica.observe(&id(), Seen::Undecided, now_ms, ObserveMode::Live).unwrap();
+        assert!(delete.version > peer.version, "{} <= {}", delete.version, peer.version);
     }
 
     #[test]

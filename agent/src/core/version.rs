@@ -103,6 +103,12 @@ impl Hlc {
         self.last
     }
 
+    /// Moves the clock to at least `hlc` (a version held without a merge:
+    /// loaded from the store or finished from the journal).
+    pub fn witness(&mut self, hlc: u64) {
+        self.last = self.last.max(hlc);
+    }
+
     /// Checks a peer's version against the skew bound and, if it passes,
     /// moves the clock forward to it.
     pub fn observe(&mut self, version: &Version, wall_ms: u64, max_skew_ms: u64) -> Result<(), SkewError> {
