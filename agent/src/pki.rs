@@ -189,19 +189,7 @@ impl Pki {
         let dir = self.folder_path(folder);
         let seq = STAGING_SEQ.fetch_add(1, Ordering::Relaxed);
         let staging = dir.join(format!(".keysync-{}-{seq}", std::process::id()));
-        let result = (|| {
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(KEY_MODE)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&staging)?;
-            file.write_all(bytes)?;
-            // The umask may have narrowed the mode given to open.
-            file.set_permissions(fs::Permissions::from_mode(KEY_MODE))?;
-            std::os::unix::fs::fchown(&file, Some(self.owner.uid), Some(self.owner.gid))?;
-            fs::rename(&staging, dir.join(id))
-        })();
+        let result = write_new(&staging, bytes, KEY_MODE, self.owner).and_then(|()| fs::rename(&staging, dir.join(id)));
         if result.is_err() {
             let _ = fs::remove_file(&staging);
         }
@@ -245,24 +233,26 @@ pub fn drop_dfn(cachedir: &Path, master_id: &str, owner: Owner) -> io::Result<bo
     }
     let staging = cachedir.join(format!(".dfn-keysync-{}", std::process::id()));
     remove_if_present(&staging)?;
-    let result = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(DFN_MODE)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&staging)?;
-        file.write_all(master_id.as_bytes())?;
-        file.set_permissions(fs::Permissions::from_mode(DFN_MODE))?;
-        std::os::unix::fs::fchown(&file, Some(owner.uid), Some(owner.gid))?;
+    let result = write_new(&staging, master_id.as_bytes(), DFN_MODE, owner).and_then(|()| {
         match fs::hard_link(&staging, &path) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
             Err(e) => Err(e),
         }
-    })();
+    });
     let _ = fs::remove_file(&staging);
     result
+}
+
+/// Creates a staging file that must not exist yet (never through a symlink)
+/// holding `bytes`, with exactly `mode` and owned by `owner`.
+fn write_new(path: &Path, bytes: &[u8], mode: u32, owner: Owner) -> io::Result<()> {
+    let mut file =
+        OpenOptions::new().write(true).create_new(true).mode(mode).custom_flags(libc::O_NOFOLLOW).open(path)?;
+    file.write_all(bytes)?;
+    // The umask may have narrowed the mode given to open.
+    file.set_permissions(fs::Permissions::from_mode(mode))?;
+    std::os::unix::fs::fchown(&file, Some(owner.uid), Some(owner.gid))
 }
 
 fn remove_if_present(path: &Path) -> io::Result<()> {

@@ -100,8 +100,7 @@ impl Core {
             tracing::error!(error = %e, "cannot flush pki_dir; decisions not recorded");
             return;
         }
-        let ids: Vec<MinionId> = Vec::new();
-        if let Err(e) = self.store.record(&decisions, &ids, &self.settings.node, self.replica.clock()) {
+        if let Err(e) = self.store.record(&decisions, &[], &self.settings.node, self.replica.clock()) {
             // Nothing was sent: the next scan finds the same changes again.
             tracing::error!(error = %e, "cannot record local decisions");
             return;
@@ -126,15 +125,7 @@ impl Core {
     /// Compares every name in the folders, and every id held, with the store.
     /// Ids whose events are still settling are left to the settler.
     pub(super) fn rescan(&mut self, why: &str) {
-        let listed = match self.pki.list() {
-            Ok(listed) => listed,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot list the key folders");
-                return;
-            }
-        };
-        let mut names: BTreeSet<String> = listed.into_iter().map(|(_, name)| name).collect();
-        names.extend(self.replica.entries().map(|(id, _)| id.to_string()));
+        let Some(names) = self.all_names() else { return };
         let names: Vec<String> = names.into_iter().filter(|name| !self.settler.is_unsettled(name)).collect();
         let decisions: Vec<Decision> =
             names.iter().filter_map(|name| self.observe_name(name, ObserveMode::Live, true)).collect();
@@ -144,19 +135,26 @@ impl Core {
         self.record_local(decisions, Some("found by rescan"));
     }
 
-    /// Start-up: finds what changed while the agent was stopped. On the very
-    /// first start, what the folders hold gets the bootstrap version.
-    pub(super) fn reconcile(&mut self, initialized: bool) {
-        let mode = if initialized { ObserveMode::Live } else { ObserveMode::FirstStart };
+    /// Every name in the three folders and every id held; `None` when the
+    /// folders cannot be listed (logged).
+    fn all_names(&self) -> Option<BTreeSet<String>> {
         let listed = match self.pki.list() {
             Ok(listed) => listed,
             Err(e) => {
-                tracing::error!(error = %e, "cannot list the key folders at start-up");
-                Vec::new()
+                tracing::error!(error = %e, "cannot list the key folders");
+                return None;
             }
         };
         let mut names: BTreeSet<String> = listed.into_iter().map(|(_, name)| name).collect();
         names.extend(self.replica.entries().map(|(id, _)| id.to_string()));
+        Some(names)
+    }
+
+    /// Start-up: finds what changed while the agent was stopped. On the very
+    /// first start, what the folders hold gets the bootstrap version.
+    pub(super) fn reconcile(&mut self, initialized: bool) {
+        let mode = if initialized { ObserveMode::Live } else { ObserveMode::FirstStart };
+        let names = self.all_names().unwrap_or_default();
         let decisions: Vec<Decision> = names.iter().filter_map(|name| self.observe_name(name, mode, false)).collect();
         let reason = if initialized { "changed while the agent was stopped" } else { "found at first start" };
         tracing::info!(n_held = self.replica.len(), n_found = decisions.len(), reason, "start-up reconciliation");
