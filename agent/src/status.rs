@@ -111,7 +111,7 @@ pub fn render(report: &StatusReport) -> String {
         }
         if !peer.drift.settings.is_empty() {
             out.push_str(&format!(
-                "{}: SETTINGS DRIFT: {} differ from this master's\n",
+                "{}: SETTINGS DRIFT: {} not the same as on this master (Salt's multi-master set-up needs them equal)\n",
                 peer.name,
                 peer.drift.settings.join(", ")
             ));

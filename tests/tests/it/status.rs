@@ -200,8 +200,17 @@ fn metrics_serve_the_counters_after_a_replicated_accept() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         cluster.started().await;
+        let (a, b) = (addrs[0], addrs[1]);
+        // Links come up in whatever order the agents started; wait for all of them.
+        wait_until(WAIT, "every link of master-a and master-b up", || {
+            let (text_a, text_b) = (metrics_text(a), metrics_text(b));
+            ["master-b", "master-c"].iter().all(|p| text_a.contains(&format!("keysync_peer_up{{peer=\"{p}\"}} 1\n")))
+                && ["master-a", "master-c"]
+                    .iter()
+                    .all(|p| text_b.contains(&format!("keysync_peer_up{{peer=\"{p}\"}} 1\n")))
+        })
+        .await;
         move_key(SaltLine::S3008, &cluster.files[0].pki, "web01", "minions");
-        let b = addrs[1];
         wait_until(WAIT, "master-b counts the applied accept", || {
             metrics_text(b).contains("keysync_decisions_applied_total 1\n")
         })
@@ -209,7 +218,6 @@ fn metrics_serve_the_counters_after_a_replicated_accept() {
         let text = metrics_text(b);
         for want in [
             "keysync_propagation_latency_seconds_count 1\n",
-            "keysync_peer_up{peer=\"master-a\"} 1\n",
             "keysync_decisions_refused_total 0\n",
             "keysync_decisions_conflicted_total 0\n",
             "keysync_anti_entropy_runs_total{peer=\"master-a\"}",
@@ -218,7 +226,7 @@ fn metrics_serve_the_counters_after_a_replicated_accept() {
             assert!(text.contains(want), "{want:?} missing from:\n{text}");
         }
         // The origin applied nothing from peers.
-        assert!(metrics_text(addrs[0]).contains("keysync_decisions_applied_total 0\n"));
+        assert!(metrics_text(a).contains("keysync_decisions_applied_total 0\n"));
         let log_c = std::fs::read_to_string(cluster.files[2].dir.join("agent.log")).unwrap();
         assert!(!log_c.contains("Prometheus"), "master-c serves no metrics:\n{log_c}");
     });
