@@ -291,3 +291,69 @@ impl Board {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::read_all;
+
+    fn board(dir: &std::path::Path) -> (Board, PathBuf) {
+        let text = format!(
+            "node = \"master-a\"\nstate_dir = \"{d}/state\"\npki_dir = \"{d}/pki\"\n[salt]\nmaster_config = \"{d}/master\"\n[tls]\nca = \"x\"\ncert = \"x\"\nkey = \"x\"\n[[peer]]\nname = \"master-b\"\naddress = \"h:1\"\n",
+            d = dir.display()
+        );
+        let config = crate::config::Config::parse(&text, &dir.join("config.toml")).unwrap();
+        std::fs::create_dir_all(dir.join("pki")).unwrap();
+        std::fs::write(dir.join("pki/master.pub"), crate::core::keyfile::tests::PUB).unwrap();
+        let audit_path = dir.join("audit.jsonl");
+        let audit = Arc::new(AuditLog::open(&audit_path, "master-a").unwrap());
+        (Board::new(&config, audit, Arc::new(Metrics::new())), audit_path)
+    }
+
+    fn theirs(master_pub: &str) -> MasterHealth {
+        MasterHealth { master_pub: Some(master_pub.into()), ..MasterHealth::default() }
+    }
+
+    #[test]
+    fn drift_is_reported_once_per_detection_and_when_resolved() {
+        let dir = tempfile::tempdir().unwrap();
+        let (board, audit_path) = board(dir.path());
+        let ours = board.refresh_local().master_pub.unwrap();
+        let outcomes = || -> Vec<String> {
+            read_all(&audit_path).unwrap().into_iter().map(|r| format!("{}:{}", r.action, r.outcome)).collect()
+        };
+
+        board.peer_health("master-b", theirs(&ours));
+        assert!(outcomes().is_empty(), "agreement is not news");
+        for _ in 0..5 {
+            // A reconnect storm: the same report again and again.
+            board.peer_health("master-b", theirs("aa:bb"));
+        }
+        assert_eq!(outcomes(), ["master-key:mismatch"]);
+        board.peer_health("master-b", theirs("cc:dd"));
+        assert_eq!(outcomes(), ["master-key:mismatch", "master-key:mismatch"], "another wrong key is news");
+        board.peer_health("master-b", theirs(&ours));
+        board.peer_health("master-b", theirs(&ours));
+        assert_eq!(outcomes(), ["master-key:mismatch", "master-key:mismatch", "master-key:resolved"]);
+
+        let report = board.report_with(KeyCounts::default());
+        assert!(!report.peers[0].drift.master_pub_mismatch);
+        assert!(board.metrics().encode().contains("keysync_master_key_mismatch{peer=\"master-b\"} 0"));
+    }
+
+    #[test]
+    fn link_state_keeps_the_last_error_until_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let (board, _) = board(dir.path());
+        let state = |board: &Board| board.report_with(KeyCounts::default()).peers[0].clone();
+        assert_eq!(state(&board).state, LinkState::Connecting);
+        board.set_state("master-b", LinkState::Down, Some("connection refused".into()));
+        assert_eq!(state(&board).last_error.as_deref(), Some("connection refused"));
+        assert!(board.metrics().encode().contains("keysync_peer_up{peer=\"master-b\"} 0"));
+        board.set_state("master-b", LinkState::Up, None);
+        assert_eq!((state(&board).state, state(&board).last_error), (LinkState::Up, None));
+        assert!(board.metrics().encode().contains("keysync_peer_up{peer=\"master-b\"} 1"));
+        board.contact("nobody");
+        assert!(state(&board).last_contact.is_none(), "unknown peers are ignored");
+    }
+}

@@ -130,3 +130,40 @@ async fn key_counts(ctx: &ControlContext) -> KeyCounts {
         .unwrap_or(0);
     KeyCounts { accepted, rejected, pending, deleted }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[tokio::test]
+    async fn binds_owner_only_and_replaces_only_a_dead_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir(&state).unwrap();
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let socket = state.join("control.sock");
+
+        let listener = bind(&socket, &state).await.unwrap();
+        assert_eq!((mode(&state), mode(&socket)), (0o700, 0o600), "state_dir is tightened, the socket is 0600");
+        let err = bind(&socket, &state).await.unwrap_err().to_string();
+        assert!(err.contains("another salt-keysync agent is running"), "{err}");
+        drop(listener);
+        bind(&socket, &state).await.expect("a socket nobody answers on is stale and replaced");
+
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let err = bind(&open.join("c.sock"), &state).await.unwrap_err().to_string();
+        assert!(err.contains("has mode 0755"), "{err}");
+        std::fs::write(state.join("file"), "x").unwrap();
+        let err = bind(&state.join("file"), &state).await.unwrap_err().to_string();
+        assert!(err.contains("is not a socket"), "{err}");
+        let fresh = dir.path().join("new/sub/c.sock");
+        bind(&fresh, &state).await.unwrap();
+        assert_eq!(mode(fresh.parent().unwrap()), 0o700);
+    }
+}
