@@ -158,6 +158,11 @@ pub async fn bind(address: SocketAddr) -> anyhow::Result<TcpListener> {
 /// Serves `GET /metrics` until `shutdown`.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: CancellationToken) -> std::io::Result<()> {
     use axum::routing::get;
+    use axum::serve::ListenerExt;
+    // Small responses: without NODELAY a scrape can wait on a delayed ACK.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let app = axum::Router::new().route(
         "/metrics",
         get(move || {

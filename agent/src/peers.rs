@@ -74,7 +74,7 @@ impl PeerLink {
                     Ok(()) => return,
                     Err(e) => {
                         tracing::warn!(error = %e, retry_in = ?backoff, "sync failed");
-                        self.board.set_state(&self.peer.name, LinkState::Down, Some(e.to_string()));
+                        self.board.set_state(&self.peer.name, LinkState::Down, Some(error_chain(&e)));
                     }
                 }
                 tokio::select! {
@@ -231,4 +231,20 @@ async fn send_decisions(
         push_tx.send(batch).await.map_err(|_| SessionError::PushClosed)?;
     }
     Ok(n_bytes)
+}
+
+/// `error: cause: cause`, for `status`: the transport's top-level message
+/// alone ("connecting to peer …") does not say why.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }

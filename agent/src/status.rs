@@ -15,6 +15,8 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 pub enum StatusError {
     #[error("salt-keysync is not running (no control socket at {0}): start it with `systemctl start salt-keysync`")]
     NotRunning(String),
+    #[error("salt-keysync is not running (nothing answers on {0}, left by an agent that was killed): start it with `systemctl start salt-keysync`")]
+    Stale(String),
     #[error("cannot reach the agent at {path}: {source} (run status as the agent's user, usually root)")]
     Denied { path: String, source: std::io::Error },
     #[error("the agent at {path} did not answer: {message}")]
@@ -25,7 +27,8 @@ pub enum StatusError {
 pub fn query(socket: &Path) -> Result<StatusReport, StatusError> {
     let path = socket.display().to_string();
     let mut stream = UnixStream::connect(socket).map_err(|source| match source.kind() {
-        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => StatusError::NotRunning(path.clone()),
+        std::io::ErrorKind::NotFound => StatusError::NotRunning(path.clone()),
+        std::io::ErrorKind::ConnectionRefused => StatusError::Stale(path.clone()),
         _ => StatusError::Denied { path: path.clone(), source },
     })?;
     let no_answer = |message: String| StatusError::NoAnswer { path: path.clone(), message };
