@@ -9,6 +9,7 @@ use std::time::Duration;
 use keysync_proto::v1::{self, key_sync_client::KeySyncClient};
 use keysync_proto::PROTOCOL_VERSION;
 use keysync_server::TlsSetup;
+use prost::Message;
 use tokio::sync::{broadcast, mpsc};
 use tokio::time::MissedTickBehavior;
 use tokio_stream::wrappers::ReceiverStream;
@@ -23,7 +24,6 @@ use crate::core::{Decision, MinionId};
 use crate::node::{CoreHandle, Request};
 use crate::rpc::{DECISIONS_PER_BATCH, MAX_FETCH_IDS};
 use crate::wire::{decision_from_wire, decision_to_wire, health_from_wire, health_to_wire};
-use prost::Message;
 
 pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
