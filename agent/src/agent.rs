@@ -90,8 +90,15 @@ pub async fn run(config: Config, listener: Option<TcpListener>, shutdown: Cancel
         rescan_interval: config.timings.rescan_interval,
     };
     let settle = SettleTimings { absent_grace: config.timings.absent_grace, ..SettleTimings::default() };
+    let metrics = Arc::new(crate::metrics::Metrics::new());
     let (core, handle, requests) =
-        node::start(CoreParts { settings, store, pki, owner, audit: audit.clone(), settle })?;
+        node::start(CoreParts { settings, store, pki, owner, audit: audit.clone(), settle, metrics: metrics.clone() })?;
+    let board = Arc::new(crate::board::Board::new(&config, audit.clone(), metrics.clone()));
+    let control = crate::control::bind(&config.control_socket, &config.state_dir).await?;
+    let metrics_listener = match config.metrics_listen {
+        Some(address) => Some(crate::metrics::bind(address).await?),
+        None => None,
+    };
     audit.record(Record {
         reason: Some(format!("listening on {}, {} peers", listener.local_addr()?, config.peers.len())),
         ..Record::new("start", "local", "started")
@@ -100,7 +107,27 @@ pub async fn run(config: Config, listener: Option<TcpListener>, shutdown: Cancel
 
     let tasks = TaskTracker::new();
     tasks.spawn(core.run(events, requests, shutdown.clone()));
-    let handler = Arc::new(RpcHandler { node: config.node.clone(), core: handle.clone(), audit: audit.clone() });
+    let control_ctx = Arc::new(crate::control::ControlContext {
+        board: board.clone(),
+        core: handle.clone(),
+        pki_dir: config.pki_dir.clone(),
+    });
+    tasks.spawn(crate::control::serve(control, config.control_socket.clone(), control_ctx, shutdown.clone()));
+    if let Some(listener) = metrics_listener {
+        tracing::info!(address = %listener.local_addr()?, "serving Prometheus metrics on /metrics");
+        let (metrics, shutdown) = (metrics.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            if let Err(e) = crate::metrics::serve(listener, metrics, shutdown).await {
+                tracing::error!(error = %e, "metrics listener failed");
+            }
+        });
+    }
+    let handler = Arc::new(RpcHandler {
+        node: config.node.clone(),
+        core: handle.clone(),
+        audit: audit.clone(),
+        board: board.clone(),
+    });
     let opts = ServeOptions {
         allowed_peers: config.peers.iter().map(|p| p.name.clone()).collect(),
         max_message_bytes: MAX_MESSAGE_BYTES,
@@ -115,6 +142,7 @@ pub async fn run(config: Config, listener: Option<TcpListener>, shutdown: Cancel
             audit: audit.clone(),
             anti_entropy_interval: config.timings.anti_entropy_interval,
             reconnect_max: config.timings.reconnect_max,
+            board: board.clone(),
         };
         tasks.spawn(link.run(shutdown.clone()));
     }

@@ -26,6 +26,8 @@ struct RawConfig {
     log_format: Option<String>,
     #[serde(default)]
     timings: RawTimings,
+    control_socket: Option<PathBuf>,
+    metrics_listen: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -129,6 +131,10 @@ pub struct Config {
     pub salt: Salt,
     pub log_format: LogFormat,
     pub timings: Timings,
+    /// The Unix socket `salt-keysync status` asks (default `<state_dir>/control.sock`).
+    pub control_socket: PathBuf,
+    /// Where Prometheus metrics are served; `None`: no metrics listener.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -161,6 +167,13 @@ impl Config {
         let listen = listen_raw.parse().map_err(|_| invalid("listen", format!("{listen_raw:?} is not ip:port")))?;
         let state_dir = resolve(raw.state_dir.unwrap_or_else(|| "/var/lib/salt-keysync".into()));
         let audit_log = raw.audit_log.map(resolve).unwrap_or_else(|| state_dir.join("audit.jsonl"));
+        let control_socket = raw.control_socket.map(resolve).unwrap_or_else(|| state_dir.join("control.sock"));
+        let metrics_listen = match raw.metrics_listen {
+            None => None,
+            Some(text) => {
+                Some(text.parse().map_err(|_| invalid("metrics_listen", format!("{text:?} is not ip:port")))?)
+            }
+        };
 
         let mut peers: Vec<Peer> = Vec::new();
         for (idx, peer) in raw.peer.into_iter().enumerate() {
@@ -223,6 +236,8 @@ impl Config {
             salt,
             log_format,
             timings,
+            control_socket,
+            metrics_listen,
         })
     }
 }
@@ -281,6 +296,10 @@ address = "10.0.0.12:4515"
         assert_eq!(config.tls.key, Path::new("/abs/node.key"));
         assert_eq!(config.peers[0].name, "master-b");
         assert_eq!(config.salt.cachedir, Path::new("/var/cache/salt/master"));
+        assert_eq!(config.control_socket, Path::new("/var/lib/salt-keysync/control.sock"));
+        assert_eq!(config.metrics_listen, None);
+        let with_metrics = parse(&format!("metrics_listen = \"127.0.0.1:9515\"\n{MINIMAL}")).unwrap();
+        assert_eq!(with_metrics.metrics_listen, Some("127.0.0.1:9515".parse().unwrap()));
     }
 
     #[test]
@@ -292,6 +311,8 @@ address = "10.0.0.12:4515"
             (MINIMAL.replace("node = \"master-a\"", "node = \"a b\""), "node: \"a b\" is not a DNS name"),
             (format!("listen = \"nope\"\n{MINIMAL}"), "listen: \"nope\" is not ip:port"),
             (format!("log_format = \"xml\"\n{MINIMAL}"), "log_format: \"xml\""),
+            (format!("metrics_listen = \"localhost\"\n{MINIMAL}"), "metrics_listen: \"localhost\" is not ip:port"),
+            (format!("control_sock = \"/x\"\n{MINIMAL}"), "unknown field `control_sock`"),
             (format!("{MINIMAL}\n[timings]\nrescan_interval = \"soon\""), "timings.rescan_interval: \"soon\""),
             (
                 format!("{MINIMAL}\n[[peer]]\nname = \"master-b\"\naddress = \"h:1\""),

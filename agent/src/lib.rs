@@ -6,13 +6,18 @@
 
 pub mod agent;
 pub mod audit;
+pub mod board;
 pub mod config;
+pub mod control;
 pub mod core;
+pub mod health;
+pub mod metrics;
 pub mod node;
 pub mod peers;
 pub mod pki;
 pub mod rpc;
 pub mod salt_master;
+pub mod status;
 pub mod store;
 pub mod watcher;
 pub mod wire;

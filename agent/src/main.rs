@@ -29,6 +29,25 @@ enum Command {
     Check,
     /// Make a CA and node certificates for sites without a PKI.
     Certs(certs::CertsArgs),
+    /// Ask the running agent about its peers, keys and cluster health.
+    #[command(
+        long_about = "Ask the running agent, over its local control socket (control_socket, default \
+<state_dir>/control.sock, owner-only), about every peer: link state (up / down / connecting) and \
+last error, last contact, what the peer lacks from this master and this master from it (counts \
+from the last anti-entropy digest comparison), key counts per state, the last anti-entropy round, \
+and whether the peer's master.pub and must-agree master settings (external_auth, publisher_acl, \
+peer, peer_run, nodegroups) match this master's. Exits 1 with a one-line message when the agent \
+is not running.",
+        after_help = "Examples:\n  salt-keysync status\n  salt-keysync status --config /etc/salt-keysync/config.toml --json | jq '.peers[] | select(.state != \"up\")'"
+    )]
+    Status(StatusArgs),
+}
+
+#[derive(clap::Args)]
+struct StatusArgs {
+    /// Print the whole report as one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 fn main() {
@@ -37,6 +56,7 @@ fn main() {
         Command::Run => run(&cli.config),
         Command::Check => check::check(&cli.config),
         Command::Certs(args) => certs::certs(&args),
+        Command::Status(args) => status(&cli.config, &args),
     };
     if let Err(e) = result {
         eprintln!("salt-keysync: {e:#}");
@@ -57,6 +77,17 @@ fn run(path: &std::path::Path) -> Result<()> {
         tokio::spawn(stop_on_signal(shutdown.clone()));
         salt_keysync::agent::run(config, None, shutdown).await
     })
+}
+
+fn status(path: &std::path::Path, args: &StatusArgs) -> Result<()> {
+    let config = Config::load(path)?;
+    let report = salt_keysync::status::query(&config.control_socket)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", salt_keysync::status::render(&report));
+    }
+    Ok(())
 }
 
 async fn stop_on_signal(shutdown: CancellationToken) {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use keysync_proto::v1::{self, key_sync_client::KeySyncClient};
 use keysync_proto::PROTOCOL_VERSION;
 use keysync_server::TlsSetup;
+use prost::Message;
 use tokio::sync::{broadcast, mpsc};
 use tokio::time::MissedTickBehavior;
 use tokio_stream::wrappers::ReceiverStream;
@@ -16,12 +17,13 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tracing::Instrument;
 
+use crate::board::{AntiEntropyRun, Board, LinkState};
 use crate::config::Peer;
 use crate::core::digest::N_BUCKETS;
 use crate::core::{Decision, MinionId};
 use crate::node::{CoreHandle, Request};
 use crate::rpc::{DECISIONS_PER_BATCH, MAX_FETCH_IDS};
-use crate::wire::{decision_from_wire, decision_to_wire};
+use crate::wire::{decision_from_wire, decision_to_wire, health_from_wire, health_to_wire};
 
 pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -49,6 +51,8 @@ pub struct PeerLink {
     pub audit: Arc<crate::audit::AuditLog>,
     pub anti_entropy_interval: Duration,
     pub reconnect_max: Duration,
+    /// Link state, contact times and anti-entropy results, for `status`.
+    pub board: Arc<Board>,
 }
 
 impl PeerLink {
@@ -68,7 +72,10 @@ impl PeerLink {
                 }
                 match session {
                     Ok(()) => return,
-                    Err(e) => tracing::warn!(error = %e, retry_in = ?backoff, "sync failed"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, retry_in = ?backoff, "sync failed");
+                        self.board.set_state(&self.peer.name, LinkState::Down, Some(error_chain(&e)));
+                    }
                 }
                 tokio::select! {
                     () = shutdown.cancelled() => return,
@@ -85,19 +92,14 @@ impl PeerLink {
         let mut client =
             keysync_server::connect(&self.peer.address, &self.peer.name, &self.tls, MAX_MESSAGE_BYTES, CONNECT_TIMEOUT)
                 .await?;
-        let hello = client
-            .hello(v1::HelloRequest { node: self.node.clone(), protocol_version: PROTOCOL_VERSION })
-            .await?
-            .into_inner();
-        if hello.node != self.peer.name {
-            return Err(SessionError::WrongName(hello.node));
-        }
+        let hello = self.hello(&mut client).await?;
         // Subscribed before anti-entropy, so nothing decided meanwhile is missed.
         let mut outgoing = self.core.subscribe();
         let (push_tx, push_rx) = mpsc::channel::<v1::DecisionBatch>(16);
         let mut acks = client.push(ReceiverStream::new(push_rx)).await?.into_inner();
         self.anti_entropy(&mut client, &push_tx).await?;
         let _ = connected.try_send(());
+        self.board.set_state(&self.peer.name, LinkState::Up, None);
         tracing::info!(n_decisions = hello.n_decisions, "connected");
 
         let mut timer = tokio::time::interval(self.anti_entropy_interval);
@@ -108,7 +110,9 @@ impl PeerLink {
                 () = shutdown.cancelled() => return Ok(()),
                 out = outgoing.recv() => match out {
                     Ok(out) if out.from.as_deref() == Some(self.peer.name.as_str()) => {}
-                    Ok(out) => send_decisions(&push_tx, &out.decisions).await?,
+                    Ok(out) => {
+                        send_decisions(&push_tx, &out.decisions).await?;
+                    }
                     Err(broadcast::error::RecvError::Lagged(n)) => {
                         tracing::warn!(n_batches = n, "fell behind; repairing by anti-entropy");
                         self.anti_entropy(&mut client, &push_tx).await?;
@@ -116,12 +120,35 @@ impl PeerLink {
                     Err(broadcast::error::RecvError::Closed) => return Ok(()),
                 },
                 ack = acks.message() => match ack? {
-                    Some(ack) => tracing::trace!(n_received = ack.n_received, n_applied = ack.n_applied, "push acknowledged"),
+                    Some(ack) => {
+                        self.board.contact(&self.peer.name);
+                        tracing::trace!(n_received = ack.n_received, n_applied = ack.n_applied, "push acknowledged");
+                    }
                     None => return Err(SessionError::PushClosed),
                 },
-                _ = timer.tick() => self.anti_entropy(&mut client, &push_tx).await?,
+                _ = timer.tick() => {
+                    // Hello again: exchanges the masters' health, which may have changed.
+                    self.hello(&mut client).await?;
+                    self.anti_entropy(&mut client, &push_tx).await?;
+                }
             }
         }
+    }
+
+    /// Names this node and its master's health; records the peer's.
+    async fn hello(&self, client: &mut KeySyncClient<Channel>) -> Result<v1::HelloResponse, SessionError> {
+        let request = v1::HelloRequest {
+            node: self.node.clone(),
+            protocol_version: PROTOCOL_VERSION,
+            health: Some(health_to_wire(&self.board.refresh_local())),
+        };
+        let hello = client.hello(request).await?.into_inner();
+        if hello.node != self.peer.name {
+            return Err(SessionError::WrongName(hello.node));
+        }
+        self.board.contact(&self.peer.name);
+        self.board.peer_health(&self.peer.name, health_from_wire(hello.health.clone()));
+        Ok(hello)
     }
 
     /// Digests first, then only what differs: fetch what the peer holds newer,
@@ -133,10 +160,12 @@ impl PeerLink {
     ) -> Result<(), SessionError> {
         let digests = self.core.ask(|reply| Request::Digests { reply }).await?;
         let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests };
+        let mut run = AntiEntropyRun { bytes_sent: request.encoded_len(), ..AntiEntropyRun::default() };
         let mut stream = client.diff(request).await?.into_inner();
         let mut buckets = Vec::new();
         let mut summaries = Vec::new();
         while let Some(chunk) = stream.message().await? {
+            run.bytes_received += chunk.encoded_len();
             buckets.extend(chunk.buckets);
             for summary in chunk.entries {
                 // A malformed summary only means that id is not fetched.
@@ -145,25 +174,33 @@ impl PeerLink {
                 summaries.push((id, crate::core::Version::new(version.hlc, version.node)));
             }
         }
+        self.board.contact(&self.peer.name);
         if buckets.is_empty() {
+            run.at = crate::audit::now_rfc3339();
+            self.board.anti_entropy(&self.peer.name, run);
             return Ok(());
         }
         let n_buckets = buckets.len();
         let (newer_there, newer_here) = self.core.ask(|reply| Request::Compare { buckets, summaries, reply }).await?;
         tracing::debug!(n_buckets, n_fetch = newer_there.len(), n_push = newer_here.len(), "anti-entropy");
-        send_decisions(push_tx, &newer_here).await?;
+        run.differing_buckets = n_buckets;
+        run.we_lacked = newer_there.len();
+        run.peer_lacked = newer_here.len();
+        run.bytes_sent += send_decisions(push_tx, &newer_here).await?;
         let mut n_applied = 0;
         for ids in newer_there.chunks(MAX_FETCH_IDS) {
             let request = v1::FetchRequest { minions: ids.iter().map(ToString::to_string).collect() };
+            run.bytes_sent += request.encoded_len();
             let mut stream = client.fetch(request).await?.into_inner();
             while let Some(batch) = stream.message().await? {
+                run.bytes_received += batch.encoded_len();
                 let decisions: Vec<Decision> = batch
                     .decisions
                     .into_iter()
                     .filter_map(|msg| match decision_from_wire(msg) {
                         Ok(decision) => Some(decision),
                         Err(e) => {
-                            crate::rpc::audit_refused(&self.audit, &self.peer.name, &e);
+                            crate::rpc::audit_refused(&self.audit, self.board.metrics(), &self.peer.name, &e);
                             None
                         }
                     })
@@ -175,14 +212,39 @@ impl PeerLink {
         if n_applied > 0 || !newer_here.is_empty() {
             tracing::info!(n_pulled = n_applied, n_pushed = newer_here.len(), "anti-entropy repaired differences");
         }
+        run.applied = n_applied;
+        run.at = crate::audit::now_rfc3339();
+        self.board.anti_entropy(&self.peer.name, run);
         Ok(())
     }
 }
 
-async fn send_decisions(push_tx: &mpsc::Sender<v1::DecisionBatch>, decisions: &[Decision]) -> Result<(), SessionError> {
+/// Sends `decisions` on the push stream; returns the bytes sent.
+async fn send_decisions(
+    push_tx: &mpsc::Sender<v1::DecisionBatch>,
+    decisions: &[Decision],
+) -> Result<usize, SessionError> {
+    let mut n_bytes = 0;
     for chunk in decisions.chunks(DECISIONS_PER_BATCH) {
         let batch = v1::DecisionBatch { decisions: chunk.iter().map(decision_to_wire).collect() };
+        n_bytes += batch.encoded_len();
         push_tx.send(batch).await.map_err(|_| SessionError::PushClosed)?;
     }
-    Ok(())
+    Ok(n_bytes)
+}
+
+/// `error: cause: cause`, for `status`: the transport's top-level message
+/// alone ("connecting to peer …") does not say why.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }

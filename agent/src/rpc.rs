@@ -12,7 +12,7 @@ use crate::audit::{AuditLog, Record};
 use crate::core::digest::N_BUCKETS;
 use crate::core::MinionId;
 use crate::node::{CoreHandle, Request};
-use crate::wire::{decision_from_wire, decision_to_wire, version_to_wire};
+use crate::wire::{decision_from_wire, decision_to_wire, health_from_wire, health_to_wire, version_to_wire};
 
 /// Most ids one Fetch may ask for.
 pub const MAX_FETCH_IDS: usize = 5000;
@@ -25,6 +25,8 @@ pub struct RpcHandler {
     pub node: String,
     pub core: CoreHandle,
     pub audit: Arc<AuditLog>,
+    /// Peer contact times and their masters' health, for `status`.
+    pub board: Arc<crate::board::Board>,
 }
 
 fn core_gone(_: crate::node::CoreGone) -> Status {
@@ -33,22 +35,26 @@ fn core_gone(_: crate::node::CoreGone) -> Status {
 
 #[tonic::async_trait]
 impl Handler for RpcHandler {
-    async fn hello(&self, _peer: &PeerName, _req: v1::HelloRequest) -> Result<v1::HelloResponse, Status> {
+    async fn hello(&self, peer: &PeerName, req: v1::HelloRequest) -> Result<v1::HelloResponse, Status> {
+        self.board.contact(&peer.0);
+        self.board.peer_health(&peer.0, health_from_wire(req.health));
         let n_decisions = self.core.ask(|reply| Request::Count { reply }).await.map_err(core_gone)?;
         Ok(v1::HelloResponse {
             node: self.node.clone(),
             protocol_version: PROTOCOL_VERSION,
             n_decisions: n_decisions as u64,
+            health: Some(health_to_wire(&self.board.refresh_local())),
         })
     }
 
     async fn push(&self, peer: &PeerName, batch: v1::DecisionBatch) -> Result<v1::PushAck, Status> {
+        self.board.contact(&peer.0);
         let n_received = batch.decisions.len() as u32;
         let mut decisions = Vec::with_capacity(batch.decisions.len());
         for msg in batch.decisions {
             match decision_from_wire(msg) {
                 Ok(decision) => decisions.push(decision),
-                Err(e) => audit_refused(&self.audit, &peer.0, &e),
+                Err(e) => audit_refused(&self.audit, self.board.metrics(), &peer.0, &e),
             }
         }
         let from = peer.0.clone();
@@ -56,7 +62,8 @@ impl Handler for RpcHandler {
         Ok(v1::PushAck { n_received, n_applied })
     }
 
-    async fn diff(&self, _peer: &PeerName, req: v1::DiffRequest) -> Result<Vec<v1::DiffChunk>, Status> {
+    async fn diff(&self, peer: &PeerName, req: v1::DiffRequest) -> Result<Vec<v1::DiffChunk>, Status> {
+        self.board.contact(&peer.0);
         if req.n_buckets as usize != N_BUCKETS || req.digests.len() != N_BUCKETS {
             return Err(Status::invalid_argument(format!(
                 "expected {N_BUCKETS} bucket digests, got n_buckets={} with {} digests",
@@ -87,6 +94,7 @@ impl Handler for RpcHandler {
     }
 
     async fn fetch(&self, peer: &PeerName, req: v1::FetchRequest) -> Result<Vec<v1::DecisionBatch>, Status> {
+        self.board.contact(&peer.0);
         if req.minions.len() > MAX_FETCH_IDS {
             return Err(Status::invalid_argument(format!(
                 "fetch of {} ids, more than {MAX_FETCH_IDS}",
@@ -114,7 +122,8 @@ impl Handler for RpcHandler {
 }
 
 /// Audits a decision from `peer` that failed validation.
-pub fn audit_refused(audit: &AuditLog, peer: &str, error: &crate::wire::WireError) {
+pub fn audit_refused(audit: &AuditLog, metrics: &crate::metrics::Metrics, peer: &str, error: &crate::wire::WireError) {
+    metrics.decisions_refused.inc();
     tracing::warn!(peer, error = %error, "refused decision from peer");
     audit.record(Record {
         minion: error.minion().map(|m| m.escape_debug().to_string()),

@@ -7,6 +7,7 @@ use keysync_proto::v1;
 
 use crate::core::keyfile::{check_public_key, KeyError};
 use crate::core::{Decision, MinionId, PublicKey, Verdict, Version};
+use crate::health::{MasterHealth, SETTINGS, UNSET};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
@@ -84,6 +85,34 @@ pub fn decision_to_wire(decision: &Decision) -> v1::Decision {
     }
 }
 
+/// This master's health for Hello: fingerprints only.
+pub fn health_to_wire(health: &MasterHealth) -> v1::MasterHealth {
+    v1::MasterHealth {
+        master_pub_sha256: health.master_pub.clone().unwrap_or_default(),
+        settings: health.settings.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+    }
+}
+
+/// A peer's health from Hello. Anything malformed is dropped (unknown, so
+/// never reported as drift) rather than refusing the connection: key
+/// decisions keep replicating whatever the peer says here.
+pub fn health_from_wire(msg: Option<v1::MasterHealth>) -> MasterHealth {
+    let Some(msg) = msg else { return MasterHealth::default() };
+    let is_hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    let colon_hex = msg.master_pub_sha256.len() == 95
+        && msg.master_pub_sha256.split(':').all(|pair| is_hex(pair, 2))
+        && msg.master_pub_sha256.split(':').count() == 32;
+    MasterHealth {
+        master_pub: colon_hex.then_some(msg.master_pub_sha256),
+        settings: msg
+            .settings
+            .into_iter()
+            .filter(|(name, value)| SETTINGS.contains(&name.as_str()) && (value == UNSET || is_hex(value, 64)))
+            .collect(),
+        errors: Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,5 +159,22 @@ mod tests {
             let err = decision_from_wire(msg.clone()).unwrap_err().to_string();
             assert!(err.contains(want), "{msg:?}: {err:?} should contain {want:?}");
         }
+    }
+
+    #[test]
+    fn health_round_trips_and_drops_malformed_fields() {
+        let fingerprint = crate::core::Fingerprint::of(PUB.as_bytes()).to_string();
+        let health = MasterHealth {
+            master_pub: Some(fingerprint),
+            settings: [("peer".to_string(), UNSET.to_string()), ("nodegroups".to_string(), "ab".repeat(32))].into(),
+            errors: Vec::new(),
+        };
+        assert_eq!(health_from_wire(Some(health_to_wire(&health))), health);
+        let hostile = v1::MasterHealth {
+            master_pub_sha256: "-----BEGIN PUBLIC KEY-----".into(),
+            settings: [("../x".to_string(), UNSET.to_string()), ("peer".to_string(), "zz".into())].into(),
+        };
+        assert_eq!(health_from_wire(Some(hostile)), MasterHealth::default());
+        assert_eq!(health_from_wire(None), MasterHealth::default());
     }
 }

@@ -54,6 +54,8 @@ pub enum Request {
     },
     /// Number of decisions held.
     Count { reply: oneshot::Sender<usize> },
+    /// Decisions held per verdict: (accepted, rejected, deleted), for `status`.
+    Counts { reply: oneshot::Sender<(usize, usize, usize)> },
 }
 
 /// A cloneable handle on the core task.
@@ -97,6 +99,7 @@ pub struct Core {
     owner: Owner,
     settler: Settler,
     audit: Arc<AuditLog>,
+    metrics: Arc<crate::metrics::Metrics>,
     outgoing: broadcast::Sender<Arc<Outgoing>>,
     /// Pending keys seen, to audit each new one once.
     pending: HashMap<MinionId, Fingerprint>,
@@ -184,6 +187,17 @@ impl Core {
             Request::Count { reply } => {
                 let _ = reply.send(self.replica.len());
             }
+            Request::Counts { reply } => {
+                let mut counts = (0, 0, 0);
+                for (_, entry) in self.replica.entries() {
+                    match entry.kind {
+                        crate::core::VerdictKind::Accepted => counts.0 += 1,
+                        crate::core::VerdictKind::Rejected => counts.1 += 1,
+                        crate::core::VerdictKind::Deleted => counts.2 += 1,
+                    }
+                }
+                let _ = reply.send(counts);
+            }
         }
     }
 
@@ -236,6 +250,8 @@ pub struct CoreParts {
     pub owner: Owner,
     pub audit: Arc<AuditLog>,
     pub settle: crate::core::settle::SettleTimings,
+    /// Counts applied, refused and conflicted decisions.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Loads the store, finishes an interrupted apply, reconciles the folders
@@ -256,6 +272,7 @@ pub fn start(parts: CoreParts) -> Result<(Core, CoreHandle, mpsc::Receiver<Reque
         owner: parts.owner,
         settler: Settler::new(parts.settle),
         audit: parts.audit,
+        metrics: parts.metrics,
         outgoing: outgoing.clone(),
         pending: HashMap::new(),
         refused: HashMap::new(),

@@ -24,7 +24,10 @@ impl Core {
         let mut chosen: HashMap<MinionId, Accepted> = HashMap::new();
         for decision in decisions {
             match self.replica.merge(&decision, now, max_skew) {
-                Err(skew) => self.audit_remote(&decision, from, "refuse", "refused", Some(skew.to_string())),
+                Err(skew) => {
+                    self.metrics.decisions_refused.inc();
+                    self.audit_remote(&decision, from, "refuse", "refused", Some(skew.to_string()))
+                }
                 Ok(MergeOutcome::Duplicate) => {}
                 Ok(MergeOutcome::Superseded { conflict }) => {
                     if let Some(conflict) = conflict {
@@ -92,7 +95,11 @@ impl Core {
         if revoked {
             self.drop_dfn();
         }
+        let now = wall_ms();
         for (accepted, applied) in &written {
+            let version = &accepted.decision.version;
+            // Bootstrap versions carry no decision time: no latency for them.
+            self.metrics.applied(if version.is_bootstrap() { 0 } else { version.millis() }, now);
             // Audited first: a conflict record describes the decision held before.
             self.audit_applied(from, accepted, applied);
             self.replica.commit(&accepted.decision);
@@ -188,6 +195,7 @@ impl Core {
                 held.map_or("none", |h| h.kind.action())
             }
         };
+        self.metrics.decisions_conflicted.inc();
         tracing::warn!(minion = %decision.id, winner = %conflict.winner, loser = %conflict.loser, "concurrent decisions");
         self.audit.record(Record {
             minion: Some(decision.id.to_string()),

@@ -169,7 +169,8 @@ async fn wrong_protocol_version_is_failed_precondition() {
         let server = TestServer::start(&pki, "b", &["a"]).await;
         let mut client =
             connect(&server.address(), "b", &pki.setup(&["a"]), MAX_MESSAGE, CONNECT_TIMEOUT).await.unwrap();
-        let request = HelloRequest { node: "a".into(), protocol_version: keysync_proto::PROTOCOL_VERSION + 1 };
+        let request =
+            HelloRequest { node: "a".into(), protocol_version: keysync_proto::PROTOCOL_VERSION + 1, health: None };
         let status = client.hello(request).await.unwrap_err();
         assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
         let event = server.event("RequestRefused", |e| matches!(e, TransportEvent::RequestRefused { .. })).await;

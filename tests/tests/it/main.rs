@@ -7,3 +7,6 @@ mod binary;
 mod replication;
 /// Real `salt-key` from Salt 3008.3 and 3006.28 driving three agent processes.
 mod salt_key;
+/// `salt-keysync status` and the metrics endpoint: a stopped peer, key counts,
+/// master.pub and settings drift between masters.
+mod status;
