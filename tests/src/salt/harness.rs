@@ -40,8 +40,9 @@ pub struct SaltCluster {
     pub masters: Vec<SaltMaster>,
     agent_configs: Vec<PathBuf>,
     pub ports: Ports,
-    /// The background key generator (until it finished), its folder, the number of keys.
-    bulk: Option<(Option<Daemon>, PathBuf, usize)>,
+    /// Makes (or finds) the bulk keys in the background.
+    bulk: Option<std::thread::JoinHandle<(PathBuf, Vec<String>)>>,
+    bulk_keys: Option<(PathBuf, Vec<String>)>,
     root: Option<tempfile::TempDir>,
 }
 
@@ -60,9 +61,10 @@ impl SaltCluster {
         let status = master_keygen.wait(Duration::from_secs(120));
         assert!(status.is_some_and(|s| s.success()), "gen-keys.py failed: {}", read(&dir.join("gen-master.out")));
         let master_key = KeyPair::read(&keygen_dir, "master0");
-        let bulk_dir = dir.join("bulk");
-        let bulk = (n_bulk > 0)
-            .then(|| (Some(gen_keys(version, &bulk_dir, "bulk-", n_bulk, dir.join("gen-bulk.out"))), bulk_dir, n_bulk));
+        let bulk = (n_bulk > 0).then(|| {
+            let version = version.to_string();
+            std::thread::spawn(move || cached_bulk_keys(&version, n_bulk))
+        });
 
         let ports = Ports { publish: free_port_on_all(&MASTER_IPS), ret: free_port_on_all(&MASTER_IPS) };
         assert_ne!(ports.publish, ports.ret, "two free ports");
@@ -88,6 +90,7 @@ impl SaltCluster {
             agent_configs,
             ports,
             bulk,
+            bulk_keys: None,
             root: Some(root),
         };
         for i in 0..3 {
@@ -158,9 +161,19 @@ impl SaltCluster {
     }
 
     /// Waits until `minion` answers `test.ping` with True from master `i`
-    /// (the minion retries its authentication every second or two).
+    /// (the minion retries its authentication every second or two). Waits for
+    /// the master to log the minion's accepted authentication first, so that
+    /// `salt` (seconds of CPU per run) runs about once.
     pub fn wait_answers(&self, i: usize, minion: &str, timeout: Duration) {
         let master = &self.masters[i];
+        let what = format!("{} accepts {minion}'s authentication", master.id);
+        wait_for(timeout, Duration::from_millis(100), &what, || {
+            if master.n_auth_accepted(minion) > 0 {
+                Ok(())
+            } else {
+                Err("not in its log".into())
+            }
+        });
         let what = format!("{minion} answers test.ping from {}", master.id);
         wait_for(timeout, Duration::from_millis(500), &what, || {
             let answered = master.ping(minion);
@@ -172,16 +185,13 @@ impl SaltCluster {
         });
     }
 
-    /// The bulk key pairs: waits for their generation, returns (folder, ids).
+    /// The bulk public keys: waits for their generation, returns (folder, ids);
+    /// `<folder>/<id>.pub` is the key of `<id>`.
     pub fn bulk_keys(&mut self) -> (PathBuf, Vec<String>) {
-        let (daemon, dir, n) = self.bulk.as_mut().expect("the cluster was started with bulk keys");
-        if let Some(mut daemon) = daemon.take() {
-            let status = daemon.wait(Duration::from_secs(300));
-            assert!(status.is_some_and(|s| s.success()), "gen-keys.py failed: {}", read(&daemon.out));
+        if let Some(making) = self.bulk.take() {
+            self.bulk_keys = Some(making.join().expect("making the bulk keys failed"));
         }
-        let width = (*n - 1).to_string().len();
-        let ids = (0..*n).map(|k| format!("bulk-{k:0width$}")).collect();
-        (dir.clone(), ids)
+        self.bulk_keys.clone().expect("the cluster was started with bulk keys")
     }
 
     /// Stops everything; on a failed test keeps the folder and says where.
@@ -194,9 +204,6 @@ impl SaltCluster {
         }
         for master in &mut self.masters {
             master.stop();
-        }
-        if let Some((Some(mut daemon), _, _)) = self.bulk.take() {
-            daemon.stop();
         }
         if let Some(root) = self.root.take() {
             if std::thread::panicking() {
@@ -251,6 +258,35 @@ fn write_agent_configs(dir: &Path, masters: &[SaltMaster]) -> Vec<PathBuf> {
             path
         })
         .collect()
+}
+
+/// `n` minion public keys made with Salt's own generator, cached in the build
+/// folder like the venvs (`<target>/salt-e2e-keys/bulk-<n>/`): 200 RSA keys
+/// cost about 35 s of CPU, so both Salt versions and later runs share them.
+/// Only the `.pub` files are kept. One generation at a time in this process.
+fn cached_bulk_keys(version: &str, n: usize) -> (PathBuf, Vec<String>) {
+    static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = MAKING.lock().unwrap_or_else(|e| e.into_inner());
+    let target =
+        super::venv(version).parent().and_then(Path::parent).expect("venvs live in <target>/salt-venvs").to_path_buf();
+    let dir = target.join("salt-e2e-keys").join(format!("bulk-{n}"));
+    let width = (n - 1).to_string().len();
+    let ids: Vec<String> = (0..n).map(|k| format!("bulk-{k:0width$}")).collect();
+    let complete = dir.join(".complete");
+    if !complete.exists() {
+        let _ = std::fs::remove_dir_all(&dir);
+        let out = dir.with_extension("out");
+        std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
+        let mut making = gen_keys(version, &dir, "bulk-", n, out.clone());
+        let status = making.wait(Duration::from_secs(600));
+        assert!(status.is_some_and(|s| s.success()), "tests/salt/gen-keys.py failed: {}", read(&out));
+        for id in &ids {
+            std::fs::remove_file(dir.join(format!("{id}.pem"))).unwrap();
+            assert!(dir.join(format!("{id}.pub")).exists(), "gen-keys.py made no {id}.pub");
+        }
+        write_file(&complete, b"", 0o600);
+    }
+    (dir, ids)
 }
 
 fn read(path: &Path) -> String {

@@ -109,20 +109,21 @@ impl SaltMaster {
         }
     }
 
-    /// `salt-key -c <dir> ARGS -y`; panics when it printed a traceback.
+    /// `salt-key -c <dir> ARGS -y`. Its exit code is 0 even when it did
+    /// nothing, and 3006 prints harmless asyncio tracebacks at exit, so the
+    /// callers check the key folders and `salt-key -L` instead.
     pub fn salt_key(&self, args: &[&str]) -> String {
         let mut full = vec!["-c", self.dir.to_str().unwrap()];
         full.extend_from_slice(args);
         full.push("-y");
         let out = run_tool(&self.version, "salt-key", &full);
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            !stderr.contains("Traceback") && !stdout.contains("Traceback"),
-            "salt-key {args:?} on {} failed:\n{stdout}\n{stderr}",
-            self.id
-        );
-        stdout
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// How many times the master logged an accepted authentication of `minion`
+    /// (cheap to poll, unlike `salt`, which costs seconds of CPU per run).
+    pub fn n_auth_accepted(&self, minion: &str) -> usize {
+        self.log().matches(&format!("Authentication accepted from {minion}\n")).count()
     }
 
     /// `salt-key -L` as this master sees it.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use keysync_tests::salt::{wait_for, write_file, SaltCluster};
 
-/// 4. 200 keys made with Salt's own generator are pending on all three masters
+/// Scenario 4: 200 keys made with Salt's own generator are pending on all three masters
 /// (written into `minions_pre/`, as if each minion had submitted it to every
 /// master); `salt-key -A -y` on B; every master lists all 200 as accepted.
 pub fn accept_all_200_on_b(c: &mut SaltCluster) {
@@ -48,7 +48,7 @@ pub fn accept_all_200_on_b(c: &mut SaltCluster) {
     }
 }
 
-/// 5. C's agent is stopped; on A ten keys are deleted and one rejected, on B
+/// Scenario 5: C's agent is stopped; on A ten keys are deleted and one rejected, on B
 /// five new keys are accepted. C's folders still show the old state; when its
 /// agent starts again, `salt-key -L` on C matches A and B.
 pub fn stopped_agent_catches_up(c: &mut SaltCluster) {

@@ -13,7 +13,7 @@ const REPLICATE: Duration = Duration::from_secs(20);
 /// A minion's auth retry (acceptance_wait_time 1–2 s) plus a `salt` run.
 const ANSWER: Duration = Duration::from_secs(90);
 
-/// 1. `salt-key -a m1` on A; `salt m1 test.ping` answers True from A, B and C.
+/// Scenario 1: `salt-key -a m1` on A; `salt m1 test.ping` answers True from A, B and C.
 pub fn accept_on_a_answers_everywhere(c: &mut SaltCluster) {
     c.wait_folder_everywhere("m1", Some("minions_pre"), SUBMIT);
     c.masters[0].salt_key(&["-a", "m1"]);
@@ -29,7 +29,7 @@ pub fn accept_on_a_answers_everywhere(c: &mut SaltCluster) {
     }
 }
 
-/// 2. `salt-key -r m2` on B; `salt-key -L` on A and C lists m2 as rejected.
+/// Scenario 2: `salt-key -r m2` on B; `salt-key -L` on A and C lists m2 as rejected.
 pub fn reject_on_b_listed_everywhere(c: &mut SaltCluster) {
     c.wait_folder_everywhere("m2", Some("minions_pre"), SUBMIT);
     c.masters[1].salt_key(&["-r", "m2"]);
@@ -37,7 +37,7 @@ pub fn reject_on_b_listed_everywhere(c: &mut SaltCluster) {
     c.assert_listed_everywhere("m2", "rejected");
 }
 
-/// 3. `salt-key -d m1` on C: gone from every master. The restarted minion
+/// Scenario 3: `salt-key -d m1` on C: gone from every master. The restarted minion
 /// submits its key again and it is pending on every master (each master got
 /// it from the minion: pending keys are not replicated).
 pub fn delete_on_c_then_pending_again(c: &mut SaltCluster) {

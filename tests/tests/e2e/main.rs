@@ -28,12 +28,15 @@ const MINIONS: [&str; 3] = ["m1", "m2", "r1"];
 /// Keys made with Salt's own generator for scenario 4.
 const N_BULK: usize = 200;
 
+/// One scenario: runs on the shared cluster, panics when Salt disagrees.
+type Scenario = fn(&mut SaltCluster);
+
 fn end_to_end(version: &str) {
     let started = Instant::now();
     let mut times: Vec<(&str, Duration)> = Vec::new();
     let mut cluster = SaltCluster::start(version, &MINIONS, N_BULK);
     times.push(("start 3 masters, 3 agents, 3 minions", started.elapsed()));
-    let scenarios: [(&str, fn(&mut SaltCluster)); 6] = [
+    let scenarios: [(&str, Scenario); 6] = [
         ("1 accept on A, test.ping from A, B, C", decisions::accept_on_a_answers_everywhere),
         ("2 reject on B, listed on A and C", decisions::reject_on_b_listed_everywhere),
         ("revocation: reject on A, cut off on all", revoke::reject_on_a_cuts_off_everywhere),
