@@ -77,6 +77,16 @@ impl SaltCluster {
         for master in &mut masters {
             master.start();
         }
+        // Minions start before the masters are ready: both are seconds of
+        // Python start-up, and a multi-master minion retries its connections.
+        let minions: BTreeMap<String, SaltMinion> = minion_ids
+            .iter()
+            .map(|id| {
+                let mut minion = SaltMinion::new(version, id, &MASTER_IPS, ports, dir.join(format!("n-{id}")));
+                minion.start();
+                (id.to_string(), minion)
+            })
+            .collect();
         for master in &mut masters {
             master.wait_ready();
         }
@@ -84,7 +94,7 @@ impl SaltCluster {
         let agent_configs = write_agent_configs(&dir, &masters);
         let mut cluster = SaltCluster {
             version: version.into(),
-            minions: BTreeMap::new(),
+            minions,
             agents: (0..3).map(|_| None).collect(),
             masters,
             agent_configs,
@@ -95,11 +105,6 @@ impl SaltCluster {
         };
         for i in 0..3 {
             cluster.start_agent(i);
-        }
-        for id in minion_ids {
-            let mut minion = SaltMinion::new(version, id, &MASTER_IPS, ports, cluster.dir().join(format!("n-{id}")));
-            minion.start();
-            cluster.minions.insert(id.to_string(), minion);
         }
         cluster
     }
