@@ -6,6 +6,7 @@ pub mod binary;
 pub mod cluster;
 pub mod probe;
 pub mod proxy;
+pub mod salt;
 pub mod salt_ops;
 
 use std::future::Future;
