@@ -27,7 +27,7 @@ enum Command {
     Run,
     /// Validate the config, certificates and the salt-master set-up without starting.
     Check,
-    /// Make a CA and node certificates for sites without a PKI.
+    /// Make a CA (`certs init`) and node certificates (`certs issue NAME`) for sites without a PKI.
     Certs(certs::CertsArgs),
 }
 

@@ -2,6 +2,8 @@
 
 /// The real binary as separate processes: CLI errors, `run --config` on three agents.
 mod binary;
+/// `certs init`/`certs issue` and the README's openssl recipe, each carrying two agents.
+mod certs;
 /// In-process three-agent clusters over real mTLS: accept, reject and delete
 /// in both Salt patterns, restarts, transitive propagation, partitions.
 mod replication;
