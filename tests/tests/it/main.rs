@@ -4,6 +4,8 @@
 mod binary;
 /// `certs init`/`certs issue` and the README's openssl recipe, each carrying two agents.
 mod certs;
+/// `salt-keysync demo`: three operations shown propagating, private files, cleanup on Ctrl-C.
+mod demo;
 /// In-process three-agent clusters over real mTLS: accept, reject and delete
 /// in both Salt patterns, restarts, transitive propagation, partitions.
 mod replication;
