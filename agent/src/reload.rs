@@ -179,7 +179,7 @@ address = "10.0.0.12:4515"
 
         let cases = [
             (BASE.replace("node = \"master-a\"", "node = \"master-z\""), "node cannot change"),
-            (BASE.replace("/var/lib/salt-keysync", "/srv/keysync"), "state_dir cannot change"),
+            (BASE.replace("/var/lib/salt-keysync", "/srv/keysync"), "state_dir, audit_log cannot change"),
             (format!("pki_dir = \"/srv/pki\"\n{BASE}"), "pki_dir cannot change"),
             (format!("listen = \"0.0.0.0:1\"\n{BASE}"), "listen cannot change"),
             (format!("{BASE}\n[timings]\nabsent_grace = \"1s\""), "timings.absent_grace cannot change"),
