@@ -47,7 +47,7 @@ fn agent_notifies_ready_watchdog_reload_and_stop() {
     let log = std::fs::read_to_string(&agent.log).unwrap();
     assert!(log.contains("start-up reconciliation") && log.contains("agent started"), "{log}");
 
-    // Pings every 200 ms (half of 400 ms): at least three within a second and a half.
+    // Pings every 200 ms (half of 400 ms): three come well within 5 s (a 30 s pace would not).
     let since = Instant::now();
     let mut buf = [0u8; 64];
     while n_pings < 3 {
@@ -55,7 +55,7 @@ fn agent_notifies_ready_watchdog_reload_and_stop() {
         assert_eq!(&buf[..n], b"WATCHDOG=1");
         n_pings += 1;
     }
-    assert!(since.elapsed() < Duration::from_millis(1500), "3 pings took {:?}", since.elapsed());
+    assert!(since.elapsed() < Duration::from_secs(5), "3 pings took {:?}", since.elapsed());
 
     agent.signal("HUP");
     let reloading = next_state(&socket, &mut n_pings);
