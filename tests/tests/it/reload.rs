@@ -80,8 +80,6 @@ fn has_key(files: &AgentFiles, folder: &str, id: &str, key: &str) -> bool {
 fn accept_new(files: &AgentFiles, id: &str) -> String {
     let key = new_public_key();
     master_writes_pending(&files.pki, id, &key);
-    // Let the in-place write settle as a pending key before the operator acts on it.
-    std::thread::sleep(Duration::from_millis(200));
     move_key(SaltLine::S3008, &files.pki, id, "minions");
     key
 }
@@ -103,6 +101,10 @@ fn sighup_adds_and_removes_peers_without_dropping_the_unchanged_link() {
         wait_until(WAIT, "web01 reaches master-b", || has_key(b, "minions", "web01", &key)).await;
         wait_until(WAIT, "master-a refuses master-c, not yet a peer", || refusals_of(a, "master-c") > 0).await;
         assert!(!path(&c.pki, "minions", "web01").exists(), "master-c got web01 before it was a peer");
+        wait_until(WAIT, "both master-a/master-b links are up", || {
+            connects_from(a, "master-b") > 0 && connects_from(b, "master-a") > 0
+        })
+        .await;
         let links_ab = (connects_from(a, "master-b"), connects_from(b, "master-a"));
 
         set_peers(a, &["master-b"], &[("master-c", listen_address(c))]);
@@ -113,7 +115,8 @@ fn sighup_adds_and_removes_peers_without_dropping_the_unchanged_link() {
         assert_eq!(
             (connects_from(a, "master-b"), connects_from(b, "master-a")),
             links_ab,
-            "the unchanged master-a/master-b links were re-established"
+            "the unchanged master-a/master-b links were re-established: {:?}",
+            audit(a)
         );
 
         let n_refused_b = refusals_of(a, "master-b");
