@@ -4,31 +4,50 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use keysync_server::{ServeOptions, TlsMaterial, TlsSetup};
+use keysync_server::{ListenerControl, ServeOptions, TlsMaterial, TlsSetup};
 use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::audit::{AuditLog, Record};
 use crate::config::Config;
 use crate::core::settle::SettleTimings;
+use crate::links::{LinkContext, PeerLinks};
 use crate::node::{self, CoreParts, CoreSettings};
-use crate::peers::{PeerLink, MAX_MESSAGE_BYTES};
+use crate::notify::Notifier;
+use crate::peers::MAX_MESSAGE_BYTES;
 use crate::pki::{Owner, Pki};
 use crate::rpc::{audit_transport, RpcHandler};
 use crate::store::Store;
 
 /// Loads the TLS material the config names.
 pub fn load_tls(config: &Config) -> Result<TlsSetup> {
+    tls_setup(config, &load_tls_material(config)?)
+}
+
+/// Reads the three PEM files the config names.
+pub fn load_tls_material(config: &Config) -> Result<TlsMaterial> {
     let read = |path: &std::path::Path, what: &str| {
         std::fs::read(path).with_context(|| format!("cannot read {what} {}", path.display()))
     };
-    let material = TlsMaterial {
+    Ok(TlsMaterial {
         ca_pem: read(&config.tls.ca, "tls.ca")?,
         cert_pem: read(&config.tls.cert, "tls.cert")?,
         key_pem: read(&config.tls.key, "tls.key")?,
-    };
-    let tls = TlsSetup::new(&material)?;
+    })
+}
+
+/// Builds the TLS setup and checks that it names this node.
+pub fn tls_setup(config: &Config, material: &TlsMaterial) -> Result<TlsSetup> {
+    let tls = TlsSetup::new(material).with_context(|| {
+        format!(
+            "tls.ca {}, tls.cert {}, tls.key {}",
+            config.tls.ca.display(),
+            config.tls.cert.display(),
+            config.tls.key.display()
+        )
+    })?;
     if !tls.own_dns_names().contains(&config.node) {
         anyhow::bail!(
             "node {:?} is not a DNS name of tls.cert {} (it names {:?})",
@@ -57,10 +76,31 @@ pub fn master_id(config: &Config) -> String {
     })
 }
 
+/// What the binary adds to [`run`]: where the config came from and a
+/// channel of reload requests (SIGHUP), and systemd notifications.
+#[derive(Default)]
+pub struct RunOptions {
+    /// Re-read on every reload request; without it requests are ignored.
+    pub config_path: Option<std::path::PathBuf>,
+    pub reload: Option<mpsc::Receiver<Option<crate::reload::ReloadReply>>>,
+    pub notifier: Notifier,
+}
+
 /// Runs an agent until `shutdown`. `listener` is bound by the caller (tests
 /// bind 127.0.0.1:0); `None` binds `config.listen`.
 pub async fn run(config: Config, listener: Option<TcpListener>, shutdown: CancellationToken) -> Result<()> {
-    let tls = Arc::new(load_tls(&config)?);
+    run_with(config, listener, shutdown, RunOptions::default()).await
+}
+
+/// [`run`] with config reloads and systemd notifications.
+pub async fn run_with(
+    config: Config,
+    listener: Option<TcpListener>,
+    shutdown: CancellationToken,
+    options: RunOptions,
+) -> Result<()> {
+    let material = load_tls_material(&config)?;
+    let tls = tls_setup(&config, &material)?;
     let owner = salt_owner(&config)?;
     std::fs::create_dir_all(&config.state_dir)
         .with_context(|| format!("cannot create state_dir {}", config.state_dir.display()))?;
@@ -94,7 +134,7 @@ pub async fn run(config: Config, listener: Option<TcpListener>, shutdown: Cancel
     let (core, handle, requests) =
         node::start(CoreParts { settings, store, pki, owner, audit: audit.clone(), settle, metrics: metrics.clone() })?;
     let board = Arc::new(crate::board::Board::new(&config, audit.clone(), metrics.clone()));
-    let control = crate::control::bind(&config.control_socket, &config.state_dir).await?;
+    let control_socket = crate::control::bind(&config.control_socket, &config.state_dir).await?;
     let metrics_listener = match config.metrics_listen {
         Some(address) => Some(crate::metrics::bind(address).await?),
         None => None,
@@ -112,7 +152,7 @@ pub async fn run(config: Config, listener: Option<TcpListener>, shutdown: Cancel
         core: handle.clone(),
         pki_dir: config.pki_dir.clone(),
     });
-    tasks.spawn(crate::control::serve(control, config.control_socket.clone(), control_ctx, shutdown.clone()));
+    tasks.spawn(crate::control::serve(control_socket, config.control_socket.clone(), control_ctx, shutdown.clone()));
     if let Some(listener) = metrics_listener {
         tracing::info!(address = %listener.local_addr()?, "serving Prometheus metrics on /metrics");
         let (metrics, shutdown) = (metrics.clone(), shutdown.clone());
@@ -128,27 +168,52 @@ pub async fn run(config: Config, listener: Option<TcpListener>, shutdown: Cancel
         audit: audit.clone(),
         board: board.clone(),
     });
-    let opts = ServeOptions {
-        allowed_peers: config.peers.iter().map(|p| p.name.clone()).collect(),
-        max_message_bytes: MAX_MESSAGE_BYTES,
-        ..ServeOptions::default()
-    };
-    for peer in &config.peers {
-        let link = PeerLink {
-            peer: peer.clone(),
+    let opts = ServeOptions { max_message_bytes: MAX_MESSAGE_BYTES, ..ServeOptions::default() };
+    let control = ListenerControl::new(tls.clone(), config.peers.iter().map(|p| p.name.clone()).collect());
+    let (tls_tx, tls_rx) = watch::channel(Arc::new(tls));
+    let links = PeerLinks::start(
+        LinkContext {
             node: config.node.clone(),
-            tls: tls.clone(),
+            tls: tls_rx,
             core: handle.clone(),
             audit: audit.clone(),
             anti_entropy_interval: config.timings.anti_entropy_interval,
             reconnect_max: config.timings.reconnect_max,
             board: board.clone(),
+            tasks: tasks.clone(),
+            shutdown: shutdown.clone(),
+        },
+        &config.peers,
+    );
+    let notifier = options.notifier;
+    let status = format!("listening on {}, {} peers", listener.local_addr()?, config.peers.len());
+    if let (Some(config_path), Some(requests)) = (options.config_path, options.reload) {
+        let reloader = crate::reload::Reloader {
+            config_path,
+            current: config.clone(),
+            material,
+            control: control.clone(),
+            tls: tls_tx,
+            links,
+            audit: audit.clone(),
+            notifier: notifier.clone(),
         };
-        tasks.spawn(link.run(shutdown.clone()));
+        tasks.spawn(reloader.run(requests, shutdown.clone()));
     }
+    tasks.spawn(notifier.clone().watchdog(handle.clone(), shutdown.clone()));
+    tasks.spawn({
+        let (notifier, shutdown) = (notifier.clone(), shutdown.clone());
+        async move {
+            shutdown.cancelled().await;
+            notifier.stopping();
+        }
+    });
     tasks.close();
+    // Listening (the socket is bound) and the folders reconciled (node::start did it).
+    notifier.ready(&status);
     let served =
-        keysync_server::serve(listener, &tls, opts, handler, audit_transport(audit.clone()), shutdown.clone()).await;
+        keysync_server::serve_with(listener, control, opts, handler, audit_transport(audit.clone()), shutdown.clone())
+            .await;
     shutdown.cancel();
     tasks.wait().await;
     drop(watch);

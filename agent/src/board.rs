@@ -121,9 +121,38 @@ impl Board {
         for error in &local.errors {
             tracing::warn!(error = %error, "cannot compare this master's key or settings with peers");
         }
-        let mut peers = BTreeMap::new();
-        for peer in &config.peers {
-            metrics.peer_up.get_or_create(&PeerLabel { peer: peer.name.clone() }).set(0);
+        let board = Board {
+            node: config.node.clone(),
+            pki_dir: config.pki_dir.clone(),
+            master_config: config.salt.master_config.clone(),
+            started: crate::audit::now_rfc3339(),
+            audit,
+            metrics,
+            inner: Mutex::new(Inner { local, peers: BTreeMap::new() }),
+        };
+        board.set_peers(&config.peers);
+        board
+    }
+
+    /// Makes the board list exactly `peers` (at start and after a reload): a new peer starts
+    /// as connecting, a removed one leaves the board and its up gauge, a readdressed one keeps
+    /// its history under the new address.
+    pub fn set_peers(&self, peers: &[crate::config::Peer]) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let wanted: BTreeMap<&str, &crate::config::Peer> = peers.iter().map(|p| (p.name.as_str(), p)).collect();
+        inner.peers.retain(|name, _| {
+            let keep = wanted.contains_key(name.as_str());
+            if !keep {
+                self.metrics.peer_up.remove(&PeerLabel { peer: name.clone() });
+            }
+            keep
+        });
+        for peer in peers {
+            if let Some(entry) = inner.peers.get_mut(&peer.name) {
+                entry.status.address = peer.address.clone();
+                continue;
+            }
+            self.metrics.peer_up.get_or_create(&PeerLabel { peer: peer.name.clone() }).set(0);
             let status = PeerStatus {
                 name: peer.name.clone(),
                 address: peer.address.clone(),
@@ -134,16 +163,7 @@ impl Board {
                 health: None,
                 drift: Drift::default(),
             };
-            peers.insert(peer.name.clone(), PeerEntry { status, reported: None });
-        }
-        Board {
-            node: config.node.clone(),
-            pki_dir: config.pki_dir.clone(),
-            master_config: config.salt.master_config.clone(),
-            started: crate::audit::now_rfc3339(),
-            audit,
-            metrics,
-            inner: Mutex::new(Inner { local, peers }),
+            inner.peers.insert(peer.name.clone(), PeerEntry { status, reported: None });
         }
     }
 

@@ -1,5 +1,5 @@
 //! The `salt-keysync` command: `run` the agent, `check` a set-up, make
-//! `certs` for sites without a PKI.
+//! `certs` for sites without a PKI, watch a `demo` cluster.
 
 use std::path::PathBuf;
 
@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 mod certs;
 mod check;
+mod demo;
 
 #[derive(Parser)]
 #[command(name = "salt-keysync", version, about = "Replicates salt-key decisions between SaltStack masters")]
@@ -23,11 +24,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the agent in the foreground (for systemd).
+    /// Run the agent in the foreground (for systemd); SIGHUP reloads peers and certificates.
+    #[command(after_help = RUN_EXAMPLES)]
     Run,
     /// Validate the config, certificates and the salt-master set-up without starting.
     Check,
-    /// Make a CA and node certificates for sites without a PKI.
+    /// Make a CA (`certs init`) and node certificates (`certs issue NAME`) for sites without a PKI.
     Certs(certs::CertsArgs),
     /// Ask the running agent about its peers, keys and cluster health.
     #[command(
@@ -41,6 +43,8 @@ is not running.",
         after_help = "Examples:\n  salt-keysync status\n  salt-keysync status --config /etc/salt-keysync/config.toml --json | jq '.peers[] | select(.state != \"up\")'"
     )]
     Status(StatusArgs),
+    /// Start three agents on 127.0.0.1 in a temporary folder and watch accept, reject and delete propagate.
+    Demo(demo::DemoArgs),
 }
 
 #[derive(clap::Args)]
@@ -50,6 +54,18 @@ struct StatusArgs {
     json: bool,
 }
 
+const RUN_EXAMPLES: &str = "\
+Examples:
+  salt-keysync run --config /etc/salt-keysync/config.toml
+  kill -HUP $(pidof salt-keysync)    # or: systemctl reload salt-keysync
+
+On SIGHUP the config is read again: [[peer]] and [tls] (files included)
+apply at once, without dropping unchanged links; a config that does not
+load, or that changes any other key, is refused with the reason in the log
+and the audit log, and the running config stays in force.
+Under systemd (Type=notify) it reports READY=1, RELOADING=1, STOPPING=1 and
+pings the watchdog when WatchdogSec= is set.";
+
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -57,6 +73,12 @@ fn main() {
         Command::Check => check::check(&cli.config),
         Command::Certs(args) => certs::certs(&args),
         Command::Status(args) => status(&cli.config, &args),
+        Command::Demo(args) => {
+            if std::env::var_os("SALT_KEYSYNC_LOG").is_some() {
+                init_logging(&LogFormat::Text);
+            }
+            demo::demo(&args)
+        }
     };
     if let Err(e) = result {
         eprintln!("salt-keysync: {e:#}");
@@ -74,8 +96,15 @@ fn run(path: &std::path::Path) -> Result<()> {
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
         let shutdown = CancellationToken::new();
-        tokio::spawn(stop_on_signal(shutdown.clone()));
-        salt_keysync::agent::run(config, None, shutdown).await
+        // One pending request is enough: several SIGHUPs in a row are one reload.
+        let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(1);
+        tokio::spawn(on_signals(shutdown.clone(), reload_tx));
+        let options = salt_keysync::agent::RunOptions {
+            config_path: Some(path.to_path_buf()),
+            reload: Some(reload_rx),
+            notifier: salt_keysync::notify::Notifier::from_env(),
+        };
+        salt_keysync::agent::run_with(config, None, shutdown, options).await
     })
 }
 
@@ -90,15 +119,27 @@ fn status(path: &std::path::Path, args: &StatusArgs) -> Result<()> {
     Ok(())
 }
 
-async fn stop_on_signal(shutdown: CancellationToken) {
+/// SIGTERM and SIGINT stop the agent; SIGHUP asks for a config reload.
+async fn on_signals(
+    shutdown: CancellationToken,
+    reload: tokio::sync::mpsc::Sender<Option<salt_keysync::reload::ReloadReply>>,
+) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) =
+        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()), signal(SignalKind::hangup()))
+    else {
         tracing::error!("cannot install signal handlers");
         return;
     };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: stopping"),
-        _ = int.recv() => tracing::info!("SIGINT: stopping"),
+    loop {
+        tokio::select! {
+            _ = term.recv() => { tracing::info!("SIGTERM: stopping"); break }
+            _ = int.recv() => { tracing::info!("SIGINT: stopping"); break }
+            _ = hup.recv() => {
+                tracing::info!("SIGHUP: reloading the config");
+                let _ = reload.try_send(None);
+            }
+        }
     }
     shutdown.cancel();
 }

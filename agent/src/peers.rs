@@ -10,7 +10,7 @@ use keysync_proto::v1::{self, key_sync_client::KeySyncClient};
 use keysync_proto::PROTOCOL_VERSION;
 use keysync_server::TlsSetup;
 use prost::Message;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::MissedTickBehavior;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -46,7 +46,8 @@ enum SessionError {
 pub struct PeerLink {
     pub peer: Peer,
     pub node: String,
-    pub tls: Arc<TlsSetup>,
+    /// The current TLS material: each connection attempt takes the latest (a reload swaps it).
+    pub tls: watch::Receiver<Arc<TlsSetup>>,
     pub core: CoreHandle,
     pub audit: Arc<crate::audit::AuditLog>,
     pub anti_entropy_interval: Duration,
@@ -89,8 +90,9 @@ impl PeerLink {
     }
 
     async fn session(&self, connected: mpsc::Sender<()>, shutdown: &CancellationToken) -> Result<(), SessionError> {
+        let tls = self.tls.borrow().clone();
         let mut client =
-            keysync_server::connect(&self.peer.address, &self.peer.name, &self.tls, MAX_MESSAGE_BYTES, CONNECT_TIMEOUT)
+            keysync_server::connect(&self.peer.address, &self.peer.name, &tls, MAX_MESSAGE_BYTES, CONNECT_TIMEOUT)
                 .await?;
         let hello = self.hello(&mut client).await?;
         // Subscribed before anti-entropy, so nothing decided meanwhile is missed.

@@ -6,6 +6,7 @@
 //!
 //! - [`tls`]: PEM material to rustls configurations.
 //! - [`serve`]: the listener; per-connection handshakes, peer identification, audit events.
+//!   [`serve_with`] and [`ListenerControl`] change its TLS material and peers while it runs.
 //! - [`connect`]: an authenticated client channel to one peer.
 //! - [`certgen`]: a small CA for sites without a PKI, and for tests.
 
@@ -14,6 +15,7 @@
 mod audit;
 pub mod certgen;
 mod client;
+mod control;
 mod events;
 mod identity;
 mod listener;
@@ -23,7 +25,8 @@ mod verifier;
 
 pub use certgen::{CertAuthority, CertError, IssuedCert};
 pub use client::{connect, ConnectError};
+pub use control::ListenerControl;
 pub use events::{EventFn, TransportEvent};
-pub use listener::{serve, ServeError, ServeOptions};
+pub use listener::{serve, serve_with, ServeError, ServeOptions};
 pub use service::{Handler, PeerName};
 pub use tls::{PemInput, TlsError, TlsMaterial, TlsSetup};

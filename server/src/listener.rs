@@ -24,6 +24,7 @@ use tonic::transport::server::Connected;
 use tonic::transport::Server;
 
 use crate::audit::RefusalAudit;
+use crate::control::ListenerControl;
 use crate::events::{EventFn, EventSink, TransportEvent};
 use crate::service::{Handler, KeySyncService, PeerInfo};
 use crate::tls::TlsSetup;
@@ -87,6 +88,20 @@ pub async fn serve<H: Handler>(
     events: EventFn,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
+    let control = ListenerControl::new(tls.clone(), opts.allowed_peers.clone());
+    serve_with(listener, control, opts, handler, events, shutdown).await
+}
+
+/// [`serve`] whose TLS material and admitted peers come from `control` (`opts.allowed_peers` is
+/// not used), so that they can be changed while it runs: see [`ListenerControl::reload`].
+pub async fn serve_with<H: Handler>(
+    listener: TcpListener,
+    control: ListenerControl,
+    opts: ServeOptions,
+    handler: Arc<H>,
+    events: EventFn,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
     let events = EventSink::new(events);
     // Stops accepting on shutdown, and also if the gRPC server fails on its own.
     let stop = shutdown.child_token();
@@ -111,8 +126,7 @@ pub async fn serve<H: Handler>(
     let accepting = accept_loop(
         listener,
         AcceptContext {
-            tls: tls.clone(),
-            allowed_peers: opts.allowed_peers.into(),
+            control,
             handshake_timeout: opts.handshake_timeout,
             events,
             conn_tx,
@@ -143,8 +157,7 @@ pub async fn serve<H: Handler>(
 /// Everything the accept loop and its handshake tasks share.
 #[derive(Clone)]
 struct AcceptContext {
-    tls: TlsSetup,
-    allowed_peers: Arc<[String]>,
+    control: ListenerControl,
     handshake_timeout: Duration,
     events: EventSink,
     conn_tx: mpsc::Sender<PeerIo>,
@@ -189,7 +202,9 @@ async fn handshake(ctx: AcceptContext, tcp: TcpStream, remote: SocketAddr) {
         tracing::debug!(%remote, %error, "setting TCP_NODELAY failed");
     }
     let record = HandshakeRecord::new();
-    let config = match ctx.tls.server_config(ctx.allowed_peers.clone(), record.clone()) {
+    // Taken once: a reload during this handshake applies to the next one.
+    let current = ctx.control.current();
+    let config = match current.tls.server_config(current.allowed_peers.clone(), record.clone()) {
         Ok(config) => config,
         Err(error) => {
             tracing::error!(%remote, %error, "building the TLS server configuration failed");
@@ -206,7 +221,9 @@ async fn handshake(ctx: AcceptContext, tcp: TcpStream, remote: SocketAddr) {
         Ok(Ok(stream)) => match recorded.peer {
             Some(peer) => {
                 ctx.events.emit(TransportEvent::Connected { remote, peer: peer.clone() });
-                let io = PeerIo::new(stream, PeerInfo { peer }, &ctx.force_close);
+                let close = ctx.force_close.child_token();
+                ctx.control.register(peer.clone(), close.clone());
+                let io = PeerIo::new(stream, PeerInfo { peer }, close);
                 // A closed channel means the server is shutting down: the connection just drops.
                 let _ = ctx.conn_tx.send(io).await;
                 return;
@@ -226,7 +243,8 @@ async fn handshake(ctx: AcceptContext, tcp: TcpStream, remote: SocketAddr) {
 }
 
 /// An identified TLS connection, as tonic sees it: it carries the peer's identity into every
-/// request, and fails its IO once `force_close` fires so that shutdown cannot hang on a peer.
+/// request, and fails its IO once `force_close` fires (a child of the listener's, cancelled at
+/// shutdown, or alone by a reload that no longer admits this peer) so nothing hangs on a peer.
 struct PeerIo {
     stream: TlsStream<TcpStream>,
     info: PeerInfo,
@@ -235,19 +253,21 @@ struct PeerIo {
 }
 
 impl PeerIo {
-    fn new(stream: TlsStream<TcpStream>, info: PeerInfo, force_close: &CancellationToken) -> Self {
-        Self {
-            stream,
-            info,
-            force_close: force_close.clone(),
-            force_close_wait: Box::pin(force_close.clone().cancelled_owned()),
-        }
+    fn new(stream: TlsStream<TcpStream>, info: PeerInfo, force_close: CancellationToken) -> Self {
+        Self { stream, info, force_close_wait: Box::pin(force_close.clone().cancelled_owned()), force_close }
     }
 
     /// Whether shutdown has closed this connection; registers the waker otherwise.
     fn closed(&mut self, cx: &mut Context<'_>) -> bool {
         // Checked first so that the wait future is never polled after it completed.
         self.force_close.is_cancelled() || self.force_close_wait.as_mut().poll(cx).is_ready()
+    }
+}
+
+impl Drop for PeerIo {
+    // Marks the connection finished, so that the control forgets it.
+    fn drop(&mut self) {
+        self.force_close.cancel();
     }
 }
 

@@ -26,10 +26,16 @@ pub struct AgentProcess {
 
 impl AgentProcess {
     pub fn start(config: &Path, log: PathBuf) -> AgentProcess {
+        AgentProcess::start_with_env(config, log, &[])
+    }
+
+    /// Starts with extra environment variables (e.g. a fake systemd's NOTIFY_SOCKET).
+    pub fn start_with_env(config: &Path, log: PathBuf, env: &[(&str, &str)]) -> AgentProcess {
         let log_file = std::fs::File::create(&log).unwrap();
         let child = Command::new(binary())
             .args(["run", "--config"])
             .arg(config)
+            .envs(env.iter().copied())
             .env("SALT_KEYSYNC_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().unwrap())
@@ -37,6 +43,17 @@ impl AgentProcess {
             .spawn()
             .unwrap();
         AgentProcess { child, log }
+    }
+
+    /// Sends a signal by name (`HUP`, `TERM`, ...).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill").arg(format!("-{name}")).arg(self.child.id().to_string()).status().unwrap();
+        assert!(status.success(), "kill -{name} {} failed", self.child.id());
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
     }
 
     /// Stops with SIGTERM and returns the exit status.
@@ -89,6 +106,16 @@ impl ProcessCluster {
             })
             .await;
         }
+    }
+
+    /// The agent at `idx`.
+    pub fn agent(&mut self, idx: usize) -> &mut AgentProcess {
+        &mut self.agents[idx]
+    }
+
+    /// Sends a signal by name to the agent at `idx`.
+    pub fn signal(&self, idx: usize, name: &str) {
+        self.agents[idx].signal(name);
     }
 
     /// Stops every agent with SIGTERM and asserts a clean exit.

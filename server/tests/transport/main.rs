@@ -8,3 +8,6 @@ mod roundtrip;
 
 /// Every refusal is reported with the presented identity, and the listener keeps serving.
 mod refusals;
+
+/// Live reload: peers removed are cut off, unchanged ones keep their connection, new TLS applies.
+mod reload;

@@ -2,6 +2,14 @@
 
 /// The real binary as separate processes: CLI errors, `run --config` on three agents.
 mod binary;
+/// `certs init`/`certs issue` and the README's openssl recipe, each carrying two agents.
+mod certs;
+/// `salt-keysync demo`: three operations shown propagating, private files, cleanup on Ctrl-C.
+mod demo;
+/// sd_notify with a fake systemd socket: READY, WATCHDOG, RELOADING, STOPPING.
+mod notify;
+/// SIGHUP reloads on agent processes: peers, certificates, refused broken configs.
+mod reload;
 /// In-process three-agent clusters over real mTLS: accept, reject and delete
 /// in both Salt patterns, restarts, transitive propagation, partitions.
 mod replication;

@@ -1,0 +1,106 @@
+//! Live changes to a running listener: new TLS material and a new set of admitted peers apply to
+//! the next handshake, and open connections of peers no longer admitted are closed. This is what
+//! lets the agent reload its config without a restart and without dropping unchanged links.
+
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::service::PeerName;
+use crate::tls::TlsSetup;
+
+/// A cloneable handle on what a listener admits. Give it to [`serve_with`](crate::serve_with),
+/// keep a clone, and call [`reload`](Self::reload) to change it while the listener runs.
+#[derive(Clone)]
+pub struct ListenerControl {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for ListenerControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ListenerControl").field("allowed_peers", &self.current().allowed_peers).finish()
+    }
+}
+
+struct Shared {
+    // std locks: held only to copy or swap a few Arcs, never across an await.
+    current: RwLock<Current>,
+    connections: Mutex<Vec<Connection>>,
+}
+
+/// The TLS setup and peer names one handshake uses, taken together at its start.
+#[derive(Clone)]
+pub(crate) struct Current {
+    pub(crate) tls: TlsSetup,
+    pub(crate) allowed_peers: Arc<[String]>,
+}
+
+/// An open, identified connection: closing it is cancelling its token.
+struct Connection {
+    peer: PeerName,
+    close: CancellationToken,
+}
+
+impl ListenerControl {
+    /// A control admitting `allowed_peers` with `tls`.
+    pub fn new(tls: TlsSetup, allowed_peers: Vec<String>) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                current: RwLock::new(Current { tls, allowed_peers: allowed_peers.into() }),
+                connections: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// From now on handshakes use `tls` and admit only `allowed_peers`. Open connections of peers
+    /// that are no longer admitted are closed; the others keep running. Returns the names whose
+    /// connections were closed (one entry per connection).
+    pub fn reload(&self, tls: TlsSetup, allowed_peers: Vec<String>) -> Vec<PeerName> {
+        *self.shared.current.write().unwrap_or_else(|p| p.into_inner()) =
+            Current { tls, allowed_peers: allowed_peers.clone().into() };
+        self.close_where(|peer| !allowed_peers.contains(&peer.0))
+    }
+
+    /// Closes every open connection, so that each peer proves itself again under the current
+    /// TLS material (after the CA changed, say). Returns how many were closed.
+    pub fn close_connections(&self) -> usize {
+        self.close_where(|_| true).len()
+    }
+
+    /// Peers admitted now.
+    pub fn allowed_peers(&self) -> Vec<String> {
+        self.current().allowed_peers.to_vec()
+    }
+
+    pub(crate) fn current(&self) -> Current {
+        self.shared.current.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Records an identified connection; it is closed when `close` is cancelled.
+    pub(crate) fn register(&self, peer: PeerName, close: CancellationToken) {
+        let mut connections = self.connections();
+        // Finished connections cancel their own token (see listener's PeerIo), so this prunes them.
+        connections.retain(|c| !c.close.is_cancelled());
+        connections.push(Connection { peer, close });
+    }
+
+    fn close_where(&self, close: impl Fn(&PeerName) -> bool) -> Vec<PeerName> {
+        let mut closed = Vec::new();
+        self.connections().retain(|c| {
+            if c.close.is_cancelled() {
+                return false;
+            }
+            if close(&c.peer) {
+                c.close.cancel();
+                closed.push(c.peer.clone());
+                return false;
+            }
+            true
+        });
+        closed
+    }
+
+    fn connections(&self) -> MutexGuard<'_, Vec<Connection>> {
+        self.shared.connections.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
