@@ -1,5 +1,5 @@
 //! The `salt-keysync` command: `run` the agent, `check` a set-up, make
-//! `certs` for sites without a PKI.
+//! `certs` for sites without a PKI, review the `audit` log.
 
 use std::path::PathBuf;
 
@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use salt_keysync::config::{Config, LogFormat, DEFAULT_CONFIG};
 use tokio_util::sync::CancellationToken;
 
+mod audit_cmd;
 mod certs;
 mod check;
 
@@ -29,6 +30,8 @@ enum Command {
     Check,
     /// Make a CA and node certificates for sites without a PKI.
     Certs(certs::CertsArgs),
+    /// Review the audit log (table, --json, filters, --follow) or verify its hash chain.
+    Audit(audit_cmd::AuditArgs),
 }
 
 fn main() {
@@ -37,6 +40,7 @@ fn main() {
         Command::Run => run(&cli.config),
         Command::Check => check::check(&cli.config),
         Command::Certs(args) => certs::certs(&args),
+        Command::Audit(args) => std::process::exit(audit_cmd::audit(&cli.config, &args)),
     };
     if let Err(e) = result {
         eprintln!("salt-keysync: {e:#}");
