@@ -28,7 +28,7 @@ impl Filter {
                 return false;
             }
         }
-        if !self.actions.is_empty() && !self.actions.iter().any(|a| *a == record.action) {
+        if !self.actions.is_empty() && !self.actions.contains(&record.action) {
             return false;
         }
         if !self.origins.is_empty() && !record.origin.as_ref().is_some_and(|o| self.origins.contains(o)) {

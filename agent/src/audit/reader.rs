@@ -163,24 +163,21 @@ impl Follower {
     pub fn poll(&mut self) -> io::Result<Polled> {
         let mut polled = Polled::default();
         self.read_new(&mut polled.lines)?;
-        let now = std::fs::metadata(&self.path).ok();
-        match now {
-            Some(meta) if self.file.is_none() || (meta.dev(), meta.ino()) != self.identity => {
-                // Renamed away (and re-created): the old file was read to its end above.
-                if self.reopen() {
-                    polled.rotated = Some("renamed");
-                    self.read_new(&mut polled.lines)?;
-                }
-            }
-            Some(_) if self.rewritten() => {
-                polled.rotated = Some("truncated");
-                self.offset = 0;
-                self.partial.clear();
-                self.next_number = 1;
-                self.first_line.clear();
+        let Ok(meta) = std::fs::metadata(&self.path) else { return Ok(polled) };
+        let had_file = self.file.is_some();
+        if !had_file || (meta.dev(), meta.ino()) != self.identity {
+            // Renamed away (and re-created), or created: the old file was read to its end above.
+            if self.reopen() {
+                polled.rotated = had_file.then_some("renamed");
                 self.read_new(&mut polled.lines)?;
             }
-            _ => {}
+        } else if self.rewritten() {
+            polled.rotated = Some("truncated");
+            self.offset = 0;
+            self.partial.clear();
+            self.next_number = 1;
+            self.first_line.clear();
+            self.read_new(&mut polled.lines)?;
         }
         Ok(polled)
     }

@@ -81,7 +81,7 @@ fn read_end(file: &File, len: u64) -> io::Result<End> {
     }
     // `start` is 0 here unless buf holds two newlines.
     let Some(last_nl) = buf.iter().rposition(|&b| b == b'\n') else {
-        return Ok(End { last_line: None, torn: (!buf.is_empty()).then(|| (start, buf)) });
+        return Ok(End { last_line: None, torn: (!buf.is_empty()).then_some((start, buf)) });
     };
     let torn = (last_nl + 1 < buf.len()).then(|| (start + last_nl as u64 + 1, buf[last_nl + 1..].to_vec()));
     let line_start = buf[..last_nl].iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1);
