@@ -259,3 +259,41 @@ fn the_agent_logs_json_when_configured() {
         salt_keysync::audit::read_all(&files.audit_log).unwrap().into_iter().map(|r| r.action).collect();
     assert_eq!(actions, ["start", "stop"]);
 }
+
+/// Issue 8: every local decision, pending key and applied peer decision is
+/// recorded; a pending key that arrived while the agent was stopped too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_record_decisions_pending_keys_and_peer_decisions() {
+    use keysync_tests::cluster::TestCluster;
+    use keysync_tests::salt_ops::{master_writes_pending, move_key, new_public_key, SaltLine};
+    let mut cluster = TestCluster::start(2).await;
+    cluster.stop(1).await;
+    let (offline, live) = (new_public_key(), new_public_key());
+    master_writes_pending(cluster.pki(1), "arrived-offline", &offline);
+    cluster.restart(1).await;
+    let has = |records: &[Record], action: &str, minion: &str, via: &str| {
+        records.iter().any(|r| r.action == action && r.minion.as_deref() == Some(minion) && r.via == via)
+    };
+    master_writes_pending(cluster.pki(0), "web01", &live);
+    keysync_tests::wait_until(Duration::from_secs(20), "the pending key is audited", || {
+        has(&cluster.agents[0].audit(), "pending", "web01", "local")
+    })
+    .await;
+    move_key(SaltLine::S3008, cluster.pki(0), "web01", "minions");
+    keysync_tests::wait_until(Duration::from_secs(20), "both agents audited the accept", || {
+        has(&cluster.agents[0].audit(), "accept", "web01", "local")
+            && has(&cluster.agents[1].audit(), "accept", "web01", "master-a")
+    })
+    .await;
+    let a = cluster.agents[0].audit();
+    let b = cluster.agents[1].audit();
+    assert!(has(&b, "pending", "arrived-offline", "local"), "{b:#?}");
+    let applied = b.iter().find(|r| r.action == "accept").unwrap();
+    assert_eq!((applied.origin.as_deref(), applied.outcome.as_str()), (Some("master-a"), "applied"));
+    assert_eq!(applied.fingerprint, a.iter().find(|r| r.action == "accept").unwrap().fingerprint);
+    for agent in &cluster.agents {
+        let (code, out) = verify(&[&agent.files.audit_log]);
+        assert_eq!(code, 0, "{out}");
+    }
+    cluster.shutdown().await;
+}
