@@ -80,11 +80,15 @@ fn init_logging(format: &LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("SALT_KEYSYNC_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    // journald stamps every line itself.
+    // journald stamps every line itself and reads a `<N>` priority prefix.
     let under_journald = std::env::var_os("JOURNAL_STREAM").is_some();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     match (format, under_journald) {
         (LogFormat::Json, _) => builder.json().init(),
-        (LogFormat::Text, true) => builder.without_time().with_ansi(false).init(),
-        (LogFormat::Text, false) => builder.init(),
+        (LogFormat::Text, true) => {
+            let plain = tracing_subscriber::fmt::format().without_time().with_ansi(false);
+            builder.with_ansi(false).event_format(salt_keysync::logging::JournaldPriority(plain)).init()
+        }
+        (LogFormat::Text, false) => builder.with_ansi(ansi).init(),
     }
 }

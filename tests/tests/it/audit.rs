@@ -221,19 +221,24 @@ fn follow_prints_records_appended_later_also_after_rotation() {
     let _ = child.wait();
 }
 
-#[test]
-fn the_agent_logs_json_when_configured() {
+/// Runs one agent (no peers) until it logged its start, stops it, and returns
+/// its stderr and its audit log path.
+fn run_agent_once(log_format: Option<&str>, env: &[(&str, &str)]) -> (String, PathBuf, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let ca = CertAuthority::new("ca").unwrap();
     let files = write_agent_files(dir.path(), &ca, "master-a", free_addr(), &[]);
-    let config = std::fs::read_to_string(&files.config_path).unwrap();
-    std::fs::write(&files.config_path, format!("log_format = \"json\"\n{config}")).unwrap();
+    if let Some(format) = log_format {
+        let config = std::fs::read_to_string(&files.config_path).unwrap();
+        std::fs::write(&files.config_path, format!("log_format = \"{format}\"\n{config}")).unwrap();
+    }
     let log_path = dir.path().join("agent.log");
     let log_file = std::fs::File::create(&log_path).unwrap();
     let mut child = Command::new(binary())
         .args(["run", "--config"])
         .arg(&files.config_path)
         .env("SALT_KEYSYNC_LOG", "info")
+        .env_remove("JOURNAL_STREAM")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(log_file.try_clone().unwrap())
         .stderr(log_file)
@@ -247,17 +252,39 @@ fn the_agent_logs_json_when_configured() {
     let status = child.wait().unwrap();
     let text = std::fs::read_to_string(&log_path).unwrap();
     assert!(started && status.success(), "{status}: {text}");
+    (text, files.audit_log, dir)
+}
+
+#[test]
+fn the_agent_logs_json_when_configured() {
+    let (text, audit_log, _dir) = run_agent_once(Some("json"), &[]);
     for line in text.lines() {
         let value: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
         assert!(value["level"].is_string() && value["fields"]["message"].is_string(), "{line}");
     }
     assert!(text.lines().any(|l| l.contains("\"message\":\"agent started\"") && l.contains("\"node\":\"master-a\"")));
     // The agent's own audit log verifies and records the start and the stop.
-    let (code, out) = verify(&[&files.audit_log]);
+    let (code, out) = verify(&[&audit_log]);
     assert_eq!(code, 0, "{out}");
     let actions: Vec<String> =
-        salt_keysync::audit::read_all(&files.audit_log).unwrap().into_iter().map(|r| r.action).collect();
+        salt_keysync::audit::read_all(&audit_log).unwrap().into_iter().map(|r| r.action).collect();
     assert_eq!(actions, ["start", "stop"]);
+}
+
+#[test]
+fn the_agent_logs_plain_text_for_journald_by_default() {
+    // Under systemd (JOURNAL_STREAM set): no timestamp, no colours, a
+    // syslog priority journald turns into the entry's PRIORITY.
+    let (text, _, _dir) = run_agent_once(None, &[("JOURNAL_STREAM", "8:12345")]);
+    let started = text.lines().find(|l| l.contains("agent started")).unwrap_or_else(|| panic!("{text}"));
+    assert!(started.starts_with("<6> INFO "), "{started}");
+    assert!(started.contains("node=master-a"), "{started}");
+    assert!(text.lines().all(|l| l.starts_with('<')), "{text}");
+    // Elsewhere (a file here): timestamps, and still no colour codes off a terminal.
+    let (text, _, _dir) = run_agent_once(Some("text"), &[]);
+    let started = text.lines().find(|l| l.contains("agent started")).unwrap_or_else(|| panic!("{text}"));
+    assert!(started.starts_with("20") && started.contains(" INFO "), "{started}");
+    assert!(!text.contains('\x1b'), "{text}");
 }
 
 /// Issue 8: every local decision, pending key and applied peer decision is
