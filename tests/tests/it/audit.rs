@@ -189,15 +189,17 @@ fn follow_prints_records_appended_later_also_after_rotation() {
     let path = dir.path().join("audit.jsonl");
     let log = AuditLog::open(&path, "master-a").unwrap();
     log.record(Record { minion: Some("early".into()), ..Record::new("accept", "local", "applied") });
-    let mut child = Command::new(binary())
-        .args(["audit", "--follow", "--json", "--minion", "late*", "--file"])
-        .arg(&path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = KillOnDrop(
+        Command::new(binary())
+            .args(["audit", "--follow", "--json", "--minion", "late*", "--file"])
+            .arg(&path)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let (tx, rx) = mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
+    let stdout = child.0.stdout.take().unwrap();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
@@ -217,8 +219,16 @@ fn follow_prints_records_appended_later_also_after_rotation() {
     std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(0).unwrap();
     log.record(Record { minion: Some("late3".into()), ..Record::new("accept", "local", "applied") });
     assert_eq!(next().minion.as_deref(), Some("late3"));
-    let _ = child.kill();
-    let _ = child.wait();
+}
+
+/// A child process ended when the test ends, also when it fails.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Runs one agent (no peers) until it logged its start, stops it, and returns
