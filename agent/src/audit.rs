@@ -34,16 +34,14 @@ pub const GENESIS: &str = "00000000000000000000000000000000000000000000000000000
 /// the chain of a rotated one.
 pub const CONTINUE: &str = "continue";
 
-/// One audit record. Field names are part of the user-facing contract
-/// (README "Audit log").
+/// One audit record. Field names are part of the user-facing contract.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
     /// RFC 3339, UTC.
     pub time: String,
     /// The node that recorded this line.
     pub node: String,
-    /// accept, reject, delete, pending, conflict, refuse, connect, start,
-    /// stop, continue, repair, lost, ...
+    /// accept, reject, delete, pending, conflict, refuse, connect, ...
     pub action: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub minion: Option<String>,
@@ -75,7 +73,7 @@ pub struct Record {
     /// rotated files. A gap means removed records, a step back reordering.
     #[serde(default)]
     pub seq: u64,
-    /// sha256 of the previous line (hex), [`GENESIS`] for the first.
+    /// sha256 of the previous line (hex).
     #[serde(default)]
     pub prev: String,
 }
