@@ -38,10 +38,12 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
 }
 
 #[test]
-fn chain_survives_reopening_and_mode_is_0600() {
+fn chain_survives_reopening_and_modes_are_owner_only() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("audit.jsonl");
+    let path = dir.path().join("log/audit.jsonl");
     drop(write_log(&path, 1));
+    let dir_mode = std::fs::metadata(dir.path().join("log")).unwrap().permissions().mode() & 0o777;
+    assert_eq!(dir_mode, 0o700);
     let log = AuditLog::open(&path, "a").unwrap();
     log.record(Record { minion: Some("web02".into()), ..Record::new("reject", "b", "applied") });
     let records = read_verified(&path).unwrap();

@@ -21,7 +21,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -106,7 +106,8 @@ impl AuditLog {
     pub fn open(path: &Path, node: &str) -> Result<AuditLog, AuditError> {
         let io_err = |source| AuditError::Io { path: path.into(), source };
         if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(io_err)?;
+            // A folder made here is the agent's own: nobody else reads the log.
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(parent).map_err(io_err)?;
         }
         let file = open_append(path).map_err(io_err)?;
         let meta = file.metadata().map_err(io_err)?;
