@@ -22,7 +22,7 @@ Examples:
   salt-keysync audit --action accept,reject --origin master-b
   salt-keysync audit --since 2026-11-21T08:00:00Z --until 2026-11-21T12:00:00Z --json
   salt-keysync audit --follow --action refuse,conflict
-  salt-keysync audit --file /var/log/salt-keysync/audit.jsonl.1
+  salt-keysync audit --file audit.jsonl.1 --file audit.jsonl   rotated files too, oldest first
   salt-keysync audit verify
   salt-keysync audit verify audit.jsonl.2 audit.jsonl.1 audit.jsonl
 
@@ -51,9 +51,10 @@ warning. Exit status: 0 intact, 1 broken, 2 unreadable.";
 pub struct AuditArgs {
     #[command(subcommand)]
     command: Option<AuditCommand>,
-    /// Read this audit file instead of the config's `audit_log`.
+    /// Read this audit file instead of the config's `audit_log`; repeat for
+    /// rotated files, oldest first (--follow follows the last).
     #[arg(long, value_name = "PATH")]
-    file: Option<PathBuf>,
+    file: Vec<PathBuf>,
     /// Print the matching records as they are in the log, one JSON object per line.
     #[arg(long)]
     json: bool,
@@ -106,17 +107,18 @@ fn run(config: &Path, args: &AuditArgs) -> anyhow::Result<i32> {
             verify(&files)
         }
         None => {
-            let path = match &args.file {
-                Some(path) => path.clone(),
-                None => configured()?,
-            };
+            let paths = if args.file.is_empty() { vec![configured()?] } else { args.file.clone() };
             let filter = filter(args)?;
             let mut out = Output::new(args.json);
-            match list(&path, &filter, &mut out, args.follow) {
-                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(0),
-                Err(e) => Err(anyhow::anyhow!("cannot read audit log {}: {e}", path.display())),
-                Ok(()) => Ok(0),
+            for (idx, path) in paths.iter().enumerate() {
+                let follow = args.follow && idx + 1 == paths.len();
+                match list(path, &filter, &mut out, follow) {
+                    Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(0),
+                    Err(e) => anyhow::bail!("cannot read audit log {}: {e}", path.display()),
+                    Ok(()) => {}
+                }
             }
+            Ok(0)
         }
     }
 }

@@ -181,6 +181,14 @@ fn verify_follows_the_chain_across_rotated_files() {
     assert!(text.contains("continues from a rotated file"), "{text}");
     let (code, text) = verify(&[&path, &rotated]);
     assert_eq!(code, 1, "{text}");
+    // Listing reads rotated files in the order given.
+    let out = run_cli(&["audit", "--json", "--file", rotated.to_str().unwrap(), "--file", path.to_str().unwrap()]);
+    let seqs: Vec<u64> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<Record>(line).unwrap().seq)
+        .collect();
+    assert_eq!(seqs, [1, 2, 3]);
 }
 
 #[test]
