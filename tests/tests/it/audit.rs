@@ -342,3 +342,49 @@ async fn agents_record_decisions_pending_keys_and_peer_decisions() {
     }
     cluster.shutdown().await;
 }
+
+/// A killed agent, and a torn last line (what a power cut can leave), keep a
+/// verifiable chain: the next start sets the torn bytes aside and records it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chain_survives_kill_9_and_a_torn_line() {
+    use keysync_tests::binary::AgentProcess;
+    use keysync_tests::salt_ops::{master_writes_pending, new_public_key};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = CertAuthority::new("ca").unwrap();
+    let files = write_agent_files(dir.path(), &ca, "master-a", free_addr(), &[]);
+    let started = |log: &Path| std::fs::read_to_string(log).is_ok_and(|t| t.contains("agent started"));
+    let first_log = dir.path().join("first.log");
+    let agent = AgentProcess::start(&files.config_path, first_log.clone());
+    keysync_tests::wait_until(Duration::from_secs(20), "agent started", || started(&first_log)).await;
+    master_writes_pending(&files.pki, "web01", &new_public_key());
+    keysync_tests::wait_until(Duration::from_secs(20), "pending key audited", || {
+        salt_keysync::audit::read_all(&files.audit_log).unwrap().iter().any(|r| r.action == "pending")
+    })
+    .await;
+    drop(agent); // SIGKILL
+
+    let torn = br#"{"time":"2026-11-21T10:00:00Z","node":"master-a","action":"acc"#;
+    let mut bytes = std::fs::read(&files.audit_log).unwrap();
+    bytes.extend_from_slice(torn);
+    std::fs::write(&files.audit_log, bytes).unwrap();
+    let (code, out) = verify(&[&files.audit_log]);
+    assert_eq!(code, 0, "a torn last line is a warning, not a broken chain: {out}");
+
+    let second_log = dir.path().join("second.log");
+    let agent = AgentProcess::start(&files.config_path, second_log.clone());
+    keysync_tests::wait_until(Duration::from_secs(20), "agent restarted", || started(&second_log)).await;
+    assert!(agent.stop().success());
+    let (code, out) = verify(&[&files.audit_log]);
+    assert_eq!(code, 0, "{out}");
+    let records = salt_keysync::audit::read_all(&files.audit_log).unwrap();
+    let actions: Vec<&str> = records.iter().map(|r| r.action.as_str()).collect();
+    // No stop after the kill; the repair comes first after the restart.
+    assert_eq!(actions[..3], ["start", "pending", "repair"], "{actions:?}");
+    assert!(actions[3..].contains(&"start") && actions.last() == Some(&"stop"), "{actions:?}");
+    let aside = std::fs::read_dir(files.audit_log.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().contains(".torn-"))
+        .expect("the torn bytes were kept");
+    assert_eq!(std::fs::read(aside).unwrap(), torn);
+}
