@@ -1,18 +1,38 @@
 //! The audit log: one JSON object per line, append-only, each line carrying
-//! the sha256 of the line before it so that editing or removing a record
-//! breaks the chain (`salt-keysync audit --verify`).
+//! the sha256 of the line before it (`prev`) and a sequence number (`seq`),
+//! so editing, removing or reordering records breaks the chain
+//! (`salt-keysync audit verify`).
+//!
+//! - `writer.rs` appends (one `write()` per whole line), follows log rotation
+//!   and repairs a line torn by a crash;
+//! - `reader.rs` splits files into lines, tolerating a torn last line, and
+//!   tails a file across rotations;
+//! - `verify.rs` checks the chain over one or several files and names the
+//!   first bad record;
+//! - `filter.rs` selects records for `salt-keysync audit`.
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, BufRead, BufReader, Seek, SeekFrom, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+mod filter;
+mod reader;
+mod verify;
+mod writer;
+
+use std::io;
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-/// The hash a chain starts from.
-const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+pub use filter::{parse_time_bound, Filter};
+pub use reader::{each_line, scan, Follower, Line, Polled, Scan, Torn};
+pub use verify::{verify_files, Break, VerifyReport};
+pub use writer::AuditLog;
+
+/// The `prev` of the first record of a chain.
+pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// The action of the record the writer puts first in a file that continues
+/// the chain of a rotated one.
+pub const CONTINUE: &str = "continue";
 
 /// One audit record. Field names are part of the user-facing contract.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,6 +69,10 @@ pub struct Record {
     /// The remote socket address of a connection.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote: Option<String>,
+    /// Position in the chain: one more than the record before, also across
+    /// rotated files. A gap means removed records, a step back reordering.
+    #[serde(default)]
+    pub seq: u64,
     /// sha256 of the previous line (hex).
     #[serde(default)]
     pub prev: String,
@@ -64,121 +88,32 @@ impl Record {
 pub enum AuditError {
     #[error("audit log {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
-    #[error("audit log {path}: line {line} is not a record: {message}")]
-    Malformed { path: PathBuf, line: usize, message: String },
-    #[error("audit log {path}: chain broken at line {line} (edited, removed or reordered records)")]
-    Broken { path: PathBuf, line: usize },
+    #[error("audit log {path}: line {line}: {why}")]
+    Broken { path: PathBuf, line: usize, why: String },
 }
 
-/// The audit log of this node, shared by every task that records.
-pub struct AuditLog {
-    node: String,
-    path: PathBuf,
-    inner: Mutex<Tail>,
+/// The hash a following record puts in `prev`: sha256 of the line's bytes
+/// without its newline, hex.
+pub fn line_hash(line: &[u8]) -> String {
+    hex::encode(Sha256::digest(line))
 }
 
-struct Tail {
-    file: File,
-    last_hash: String,
-}
-
-impl AuditLog {
-    /// Opens (or creates, mode 0600) the log and picks the chain up from its
-    /// last line.
-    pub fn open(path: &Path, node: &str) -> Result<AuditLog, AuditError> {
-        let io_err = |source| AuditError::Io { path: path.into(), source };
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(io_err)?;
-        }
-        let mut file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)
-            .map_err(io_err)?;
-        let mode = file.metadata().map_err(io_err)?.permissions().mode() & 0o777;
-        if mode & 0o037 != 0 {
-            file.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(io_err)?;
-        }
-        let last_hash = last_line_hash(&mut file).map_err(io_err)?;
-        Ok(AuditLog { node: node.into(), path: path.into(), inner: Mutex::new(Tail { file, last_hash }) })
+/// Reads one file and checks its chain; returns its records in order. A
+/// file continuing a rotated one is accepted (see [`verify_files`]); a torn
+/// last line is left out.
+pub fn read_verified(path: &std::path::Path) -> Result<Vec<Record>, AuditError> {
+    let report = verify_files(&[path.to_path_buf()])?;
+    if let Some(bad) = report.broken {
+        return Err(AuditError::Broken { path: bad.file, line: bad.line, why: bad.why });
     }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Appends a record, filling in time, node and the chain. A failure to
-    /// write is logged, never fatal: the agent keeps replicating.
-    pub fn record(&self, mut record: Record) {
-        record.time = now_rfc3339();
-        record.node.clone_from(&self.node);
-        let mut tail = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        record.prev.clone_from(&tail.last_hash);
-        let mut line = serde_json::to_string(&record).expect("records serialize");
-        let hash = hex::encode(Sha256::digest(line.as_bytes()));
-        line.push('\n');
-        // One write per line: O_APPEND keeps concurrent lines whole.
-        match tail.file.write_all(line.as_bytes()) {
-            Ok(()) => tail.last_hash = hash,
-            Err(e) => tracing::error!(path = %self.path.display(), error = %e, "cannot write audit record"),
-        }
-    }
-
-    /// Flushes the log to disk (after a batch of records).
-    pub fn sync(&self) {
-        let tail = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Err(e) = tail.file.sync_data() {
-            tracing::error!(path = %self.path.display(), error = %e, "cannot flush audit log");
-        }
-    }
+    read_all(path)
 }
 
-fn last_line_hash(file: &mut File) -> io::Result<String> {
-    let len = file.seek(SeekFrom::End(0))?;
-    if len == 0 {
-        return Ok(GENESIS.into());
-    }
-    // Records are short: the last 64 KiB hold the last line.
-    let start = len.saturating_sub(64 * 1024);
-    file.seek(SeekFrom::Start(start))?;
-    let mut tail = Vec::new();
-    io::Read::read_to_end(file, &mut tail)?;
-    let trimmed = tail.strip_suffix(b"\n").unwrap_or(&tail);
-    let last = trimmed.rsplit(|&b| b == b'\n').next().unwrap_or(trimmed);
-    Ok(hex::encode(Sha256::digest(last)))
-}
-
-/// Reads and checks a whole log; returns its records in order.
-pub fn read_verified(path: &Path) -> Result<Vec<Record>, AuditError> {
-    read(path, true)
-}
-
-/// Reads a log without checking the chain.
-pub fn read_all(path: &Path) -> Result<Vec<Record>, AuditError> {
-    read(path, false)
-}
-
-fn read(path: &Path, verify: bool) -> Result<Vec<Record>, AuditError> {
-    let file = File::open(path).map_err(|source| AuditError::Io { path: path.into(), source })?;
-    let mut expected = GENESIS.to_string();
-    let mut records = Vec::new();
-    for (idx, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|source| AuditError::Io { path: path.into(), source })?;
-        let record: Record = serde_json::from_str(&line).map_err(|e| AuditError::Malformed {
-            path: path.into(),
-            line: idx + 1,
-            message: e.to_string(),
-        })?;
-        if verify && record.prev != expected {
-            return Err(AuditError::Broken { path: path.into(), line: idx + 1 });
-        }
-        expected = hex::encode(Sha256::digest(line.as_bytes()));
-        records.push(record);
-    }
-    Ok(records)
+/// Reads a log without checking the chain; lines that are not records are
+/// left out.
+pub fn read_all(path: &std::path::Path) -> Result<Vec<Record>, AuditError> {
+    let scan = scan(path).map_err(|source| AuditError::Io { path: path.into(), source })?;
+    Ok(scan.lines.into_iter().filter_map(|line| line.record.ok()).collect())
 }
 
 pub fn now_rfc3339() -> String {
@@ -188,30 +123,4 @@ pub fn now_rfc3339() -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chain_survives_reopening_and_detects_tampering() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("audit.jsonl");
-        {
-            let log = AuditLog::open(&path, "a").unwrap();
-            log.record(Record { minion: Some("web01".into()), ..Record::new("accept", "local", "applied") });
-        }
-        let log = AuditLog::open(&path, "a").unwrap();
-        log.record(Record { minion: Some("web02".into()), ..Record::new("reject", "b", "applied") });
-        let records = read_verified(&path).unwrap();
-        assert_eq!(records.len(), 2);
-        assert_eq!(records[1].via, "b");
-        assert_eq!(records[0].prev, GENESIS);
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o600);
-
-        let text = std::fs::read_to_string(&path).unwrap();
-        std::fs::write(&path, text.replace("web01", "web99")).unwrap();
-        let err = read_verified(&path).unwrap_err();
-        assert!(err.to_string().contains("chain broken at line 2"), "{err}");
-        assert_eq!(read_all(&path).unwrap().len(), 2);
-    }
-}
+mod tests;

@@ -12,6 +12,7 @@ pub mod control;
 pub mod core;
 pub mod health;
 pub mod links;
+pub mod logging;
 pub mod metrics;
 pub mod node;
 pub mod notify;

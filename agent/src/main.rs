@@ -1,5 +1,6 @@
 //! The `salt-keysync` command: `run` the agent, `check` a set-up, make
-//! `certs` for sites without a PKI, watch a `demo` cluster.
+//! `certs` for sites without a PKI, review the `audit` log, ask the running
+//! agent for its `status`, watch a `demo` cluster.
 
 use std::path::PathBuf;
 
@@ -8,6 +9,7 @@ use clap::{Parser, Subcommand};
 use salt_keysync::config::{Config, LogFormat, DEFAULT_CONFIG};
 use tokio_util::sync::CancellationToken;
 
+mod audit_cmd;
 mod certs;
 mod check;
 mod demo;
@@ -45,6 +47,8 @@ is not running.",
     Status(StatusArgs),
     /// Start three agents on 127.0.0.1 in a temporary folder and watch accept, reject and delete propagate.
     Demo(demo::DemoArgs),
+    /// Review the audit log (table, --json, filters, --follow) or verify its hash chain.
+    Audit(audit_cmd::AuditArgs),
 }
 
 #[derive(clap::Args)]
@@ -79,6 +83,7 @@ fn main() {
             }
             demo::demo(&args)
         }
+        Command::Audit(args) => std::process::exit(audit_cmd::audit(&cli.config, &args)),
     };
     if let Err(e) = result {
         eprintln!("salt-keysync: {e:#}");
@@ -148,11 +153,15 @@ fn init_logging(format: &LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("SALT_KEYSYNC_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    // journald stamps every line itself.
+    // journald stamps every line itself and reads a `<N>` priority prefix.
     let under_journald = std::env::var_os("JOURNAL_STREAM").is_some();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     match (format, under_journald) {
         (LogFormat::Json, _) => builder.json().init(),
-        (LogFormat::Text, true) => builder.without_time().with_ansi(false).init(),
-        (LogFormat::Text, false) => builder.init(),
+        (LogFormat::Text, true) => {
+            let plain = tracing_subscriber::fmt::format().without_time().with_ansi(false);
+            builder.with_ansi(false).event_format(salt_keysync::logging::JournaldPriority(plain)).init()
+        }
+        (LogFormat::Text, false) => builder.with_ansi(ansi).init(),
     }
 }

@@ -62,6 +62,7 @@ impl PeerLink {
         let span = tracing::info_span!("peer", peer = %self.peer.name, address = %self.peer.address);
         async move {
             let mut backoff = FIRST_BACKOFF;
+            let mut refused_name: Option<String> = None;
             loop {
                 let (connected_tx, mut connected_rx) = mpsc::channel(1);
                 let session = tokio::select! {
@@ -76,6 +77,19 @@ impl PeerLink {
                     Err(e) => {
                         tracing::warn!(error = %e, retry_in = ?backoff, "sync failed");
                         self.board.set_state(&self.peer.name, LinkState::Down, Some(error_chain(&e)));
+                        // A peer that answers as another node is refused; audited
+                        // once per name presented, not on every retry.
+                        if let SessionError::WrongName(name) = &e {
+                            if refused_name.as_deref() != Some(name.as_str()) {
+                                self.audit.record(crate::audit::Record {
+                                    peer: Some(name.clone()),
+                                    remote: Some(self.peer.address.clone()),
+                                    reason: Some(format!("{e}; expected {:?}", self.peer.name)),
+                                    ..crate::audit::Record::new("refuse", &self.peer.name, "refused")
+                                });
+                                refused_name = Some(name.clone());
+                            }
+                        }
                     }
                 }
                 tokio::select! {

@@ -155,7 +155,10 @@ impl Core {
     pub(super) fn reconcile(&mut self, initialized: bool) {
         let mode = if initialized { ObserveMode::Live } else { ObserveMode::FirstStart };
         let names = self.all_names().unwrap_or_default();
-        let decisions: Vec<Decision> = names.iter().filter_map(|name| self.observe_name(name, mode, false)).collect();
+        // Pending keys are audited here too: those that arrived while the agent
+        // was stopped are recorded nowhere else (one already audited before a
+        // restart is recorded again, as present at start-up).
+        let decisions: Vec<Decision> = names.iter().filter_map(|name| self.observe_name(name, mode, true)).collect();
         let reason = if initialized { "changed while the agent was stopped" } else { "found at first start" };
         tracing::info!(n_held = self.replica.len(), n_found = decisions.len(), reason, "start-up reconciliation");
         if decisions.is_empty() && !initialized {

@@ -1,5 +1,7 @@
 //! The integration tests of salt-keysync, one binary (ripgrep style).
 
+/// `salt-keysync audit`: filters, table, verify on tampered and rotated logs, --follow.
+mod audit;
 /// The real binary as separate processes: CLI errors, `run --config` on three agents.
 mod binary;
 /// `certs init`/`certs issue` and the README's openssl recipe, each carrying two agents.
