@@ -60,6 +60,10 @@ pub fn master_id(config: &Config) -> String {
 /// Runs an agent until `shutdown`. `listener` is bound by the caller (tests
 /// bind 127.0.0.1:0); `None` binds `config.listen`.
 pub async fn run(config: Config, listener: Option<TcpListener>, shutdown: CancellationToken) -> Result<()> {
+    // Refused before anything is read or written: too-open paths, or a
+    // master whose key folders are not the truth.
+    crate::perms::enforce(&config)?;
+    crate::salt_master::check_master_config(&config.salt.master_config).map_err(anyhow::Error::msg)?;
     let tls = Arc::new(load_tls(&config)?);
     let owner = salt_owner(&config)?;
     std::fs::create_dir_all(&config.state_dir)

@@ -10,6 +10,7 @@ pub mod config;
 pub mod core;
 pub mod node;
 pub mod peers;
+pub mod perms;
 pub mod pki;
 pub mod rpc;
 pub mod salt_master;

@@ -57,6 +57,8 @@ impl PeerLink {
         let span = tracing::info_span!("peer", peer = %self.peer.name, address = %self.peer.address);
         async move {
             let mut backoff = FIRST_BACKOFF;
+            // Audited once per distinct refusal, not at every reconnect.
+            let mut last_refusal: Option<String> = None;
             loop {
                 let (connected_tx, mut connected_rx) = mpsc::channel(1);
                 let session = tokio::select! {
@@ -65,10 +67,14 @@ impl PeerLink {
                 };
                 if connected_rx.try_recv().is_ok() {
                     backoff = FIRST_BACKOFF;
+                    last_refusal = None;
                 }
                 match session {
                     Ok(()) => return,
-                    Err(e) => tracing::warn!(error = %e, retry_in = ?backoff, "sync failed"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, retry_in = ?backoff, "sync failed");
+                        self.audit_tls_refusal(&e, &mut last_refusal);
+                    }
                 }
                 tokio::select! {
                     () = shutdown.cancelled() => return,
@@ -79,6 +85,23 @@ impl PeerLink {
         }
         .instrument(span)
         .await
+    }
+
+    /// A peer whose certificate this node refused (wrong name, another CA,
+    /// expired) is audited with what it presented, as the listener does.
+    fn audit_tls_refusal(&self, error: &SessionError, last: &mut Option<String>) {
+        let SessionError::Connect(connect) = error else { return };
+        let Some(refusal) = connect.tls_refusal() else { return };
+        if last.as_deref() == Some(refusal.as_str()) {
+            return;
+        }
+        self.audit.record(crate::audit::Record {
+            peer: Some(self.peer.name.clone()),
+            remote: Some(self.peer.address.clone()),
+            reason: Some(format!("peer's TLS handshake refused: {refusal}")),
+            ..crate::audit::Record::new("refuse", "network", "refused")
+        });
+        *last = Some(refusal);
     }
 
     async fn session(&self, connected: mpsc::Sender<()>, shutdown: &CancellationToken) -> Result<(), SessionError> {

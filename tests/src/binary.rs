@@ -26,7 +26,10 @@ pub struct AgentProcess {
 
 impl AgentProcess {
     pub fn start(config: &Path, log: PathBuf) -> AgentProcess {
-        let log_file = std::fs::File::create(&log).unwrap();
+        let log_file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&log).unwrap()
+        };
         let child = Command::new(binary())
             .args(["run", "--config"])
             .arg(config)

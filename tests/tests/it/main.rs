@@ -7,3 +7,8 @@ mod binary;
 mod replication;
 /// Real `salt-key` from Salt 3008.3 and 3006.28 driving three agent processes.
 mod salt_key;
+/// Issue 4: hostile key files, hostile peer messages and strangers at the TLS
+/// door are refused, audited once each, and never reach a peer.
+mod security;
+/// Issue 4: start-up refuses too-open paths and masters it cannot serve.
+mod startup;
