@@ -97,7 +97,7 @@ fn wire_decision() -> impl Strategy<Value = v1::Decision> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     /// Any bytes from the network: decoding never panics, and every decision
     /// the validator lets through has a safe id and (if any) a safe key.
