@@ -98,7 +98,7 @@ impl PeerLink {
         self.audit.record(crate::audit::Record {
             peer: Some(self.peer.name.clone()),
             remote: Some(self.peer.address.clone()),
-            reason: Some(format!("peer's TLS handshake refused: {refusal}")),
+            reason: Some(format!("refused the peer's certificate: {refusal}")),
             ..crate::audit::Record::new("refuse", "network", "refused")
         });
         *last = Some(refusal);
