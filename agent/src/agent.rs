@@ -99,6 +99,10 @@ pub async fn run_with(
     shutdown: CancellationToken,
     options: RunOptions,
 ) -> Result<()> {
+    // Refused before anything is read or written: too-open paths, or a
+    // master whose key folders are not the truth.
+    crate::perms::enforce(&config)?;
+    crate::salt_master::check_master_config(&config.salt.master_config).map_err(anyhow::Error::msg)?;
     let material = load_tls_material(&config)?;
     let tls = tls_setup(&config, &material)?;
     let owner = salt_owner(&config)?;

@@ -13,6 +13,13 @@ pub fn check(path: &Path) -> Result<()> {
     let mut problems = Vec::new();
     let ok = |what: String| println!("ok   {what}");
     ok(format!("config {} ({} peers)", path.display(), config.peers.len()));
+    let mut too_open: Vec<String> =
+        salt_keysync::perms::check_config_file(path).err().map(|e| e.to_string()).into_iter().collect();
+    too_open.extend(salt_keysync::perms::check_config_paths(&config).iter().map(ToString::to_string));
+    if too_open.is_empty() {
+        ok("permissions of the config, TLS files, state_dir and pki_dir".into());
+    }
+    problems.extend(too_open);
     match load_tls(&config) {
         Ok(tls) => {
             let days_left = (tls.own_not_after() - time::OffsetDateTime::now_utc().unix_timestamp()) / 86_400;

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod node;
 pub mod notify;
 pub mod peers;
+pub mod perms;
 pub mod pki;
 pub mod reload;
 pub mod rpc;

@@ -92,6 +92,7 @@ fn main() {
 }
 
 fn run(path: &std::path::Path) -> Result<()> {
+    salt_keysync::perms::check_config_file(path)?;
     let config = Config::load(path)?;
     init_logging(&config.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()

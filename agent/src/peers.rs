@@ -63,6 +63,8 @@ impl PeerLink {
         async move {
             let mut backoff = FIRST_BACKOFF;
             let mut refused_name: Option<String> = None;
+            // Audited once per distinct refusal, not at every reconnect.
+            let mut last_refusal: Option<String> = None;
             loop {
                 let (connected_tx, mut connected_rx) = mpsc::channel(1);
                 let session = tokio::select! {
@@ -71,6 +73,7 @@ impl PeerLink {
                 };
                 if connected_rx.try_recv().is_ok() {
                     backoff = FIRST_BACKOFF;
+                    last_refusal = None;
                 }
                 match session {
                     Ok(()) => return,
@@ -90,6 +93,7 @@ impl PeerLink {
                                 refused_name = Some(name.clone());
                             }
                         }
+                        self.audit_tls_refusal(&e, &mut last_refusal);
                     }
                 }
                 tokio::select! {
@@ -101,6 +105,23 @@ impl PeerLink {
         }
         .instrument(span)
         .await
+    }
+
+    /// A peer whose certificate this node refused (wrong name, another CA,
+    /// expired) is audited with what it presented, as the listener does.
+    fn audit_tls_refusal(&self, error: &SessionError, last: &mut Option<String>) {
+        let SessionError::Connect(connect) = error else { return };
+        let Some(refusal) = connect.tls_refusal() else { return };
+        if last.as_deref() == Some(refusal.as_str()) {
+            return;
+        }
+        self.audit.record(crate::audit::Record {
+            peer: Some(self.peer.name.clone()),
+            remote: Some(self.peer.address.clone()),
+            reason: Some(format!("refused the peer's certificate: {refusal}")),
+            ..crate::audit::Record::new("refuse", "network", "refused")
+        });
+        *last = Some(refusal);
     }
 
     async fn session(&self, connected: mpsc::Sender<()>, shutdown: &CancellationToken) -> Result<(), SessionError> {

@@ -102,10 +102,15 @@ impl Pki {
     /// through a symlink, never a hard link, never larger than the cap, and
     /// holding exactly one public key.
     pub fn read_slot(&self, folder: Folder, name: &str) -> Slot {
-        if MASTER_KEY_NAMES.contains(&name) {
-            return Slot::Refused(Refusal::NotRegular("the name of a master key file"));
-        }
         let path = self.folder_path(folder).join(name);
+        if MASTER_KEY_NAMES.contains(&name) {
+            // Refused without being opened, and only where such a file is:
+            // one refusal per file, not one per folder.
+            return match path.symlink_metadata() {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Slot::Absent,
+                _ => Slot::Refused(Refusal::NotRegular("the name of a master key file")),
+            };
+        }
         let file = OpenOptions::new()
             .read(true)
             // NONBLOCK: opening a FIFO must not hang the agent.
@@ -337,6 +342,7 @@ mod tests {
         assert_eq!(refused("dir"), "not a regular file (directory)");
         assert!(refused("big").contains("more than the 16384 byte limit"));
         assert!(refused("master.pub").contains("master key file"));
+        assert_eq!(pki.read_slot(Folder::Pending, "master.pub"), Slot::Absent, "refused only where it is");
         assert!(matches!(pki.read_slot(Folder::Accepted, "good"), Slot::Key(_)));
         assert_eq!(pki.read_slot(Folder::Accepted, "missing"), Slot::Absent);
     }

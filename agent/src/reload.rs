@@ -79,6 +79,10 @@ impl Reloader {
     fn try_reload(&mut self) -> anyhow::Result<String> {
         let new = Config::load(&self.config_path)?;
         refuse_restart_only_changes(&self.current, &new)?;
+        // The same permission rules as at start-up: a reload must not slip in a
+        // world-readable key or config.
+        crate::perms::check_config_file(&self.config_path)?;
+        crate::perms::enforce(&new)?;
         let material = load_tls_material(&new)?;
         let tls = tls_setup(&new, &material)?;
         let ca_changed = material.ca_pem != self.material.ca_pem;

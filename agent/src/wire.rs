@@ -141,6 +141,8 @@ mod tests {
             (accepted("../master.pem"), "invalid minion id"),
             (accepted("a/b"), "invalid minion id"),
             (accepted("."), "invalid minion id"),
+            (accepted(".."), "invalid minion id"),
+            (accepted("a\\b"), "invalid minion id"),
             (accepted(""), "invalid minion id"),
             (accepted("a\0b"), "invalid minion id"),
             (accepted(&"x".repeat(300)), "invalid minion id"),

@@ -39,6 +39,27 @@ pub enum ConnectError {
     Timeout { peer: String, address: String, timeout: Duration },
 }
 
+impl ConnectError {
+    /// The TLS error behind this failure when the handshake itself refused the peer (for example
+    /// its certificate names another server, or chains to another CA), as rustls words it, with
+    /// the names the peer presented. `None` for plain network failures (refused, timed out).
+    pub fn tls_refusal(&self) -> Option<String> {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(error) = source {
+            if let Some(tls) = error.downcast_ref::<rustls::Error>() {
+                return Some(tls.to_string());
+            }
+            // io::Error::source skips the error it wraps, so look inside it directly.
+            let inner = error.downcast_ref::<io::Error>().and_then(io::Error::get_ref);
+            if let Some(tls) = inner.and_then(|inner| inner.downcast_ref::<rustls::Error>()) {
+                return Some(tls.to_string());
+            }
+            source = error.source();
+        }
+        None
+    }
+}
+
 /// Opens a mutually authenticated TLS 1.3 connection to `address` (`host:port`), verifying that
 /// the server's certificate chains to our CA and carries the DNS SAN `peer_name`, and returns a
 /// KeySync client on it whose messages are capped at `max_message_bytes` both ways.

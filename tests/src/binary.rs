@@ -31,7 +31,10 @@ impl AgentProcess {
 
     /// Starts with extra environment variables (e.g. a fake systemd's NOTIFY_SOCKET).
     pub fn start_with_env(config: &Path, log: PathBuf, env: &[(&str, &str)]) -> AgentProcess {
-        let log_file = std::fs::File::create(&log).unwrap();
+        let log_file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&log).unwrap()
+        };
         let child = Command::new(binary())
             .args(["run", "--config"])
             .arg(config)

@@ -39,15 +39,19 @@ pub fn write_agent_files(
 ) -> AgentFiles {
     let dir = root.join(name);
     let pki = dir.join("pki");
+    // The modes the agent's start-up check demands, whatever the umask:
+    // pki_dir 0700 and key folders 0755 as the salt-master makes them.
+    mkdir(&dir, 0o700);
+    mkdir(&pki, 0o700);
     for folder in FOLDERS {
-        std::fs::create_dir_all(pki.join(folder)).unwrap();
+        mkdir(&pki.join(folder), 0o755);
     }
-    std::fs::create_dir_all(dir.join("cache")).unwrap();
+    mkdir(&dir.join("cache"), 0o700);
     let now = time::OffsetDateTime::now_utc();
     let issued = ca.issue(&[name], now - time::Duration::hours(1), now + time::Duration::days(1)).unwrap();
-    std::fs::write(dir.join("ca.pem"), ca.cert_pem()).unwrap();
-    std::fs::write(dir.join("node.pem"), &issued.cert_pem).unwrap();
-    std::fs::write(dir.join("node.key"), &issued.key_pem).unwrap();
+    write_private(&dir.join("ca.pem"), ca.cert_pem());
+    write_private(&dir.join("node.pem"), &issued.cert_pem);
+    write_private(&dir.join("node.key"), &issued.key_pem);
     let mut config = format!(
         r#"node = "{name}"
 pki_dir = "{pki}"
@@ -76,8 +80,22 @@ rescan_interval = "1h"
         config.push_str(&format!("\n[[peer]]\nname = \"{peer}\"\naddress = \"{address}\"\n"));
     }
     let config_path = dir.join("config.toml");
-    std::fs::write(&config_path, config).unwrap();
+    write_private(&config_path, config);
     AgentFiles { name: name.into(), audit_log: dir.join("state/audit.jsonl"), dir, pki, config_path }
+}
+
+fn mkdir(path: &Path, mode: u32) {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new().recursive(true).mode(mode).create(path).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// Writes a file only its owner can read (mode 0600 from creation on).
+pub fn write_private(path: &Path, contents: impl AsRef<[u8]>) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path).unwrap();
+    file.write_all(contents.as_ref()).unwrap();
 }
 
 pub struct TestAgent {
@@ -132,6 +150,8 @@ pub struct TestCluster {
     /// Relay from agent i to agent j.
     links: HashMap<(usize, usize), Link>,
     pub root: tempfile::TempDir,
+    /// The CA that issued every agent's certificate (tests issue strangers' too).
+    pub ca: CertAuthority,
 }
 
 impl TestCluster {
@@ -159,7 +179,7 @@ impl TestCluster {
         for (agent, listener) in agents.iter_mut().zip(listeners) {
             agent.start(Some(listener)).await;
         }
-        TestCluster { agents, links, root }
+        TestCluster { agents, links, root, ca }
     }
 
     pub fn pki(&self, idx: usize) -> &Path {

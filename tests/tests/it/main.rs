@@ -17,6 +17,11 @@ mod reload;
 mod replication;
 /// Real `salt-key` from Salt 3008.3 and 3006.28 driving three agent processes.
 mod salt_key;
+/// Issue 4: hostile key files, hostile peer messages and strangers at the TLS
+/// door are refused, audited once each, and never reach a peer.
+mod security;
+/// Issue 4: start-up refuses too-open paths and masters it cannot serve.
+mod startup;
 /// `salt-keysync status` and the metrics endpoint: a stopped peer, key counts,
 /// master.pub and settings drift between masters.
 mod status;

@@ -1,0 +1,149 @@
+//! Issue 4, safe defaults: an agent refuses to start, naming the path and its
+//! mode, when its config, TLS key or state folder is open to other users or
+//! its key folders are writable by them; and when the salt-master keeps its
+//! keys elsewhere (`keys.cache_driver`) or is part of a Salt cluster. `check`
+//! reports the same problems without starting.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use keysync_server::CertAuthority;
+use keysync_tests::binary::{binary, free_addr, run_cli};
+use keysync_tests::cluster::{write_agent_files, AgentFiles};
+use salt_keysync::config::Config;
+use tokio_util::sync::CancellationToken;
+
+fn chmod(path: &Path, mode: u32) {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn fresh_agent(root: &Path, name: &str) -> AgentFiles {
+    let ca = CertAuthority::new("ca").unwrap();
+    write_agent_files(root, &ca, name, free_addr(), &[])
+}
+
+/// Starts the agent in-process and expects it to refuse, returning its error.
+async fn refused_start(files: &AgentFiles) -> String {
+    let config = Config::load(&files.config_path).unwrap();
+    let shutdown = CancellationToken::new();
+    let run = salt_keysync::agent::run(config, None, shutdown.clone());
+    match tokio::time::timeout(Duration::from_secs(10), run).await {
+        Ok(Err(e)) => format!("{e:#}"),
+        Ok(Ok(())) => panic!("the agent ran and stopped instead of refusing"),
+        Err(_) => panic!("the agent started instead of refusing"),
+    }
+}
+
+#[tokio::test]
+async fn too_open_paths_are_refused_with_path_mode_and_fix() {
+    let root = tempfile::tempdir().unwrap();
+    // (what is loosened, its mode, the requirement, the suggested chmod)
+    let cases: [(&str, u32, &str, &str); 6] = [
+        ("node.key", 0o644, "it must not be accessible by group or others", "600"),
+        ("node.key", 0o640, "it must not be accessible by group or others", "600"),
+        ("ca.pem", 0o666, "it must not be writable by group or others", "644"),
+        ("state", 0o755, "it must not be accessible by others nor writable by group", "750"),
+        ("pki", 0o777, "it must not be writable by group or others", "755"),
+        ("pki/minions_rejected", 0o775, "it must not be writable by group or others", "755"),
+    ];
+    for (idx, (rel, mode, requirement, fix)) in cases.into_iter().enumerate() {
+        let files = fresh_agent(root.path(), &format!("m{idx}"));
+        let target = files.dir.join(rel);
+        if rel == "state" {
+            std::fs::create_dir(&target).unwrap();
+        }
+        chmod(&target, mode);
+        let err = refused_start(&files).await;
+        let want =
+            format!("permissions {mode:04o} for '{}' are too open: {requirement} (chmod {fix})", target.display());
+        assert_eq!(err, want, "{rel}");
+        // Refused before the store or the audit log were opened.
+        assert!(!files.dir.join("state/state.redb").exists(), "{rel}");
+        assert!(!files.audit_log.exists(), "{rel}");
+    }
+}
+
+#[tokio::test]
+async fn a_missing_state_folder_is_created_private() {
+    let root = tempfile::tempdir().unwrap();
+    let files = fresh_agent(root.path(), "m");
+    // Refused for another reason, after the state folder was made.
+    std::fs::write(files.dir.join("salt-master.conf"), "cluster_id: prod\n").unwrap();
+    refused_start(&files).await;
+    let mode = std::fs::metadata(files.dir.join("state")).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o700);
+}
+
+#[tokio::test]
+async fn masters_whose_key_folders_are_not_the_truth_are_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "keys.cache_driver: mmap_key\n",
+            "keys.cache_driver is \"mmap_key\"; salt-keysync works only with localfs_key",
+        ),
+        ("keys:\n  cache_driver: mmap_key\n", "keys.cache_driver is \"mmap_key\""),
+        ("interface: 127.0.0.2\ncluster_id: prod\n", "cluster_id is set (\"prod\")"),
+    ];
+    for (idx, (master_config, want)) in cases.into_iter().enumerate() {
+        let files = fresh_agent(root.path(), &format!("m{idx}"));
+        std::fs::write(files.dir.join("salt-master.conf"), master_config).unwrap();
+        let err = refused_start(&files).await;
+        assert!(err.contains(want), "{master_config:?}: {err}");
+        assert!(!files.audit_log.exists());
+
+        let check = run_cli(&["check", "--config", files.config_path.to_str().unwrap()]);
+        let stdout = String::from_utf8_lossy(&check.stdout);
+        assert_eq!(check.status.code(), Some(1), "{stdout}");
+        assert!(stdout.lines().any(|l| l.starts_with("FAIL") && l.contains(want)), "{stdout}");
+    }
+}
+
+#[test]
+fn the_binary_refuses_a_readable_config_and_check_lists_every_problem() {
+    let root = tempfile::tempdir().unwrap();
+    let files = fresh_agent(root.path(), "master-a");
+    chmod(&files.config_path, 0o644);
+    chmod(&files.dir.join("node.key"), 0o604);
+
+    let mut child = Command::new(binary())
+        .args(["run", "--config"])
+        .arg(&files.config_path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("salt-keysync run started with a world-readable config");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let config_problem = format!(
+        "permissions 0644 for '{}' are too open: it must not be readable by others nor writable by group or others (chmod 640)",
+        files.config_path.display()
+    );
+    assert_eq!(stderr.trim(), format!("salt-keysync: {config_problem}"));
+
+    let check = run_cli(&["check", "--config", files.config_path.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&check.stdout);
+    assert_eq!(check.status.code(), Some(1), "{stdout}");
+    let key_problem = format!("permissions 0604 for '{}' are too open", files.dir.join("node.key").display());
+    assert!(stdout.contains(&format!("FAIL {config_problem}")), "{stdout}");
+    assert!(stdout.lines().any(|l| l.starts_with("FAIL") && l.contains(&key_problem)), "{stdout}");
+
+    chmod(&files.config_path, 0o600);
+    chmod(&files.dir.join("node.key"), 0o600);
+    let check = run_cli(&["check", "--config", files.config_path.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&check.stdout);
+    assert!(check.status.success(), "{stdout}");
+    assert!(stdout.contains("ok   permissions of the config, TLS files, state_dir and pki_dir"), "{stdout}");
+}
