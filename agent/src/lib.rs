@@ -8,6 +8,7 @@ pub mod agent;
 pub mod audit;
 pub mod config;
 pub mod core;
+pub mod fault;
 pub mod node;
 pub mod peers;
 pub mod pki;
