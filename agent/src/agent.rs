@@ -65,7 +65,15 @@ pub async fn run(config: Config, listener: Option<TcpListener>, shutdown: Cancel
     std::fs::create_dir_all(&config.state_dir)
         .with_context(|| format!("cannot create state_dir {}", config.state_dir.display()))?;
     let audit = Arc::new(AuditLog::open(&config.audit_log, &config.node)?);
-    let store = Store::open(&config.state_dir, &config.node)?;
+    let store = Store::open(&config.state_dir, &config.node).with_context(|| {
+        format!(
+            "cannot open the state store; if it is corrupt, rebuild it with `{} --config FILE` (docs/recovery.md)",
+            crate::state_guard::RECOVER_COMMAND
+        )
+    })?;
+    // A lost or replaced state folder is refused, not taken for a first start.
+    crate::state_guard::check(&config.pki_dir, &store, &config.state_dir)?;
+    let store_id = store.id().to_string();
     let pki = Pki::new(config.pki_dir.clone(), owner);
     pki.ensure_folders().with_context(|| format!("cannot create the key folders in {}", config.pki_dir.display()))?;
     let n_stale = pki.clean_staging().context("cannot remove stale staging files")?;
@@ -90,8 +98,15 @@ pub async fn run(config: Config, listener: Option<TcpListener>, shutdown: Cancel
         rescan_interval: config.timings.rescan_interval,
     };
     let settle = SettleTimings { absent_grace: config.timings.absent_grace, ..SettleTimings::default() };
-    let (core, handle, requests) =
-        node::start(CoreParts { settings, store, pki, owner, audit: audit.clone(), settle })?;
+    let (core, handle, requests) = node::start(CoreParts { settings, store, pki, owner, audit: audit.clone(), settle })
+        .with_context(|| {
+            format!(
+                "cannot load the state store; if it is corrupt, rebuild it with `{} --config FILE` (docs/recovery.md)",
+                crate::state_guard::RECOVER_COMMAND
+            )
+        })?;
+    // The store is initialized now: from here on its loss is detected.
+    crate::state_guard::mark(&config.pki_dir, &store_id, &config.node)?;
     audit.record(Record {
         reason: Some(format!("listening on {}, {} peers", listener.local_addr()?, config.peers.len())),
         ..Record::new("start", "local", "started")
