@@ -60,6 +60,7 @@ pub fn master_id(config: &Config) -> String {
 /// Runs an agent until `shutdown`. `listener` is bound by the caller (tests
 /// bind 127.0.0.1:0); `None` binds `config.listen`.
 pub async fn run(config: Config, listener: Option<TcpListener>, shutdown: CancellationToken) -> Result<()> {
+    crate::fault::announce();
     let tls = Arc::new(load_tls(&config)?);
     let owner = salt_owner(&config)?;
     std::fs::create_dir_all(&config.state_dir)

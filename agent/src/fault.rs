@@ -40,3 +40,13 @@ pub fn inotify_overflow() -> Option<(u64, u64)> {
 pub fn inotify_overflow() -> Option<(u64, u64)> {
     None
 }
+
+/// Logs the fault knobs in effect, so a test can tell that the binary it
+/// runs was built with them (and an operator that one slipped into a build).
+pub fn announce() {
+    let offset = clock_offset_ms();
+    let overflow = inotify_overflow();
+    if offset != 0 || overflow.is_some() {
+        tracing::warn!(clock_offset_ms = offset, inotify_overflow = ?overflow, "test-only fault injection active");
+    }
+}
