@@ -98,7 +98,9 @@ pub async fn recover_from_peers(config: &Config, force: bool) -> Result<Recovere
     };
     let store = Store::open(&config.state_dir, &config.node)?;
     let decisions: Vec<Decision> = newest.into_values().collect();
-    store.journal_durably(&decisions)?;
+    // Journalled, not recorded: the store stays uninitialized, so the next
+    // start applies these first and treats local files as a first start.
+    store.journal(&decisions)?;
     state_guard::write_marker(&config.pki_dir, store.id(), &config.node)?;
     Ok(Recovered {
         n_decisions: decisions.len(),

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::core::{Decision, Entry, MinionId, PublicKey, Verdict, Version};
 
@@ -133,25 +133,12 @@ impl Store {
         Ok(out)
     }
 
-    /// Notes decisions about to be applied. Not flushed on its own: the
-    /// durable [`Store::record`] that follows flushes it, and a journal lost
-    /// in a crash only means the files are re-read as they are.
+    /// Notes decisions about to be applied, durably. It must survive a
+    /// crash: without it, a peer's key written just before a kill -9 is read
+    /// at restart as an operator's new decision, whose fresh version could
+    /// resurrect a key the cluster deleted meanwhile (found by the fault
+    /// suite's kill -9 test).
     pub fn journal(&self, decisions: &[Decision]) -> Result<(), StoreError> {
-        let mut txn = self.db.begin_write().map_err(|e| self.err(e))?;
-        txn.set_durability(Durability::None).map_err(|e| self.err(redb::Error::from(e)))?;
-        {
-            let mut table = txn.open_table(JOURNAL).map_err(|e| self.err(e))?;
-            for decision in decisions {
-                table.insert(decision.id.as_str(), encode(decision).as_slice()).map_err(|e| self.err(e))?;
-            }
-        }
-        txn.commit().map_err(|e| self.err(e))
-    }
-
-    /// Journals decisions durably without marking the store initialized:
-    /// `recover --from-peers` leaves the cluster's decisions for the next
-    /// start to apply, which then still treats local files as a first start.
-    pub fn journal_durably(&self, decisions: &[Decision]) -> Result<(), StoreError> {
         let txn = self.db.begin_write().map_err(|e| self.err(e))?;
         {
             let mut table = txn.open_table(JOURNAL).map_err(|e| self.err(e))?;
