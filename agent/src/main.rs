@@ -94,10 +94,8 @@ fn recover(path: &std::path::Path, args: &RecoverArgs) -> Result<()> {
     debug_assert!(args.from_peers);
     let config = Config::load(path)?;
     init_logging(&config.log_format);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")?;
     let done = runtime.block_on(salt_keysync::recover::recover_from_peers(&config, args.force))?;
     for (peer, n) in &done.answered {
         println!("{peer}: {n} decisions");

@@ -102,13 +102,7 @@ pub async fn recover_from_peers(config: &Config, force: bool) -> Result<Recovere
     // start applies these first and treats local files as a first start.
     store.journal(&decisions)?;
     state_guard::write_marker(&config.pki_dir, store.id(), &config.node)?;
-    Ok(Recovered {
-        n_decisions: decisions.len(),
-        answered,
-        unreachable,
-        moved_aside,
-        store_id: store.id().to_string(),
-    })
+    Ok(Recovered { n_decisions: decisions.len(), answered, unreachable, moved_aside, store_id: store.id().to_string() })
 }
 
 /// Every decision `peer` holds: its summaries for all buckets (an empty

@@ -67,7 +67,10 @@ impl Store {
                 }
             }
             let mut meta = meta;
-            let id = meta.get(META_STORE_ID).map_err(|e| store.err(e))?.map(|v| String::from_utf8_lossy(v.value()).into_owned());
+            let id = meta
+                .get(META_STORE_ID)
+                .map_err(|e| store.err(e))?
+                .map(|v| String::from_utf8_lossy(v.value()).into_owned());
             store.id = match id {
                 Some(id) => id,
                 None => {

@@ -267,7 +267,11 @@ impl FaultCluster {
     pub fn stop(&mut self, idx: usize) {
         let agent = self.agents[idx].take().expect("agent is running");
         let status = agent.stop();
-        assert!(status.success(), "agent {idx} exited with {status}: {}", std::fs::read_to_string(self.log(idx)).unwrap());
+        assert!(
+            status.success(),
+            "agent {idx} exited with {status}: {}",
+            std::fs::read_to_string(self.log(idx)).unwrap()
+        );
     }
 
     /// Cuts the relays both ways between `i` and `j`.

@@ -163,8 +163,9 @@ impl Core {
         if self.deferred.is_empty() {
             return;
         }
-        let (ready, waiting): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut self.deferred).into_iter().partition(|(_, d)| !self.settler.is_unsettled(d.id.as_str()));
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.deferred)
+            .into_iter()
+            .partition(|(_, d)| !self.settler.is_unsettled(d.id.as_str()));
         self.deferred = waiting;
         let mut by_peer: HashMap<String, Vec<Decision>> = HashMap::new();
         for (from, decision) in ready {

@@ -56,3 +56,31 @@ impl WriteTrouble {
         self.next_try.is_none_or(|at| Instant::now() >= at)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::audit::read_verified;
+
+    #[test]
+    fn an_episode_is_audited_once_and_backs_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let audit = AuditLog::open(&path, "a").unwrap();
+        let mut trouble = WriteTrouble::default();
+        assert!(trouble.retry_due());
+        trouble.failed(&audit, "pki", "No space left on device (os error 28)");
+        assert!(!trouble.retry_due(), "the first retry waits {FIRST_DELAY:?}");
+        for _ in 0..10 {
+            trouble.failed(&audit, "pki", "No space left on device (os error 28)");
+        }
+        assert_eq!(trouble.delay, MAX_DELAY);
+        trouble.succeeded(&audit);
+        trouble.succeeded(&audit);
+        assert!(trouble.retry_due());
+        audit.sync();
+        let outcomes: Vec<String> =
+            read_verified(&path).unwrap().into_iter().filter(|r| r.action == "write").map(|r| r.outcome).collect();
+        assert_eq!(outcomes, ["failed", "recovered"]);
+    }
+}

@@ -50,14 +50,14 @@ async fn skewed_clocks_converge_and_a_peer_far_in_the_future_is_refused() {
     move_key(SaltLine::S3006, &pki[2], "clock2", "minions_rejected");
     move_key(SaltLine::S3006, &pki[1], "clock3", "minions");
     wait_until(Duration::from_secs(30), "the slow master's reject reaches the fast one", || {
-        decided(&pki[0]).get("clock2").is_some()
+        decided(&pki[0]).contains_key("clock2")
     })
     .await;
     delete_key(&pki[0], "clock2");
     converged(&cluster, Duration::from_secs(30)).await;
-    for idx in 0..3 {
+    for (idx, pki) in pki.iter().enumerate() {
         assert_winners_applied(&cluster, idx);
-        let state = decided(&pki[idx]);
+        let state = decided(pki);
         assert_eq!(state.get("clock0").map(|s| s.0), Some("minions_rejected"), "the later reject wins");
         assert_eq!(state.get("clock2"), None, "the later delete wins");
     }
@@ -79,11 +79,11 @@ async fn skewed_clocks_converge_and_a_peer_far_in_the_future_is_refused() {
     }
     // Anti-entropy (every second) offers it again and again: still one record.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    for idx in 0..2 {
+    for (idx, pki) in pki.iter().enumerate().take(2) {
         let refused = refusals(idx);
         assert_eq!(refused.len(), 1, "{}: {refused:?}", cluster.files[idx].name);
         assert!(refused[0].reason.as_deref().unwrap_or("").contains("ahead of this node's clock"), "{refused:?}");
-        assert_eq!(decided(&pki[idx]).get("clock1").map(|s| s.0), Some("minions"), "the future reject did not win");
+        assert_eq!(decided(pki).get("clock1").map(|s| s.0), Some("minions"), "the future reject did not win");
     }
     cluster.stop_all();
 }

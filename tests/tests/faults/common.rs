@@ -90,7 +90,8 @@ pub fn version_key(text: &str) -> (u64, u64, String) {
 /// log: (action, fingerprint). The version rule says this is what every
 /// master must end with.
 pub fn winners(cluster: &FaultCluster) -> BTreeMap<String, (String, Option<String>)> {
-    let mut best: BTreeMap<String, ((u64, u64, String), String, Option<String>)> = BTreeMap::new();
+    type Best = ((u64, u64, String), String, Option<String>);
+    let mut best: BTreeMap<String, Best> = BTreeMap::new();
     for idx in 0..cluster.len() {
         for r in audit(cluster, idx) {
             let decision = matches!(r.action.as_str(), "accept" | "reject" | "delete");
@@ -111,14 +112,22 @@ pub fn winners(cluster: &FaultCluster) -> BTreeMap<String, (String, Option<Strin
 /// audit logs say, for every id decided anywhere.
 pub fn assert_winners_applied(cluster: &FaultCluster, idx: usize) {
     let state = decided(&cluster.files[idx].pki);
-    for (id, (action, fingerprint)) in winners(cluster) {
+    let winners = winners(cluster);
+    for id in state.keys() {
+        assert!(winners.contains_key(id), "{}: {id} is decided on disk but in no audit log", cluster.files[idx].name);
+    }
+    for (id, (action, fingerprint)) in winners {
         let want = match action.as_str() {
             "accept" => Some("minions"),
             "reject" => Some("minions_rejected"),
             _ => None,
         };
         let got = state.get(&id).map(|(folder, _)| *folder);
-        assert_eq!(got, want, "{}: {id} should be {action} (highest version in the audit logs)", cluster.files[idx].name);
+        assert_eq!(
+            got, want,
+            "{}: {id} should be {action} (highest version in the audit logs)",
+            cluster.files[idx].name
+        );
         if let (Some((_, bytes)), Some(fp)) = (state.get(&id), fingerprint) {
             assert_eq!(&fingerprint_of(bytes), &fp, "{}: {id} holds another key", cluster.files[idx].name);
         }
@@ -150,5 +159,7 @@ pub fn add_timing(config: &Path, line: &str) {
 }
 
 pub fn count(pki: &Path, folder: &str) -> usize {
-    std::fs::read_dir(pki.join(folder)).map(|d| d.flatten().filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count()).unwrap_or(0)
+    std::fs::read_dir(pki.join(folder))
+        .map(|d| d.flatten().filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count())
+        .unwrap_or(0)
 }

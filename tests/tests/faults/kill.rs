@@ -56,7 +56,8 @@ async fn kill_9_while_applying_a_burst_of_5000_then_restart_converges() {
     // exactly one applied accept per key (no rollback re-applied).
     assert_no_decision(&cluster, &["delete", "reject"]);
     for idx in 0..2 {
-        let accepts = audit(&cluster, idx).into_iter().filter(|r| r.action == "accept" && r.outcome == "applied").count();
+        let accepts =
+            audit(&cluster, idx).into_iter().filter(|r| r.action == "accept" && r.outcome == "applied").count();
         assert_eq!(accepts, BURST, "{}: one applied accept per key", cluster.files[idx].name);
     }
     cluster.stop_all();

@@ -20,7 +20,8 @@ async fn conflicting_decisions_in_a_partition_converge_to_the_highest_version() 
     let keys = key_pool(N);
     let ids: Vec<String> = (0..N).map(|i| format!("split{i:02}")).collect();
     // Every master has every minion's (same) key pending, as minions send it to all.
-    let mut cluster = FaultCluster::create(root.path(), 3, |_, f| write_pending(&f.pki, ids.iter().cloned(), &keys)).await;
+    let mut cluster =
+        FaultCluster::create(root.path(), 3, |_, f| write_pending(&f.pki, ids.iter().cloned(), &keys)).await;
     cluster.start_all().await;
     // Decided everywhere first, so deletes are decisions too.
     let (a, b, c) = (cluster.files[0].pki.clone(), cluster.files[1].pki.clone(), cluster.files[2].pki.clone());

@@ -19,7 +19,8 @@ use keysync_tests::salt_ops::{path, FOLDERS};
 
 use crate::common::{assert_winners_applied, divergent, key_pool};
 
-const DEFAULT_OPS: u64 = 400;
+/// About 30 s of operations in CI (~45 faults); the long form sets SOAK_OPS.
+const DEFAULT_OPS: u64 = 1500;
 const N_IDS: usize = 40;
 
 /// splitmix64: small, seedable, stable across versions.
@@ -66,7 +67,8 @@ async fn soak() {
         .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs());
     let n_ops = env_u64("SOAK_OPS").unwrap_or(DEFAULT_OPS);
     eprintln!("soak: SOAK_SEED={seed} SOAK_OPS={n_ops}");
-    let replay = format!("replay with SOAK_SEED={seed} SOAK_OPS={n_ops} cargo test -p keysync-tests --test faults soak");
+    let replay =
+        format!("replay with SOAK_SEED={seed} SOAK_OPS={n_ops} cargo test -p keysync-tests --test faults soak");
     let mut rng = Rng(seed);
     let keys = key_pool(12);
     let ids: Vec<String> = (0..N_IDS).map(|i| format!("soak{i:02}")).collect();
@@ -81,9 +83,9 @@ async fn soak() {
     let mut heal_at: Option<u64> = None;
     let started = Instant::now();
     for op in 0..n_ops {
-        for idx in 0..3 {
-            if back_at[idx].is_some_and(|at| at <= op) {
-                back_at[idx] = None;
+        for (idx, back) in back_at.iter_mut().enumerate() {
+            if back.is_some_and(|at| at <= op) {
+                *back = None;
                 cluster.start(idx).await;
                 tally.restarts += 1;
             }
@@ -183,8 +185,11 @@ async fn soak() {
 
 /// The master writing a pending key in place (it may lose a race with the agent).
 fn write_pending(pki: &Path, id: &str, key: &str) -> std::io::Result<()> {
-    let mut file =
-        std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o644).open(path(pki, "minions_pre", id))?;
+    let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o644).open(path(
+        pki,
+        "minions_pre",
+        id,
+    ))?;
     file.write_all(key.as_bytes())
 }
 

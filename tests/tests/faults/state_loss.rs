@@ -16,7 +16,8 @@ async fn a_lost_or_corrupt_state_is_refused_and_rebuilt_from_the_peers() {
     let root = tempfile::tempdir().unwrap();
     let keys = key_pool(10);
     let ids: Vec<String> = (0..10).map(|i| format!("lost{i}")).collect();
-    let mut cluster = FaultCluster::create(root.path(), 3, |_, f| write_pending(&f.pki, ids.iter().cloned(), &keys)).await;
+    let mut cluster =
+        FaultCluster::create(root.path(), 3, |_, f| write_pending(&f.pki, ids.iter().cloned(), &keys)).await;
     cluster.start_all().await;
     let (a, c) = (cluster.files[0].pki.clone(), cluster.files[2].pki.clone());
     for id in &ids[..5] {
@@ -56,7 +57,10 @@ async fn a_lost_or_corrupt_state_is_refused_and_rebuilt_from_the_peers() {
     let stdout = String::from_utf8_lossy(&recovered.stdout);
     assert!(recovered.status.success(), "{stdout}{}", String::from_utf8_lossy(&recovered.stderr));
     assert!(stdout.contains("recovered 7 decisions"), "{stdout}");
-    assert!(std::fs::read_dir(&state).unwrap().flatten().any(|e| e.file_name().to_string_lossy().starts_with("state.redb.lost-")));
+    assert!(std::fs::read_dir(&state)
+        .unwrap()
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().starts_with("state.redb.lost-")));
 
     cluster.start(2).await;
     converged(&cluster, Duration::from_secs(30)).await;
