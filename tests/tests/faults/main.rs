@@ -16,6 +16,8 @@ mod kill;
 mod overflow;
 /// Partitions while all three masters take conflicting decisions.
 mod partition;
+/// A peer's decision waits for a salt-key run in progress on the same id.
+mod deferral;
 /// Seeded randomised soak (SOAK_SEED, SOAK_OPS).
 mod soak;
 /// The state folder lost or corrupt: refusal, then `recover --from-peers`.
