@@ -30,7 +30,9 @@ async fn a_peer_decision_waits_for_a_salt_key_run_in_progress() {
     // Meanwhile master-a accepts web01.
     std::fs::rename(path(&a, "minions_pre", "web01"), path(&a, "minions", "web01")).unwrap();
     wait_until(Duration::from_secs(4), "master-b defers the accept", || {
-        std::fs::read_to_string(cluster.log(1)).unwrap_or_default().contains("deferred: the id's own events are settling")
+        std::fs::read_to_string(cluster.log(1))
+            .unwrap_or_default()
+            .contains("deferred: the id's own events are settling")
     })
     .await;
     assert!(!path(&b, "minions", "web01").exists(), "nothing written while salt-key runs");

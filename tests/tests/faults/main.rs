@@ -8,6 +8,8 @@
 mod clock;
 /// Shared helpers: folder snapshots, audit queries, convergence.
 mod common;
+/// A peer's decision waits for a salt-key run in progress on the same id.
+mod deferral;
 /// A full disk (a real size-limited tmpfs) while applying.
 mod full_disk;
 /// kill -9 in the middle of applying a burst of 5,000 decisions.
@@ -16,8 +18,6 @@ mod kill;
 mod overflow;
 /// Partitions while all three masters take conflicting decisions.
 mod partition;
-/// A peer's decision waits for a salt-key run in progress on the same id.
-mod deferral;
 /// Seeded randomised soak (SOAK_SEED, SOAK_OPS).
 mod soak;
 /// The state folder lost or corrupt: refusal, then `recover --from-peers`.
