@@ -99,6 +99,7 @@ pub async fn run_with(
     shutdown: CancellationToken,
     options: RunOptions,
 ) -> Result<()> {
+    crate::fault::announce();
     // Refused before anything is read or written: too-open paths, or a
     // master whose key folders are not the truth.
     crate::perms::enforce(&config)?;
@@ -109,7 +110,15 @@ pub async fn run_with(
     std::fs::create_dir_all(&config.state_dir)
         .with_context(|| format!("cannot create state_dir {}", config.state_dir.display()))?;
     let audit = Arc::new(AuditLog::open(&config.audit_log, &config.node)?);
-    let store = Store::open(&config.state_dir, &config.node)?;
+    let store = Store::open(&config.state_dir, &config.node).with_context(|| {
+        format!(
+            "cannot open the state store; if it is corrupt, rebuild it with `{} --config FILE` (docs/recovery.md)",
+            crate::state_guard::RECOVER_COMMAND
+        )
+    })?;
+    // A lost or replaced state folder is refused, not taken for a first start.
+    crate::state_guard::check(&config.pki_dir, &store, &config.state_dir)?;
+    let store_id = store.id().to_string();
     let pki = Pki::new(config.pki_dir.clone(), owner);
     pki.ensure_folders().with_context(|| format!("cannot create the key folders in {}", config.pki_dir.display()))?;
     let n_stale = pki.clean_staging().context("cannot remove stale staging files")?;
@@ -135,8 +144,23 @@ pub async fn run_with(
     };
     let settle = SettleTimings { absent_grace: config.timings.absent_grace, ..SettleTimings::default() };
     let metrics = Arc::new(crate::metrics::Metrics::new());
-    let (core, handle, requests) =
-        node::start(CoreParts { settings, store, pki, owner, audit: audit.clone(), settle, metrics: metrics.clone() })?;
+    let (core, handle, requests) = node::start(CoreParts {
+        settings,
+        store,
+        pki,
+        owner,
+        audit: audit.clone(),
+        settle,
+        metrics: metrics.clone(),
+    })
+    .with_context(|| {
+        format!(
+            "cannot load the state store; if it is corrupt, rebuild it with `{} --config FILE` (docs/recovery.md)",
+            crate::state_guard::RECOVER_COMMAND
+        )
+    })?;
+    // The store is initialized now: from here on its loss is detected.
+    crate::state_guard::mark(&config.pki_dir, &store_id, &config.node)?;
     let board = Arc::new(crate::board::Board::new(&config, audit.clone(), metrics.clone()));
     let control_socket = crate::control::bind(&config.control_socket, &config.state_dir).await?;
     let metrics_listener = match config.metrics_listen {

@@ -1,6 +1,6 @@
 //! The `salt-keysync` command: `run` the agent, `check` a set-up, make
 //! `certs` for sites without a PKI, review the `audit` log, ask the running
-//! agent for its `status`, watch a `demo` cluster.
+//! agent for its `status`, `recover` a lost state folder, watch a `demo` cluster.
 
 use std::path::PathBuf;
 
@@ -49,6 +49,36 @@ is not running.",
     Demo(demo::DemoArgs),
     /// Review the audit log (table, --json, filters, --follow) or verify its hash chain.
     Audit(audit_cmd::AuditArgs),
+    /// Rebuild a lost or corrupt state folder from the peers (the agent must be stopped).
+    #[command(after_help = RECOVER_EXAMPLES)]
+    Recover(RecoverArgs),
+}
+
+const RECOVER_EXAMPLES: &str = "\
+The agent refuses to start when its state folder is gone or unreadable but the
+key folders were already synced (pki_dir/.salt-keysync-state names the state
+store). This fetches every decision the reachable peers hold, moves the old
+store aside, and leaves the decisions for the next start to apply; the files on
+this master are then treated like a first start and never override the peers.
+
+Examples:
+  systemctl stop salt-keysync
+  salt-keysync recover --from-peers --config /etc/salt-keysync/config.toml
+  systemctl start salt-keysync
+
+  # state restored from an old backup (it looks healthy, but is stale):
+  salt-keysync recover --from-peers --force
+
+See docs/recovery.md for every recovery case.";
+
+#[derive(clap::Args)]
+struct RecoverArgs {
+    /// Rebuild from the configured peers (the only source there is; required).
+    #[arg(long, required = true)]
+    from_peers: bool,
+    /// Rebuild even when the current state looks healthy (e.g. restored from a backup).
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(clap::Args)]
@@ -84,6 +114,7 @@ fn main() {
             demo::demo(&args)
         }
         Command::Audit(args) => std::process::exit(audit_cmd::audit(&cli.config, &args)),
+        Command::Recover(args) => recover(&cli.config, &args),
     };
     if let Err(e) = result {
         eprintln!("salt-keysync: {e:#}");
@@ -122,6 +153,30 @@ fn status(path: &std::path::Path, args: &StatusArgs) -> Result<()> {
     } else {
         print!("{}", salt_keysync::status::render(&report));
     }
+    Ok(())
+}
+
+fn recover(path: &std::path::Path, args: &RecoverArgs) -> Result<()> {
+    debug_assert!(args.from_peers);
+    let config = Config::load(path)?;
+    init_logging(&config.log_format);
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")?;
+    let done = runtime.block_on(salt_keysync::recover::recover_from_peers(&config, args.force))?;
+    for (peer, n) in &done.answered {
+        println!("{peer}: {n} decisions");
+    }
+    for (peer, error) in &done.unreachable {
+        println!("{peer}: not reached ({error}); it catches this master up when it is back");
+    }
+    if let Some(aside) = &done.moved_aside {
+        println!("old state moved to {}", aside.display());
+    }
+    println!(
+        "recovered {} decisions into state store {}; start the agent: it applies them first, and files found \
+         only on this master get bootstrap versions that never override the peers",
+        done.n_decisions, done.store_id
+    );
     Ok(())
 }
 

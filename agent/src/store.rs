@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::core::{Decision, Entry, MinionId, PublicKey, Verdict, Version};
 
@@ -19,6 +19,9 @@ const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
 const META_CLOCK: &str = "clock";
 const META_NODE: &str = "node";
+/// A random id made when the store is created; the marker in pki_dir names
+/// it, which ties the folders to this store (see `state_guard.rs`).
+const META_STORE_ID: &str = "store_id";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -33,6 +36,7 @@ pub enum StoreError {
 pub struct Store {
     db: Database,
     path: PathBuf,
+    id: String,
 }
 
 /// Everything the store holds, read at start-up.
@@ -48,7 +52,7 @@ impl Store {
     pub fn open(state_dir: &Path, node: &str) -> Result<Store, StoreError> {
         let path = state_dir.join("state.redb");
         let db = Database::create(&path).map_err(|e| db_error(&path, e))?;
-        let store = Store { db, path };
+        let mut store = Store { db, path, id: String::new() };
         let txn = store.db.begin_write().map_err(|e| store.err(e))?;
         {
             // Creating the tables up front lets readers assume they exist.
@@ -62,9 +66,35 @@ impl Store {
                     return Err(StoreError::WrongNode { path: store.path.clone(), found, expected: node.into() });
                 }
             }
+            let mut meta = meta;
+            let id = meta
+                .get(META_STORE_ID)
+                .map_err(|e| store.err(e))?
+                .map(|v| String::from_utf8_lossy(v.value()).into_owned());
+            store.id = match id {
+                Some(id) => id,
+                None => {
+                    let id = new_store_id(node);
+                    meta.insert(META_STORE_ID, id.as_bytes()).map_err(|e| store.err(e))?;
+                    id
+                }
+            };
         }
         txn.commit().map_err(|e| store.err(e))?;
         Ok(store)
+    }
+
+    /// This store's random id (see `state_guard.rs`).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Whether an agent has started with this store before (reconciled or
+    /// recorded anything); false for a new store.
+    pub fn is_initialized(&self) -> Result<bool, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let meta = txn.open_table(META).map_err(|e| self.err(e))?;
+        Ok(meta.get(META_NODE).map_err(|e| self.err(e))?.is_some())
     }
 
     fn err(&self, e: impl Into<redb::Error>) -> StoreError {
@@ -106,12 +136,13 @@ impl Store {
         Ok(out)
     }
 
-    /// Notes decisions about to be applied. Not flushed on its own: the
-    /// durable [`Store::record`] that follows flushes it, and a journal lost
-    /// in a crash only means the files are re-read as they are.
+    /// Notes decisions about to be applied, durably. It must survive a
+    /// crash: without it, a peer's key written just before a kill -9 is read
+    /// at restart as an operator's new decision, whose fresh version could
+    /// resurrect a key the cluster deleted meanwhile (found by the fault
+    /// suite's kill -9 test).
     pub fn journal(&self, decisions: &[Decision]) -> Result<(), StoreError> {
-        let mut txn = self.db.begin_write().map_err(|e| self.err(e))?;
-        txn.set_durability(Durability::None).map_err(|e| self.err(redb::Error::from(e)))?;
+        let txn = self.db.begin_write().map_err(|e| self.err(e))?;
         {
             let mut table = txn.open_table(JOURNAL).map_err(|e| self.err(e))?;
             for decision in decisions {
@@ -144,6 +175,14 @@ impl Store {
     fn decode(&self, id: &str, bytes: &[u8]) -> Result<Decision, StoreError> {
         decode(id, bytes).ok_or_else(|| StoreError::Corrupt { path: self.path.clone(), id: id.into() })
     }
+}
+
+/// 128 random-enough bits: the node, the time and the process, hashed.
+fn new_store_id(node: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let digest = Sha256::digest(format!("{node}/{nanos}/{}", std::process::id()));
+    hex::encode(&digest[..16])
 }
 
 fn db_error(path: &Path, e: impl Into<redb::Error>) -> StoreError {

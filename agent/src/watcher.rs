@@ -30,7 +30,19 @@ pub fn watch(pki_dir: &Path) -> notify::Result<(FolderWatch, mpsc::UnboundedRece
     let (tx, rx) = mpsc::unbounded_channel();
     let folders: Vec<(Folder, PathBuf)> = Folder::ALL.iter().map(|&f| (f, pki_dir.join(f.dir_name()))).collect();
     let lookup = folders.clone();
+    let overflow = crate::fault::inotify_overflow();
+    let mut n_seen: u64 = 0;
     let mut watcher = notify::recommended_watcher(move |result: notify::Result<notify::Event>| {
+        if let Some((skip, drop)) = overflow {
+            // Test-only (feature `fault-injection`): lose events as a full kernel queue would.
+            n_seen += 1;
+            if n_seen > skip && n_seen <= skip + drop {
+                if n_seen == skip + drop {
+                    let _ = tx.send(WatchEvent::Rescan("inotify queue overflow (injected)".into()));
+                }
+                return;
+            }
+        }
         let events = match result {
             Ok(event) => translate(&lookup, &event),
             Err(e) => vec![WatchEvent::Rescan(e.to_string())],

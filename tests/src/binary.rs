@@ -25,6 +25,36 @@ pub struct AgentProcess {
 }
 
 impl AgentProcess {
+    /// Starts `run --config config` with extra environment (the test-only
+    /// fault knobs), appending its output to `log` (kept across restarts).
+    pub fn start_with(config: &Path, log: PathBuf, env: &[(String, String)]) -> AgentProcess {
+        let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
+        let child = Command::new(binary())
+            .args(["run", "--config"])
+            .arg(config)
+            .env("SALT_KEYSYNC_LOG", "info")
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().unwrap())
+            .stderr(log_file)
+            .spawn()
+            .unwrap();
+        AgentProcess { child, log }
+    }
+
+    /// SIGKILL: no chance to flush or clean anything, as in a power cut of
+    /// the process (the file system itself survives).
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::mem::forget(self);
+    }
+
+    /// The exit status if the process has ended.
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().unwrap()
+    }
+
     pub fn start(config: &Path, log: PathBuf) -> AgentProcess {
         AgentProcess::start_with_env(config, log, &[])
     }
@@ -134,4 +164,174 @@ impl ProcessCluster {
 /// A loopback address nothing listens on right now.
 pub fn free_addr() -> std::net::SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// Agent processes whose peers are reached through cuttable relays, and that
+/// a test can kill -9, stop and restart one by one (the fault suite).
+pub struct FaultCluster {
+    pub files: Vec<crate::cluster::AgentFiles>,
+    agents: Vec<Option<AgentProcess>>,
+    /// Extra environment per agent, used at its next start.
+    pub env: Vec<Vec<(String, String)>>,
+    n_starts: Vec<usize>,
+    /// Relay from agent i to agent j.
+    links: std::collections::HashMap<(usize, usize), crate::proxy::Link>,
+}
+
+impl FaultCluster {
+    /// Writes `n` agents' files under `root` (each peer behind a relay) and
+    /// lets `prepare` change them; starts nothing.
+    pub async fn create(root: &Path, n: usize, prepare: impl Fn(usize, &crate::cluster::AgentFiles)) -> FaultCluster {
+        let ca = keysync_server::CertAuthority::new("ca").unwrap();
+        let addrs: Vec<std::net::SocketAddr> = (0..n).map(|_| free_addr()).collect();
+        let mut links = std::collections::HashMap::new();
+        for i in 0..n {
+            for j in (0..n).filter(|&j| j != i) {
+                links.insert((i, j), crate::proxy::Link::start(addrs[j]).await);
+            }
+        }
+        let files: Vec<_> = (0..n)
+            .map(|i| {
+                let peers: Vec<(String, std::net::SocketAddr)> = (0..n)
+                    .filter(|&j| j != i)
+                    .map(|j| (crate::cluster::NAMES[j].to_string(), links[&(i, j)].addr))
+                    .collect();
+                crate::cluster::write_agent_files(root, &ca, crate::cluster::NAMES[i], addrs[i], &peers)
+            })
+            .collect();
+        for (i, f) in files.iter().enumerate() {
+            prepare(i, f);
+        }
+        FaultCluster {
+            agents: (0..n).map(|_| None).collect(),
+            env: vec![Vec::new(); n],
+            n_starts: vec![0; n],
+            files,
+            links,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+
+    pub fn log(&self, idx: usize) -> PathBuf {
+        self.files[idx].dir.join("agent.log")
+    }
+
+    pub fn is_running(&self, idx: usize) -> bool {
+        self.agents[idx].is_some()
+    }
+
+    /// Starts agent `idx` and waits until it logged its start.
+    pub async fn start(&mut self, idx: usize) {
+        self.spawn(idx);
+        self.started(idx).await;
+    }
+
+    /// Starts agent `idx` without waiting.
+    pub fn spawn(&mut self, idx: usize) {
+        assert!(self.agents[idx].is_none(), "agent {idx} is already running");
+        let agent = AgentProcess::start_with(&self.files[idx].config_path, self.log(idx), &self.env[idx]);
+        self.agents[idx] = Some(agent);
+        self.n_starts[idx] += 1;
+    }
+
+    /// Waits until agent `idx` logged its latest start; panics with its log
+    /// if it exits first.
+    pub async fn started(&mut self, idx: usize) {
+        let want = self.n_starts[idx];
+        let log = self.log(idx);
+        let start = std::time::Instant::now();
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.matches("agent started").count() >= want {
+                return;
+            }
+            if let Some(status) = self.agents[idx].as_mut().and_then(AgentProcess::try_wait) {
+                panic!("agent {idx} exited with {status} before starting:\n{text}");
+            }
+            assert!(start.elapsed() < std::time::Duration::from_secs(60), "agent {idx} not started in 60 s:\n{text}");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    pub async fn start_all(&mut self) {
+        for idx in 0..self.len() {
+            self.spawn(idx);
+        }
+        for idx in 0..self.len() {
+            self.started(idx).await;
+        }
+    }
+
+    /// Starts agent `idx` expecting it to refuse: returns its exit code and
+    /// what it printed at this start.
+    pub async fn start_refused(&mut self, idx: usize) -> (Option<i32>, String) {
+        let before = std::fs::read_to_string(self.log(idx)).unwrap_or_default().len();
+        self.spawn(idx);
+        self.n_starts[idx] -= 1; // a refused start logs no "agent started"
+        let mut agent = self.agents[idx].take().unwrap();
+        let start = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = agent.try_wait() {
+                break status;
+            }
+            assert!(start.elapsed() < std::time::Duration::from_secs(30), "agent {idx} did not refuse to start");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        };
+        std::mem::forget(agent);
+        let text = std::fs::read_to_string(self.log(idx)).unwrap_or_default();
+        (status.code(), text[before..].to_string())
+    }
+
+    pub fn kill9(&mut self, idx: usize) {
+        self.agents[idx].take().expect("agent is running").kill9();
+    }
+
+    /// SIGTERM, and a clean exit asserted.
+    pub fn stop(&mut self, idx: usize) {
+        let agent = self.agents[idx].take().expect("agent is running");
+        let status = agent.stop();
+        assert!(
+            status.success(),
+            "agent {idx} exited with {status}: {}",
+            std::fs::read_to_string(self.log(idx)).unwrap()
+        );
+    }
+
+    /// Cuts the relays both ways between `i` and `j`.
+    pub fn cut(&self, i: usize, j: usize) {
+        self.links[&(i, j)].cut();
+        self.links[&(j, i)].cut();
+    }
+
+    /// Cuts every relay between agents of different groups.
+    pub fn partition(&self, groups: &[&[usize]]) {
+        let group_of = |idx: usize| groups.iter().position(|g| g.contains(&idx));
+        for (&(i, j), link) in &self.links {
+            if group_of(i) != group_of(j) {
+                link.cut();
+            }
+        }
+    }
+
+    pub fn heal(&self) {
+        for link in self.links.values() {
+            link.heal();
+        }
+    }
+
+    /// Stops every running agent with SIGTERM.
+    pub fn stop_all(&mut self) {
+        for idx in 0..self.len() {
+            if self.is_running(idx) {
+                self.stop(idx);
+            }
+        }
+    }
 }

@@ -30,6 +30,7 @@ impl Core {
         let decisions: Vec<Decision> =
             due.iter().filter_map(|name| self.observe_name(name, ObserveMode::Live, true)).collect();
         self.record_local(decisions, None);
+        self.apply_deferred();
     }
 
     /// Reads one name's three files and returns the decision they amount to.
@@ -96,14 +97,20 @@ impl Core {
         }
         // The files were written by salt-key, which does not fsync: flush
         // them first, or a crash could lose a file whose decision was sent.
+        // On failure nothing is held or sent: a scan after the backoff finds
+        // the same changes again.
         if let Err(e) = self.pki.sync() {
-            tracing::error!(error = %e, "cannot flush pki_dir; decisions not recorded");
+            self.trouble.failed(&self.audit, &format!("syncfs {}", self.pki.root().display()), &e.to_string());
+            self.rescan_pending = true;
             return;
         }
         if let Err(e) = self.store.record(&decisions, &[], &self.settings.node, self.replica.clock()) {
-            // Nothing was sent: the next scan finds the same changes again.
-            tracing::error!(error = %e, "cannot record local decisions");
+            self.trouble.failed(&self.audit, "state store", &e.to_string());
+            self.rescan_pending = true;
             return;
+        }
+        if self.retry.is_empty() {
+            self.trouble.succeeded(&self.audit);
         }
         for decision in &decisions {
             self.replica.commit(decision);

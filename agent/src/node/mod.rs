@@ -5,6 +5,7 @@
 
 mod local;
 mod remote;
+mod trouble;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -107,11 +108,24 @@ pub struct Core {
     refused: HashMap<(crate::core::Folder, String), String>,
     /// Peers' decisions whose files could not be written; retried.
     retry: Vec<(String, Decision)>,
+    /// Peers' decisions for ids whose own events were still settling (a
+    /// salt-key run in progress); merged once the id has settled.
+    deferred: Vec<(String, Decision)>,
+    /// Local decisions could not be made durable: the folders are scanned
+    /// again when the backoff allows.
+    rescan_pending: bool,
+    /// Failing writes: backoff, and one log line and audit record per episode.
+    trouble: trouble::WriteTrouble,
+    /// Losing versions of conflicts already audited, and peers' versions
+    /// already refused for clock skew: each is audited once, however often
+    /// it arrives again.
+    reported: std::collections::HashSet<(MinionId, Version)>,
 }
 
 /// Wall-clock milliseconds for the HLC.
 pub fn wall_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    now.saturating_add_signed(crate::fault::clock_offset_ms())
 }
 
 const REQUEST_QUEUE: usize = 256;
@@ -121,7 +135,8 @@ const OUTGOING_QUEUE: usize = 4096;
 /// Events handled before the due names are read, so a burst (salt-key -A)
 /// becomes a few large batches.
 const EVENT_BURST: usize = 8192;
-const RETRY_INTERVAL: Duration = Duration::from_secs(5);
+/// How often failed writes are looked at; the backoff decides whether they are retried.
+const RETRY_INTERVAL: Duration = Duration::from_millis(250);
 
 impl Core {
     /// Runs the core task until `shutdown`.
@@ -158,7 +173,7 @@ impl Core {
                     self.on_request(request);
                 }
                 _ = rescan.tick() => self.rescan("periodic safety net"),
-                _ = retry.tick(), if !self.retry.is_empty() => self.retry_failed(),
+                _ = retry.tick(), if !self.retry.is_empty() || self.rescan_pending => self.retry_failed(),
             }
         }
         self.audit.sync();
@@ -277,6 +292,10 @@ pub fn start(parts: CoreParts) -> Result<(Core, CoreHandle, mpsc::Receiver<Reque
         pending: HashMap::new(),
         refused: HashMap::new(),
         retry: Vec::new(),
+        deferred: Vec::new(),
+        rescan_pending: false,
+        trouble: trouble::WriteTrouble::default(),
+        reported: std::collections::HashSet::new(),
     };
     core.finish_journal(loaded.journal);
     core.reconcile(loaded.initialized);

@@ -23,10 +23,21 @@ impl Core {
         let max_skew = self.settings.max_clock_skew.as_millis() as u64;
         let mut chosen: HashMap<MinionId, Accepted> = HashMap::new();
         for decision in decisions {
+            if self.settler.is_unsettled(decision.id.as_str()) {
+                // A salt-key run on this id is in progress here: writing now would
+                // mix with it. Merged once its events have settled (apply_deferred).
+                tracing::debug!(minion = %decision.id, peer = from, "deferred: the id's own events are settling");
+                self.deferred.push((from.to_string(), decision));
+                continue;
+            }
             match self.replica.merge(&decision, now, max_skew) {
                 Err(skew) => {
-                    self.metrics.decisions_refused.inc();
-                    self.audit_remote(&decision, from, "refuse", "refused", Some(skew.to_string()))
+                    // Audited once: anti-entropy offers the same version again and again.
+                    if self.reported.insert((decision.id.clone(), decision.version.clone())) {
+                        self.metrics.decisions_refused.inc();
+                        tracing::warn!(minion = %decision.id, peer = from, error = %skew, "refused a decision from the future");
+                        self.audit_remote(&decision, from, "refuse", "refused", Some(skew.to_string()));
+                    }
                 }
                 Ok(MergeOutcome::Duplicate) => {}
                 Ok(MergeOutcome::Superseded { conflict }) => {
@@ -56,7 +67,7 @@ impl Core {
         }
         let decisions: Vec<Decision> = batch.iter().map(|a| a.decision.clone()).collect();
         if let Err(e) = self.store.journal(&decisions) {
-            tracing::error!(error = %e, "cannot journal decisions; not applied");
+            self.trouble.failed(&self.audit, "state store journal", &e.to_string());
             self.retry.extend(decisions.into_iter().map(|d| (from.to_string(), d)));
             return 0;
         }
@@ -72,8 +83,9 @@ impl Core {
                     written.push((accepted, applied));
                 }
                 Err(e) => {
-                    tracing::error!(minion = %decision.id, error = %e, "cannot apply decision; will retry");
-                    self.audit_remote(decision, from, decision.verdict.kind().action(), "failed", Some(e.to_string()));
+                    // Nothing recorded for it: peers still see this node without it.
+                    let what = format!("{} for {}", self.pki.root().display(), decision.id);
+                    self.trouble.failed(&self.audit, &what, &e.to_string());
                     self.retry.push((from.to_string(), accepted.decision));
                 }
             }
@@ -88,9 +100,12 @@ impl Core {
         });
         if let Err(e) = durable {
             // Not held, not forwarded: retried, and the journal finishes it after a crash.
-            tracing::error!(error = %e, "cannot make applied decisions durable; will retry");
+            self.trouble.failed(&self.audit, "syncfs or state store", &e);
             self.retry.extend(decisions.into_iter().map(|d| (from.to_string(), d)));
             return 0;
+        }
+        if self.retry.is_empty() && !self.rescan_pending {
+            self.trouble.succeeded(&self.audit);
         }
         if revoked {
             self.drop_dfn();
@@ -125,9 +140,40 @@ impl Core {
         self.apply_batch("journal", batch);
     }
 
+    /// Retries failed writes once the backoff allows: peers' decisions, and
+    /// a scan for local decisions that could not be recorded.
     pub(super) fn retry_failed(&mut self) {
+        if !self.trouble.retry_due() {
+            return;
+        }
+        if std::mem::take(&mut self.rescan_pending) {
+            self.rescan("retry after a failed write");
+        }
         let mut by_peer: HashMap<String, Vec<Decision>> = HashMap::new();
         for (from, decision) in std::mem::take(&mut self.retry) {
+            by_peer.entry(from).or_default().push(decision);
+        }
+        for (from, decisions) in by_peer {
+            self.apply_remote(&from, decisions);
+        }
+        if self.retry.is_empty() && !self.rescan_pending {
+            self.trouble.succeeded(&self.audit);
+        }
+    }
+
+    /// Merges the peers' decisions deferred while their ids were settling,
+    /// for the ids that have settled since (the local decision, if any, is
+    /// recorded first, so a concurrent one is seen as a conflict).
+    pub(super) fn apply_deferred(&mut self) {
+        if self.deferred.is_empty() {
+            return;
+        }
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.deferred)
+            .into_iter()
+            .partition(|(_, d)| !self.settler.is_unsettled(d.id.as_str()));
+        self.deferred = waiting;
+        let mut by_peer: HashMap<String, Vec<Decision>> = HashMap::new();
+        for (from, decision) in ready {
             by_peer.entry(from).or_default().push(decision);
         }
         for (from, decisions) in by_peer {
@@ -151,7 +197,7 @@ impl Core {
         }
     }
 
-    fn audit_applied(&self, from: &str, accepted: &Accepted, applied: &Applied) {
+    fn audit_applied(&mut self, from: &str, accepted: &Accepted, applied: &Applied) {
         let decision = &accepted.decision;
         if let Some(conflict) = &accepted.conflict {
             self.audit_conflict(decision, from, conflict);
@@ -181,7 +227,12 @@ impl Core {
         });
     }
 
-    fn audit_conflict(&self, decision: &Decision, from: &str, conflict: &Conflict) {
+    /// Audits a conflict, once per losing version: the loser arriving again
+    /// (from another peer, or by anti-entropy) is the same conflict.
+    fn audit_conflict(&mut self, decision: &Decision, from: &str, conflict: &Conflict) {
+        if !self.reported.insert((decision.id.clone(), conflict.loser.clone())) {
+            return;
+        }
         let held = self.replica.entry(&decision.id);
         let (winner_fp, loser_fp) = if conflict.winner == decision.version {
             (decision.verdict.fingerprint(), held.and_then(|h| h.fingerprint))

@@ -1,0 +1,52 @@
+//! Test-only fault injection, compiled in only with the `fault-injection`
+//! cargo feature (which only the test crate enables, as a dev-dependency, so
+//! `cargo build --release` never has it). Without the feature every knob is a
+//! constant "no fault" and the environment is never read.
+//!
+//! Two faults cannot be produced from outside a process on a shared machine:
+//! - a clock hours off: changing the system clock would skew every other
+//!   process; `SALT_KEYSYNC_FAULT_CLOCK_OFFSET_MS` (signed) shifts this
+//!   agent's wall clock instead;
+//! - an inotify queue overflow: `fs.inotify.max_queued_events` is global, so
+//!   lowering it would overflow every other agent on the machine too;
+//!   `SALT_KEYSYNC_FAULT_INOTIFY_OVERFLOW=SKIP:DROP` makes the watcher drop
+//!   events number SKIP..SKIP+DROP and then report an overflow, exactly what
+//!   the kernel does when its queue is full.
+
+/// Milliseconds added to the wall clock (negative: behind).
+#[cfg(feature = "fault-injection")]
+pub fn clock_offset_ms() -> i64 {
+    use std::sync::OnceLock;
+    static OFFSET: OnceLock<i64> = OnceLock::new();
+    *OFFSET.get_or_init(|| {
+        std::env::var("SALT_KEYSYNC_FAULT_CLOCK_OFFSET_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(0)
+    })
+}
+
+#[cfg(not(feature = "fault-injection"))]
+pub fn clock_offset_ms() -> i64 {
+    0
+}
+
+/// Events to let through, then events to drop before reporting an overflow.
+#[cfg(feature = "fault-injection")]
+pub fn inotify_overflow() -> Option<(u64, u64)> {
+    let value = std::env::var("SALT_KEYSYNC_FAULT_INOTIFY_OVERFLOW").ok()?;
+    let (skip, drop) = value.split_once(':')?;
+    Some((skip.parse().ok()?, drop.parse().ok()?))
+}
+
+#[cfg(not(feature = "fault-injection"))]
+pub fn inotify_overflow() -> Option<(u64, u64)> {
+    None
+}
+
+/// Logs the fault knobs in effect, so a test can tell that the binary it
+/// runs was built with them (and an operator that one slipped into a build).
+pub fn announce() {
+    let offset = clock_offset_ms();
+    let overflow = inotify_overflow();
+    if offset != 0 || overflow.is_some() {
+        tracing::warn!(clock_offset_ms = offset, inotify_overflow = ?overflow, "test-only fault injection active");
+    }
+}

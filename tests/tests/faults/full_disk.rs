@@ -1,0 +1,127 @@
+//! A full disk while applying: master-b's pki_dir is a real 1 MiB tmpfs
+//! (mounting needs root, which the CI container has). The agent retries with
+//! backoff, audits the trouble once, records nothing that is not on disk, and
+//! catches up when space returns — also across a kill -9 while full.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use keysync_tests::binary::FaultCluster;
+use keysync_tests::salt_ops::FOLDERS;
+use keysync_tests::wait_until;
+
+use crate::common::{assert_no_decision, audited, converged, count, key_pool, write_pending};
+
+/// A size-limited tmpfs mounted over a folder, unmounted on drop.
+struct SmallDisk {
+    at: PathBuf,
+}
+
+impl SmallDisk {
+    fn mount(at: &Path, size: &str) -> SmallDisk {
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
+            .arg(at)
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "the full-disk test mounts a small tmpfs and needs root (CAP_SYS_ADMIN): run the tests as root, \
+             as the CI container does; `mount -t tmpfs -o size=1m tmpfs {}` said: {}",
+            at.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        SmallDisk { at: at.to_path_buf() }
+    }
+
+    /// Fills the file system with `filler` until it refuses another byte.
+    fn fill(&self) {
+        let mut file = std::fs::File::create(self.at.join(".filler")).unwrap();
+        let chunk = vec![0u8; 4096];
+        loop {
+            match file.write_all(&chunk) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc_enospc()) => break,
+                Err(e) => panic!("filling {}: {e}", self.at.display()),
+            }
+        }
+    }
+
+    fn free(&self) {
+        std::fs::remove_file(self.at.join(".filler")).unwrap();
+    }
+}
+
+fn libc_enospc() -> i32 {
+    28
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.at).status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_is_retried_audited_once_and_caught_up() {
+    let root = tempfile::tempdir().unwrap();
+    let keys = key_pool(8);
+    let ids: Vec<String> = (0..40).map(|i| format!("full{i:02}")).collect();
+    let mut cluster = FaultCluster::create(root.path(), 3, |idx, f| {
+        if idx == 0 {
+            write_pending(&f.pki, ids.iter().cloned(), &keys);
+        }
+    })
+    .await;
+    let b = cluster.files[1].pki.clone();
+    let disk = SmallDisk::mount(&b, "1m");
+    for folder in FOLDERS {
+        std::fs::create_dir_all(b.join(folder)).unwrap();
+    }
+    cluster.start_all().await;
+    let a = cluster.files[0].pki.clone();
+    let accept = |range: std::ops::Range<usize>| {
+        for id in &ids[range] {
+            std::fs::rename(a.join("minions_pre").join(id), a.join("minions").join(id)).unwrap();
+        }
+    };
+
+    // Full while 20 accepts arrive: nothing is written, one failure audited.
+    disk.fill();
+    accept(0..20);
+    wait_until(Duration::from_secs(30), "master-b audits the failed write", || {
+        !audited(&cluster, 1, "write", "failed").is_empty()
+    })
+    .await;
+    wait_until(Duration::from_secs(30), "master-c has the accepts", || count(&cluster.files[2].pki, "minions") == 20)
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await; // several retries with backoff
+    assert_eq!(count(&b, "minions"), 0);
+    assert_eq!(audited(&cluster, 1, "write", "failed").len(), 1, "one audit record per episode, not per retry");
+
+    disk.free();
+    wait_until(Duration::from_secs(30), "master-b catches up", || count(&b, "minions") == 20).await;
+    wait_until(Duration::from_secs(10), "the recovery is audited", || {
+        audited(&cluster, 1, "write", "recovered").len() == 1
+    })
+    .await;
+
+    // Full again, and killed while full: nothing recorded without its file,
+    // so the restart finds no "missing" key to turn into a delete.
+    disk.fill();
+    accept(20..40);
+    wait_until(Duration::from_secs(30), "master-b fails again", || audited(&cluster, 1, "write", "failed").len() == 2)
+        .await;
+    cluster.kill9(1);
+    disk.free();
+    cluster.start(1).await;
+    converged(&cluster, Duration::from_secs(60)).await;
+    for f in &cluster.files {
+        assert_eq!(count(&f.pki, "minions"), 40, "{}", f.name);
+    }
+    assert_no_decision(&cluster, &["delete", "reject"]);
+    cluster.stop_all();
+    drop(disk);
+}
