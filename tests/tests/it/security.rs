@@ -39,12 +39,19 @@ fn refusals<'a>(audit: &'a [Record], minion: &str) -> Vec<&'a Record> {
 }
 
 /// Every name anywhere under `pki` (folders included), sorted.
+/// The agent's own bookkeeping in pki_dir (dot names, ignored by Salt): the
+/// state marker and the staging folder for its atomic writes.
+const AGENT_OWN: [&str; 2] = [".salt-keysync-state", ".keysync-staging"];
+
 fn tree(pki: &Path) -> Vec<String> {
     let mut out = Vec::new();
     let mut stack = vec![pki.to_path_buf()];
     while let Some(dir) = stack.pop() {
         for dirent in std::fs::read_dir(&dir).unwrap() {
             let dirent = dirent.unwrap();
+            if AGENT_OWN.iter().any(|own| dirent.file_name() == *own) {
+                continue;
+            }
             out.push(dirent.path().strip_prefix(pki).unwrap().display().to_string());
             if dirent.file_type().unwrap().is_dir() {
                 stack.push(dirent.path());
