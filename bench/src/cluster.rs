@@ -99,7 +99,9 @@ fn use_default_timings(config: &Path) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(config)?;
     let kept: Vec<&str> = text
         .lines()
-        .filter(|line| !["anti_entropy_interval", "reconnect_max", "rescan_interval"].iter().any(|k| line.starts_with(k)))
+        .filter(|line| {
+            !["anti_entropy_interval", "reconnect_max", "rescan_interval"].iter().any(|k| line.starts_with(k))
+        })
         .collect();
     std::fs::write(config, kept.join("\n") + "\n")?;
     Ok(())

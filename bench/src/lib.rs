@@ -56,7 +56,12 @@ pub fn run(settings: &Settings) -> anyhow::Result<Report> {
     let started = Instant::now();
     let load_before = report::load_average();
     let keys = cluster::key_pool(256);
-    let live = latency::run(settings, &keys)?;
+    // `--ops 0 --bulk 0` runs the join alone (for profiling it).
+    let live = if settings.n_ops + settings.n_bulk > 0 {
+        latency::run(settings, &keys)?
+    } else {
+        latency::Live { ops: Vec::new(), bulk: Vec::new() }
+    };
     let join = join::run(settings, &keys)?;
     Ok(Report {
         settings: settings.clone(),

@@ -31,6 +31,9 @@ struct Args {
     /// Seconds of idling over which CPU time is measured.
     #[arg(long)]
     idle: Option<u64>,
+    /// The agents' log filter (SALT_KEYSYNC_LOG), e.g. "info,salt_keysync::node=debug" for batch timings.
+    #[arg(long, value_name = "FILTER")]
+    log: Option<String>,
     /// Keep the agents' folders and logs under DIR.
     #[arg(long, value_name = "DIR")]
     keep: Option<PathBuf>,
@@ -44,6 +47,7 @@ fn main() -> anyhow::Result<()> {
     settings.n_join = args.join.unwrap_or(settings.n_join);
     settings.idle = args.idle.map_or(settings.idle, Duration::from_secs);
     settings.keep = args.keep;
+    settings.log_filter = args.log.unwrap_or(settings.log_filter);
     let report = keysync_bench::run(&settings)?;
     println!("{}", report.table());
     let json = report.to_json();

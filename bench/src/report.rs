@@ -176,7 +176,8 @@ impl Report {
         }
         let j = &self.join;
         let _ = writeln!(out, "\njoin of an empty master, {} decided keys", j.n_keys);
-        let _ = writeln!(out, "  seeding A's folders {:.1} s; A's first start {:.1} s", j.seed_secs, j.first_start_secs);
+        let _ =
+            writeln!(out, "  seeding A's folders {:.1} s; A's first start {:.1} s", j.seed_secs, j.first_start_secs);
         let _ = writeln!(out, "  B joining A:         {:.2} s", j.join_one_peer_secs);
         let _ = writeln!(
             out,

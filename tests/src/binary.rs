@@ -15,9 +15,9 @@ pub fn binary() -> PathBuf {
     let dir = exe.parent().expect("the executable lives in a folder");
     let candidates = [dir.join("salt-keysync"), dir.parent().map(|d| d.join("salt-keysync")).unwrap_or_default()];
     let found = candidates.iter().find(|bin| bin.is_file());
-    found.cloned().unwrap_or_else(|| {
-        panic!("{} not built: run the tests with `cargo test --workspace`", candidates[1].display())
-    })
+    found
+        .cloned()
+        .unwrap_or_else(|| panic!("{} not built: run the tests with `cargo test --workspace`", candidates[1].display()))
 }
 
 /// Runs `salt-keysync ARGS` to completion.
