@@ -30,7 +30,7 @@ pub fn run(settings: &Settings, keys: &[String]) -> anyhow::Result<Joined> {
     let a = cluster.pki(0).to_path_buf();
     let seeding = Instant::now();
     for i in 0..n {
-        let folder = if i % REJECTED_EVERY == 0 { "minions_rejected" } else { "minions" };
+        let folder = if i.is_multiple_of(REJECTED_EVERY) { "minions_rejected" } else { "minions" };
         write_key(&path(&a, folder, &format!("join{i:07}")), &keys[i % keys.len()])?;
     }
     let seed_secs = seeding.elapsed().as_secs_f64();

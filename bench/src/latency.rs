@@ -30,7 +30,7 @@ pub fn run(settings: &Settings, keys: &[String]) -> anyhow::Result<Live> {
 
     let ids: Vec<String> = (0..settings.n_ops).map(|i| format!("lat{i:06}")).collect();
     let key_of = |i: usize| keys[i % keys.len()].as_bytes().to_vec();
-    let line_of = |i: usize| if i % 2 == 0 { SaltLine::S3006 } else { SaltLine::S3008 };
+    let line_of = |i: usize| [SaltLine::S3006, SaltLine::S3008][i % 2];
     write_pending(&cluster, &a, &ids, keys)?;
 
     let mut ops = Vec::new();
