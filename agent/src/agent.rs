@@ -144,21 +144,14 @@ pub async fn run_with(
     };
     let settle = SettleTimings { absent_grace: config.timings.absent_grace, ..SettleTimings::default() };
     let metrics = Arc::new(crate::metrics::Metrics::new());
-    let (core, handle, requests) = node::start(CoreParts {
-        settings,
-        store,
-        pki,
-        owner,
-        audit: audit.clone(),
-        settle,
-        metrics: metrics.clone(),
-    })
-    .with_context(|| {
-        format!(
+    let (core, handle, requests) =
+        node::start(CoreParts { settings, store, pki, owner, audit: audit.clone(), settle, metrics: metrics.clone() })
+            .with_context(|| {
+                format!(
             "cannot load the state store; if it is corrupt, rebuild it with `{} --config FILE` (docs/recovery.md)",
             crate::state_guard::RECOVER_COMMAND
         )
-    })?;
+            })?;
     // The store is initialized now: from here on its loss is detected.
     crate::state_guard::mark(&config.pki_dir, &store_id, &config.node)?;
     let board = Arc::new(crate::board::Board::new(&config, audit.clone(), metrics.clone()));

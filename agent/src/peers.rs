@@ -22,12 +22,16 @@ use crate::config::Peer;
 use crate::core::digest::N_BUCKETS;
 use crate::core::{Decision, MinionId};
 use crate::node::{CoreHandle, Request};
-use crate::rpc::{DECISIONS_PER_BATCH, MAX_FETCH_IDS};
+use crate::rpc::MAX_FETCH_IDS;
 use crate::wire::{decision_from_wire, decision_to_wire, health_from_wire, health_to_wire};
 
 pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+/// Encoded bytes per pushed batch: half the message cap.
+const PUSH_BATCH_BYTES: usize = MAX_MESSAGE_BYTES / 2;
+/// Decisions per pushed batch (10,000 keys of ~450 bytes is ~5 MiB).
+const PUSH_BATCH_DECISIONS: usize = 10_000;
 
 #[derive(Debug, thiserror::Error)]
 enum SessionError {
@@ -229,22 +233,21 @@ impl PeerLink {
             let request = v1::FetchRequest { minions: ids.iter().map(ToString::to_string).collect() };
             run.bytes_sent += request.encoded_len();
             let mut stream = client.fetch(request).await?.into_inner();
+            // One fetch's batches are applied together: one syncfs and one
+            // store commit per MAX_FETCH_IDS decisions while joining.
+            let mut decisions: Vec<Decision> = Vec::with_capacity(ids.len());
             while let Some(batch) = stream.message().await? {
                 run.bytes_received += batch.encoded_len();
-                let decisions: Vec<Decision> = batch
-                    .decisions
-                    .into_iter()
-                    .filter_map(|msg| match decision_from_wire(msg) {
-                        Ok(decision) => Some(decision),
-                        Err(e) => {
-                            crate::rpc::audit_refused(&self.audit, self.board.metrics(), &self.peer.name, &e);
-                            None
-                        }
-                    })
-                    .collect();
-                let from = self.peer.name.clone();
-                n_applied += self.core.ask(|reply| Request::Remote { from, decisions, reply }).await?;
+                decisions.extend(batch.decisions.into_iter().filter_map(|msg| match decision_from_wire(msg) {
+                    Ok(decision) => Some(decision),
+                    Err(e) => {
+                        crate::rpc::audit_refused(&self.audit, self.board.metrics(), &self.peer.name, &e);
+                        None
+                    }
+                }));
             }
+            let from = self.peer.name.clone();
+            n_applied += self.core.ask(|reply| Request::Remote { from, decisions, reply }).await?;
         }
         if n_applied > 0 || !newer_here.is_empty() {
             tracing::info!(n_pulled = n_applied, n_pushed = newer_here.len(), "anti-entropy repaired differences");
@@ -256,14 +259,31 @@ impl PeerLink {
     }
 }
 
-/// Sends `decisions` on the push stream; returns the bytes sent.
+/// Pushes decisions in batches of at most [`PUSH_BATCH_BYTES`] (well under
+/// the message cap) and [`PUSH_BATCH_DECISIONS`]: the peer makes each batch
+/// durable with one syncfs and one store commit, so a burst (salt-key -A)
+/// costs a few of those, not one per thousand keys. Returns the bytes sent.
 async fn send_decisions(
     push_tx: &mpsc::Sender<v1::DecisionBatch>,
     decisions: &[Decision],
 ) -> Result<usize, SessionError> {
     let mut n_bytes = 0;
-    for chunk in decisions.chunks(DECISIONS_PER_BATCH) {
-        let batch = v1::DecisionBatch { decisions: chunk.iter().map(decision_to_wire).collect() };
+    let mut batch = v1::DecisionBatch::default();
+    let mut batch_bytes = 0;
+    for decision in decisions {
+        let wire = decision_to_wire(decision);
+        let len = wire_size(decision);
+        if !batch.decisions.is_empty()
+            && (batch_bytes + len > PUSH_BATCH_BYTES || batch.decisions.len() >= PUSH_BATCH_DECISIONS)
+        {
+            n_bytes += batch.encoded_len();
+            push_tx.send(std::mem::take(&mut batch)).await.map_err(|_| SessionError::PushClosed)?;
+            batch_bytes = 0;
+        }
+        batch_bytes += len;
+        batch.decisions.push(wire);
+    }
+    if !batch.decisions.is_empty() {
         n_bytes += batch.encoded_len();
         push_tx.send(batch).await.map_err(|_| SessionError::PushClosed)?;
     }
@@ -284,4 +304,12 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+/// An upper bound of a decision's encoded size: its key, id and two
+/// versions, plus generous room for tags and lengths.
+fn wire_size(decision: &Decision) -> usize {
+    let key = decision.verdict.key().map_or(0, |key| key.bytes().len());
+    let versions = decision.version.node.len() + decision.supersedes.as_ref().map_or(0, |v| v.node.len());
+    key + decision.id.as_str().len() + versions + 64
 }

@@ -22,6 +22,12 @@ const MASTER_KEY_NAMES: [&str; 4] = ["master.pem", "master.pub", "master_sign.pe
 
 static STAGING_SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// Where key files are staged before being renamed into their folder: a dot
+/// folder in pki_dir (same file system, ignored by Salt). Staging outside the
+/// key folders keeps the agent's own writes out of its inotify watch and off
+/// the folders' large directory indexes until the final rename.
+const STAGING_DIR: &str = ".keysync-staging";
+
 /// A file owner: the salt master user.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Owner {
@@ -77,7 +83,8 @@ impl Pki {
         self.root.join(folder.dir_name())
     }
 
-    /// Creates missing key folders (Salt creates them when the master starts).
+    /// Creates missing key folders (Salt creates them when the master starts)
+    /// and the agent's private staging folder.
     pub fn ensure_folders(&self) -> io::Result<()> {
         for folder in Folder::ALL {
             let path = self.folder_path(folder);
@@ -87,7 +94,12 @@ impl Pki {
                 std::os::unix::fs::chown(&path, Some(self.owner.uid), Some(self.owner.gid))?;
             }
         }
-        Ok(())
+        let staging = self.root.join(STAGING_DIR);
+        match fs::create_dir(&staging) {
+            Ok(()) => fs::set_permissions(&staging, fs::Permissions::from_mode(0o700)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     pub fn read_slots(&self, id: &MinionId) -> Slots {
@@ -192,11 +204,19 @@ impl Pki {
 
     fn write_key(&self, folder: Folder, id: &str, bytes: &[u8]) -> io::Result<()> {
         let dir = self.folder_path(folder);
-        let seq = STAGING_SEQ.fetch_add(1, Ordering::Relaxed);
-        let staging = dir.join(format!(".keysync-{}-{seq}", std::process::id()));
-        let result = write_new(&staging, bytes, KEY_MODE, self.owner).and_then(|()| fs::rename(&staging, dir.join(id)));
+        let name = format!(".keysync-{}-{}", std::process::id(), STAGING_SEQ.fetch_add(1, Ordering::Relaxed));
+        let staged = self.stage(&self.root.join(STAGING_DIR).join(&name), &dir.join(id), bytes);
+        match staged {
+            // A key folder on another file system than pki_dir: stage beside the key.
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => self.stage(&dir.join(&name), &dir.join(id), bytes),
+            result => result,
+        }
+    }
+
+    fn stage(&self, staging: &Path, target: &Path, bytes: &[u8]) -> io::Result<()> {
+        let result = write_new(staging, bytes, KEY_MODE, self.owner).and_then(|()| fs::rename(staging, target));
         if result.is_err() {
-            let _ = fs::remove_file(&staging);
+            let _ = fs::remove_file(staging);
         }
         result
     }
@@ -211,8 +231,10 @@ impl Pki {
     /// Removes staging files a crash left behind.
     pub fn clean_staging(&self) -> io::Result<usize> {
         let mut removed = 0;
-        for folder in Folder::ALL {
-            for dirent in fs::read_dir(self.folder_path(folder))? {
+        let staging = self.root.join(STAGING_DIR);
+        let dirs = Folder::ALL.iter().map(|&f| self.folder_path(f)).chain(staging.is_dir().then_some(staging));
+        for dir in dirs {
+            for dirent in fs::read_dir(dir)? {
                 let dirent = dirent?;
                 if dirent.file_name().to_string_lossy().starts_with(".keysync-") {
                     remove_if_present(&dirent.path())?;
@@ -319,6 +341,7 @@ mod tests {
         assert!(dir.path().join("minions_rejected/web01").exists());
         pki.apply(&decision(Verdict::Deleted)).unwrap();
         assert!(pki.list().unwrap().is_empty(), "no staging file or key left");
+        assert_eq!(fs::read_dir(dir.path().join(STAGING_DIR)).unwrap().count(), 0, "staging folder empty");
         pki.sync().unwrap();
     }
 

@@ -17,6 +17,11 @@ const DECISIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("decisions"
 const JOURNAL: TableDefinition<&str, &[u8]> = TableDefinition::new("journal");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
+/// redb's page cache. Its default (1 GiB) lets an agent holding 100,000
+/// keys grow past 100 MiB; every lookup the agent makes at run time is a
+/// batch (fetch, anti-entropy), which the OS page cache serves well enough.
+const CACHE_BYTES: usize = 16 * 1024 * 1024;
+
 const META_CLOCK: &str = "clock";
 const META_NODE: &str = "node";
 /// A random id made when the store is created; the marker in pki_dir names
@@ -51,7 +56,7 @@ pub struct Loaded {
 impl Store {
     pub fn open(state_dir: &Path, node: &str) -> Result<Store, StoreError> {
         let path = state_dir.join("state.redb");
-        let db = Database::create(&path).map_err(|e| db_error(&path, e))?;
+        let db = redb::Builder::new().set_cache_size(CACHE_BYTES).create(&path).map_err(|e| db_error(&path, e))?;
         let mut store = Store { db, path, id: String::new() };
         let txn = store.db.begin_write().map_err(|e| store.err(e))?;
         {

@@ -4,13 +4,20 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
-/// The binary cargo built next to the test executable.
+/// The binary cargo built next to the running executable: a test in
+/// `target/<profile>/deps/`, or a program such as the benchmark in
+/// `target/<profile>/`. `SALT_KEYSYNC_BIN` overrides.
 pub fn binary() -> PathBuf {
+    if let Some(bin) = std::env::var_os("SALT_KEYSYNC_BIN") {
+        return PathBuf::from(bin);
+    }
     let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(Path::parent).expect("test binary lives in target/<profile>/deps");
-    let bin = dir.join("salt-keysync");
-    assert!(bin.exists(), "{} not built: run the tests with `cargo test --workspace`", bin.display());
-    bin
+    let dir = exe.parent().expect("the executable lives in a folder");
+    let candidates = [dir.join("salt-keysync"), dir.parent().map(|d| d.join("salt-keysync")).unwrap_or_default()];
+    let found = candidates.iter().find(|bin| bin.is_file());
+    found
+        .cloned()
+        .unwrap_or_else(|| panic!("{} not built: run the tests with `cargo test --workspace`", candidates[1].display()))
 }
 
 /// Runs `salt-keysync ARGS` to completion.
@@ -25,15 +32,45 @@ pub struct AgentProcess {
 }
 
 impl AgentProcess {
-    /// Starts `run --config config` with extra environment (the test-only
-    /// fault knobs), appending its output to `log` (kept across restarts).
+    pub fn start(config: &Path, log: PathBuf) -> AgentProcess {
+        AgentProcess::launch(config, log, &[], "info", false)
+    }
+
+    /// Starts with extra environment variables (e.g. a fake systemd's NOTIFY_SOCKET).
+    pub fn start_with_env(config: &Path, log: PathBuf, env: &[(&str, &str)]) -> AgentProcess {
+        AgentProcess::launch(config, log, env, "info", false)
+    }
+
+    /// Starts with extra environment (the test-only fault knobs), appending
+    /// its output to `log` (kept across restarts).
     pub fn start_with(config: &Path, log: PathBuf, env: &[(String, String)]) -> AgentProcess {
-        let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        AgentProcess::launch(config, log, &env, "info", true)
+    }
+
+    /// Starts with `SALT_KEYSYNC_LOG=filter` (the benchmark logs less).
+    pub fn start_logging(config: &Path, log: PathBuf, filter: &str) -> AgentProcess {
+        AgentProcess::launch(config, log, &[], filter, false)
+    }
+
+    /// `run --config config`, its output in `log` (mode 0600), truncated or appended.
+    fn launch(config: &Path, log: PathBuf, env: &[(&str, &str)], filter: &str, append: bool) -> AgentProcess {
+        let log_file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut options = std::fs::OpenOptions::new();
+            options.create(true).mode(0o600);
+            if append {
+                options.append(true);
+            } else {
+                options.write(true).truncate(true);
+            }
+            options.open(&log).unwrap()
+        };
         let child = Command::new(binary())
             .args(["run", "--config"])
             .arg(config)
-            .env("SALT_KEYSYNC_LOG", "info")
-            .envs(env.iter().map(|(k, v)| (k, v)))
+            .envs(env.iter().copied())
+            .env("SALT_KEYSYNC_LOG", filter)
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().unwrap())
             .stderr(log_file)
@@ -55,29 +92,6 @@ impl AgentProcess {
         self.child.try_wait().unwrap()
     }
 
-    pub fn start(config: &Path, log: PathBuf) -> AgentProcess {
-        AgentProcess::start_with_env(config, log, &[])
-    }
-
-    /// Starts with extra environment variables (e.g. a fake systemd's NOTIFY_SOCKET).
-    pub fn start_with_env(config: &Path, log: PathBuf, env: &[(&str, &str)]) -> AgentProcess {
-        let log_file = {
-            use std::os::unix::fs::OpenOptionsExt;
-            std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&log).unwrap()
-        };
-        let child = Command::new(binary())
-            .args(["run", "--config"])
-            .arg(config)
-            .envs(env.iter().copied())
-            .env("SALT_KEYSYNC_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone().unwrap())
-            .stderr(log_file)
-            .spawn()
-            .unwrap();
-        AgentProcess { child, log }
-    }
-
     /// Sends a signal by name (`HUP`, `TERM`, ...).
     pub fn signal(&self, name: &str) {
         let status = Command::new("kill").arg(format!("-{name}")).arg(self.child.id().to_string()).status().unwrap();
@@ -87,6 +101,10 @@ impl AgentProcess {
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Stops with SIGTERM and returns the exit status.
@@ -115,20 +133,26 @@ pub struct ProcessCluster {
 impl ProcessCluster {
     /// Writes the agents' files and lets `prepare` touch them before start.
     pub fn start(root: &Path, n: usize, prepare: impl Fn(&crate::cluster::AgentFiles)) -> ProcessCluster {
-        let ca = keysync_server::CertAuthority::new("ca").unwrap();
-        let addrs: Vec<std::net::SocketAddr> = (0..n).map(|_| free_addr()).collect();
-        let files: Vec<_> = (0..n)
-            .map(|i| {
-                let peers: Vec<(String, std::net::SocketAddr)> =
-                    (0..n).filter(|&j| j != i).map(|j| (crate::cluster::NAMES[j].to_string(), addrs[j])).collect();
-                crate::cluster::write_agent_files(root, &ca, crate::cluster::NAMES[i], addrs[i], &peers)
-            })
-            .collect();
+        let files = ProcessCluster::write_files(root, n);
         for f in &files {
             prepare(f);
         }
         let agents = files.iter().map(|f| AgentProcess::start(&f.config_path, f.dir.join("agent.log"))).collect();
         ProcessCluster { files, agents }
+    }
+
+    /// The files of `n` agents that peer with each other, none started: for
+    /// callers that start them one by one (the benchmark's join).
+    pub fn write_files(root: &Path, n: usize) -> Vec<crate::cluster::AgentFiles> {
+        let ca = keysync_server::CertAuthority::new("ca").unwrap();
+        let addrs: Vec<std::net::SocketAddr> = (0..n).map(|_| free_addr()).collect();
+        (0..n)
+            .map(|i| {
+                let peers: Vec<(String, std::net::SocketAddr)> =
+                    (0..n).filter(|&j| j != i).map(|j| (crate::cluster::NAMES[j].to_string(), addrs[j])).collect();
+                crate::cluster::write_agent_files(root, &ca, crate::cluster::NAMES[i], addrs[i], &peers)
+            })
+            .collect()
     }
 
     /// Waits until every agent logged its start.

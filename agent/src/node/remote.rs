@@ -65,6 +65,7 @@ impl Core {
         if batch.is_empty() {
             return 0;
         }
+        let started = std::time::Instant::now();
         let decisions: Vec<Decision> = batch.iter().map(|a| a.decision.clone()).collect();
         if let Err(e) = self.store.journal(&decisions) {
             self.trouble.failed(&self.audit, "state store journal", &e.to_string());
@@ -93,11 +94,15 @@ impl Core {
         if written.is_empty() {
             return 0;
         }
+        let t_written = started.elapsed();
         let decisions: Vec<Decision> = written.iter().map(|(a, _)| a.decision.clone()).collect();
         let ids: Vec<MinionId> = decisions.iter().map(|d| d.id.clone()).collect();
-        let durable = self.pki.sync().map_err(|e| e.to_string()).and_then(|()| {
+        let synced = self.pki.sync().map_err(|e| e.to_string());
+        let t_synced = started.elapsed();
+        let durable = synced.and_then(|()| {
             self.store.record(&decisions, &ids, &self.settings.node, self.replica.clock()).map_err(|e| e.to_string())
         });
+        let t_recorded = started.elapsed();
         if let Err(e) = durable {
             // Not held, not forwarded: retried, and the journal finishes it after a crash.
             self.trouble.failed(&self.audit, "syncfs or state store", &e);
@@ -119,9 +124,21 @@ impl Core {
             self.audit_applied(from, accepted, applied);
             self.replica.commit(&accepted.decision);
         }
-        self.audit.sync();
         let n_applied = decisions.len() as u32;
+        let t_audited = started.elapsed();
         self.broadcast(Some(from), decisions);
+        // After forwarding: the audit lines are written, the store holds the decisions.
+        self.audit.sync();
+        tracing::debug!(
+            peer = from,
+            n = n_applied,
+            written_us = t_written.as_micros() as u64,
+            synced_us = t_synced.as_micros() as u64,
+            recorded_us = t_recorded.as_micros() as u64,
+            audited_us = t_audited.as_micros() as u64,
+            flushed_us = started.elapsed().as_micros() as u64,
+            "applied a batch"
+        );
         n_applied
     }
 
@@ -202,7 +219,7 @@ impl Core {
         if let Some(conflict) = &accepted.conflict {
             self.audit_conflict(decision, from, conflict);
         }
-        tracing::debug!(minion = %decision.id, peer = from, version = %decision.version, "applied peer decision");
+        tracing::trace!(minion = %decision.id, peer = from, version = %decision.version, "applied peer decision");
         self.audit_remote(decision, from, decision.verdict.kind().action(), "applied", None);
         if let Some(pending) = &applied.discarded_pending {
             self.audit.record(Record {

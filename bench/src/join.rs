@@ -1,0 +1,172 @@
+//! Join: master A holds `n_join` decided keys (files written before its
+//! agent's first start, as on a master that already has its keys), B joins
+//! empty and takes them, then C joins empty with two peers holding them —
+//! timed next to `rsync -a` of the same three folders. Then the agents'
+//! memory with that many keys, and their CPU time while idle.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use keysync_tests::salt_ops::{path, FOLDERS};
+
+use crate::cluster::{count_keys, write_key, BenchCluster};
+use crate::report::{AgentRow, JoinRow};
+use crate::Settings;
+
+/// One key in this many is rejected, the rest accepted.
+const REJECTED_EVERY: usize = 20;
+const JOIN_TIMEOUT: Duration = Duration::from_secs(300);
+
+pub struct Joined {
+    pub join: JoinRow,
+    pub agents: Vec<AgentRow>,
+}
+
+pub fn run(settings: &Settings, keys: &[String]) -> anyhow::Result<Joined> {
+    let mut cluster = BenchCluster::new(settings, "join")?;
+    let n = settings.n_join;
+    let a = cluster.pki(0).to_path_buf();
+    let seeding = Instant::now();
+    for i in 0..n {
+        let folder = if i.is_multiple_of(REJECTED_EVERY) { "minions_rejected" } else { "minions" };
+        write_key(&path(&a, folder, &format!("join{i:07}")), &keys[i % keys.len()])?;
+    }
+    let seed_secs = seeding.elapsed().as_secs_f64();
+    let n_rejected = n.div_ceil(REJECTED_EVERY);
+    let want = (n - n_rejected, n_rejected);
+
+    let first_start = Instant::now();
+    cluster.start(0)?;
+    let first_start_secs = first_start.elapsed().as_secs_f64();
+
+    let b_secs = join_one(&mut cluster, 1, want)?;
+    let rsync = rsync_secs(&a, &cluster.files[0].dir.join("rsync-copy"))?;
+    let c_secs = join_one(&mut cluster, 2, want)?;
+    for peer in 1..3 {
+        same_state(&a, cluster.pki(peer)).with_context(|| format!("{} differs from A", cluster.files[peer].name))?;
+    }
+
+    // Settles the links (the peers' outbound links to C were in backoff) before idling.
+    std::thread::sleep(Duration::from_secs(2));
+    let agents = idle(&cluster, settings.idle)?;
+    cluster.stop()?;
+    Ok(Joined {
+        join: JoinRow {
+            n_keys: n,
+            seed_secs,
+            first_start_secs,
+            join_one_peer_secs: b_secs,
+            join_two_peers_secs: c_secs,
+            rsync_secs: rsync,
+            ratio: c_secs / rsync,
+        },
+        agents,
+    })
+}
+
+/// Starts agent `idx` on empty folders and returns the seconds from its
+/// start until its folders hold `want` (accepted, rejected) keys.
+fn join_one(cluster: &mut BenchCluster, idx: usize, want: (usize, usize)) -> anyhow::Result<f64> {
+    let t0 = Instant::now();
+    cluster.start(idx)?;
+    let pki = cluster.pki(idx).to_path_buf();
+    loop {
+        let have = (count_keys(&pki, "minions"), count_keys(&pki, "minions_rejected"));
+        if have == want {
+            return Ok(t0.elapsed().as_secs_f64());
+        }
+        if t0.elapsed() > JOIN_TIMEOUT {
+            bail!("{} holds {have:?} keys after {JOIN_TIMEOUT:?}, not {want:?}", cluster.files[idx].name);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `rsync -a` of A's three key folders into an empty folder, in seconds.
+fn rsync_secs(pki: &Path, dest: &Path) -> anyhow::Result<f64> {
+    std::fs::create_dir_all(dest)?;
+    let t0 = Instant::now();
+    let status = Command::new("rsync")
+        .arg("-a")
+        .args(FOLDERS.iter().map(|f| pki.join(f)))
+        .arg(dest)
+        .status()
+        .context("cannot run rsync: install it (apt-get install rsync) or use scripts/bench.sh")?;
+    let secs = t0.elapsed().as_secs_f64();
+    if !status.success() {
+        bail!("rsync -a into {} failed: {status}", dest.display());
+    }
+    Ok(secs)
+}
+
+/// Both pki folders hold the same names with the same bytes.
+fn same_state(a: &Path, b: &Path) -> anyhow::Result<()> {
+    for folder in FOLDERS {
+        let names = |pki: &Path| -> anyhow::Result<std::collections::BTreeSet<String>> {
+            let mut out = std::collections::BTreeSet::new();
+            for entry in std::fs::read_dir(pki.join(folder))? {
+                let name = entry?.file_name().to_string_lossy().into_owned();
+                if !name.starts_with('.') {
+                    out.insert(name);
+                }
+            }
+            Ok(out)
+        };
+        let (ours, theirs) = (names(a)?, names(b)?);
+        if ours != theirs {
+            bail!("{folder}: {} names against {}", ours.len(), theirs.len());
+        }
+        for name in &ours {
+            if std::fs::read(path(a, folder, name))? != std::fs::read(path(b, folder, name))? {
+                bail!("{folder}/{name} differs");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Each agent's memory, and its CPU time over `idle`.
+fn idle(cluster: &BenchCluster, idle: Duration) -> anyhow::Result<Vec<AgentRow>> {
+    let pids: Vec<u32> = (0..3).map(|idx| cluster.pid(idx).context("agent not running")).collect::<Result<_, _>>()?;
+    let before: Vec<u64> = pids.iter().map(|&pid| cpu_ticks(pid)).collect::<Result<_, _>>()?;
+    std::thread::sleep(idle);
+    let ticks_per_sec = clock_ticks()?;
+    let mut rows = Vec::new();
+    for (idx, &pid) in pids.iter().enumerate() {
+        let cpu = (cpu_ticks(pid)? - before[idx]) as f64 / ticks_per_sec;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let kib = |field: &str| -> u64 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        rows.push(AgentRow {
+            node: cluster.files[idx].name.clone(),
+            rss_mib: kib("VmRSS:") as f64 / 1024.0,
+            peak_rss_mib: kib("VmHWM:") as f64 / 1024.0,
+            idle_cpu_secs: cpu,
+            idle_secs: idle.as_secs_f64(),
+        });
+    }
+    Ok(rows)
+}
+
+/// utime + stime of a process, in clock ticks (/proc/PID/stat fields 14, 15).
+fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name (field 2) may hold spaces: count from its closing parenthesis.
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).context("malformed /proc/PID/stat")?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let field = |n: usize| -> anyhow::Result<u64> { Ok(fields.get(n - 3).context("short /proc/PID/stat")?.parse()?) };
+    Ok(field(14)? + field(15)?)
+}
+
+fn clock_ticks() -> anyhow::Result<f64> {
+    let out = Command::new("getconf").arg("CLK_TCK").output().context("cannot run getconf CLK_TCK")?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
+}

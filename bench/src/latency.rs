@@ -1,0 +1,109 @@
+//! Live figures on a fresh three-agent cluster: single accept / reject /
+//! delete on master A as `salt-key` does them (both Salt lines), timed from
+//! the final rename or unlink on A to the final file state on B and C; then
+//! `salt-key -A` bursts of pending keys.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use keysync_tests::salt_ops::{delete_key, master_writes_pending, move_key, SaltLine};
+
+use crate::cluster::BenchCluster;
+use crate::report::{BulkRow, OpRow};
+use crate::watch::{Final, PeerWatch};
+use crate::Settings;
+
+/// Longest wait for one operation to reach both peers before it counts as missed.
+const OP_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct Live {
+    pub ops: Vec<OpRow>,
+    pub bulk: Vec<BulkRow>,
+}
+
+pub fn run(settings: &Settings, keys: &[String]) -> anyhow::Result<Live> {
+    let mut cluster = BenchCluster::new(settings, "live")?;
+    cluster.start_all()?;
+    let watch = PeerWatch::new(&[cluster.pki(1), cluster.pki(2)])?;
+    let a = cluster.pki(0).to_path_buf();
+
+    let ids: Vec<String> = (0..settings.n_ops).map(|i| format!("lat{i:06}")).collect();
+    let key_of = |i: usize| keys[i % keys.len()].as_bytes().to_vec();
+    let line_of = |i: usize| [SaltLine::S3006, SaltLine::S3008][i % 2];
+    write_pending(&cluster, &a, &ids, keys)?;
+
+    let mut ops = Vec::new();
+    for (kind, to) in [("accept", Some("minions")), ("reject", Some("minions_rejected")), ("delete", None)] {
+        let mut samples: [Vec<Option<Duration>>; 2] = [Vec::new(), Vec::new()];
+        for (i, id) in ids.iter().enumerate() {
+            watch.drain();
+            let want = match to {
+                Some(folder) => {
+                    move_key(line_of(i), &a, id, folder);
+                    Final::In(folder, key_of(i))
+                }
+                None => {
+                    delete_key(&a, id);
+                    Final::Gone
+                }
+            };
+            let t0 = Instant::now();
+            samples[i % 2].extend(watch.wait_final(id, &want, t0, OP_TIMEOUT));
+        }
+        match to {
+            // Salt's two lines delete alike (unlink in every folder).
+            None => ops.push(OpRow::new(kind, "3006+3008", samples.concat())),
+            Some(_) => {
+                for (line, samples) in ["3006", "3008"].into_iter().zip(samples) {
+                    ops.push(OpRow::new(kind, line, samples));
+                }
+            }
+        }
+    }
+
+    let mut bulk = Vec::new();
+    for (line, prefix) in [(SaltLine::S3006, "bulk6-"), (SaltLine::S3008, "bulk8-")] {
+        let ids: Vec<String> = (0..settings.n_bulk).map(|i| format!("{prefix}{i:06}")).collect();
+        write_pending(&cluster, &a, &ids, keys)?;
+        watch.drain();
+        let burst = Instant::now();
+        for id in &ids {
+            move_key(line, &a, id, "minions");
+        }
+        let t0 = Instant::now();
+        let by_id = |id: &str| -> Final {
+            let i: usize = id[prefix.len()..].parse().unwrap_or(0);
+            Final::In("minions", key_of(i))
+        };
+        let per_peer = watch.wait_all(&ids, by_id, t0, Duration::from_secs(120));
+        bulk.push(BulkRow::new(if line == SaltLine::S3006 { "3006" } else { "3008" }, ids.len(), t0 - burst, per_peer));
+    }
+    cluster.stop()?;
+    Ok(Live { ops, bulk })
+}
+
+/// The master receiving minions' keys: pending files written in place on A,
+/// then a wait until A's agent has read them all (each audited once as
+/// `pending`), so the operations that follow are timed alone.
+fn write_pending(cluster: &BenchCluster, a: &Path, ids: &[String], keys: &[String]) -> anyhow::Result<()> {
+    let audit = &cluster.files[0].audit_log;
+    let before = count_pending(audit);
+    for (i, id) in ids.iter().enumerate() {
+        master_writes_pending(a, id, &keys[i % keys.len()]);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60 + ids.len() as u64 / 100);
+    while count_pending(audit) < before + ids.len() {
+        if Instant::now() > deadline {
+            bail!("A's agent did not observe {} pending keys within the time; see {}", ids.len(), audit.display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Lets A's agent finish the audit burst before timing starts.
+    std::thread::sleep(Duration::from_millis(200));
+    Ok(())
+}
+
+fn count_pending(audit: &Path) -> usize {
+    std::fs::read_to_string(audit).map(|text| text.matches(r#""action":"pending""#).count()).unwrap_or(0)
+}

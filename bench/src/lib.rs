@@ -1,0 +1,76 @@
+//! The salt-keysync benchmark: three real agent processes on loopback with
+//! mTLS, Salt-style key operations on one master, inotify on the other two,
+//! and the DESIGN §7 figures (latency, bulk, join versus `rsync -a`, memory,
+//! idle CPU). `main.rs` is the command line; `tests/reduced.rs` runs it small.
+#![forbid(unsafe_code)]
+
+pub mod cluster;
+pub mod join;
+pub mod latency;
+pub mod report;
+pub mod watch;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+pub use report::Report;
+
+/// How much work each part of the benchmark does.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Settings {
+    /// Operations of each kind (accept, reject, delete), half with each Salt line's pattern.
+    pub n_ops: usize,
+    /// Pending keys accepted in one burst (once per Salt line).
+    pub n_bulk: usize,
+    /// Decided keys the two peers hold when the empty master joins.
+    pub n_join: usize,
+    /// Idle time over which the agents' CPU use is measured.
+    pub idle: Duration,
+    /// Agents' log filter (`SALT_KEYSYNC_LOG`).
+    pub log_filter: String,
+    /// Keeps the temporary folders (agents' logs, audit logs) for a look afterwards.
+    pub keep: Option<PathBuf>,
+}
+
+impl Settings {
+    /// The full benchmark of issue 5: a few minutes.
+    pub fn full() -> Settings {
+        Settings {
+            n_ops: 1000,
+            n_bulk: 10_000,
+            n_join: 100_000,
+            idle: Duration::from_secs(60),
+            log_filter: "info".into(),
+            keep: None,
+        }
+    }
+
+    /// The reduced form CI runs: seconds, sane output, no targets.
+    pub fn quick() -> Settings {
+        Settings { n_ops: 20, n_bulk: 200, n_join: 2_000, idle: Duration::from_secs(3), ..Settings::full() }
+    }
+}
+
+/// Runs every part of the benchmark and returns its report.
+pub fn run(settings: &Settings) -> anyhow::Result<Report> {
+    let started = Instant::now();
+    let load_before = report::load_average();
+    let keys = cluster::key_pool(256);
+    // `--ops 0 --bulk 0` runs the join alone (for profiling it).
+    let live = if settings.n_ops + settings.n_bulk > 0 {
+        latency::run(settings, &keys)?
+    } else {
+        latency::Live { ops: Vec::new(), bulk: Vec::new() }
+    };
+    let join = join::run(settings, &keys)?;
+    Ok(Report {
+        settings: settings.clone(),
+        load_before,
+        load_after: report::load_average(),
+        wall_secs: started.elapsed().as_secs_f64(),
+        ops: live.ops,
+        bulk: live.bulk,
+        join: join.join,
+        agents: join.agents,
+    })
+}

@@ -1,0 +1,59 @@
+//! `keysync-bench`: the salt-keysync benchmark (issue 5, DESIGN §7). Run it
+//! through `scripts/bench.sh`, which builds the release binaries first.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(
+    name = "keysync-bench",
+    about = "Benchmark salt-keysync: three real agents, Salt-style key operations, join versus rsync",
+    after_help = "Examples:\n  scripts/bench.sh                      # full run, a few minutes\n  scripts/bench.sh --quick --json out.json\n  target/release/keysync-bench --ops 200 --bulk 2000 --join 20000 --idle 10\n\nThe agent binary is looked up next to this program (SALT_KEYSYNC_BIN overrides)."
+)]
+struct Args {
+    /// Small counts: seconds instead of minutes (what CI runs).
+    #[arg(long)]
+    quick: bool,
+    /// Also write the JSON summary to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Operations of each kind (accept, reject, delete).
+    #[arg(long)]
+    ops: Option<usize>,
+    /// Pending keys accepted in one burst.
+    #[arg(long)]
+    bulk: Option<usize>,
+    /// Decided keys held by the peers when the empty master joins.
+    #[arg(long)]
+    join: Option<usize>,
+    /// Seconds of idling over which CPU time is measured.
+    #[arg(long)]
+    idle: Option<u64>,
+    /// The agents' log filter (SALT_KEYSYNC_LOG), e.g. "info,salt_keysync::node=debug" for batch timings.
+    #[arg(long, value_name = "FILTER")]
+    log: Option<String>,
+    /// Keep the agents' folders and logs under DIR.
+    #[arg(long, value_name = "DIR")]
+    keep: Option<PathBuf>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let mut settings = if args.quick { keysync_bench::Settings::quick() } else { keysync_bench::Settings::full() };
+    settings.n_ops = args.ops.unwrap_or(settings.n_ops);
+    settings.n_bulk = args.bulk.unwrap_or(settings.n_bulk);
+    settings.n_join = args.join.unwrap_or(settings.n_join);
+    settings.idle = args.idle.map_or(settings.idle, Duration::from_secs);
+    settings.keep = args.keep;
+    settings.log_filter = args.log.unwrap_or(settings.log_filter);
+    let report = keysync_bench::run(&settings)?;
+    println!("{}", report.table());
+    let json = report.to_json();
+    println!("{json}");
+    if let Some(path) = args.json {
+        std::fs::write(&path, json + "\n").map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,204 @@
+//! The benchmark's figures: percentiles, the DESIGN §7 targets next to them,
+//! a table for people and a JSON summary for machines.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::Settings;
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub settings: Settings,
+    /// `/proc/loadavg` before and after: the machine may be shared.
+    pub load_before: String,
+    pub load_after: String,
+    pub wall_secs: f64,
+    pub ops: Vec<OpRow>,
+    pub bulk: Vec<BulkRow>,
+    pub join: JoinRow,
+    pub agents: Vec<AgentRow>,
+}
+
+/// Latency of one kind of operation: one sample per operation and peer.
+#[derive(Debug, Serialize)]
+pub struct OpRow {
+    pub kind: String,
+    pub salt: String,
+    pub n_samples: usize,
+    /// Samples that did not reach the final state within the timeout.
+    pub n_missed: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+impl OpRow {
+    pub fn new(kind: &str, salt: &str, samples: Vec<Option<Duration>>) -> OpRow {
+        let n_samples = samples.len();
+        let mut ms: Vec<f64> = samples.into_iter().flatten().map(|d| d.as_secs_f64() * 1e3).collect();
+        ms.sort_by(f64::total_cmp);
+        OpRow {
+            kind: kind.into(),
+            salt: salt.into(),
+            n_samples,
+            n_missed: n_samples - ms.len(),
+            p50_ms: percentile(&ms, 0.50),
+            p99_ms: percentile(&ms, 0.99),
+            max_ms: ms.last().copied().unwrap_or(f64::NAN),
+        }
+    }
+
+    /// DESIGN §7: accept/reject p50 ≤ 5 ms and p99 ≤ 20 ms; delete p99 ≤ 100 ms.
+    pub fn meets_target(&self) -> bool {
+        self.n_missed == 0
+            && match self.kind.as_str() {
+                "delete" => self.p99_ms <= 100.0,
+                _ => self.p50_ms <= 5.0 && self.p99_ms <= 20.0,
+            }
+    }
+}
+
+/// Nearest-rank percentile of sorted values.
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+#[derive(Debug, Serialize)]
+pub struct BulkRow {
+    pub salt: String,
+    pub n_keys: usize,
+    /// How long the burst of renames took on A.
+    pub burst_ms: f64,
+    /// From the last rename on A until B, and C, held every key (`null`: never).
+    pub per_peer_ms: Vec<Option<f64>>,
+    pub all_ms: Option<f64>,
+}
+
+impl BulkRow {
+    pub fn new(salt: &str, n_keys: usize, burst: Duration, per_peer: Vec<Option<Duration>>) -> BulkRow {
+        let per_peer_ms: Vec<Option<f64>> = per_peer.iter().map(|d| d.map(|d| d.as_secs_f64() * 1e3)).collect();
+        let all_ms = per_peer_ms.iter().try_fold(0f64, |max, ms| ms.map(|ms| max.max(ms)));
+        BulkRow { salt: salt.into(), n_keys, burst_ms: burst.as_secs_f64() * 1e3, per_peer_ms, all_ms }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct JoinRow {
+    pub n_keys: usize,
+    /// Writing the keys into A's folders before its agent's first start.
+    pub seed_secs: f64,
+    /// A's first start: reading and recording every key.
+    pub first_start_secs: f64,
+    /// B, empty, joining A alone.
+    pub join_one_peer_secs: f64,
+    /// C, empty, joining A and B: the figure of DESIGN §7.
+    pub join_two_peers_secs: f64,
+    pub rsync_secs: f64,
+    /// join_two_peers_secs / rsync_secs.
+    pub ratio: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct AgentRow {
+    pub node: String,
+    pub rss_mib: f64,
+    pub peak_rss_mib: f64,
+    pub idle_cpu_secs: f64,
+    pub idle_secs: f64,
+}
+
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_string()
+}
+
+fn mark(met: bool) -> &'static str {
+    if met {
+        "yes"
+    } else {
+        "NO"
+    }
+}
+
+impl Report {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("the report serializes")
+    }
+
+    /// The human-readable table, with each DESIGN §7 target.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let s = &self.settings;
+        let _ = writeln!(out, "salt-keysync benchmark: 3 agents on loopback (mTLS), {:.0} s wall", self.wall_secs);
+        let _ = writeln!(out, "load average before: {}  after: {}", self.load_before, self.load_after);
+        let _ = writeln!(out, "\nsingle operations on A, final file state on B and C ({} ops of each kind)", s.n_ops);
+        let _ = writeln!(
+            out,
+            "{:<8} {:<10} {:>8} {:>7} {:>9} {:>9} {:>9}  target",
+            "op", "salt", "samples", "missed", "p50 ms", "p99 ms", "max ms"
+        );
+        for row in &self.ops {
+            let target = if row.kind == "delete" { "p99<=100" } else { "p50<=5 p99<=20" };
+            let _ = writeln!(
+                out,
+                "{:<8} {:<10} {:>8} {:>7} {:>9.2} {:>9.2} {:>9.2}  {target}: {}",
+                row.kind,
+                row.salt,
+                row.n_samples,
+                row.n_missed,
+                row.p50_ms,
+                row.p99_ms,
+                row.max_ms,
+                mark(row.meets_target())
+            );
+        }
+        let _ = writeln!(out, "\nbulk accept (salt-key -A): from the last rename on A until B and C hold every key");
+        for row in &self.bulk {
+            let peers: Vec<String> =
+                row.per_peer_ms.iter().map(|ms| ms.map_or("never".into(), |ms| format!("{ms:.0} ms"))).collect();
+            let all = row.all_ms.map_or("never".into(), |ms| format!("{ms:.0} ms"));
+            let met = row.all_ms.is_some_and(|ms| ms <= 1000.0);
+            let _ = writeln!(
+                out,
+                "  {} keys, Salt {}: burst {:.0} ms on A; B {}, C {}; all {all}  target <=1 s: {}",
+                row.n_keys,
+                row.salt,
+                row.burst_ms,
+                peers[0],
+                peers[1],
+                mark(met)
+            );
+        }
+        let j = &self.join;
+        let _ = writeln!(out, "\njoin of an empty master, {} decided keys", j.n_keys);
+        let _ =
+            writeln!(out, "  seeding A's folders {:.1} s; A's first start {:.1} s", j.seed_secs, j.first_start_secs);
+        let _ = writeln!(out, "  B joining A:         {:.2} s", j.join_one_peer_secs);
+        let _ = writeln!(
+            out,
+            "  C joining A and B:   {:.2} s  target <=10 s: {}",
+            j.join_two_peers_secs,
+            mark(j.join_two_peers_secs <= 10.0)
+        );
+        let _ = writeln!(out, "  rsync -a, same folders: {:.2} s  (join / rsync = {:.1})", j.rsync_secs, j.ratio);
+        let _ = writeln!(out, "\nagents holding {} keys, then idle {:.0} s", j.n_keys, s.idle.as_secs_f64());
+        for a in &self.agents {
+            let _ = writeln!(
+                out,
+                "  {:<9} RSS {:>6.1} MiB (peak {:>6.1})  target <=64: {}   idle CPU {:.3} s ({:.2} %)",
+                a.node,
+                a.rss_mib,
+                a.peak_rss_mib,
+                mark(a.rss_mib <= 64.0),
+                a.idle_cpu_secs,
+                100.0 * a.idle_cpu_secs / a.idle_secs
+            );
+        }
+        out
+    }
+}

@@ -1,0 +1,36 @@
+//! The benchmark in its reduced form (`--quick` counts), so it cannot rot:
+//! it must run end to end against the real binary and report sane figures.
+//! Timing targets are not asserted here (CI machines vary); the full run
+//! (`scripts/bench.sh`) reports them.
+
+#[test]
+fn reduced_benchmark_runs_and_reports_sane_figures() {
+    if std::process::Command::new("rsync").arg("--version").output().is_err() {
+        panic!("rsync is missing: the benchmark compares the join with rsync -a; run `apt-get install rsync`");
+    }
+    let mut settings = keysync_bench::Settings::quick();
+    settings.log_filter = "warn,salt_keysync=info".into();
+    let report = keysync_bench::run(&settings).expect("the benchmark runs");
+    println!("{}", report.table());
+
+    assert_eq!(report.ops.len(), 5, "accept and reject for two Salt lines, and delete");
+    for row in &report.ops {
+        assert_eq!(row.n_missed, 0, "every operation reached both peers: {row:?}");
+        assert!(row.n_samples >= settings.n_ops, "one sample per operation and peer: {row:?}");
+        assert!(row.p50_ms > 0.0 && row.p50_ms <= row.p99_ms && row.p99_ms <= row.max_ms, "{row:?}");
+    }
+    for row in &report.bulk {
+        assert_eq!(row.n_keys, settings.n_bulk);
+        assert!(row.all_ms.is_some(), "both peers held every bulk key: {row:?}");
+    }
+    let join = &report.join;
+    assert_eq!(join.n_keys, settings.n_join);
+    assert!(join.join_two_peers_secs > 0.0 && join.rsync_secs > 0.0 && join.ratio.is_finite(), "{join:?}");
+    assert_eq!(report.agents.len(), 3);
+    for agent in &report.agents {
+        assert!(agent.rss_mib > 1.0 && agent.peak_rss_mib >= agent.rss_mib, "{agent:?}");
+        assert!(agent.idle_cpu_secs >= 0.0, "{agent:?}");
+    }
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).expect("the summary is JSON");
+    assert!(json["ops"][0]["p99_ms"].is_number(), "{json}");
+}
