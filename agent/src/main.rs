@@ -4,12 +4,13 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use salt_keysync::config::{Config, LogFormat, DEFAULT_CONFIG};
 use tokio_util::sync::CancellationToken;
 
 mod certs;
 mod check;
+mod generate;
 
 #[derive(Parser)]
 #[command(name = "salt-keysync", version, about = "Replicates salt-key decisions between SaltStack masters")]
@@ -24,12 +25,42 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the agent in the foreground (for systemd).
+    #[command(
+        long_about = "Run the agent in the foreground: watch the master's key folders, replicate \
+                      accept/reject/delete decisions to the peers and apply theirs. Logs go to \
+                      stderr (journald under systemd); SIGTERM or SIGINT stops it cleanly.",
+        after_help = RUN_EXAMPLES
+    )]
     Run,
     /// Validate the config, certificates and the salt-master set-up without starting.
+    #[command(
+        long_about = "Validate a set-up without starting the agent: the config file, the TLS \
+                      certificates (chain, node name, expiry), the three key folders, the salt \
+                      user, and that the master uses the local key store. Prints one line per \
+                      check; exits 1 if any failed.",
+        after_help = CHECK_EXAMPLES
+    )]
     Check,
     /// Make a CA and node certificates for sites without a PKI.
     Certs(certs::CertsArgs),
+    /// Write man pages or shell completions (used to build the packages).
+    #[command(hide = true, after_help = GENERATE_EXAMPLES)]
+    Generate(generate::GenerateArgs),
 }
+
+const RUN_EXAMPLES: &str = "Examples:
+  salt-keysync run                                  # /etc/salt-keysync/config.toml
+  salt-keysync run --config ./config.toml
+  SALT_KEYSYNC_LOG=debug salt-keysync run           # more detail
+  systemctl start salt-keysync                      # as packaged (runs `check` first)";
+
+const CHECK_EXAMPLES: &str = "Examples:
+  salt-keysync check
+  salt-keysync check --config /etc/salt-keysync/config.toml && systemctl restart salt-keysync";
+
+const GENERATE_EXAMPLES: &str = "Examples:
+  salt-keysync generate man target/man
+  salt-keysync generate completions bash target/completions";
 
 fn main() {
     let cli = Cli::parse();
@@ -37,6 +68,7 @@ fn main() {
         Command::Run => run(&cli.config),
         Command::Check => check::check(&cli.config),
         Command::Certs(args) => certs::certs(&args),
+        Command::Generate(args) => generate::generate(&args, Cli::command()),
     };
     if let Err(e) = result {
         eprintln!("salt-keysync: {e:#}");

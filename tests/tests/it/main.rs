@@ -2,6 +2,8 @@
 
 /// The real binary as separate processes: CLI errors, `run --config` on three agents.
 mod binary;
+/// Man pages and shell completions from `generate`, examples in `--help`.
+mod generate;
 /// In-process three-agent clusters over real mTLS: accept, reject and delete
 /// in both Salt patterns, restarts, transitive propagation, partitions.
 mod replication;

@@ -1,0 +1,85 @@
+//! The man pages and shell completions the packages ship, made by the real
+//! binary's hidden `generate` subcommand, and the examples in `--help`.
+
+use std::path::Path;
+
+use keysync_tests::binary::run_cli;
+
+/// The subcommands `salt-keysync --help` lists (what operators can run),
+/// read from the binary so that subcommands added later are covered too.
+fn visible_subcommands() -> Vec<String> {
+    let help = run_cli(&["--help"]);
+    assert!(help.status.success());
+    let text = String::from_utf8(help.stdout).unwrap();
+    let commands: Vec<String> = text
+        .lines()
+        .skip_while(|line| !line.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|line| line.starts_with("  "))
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .map(str::to_string)
+        .collect();
+    for expected in ["run", "check", "certs"] {
+        assert!(commands.iter().any(|c| c == expected), "{expected} missing from --help:\n{text}");
+    }
+    assert!(!commands.iter().any(|c| c == "generate"), "generate is hidden:\n{text}");
+    commands
+}
+
+fn generate(args: &[&str]) {
+    let out = run_cli(args);
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn man_pages_cover_every_subcommand() {
+    let dir = tempfile::tempdir().unwrap();
+    let man = dir.path().join("man");
+    generate(&["generate", "man", man.to_str().unwrap()]);
+    let main_page = read(&man.join("salt-keysync.1"));
+    assert!(main_page.contains(".TH salt-keysync 1"), "{main_page}");
+    for sub in visible_subcommands() {
+        assert!(main_page.contains(&format!("salt\\-keysync\\-{sub}(1)")), "{sub} not in salt-keysync.1:\n{main_page}");
+        let page = read(&man.join(format!("salt-keysync-{sub}.1")));
+        assert!(page.contains(&format!(".TH salt-keysync-{sub} 1")), "{page}");
+    }
+    assert!(!man.join("salt-keysync-generate.1").exists(), "the hidden subcommand gets no page");
+    // The examples of `check` reach its page.
+    assert!(read(&man.join("salt-keysync-check.1")).contains("Examples:"));
+}
+
+#[test]
+fn completions_offer_every_subcommand_and_not_the_hidden_one() {
+    let dir = tempfile::tempdir().unwrap();
+    for shell in ["bash", "zsh", "fish"] {
+        generate(&["generate", "completions", shell, dir.path().to_str().unwrap()]);
+    }
+    let bash = read(&dir.path().join("salt-keysync.bash"));
+    assert!(bash.contains("complete -F _salt__keysync"), "{bash}");
+    let zsh = read(&dir.path().join("_salt-keysync"));
+    let fish = read(&dir.path().join("salt-keysync.fish"));
+    for sub in visible_subcommands() {
+        assert!(bash.contains(&format!("salt__keysync,{sub})")), "bash: {sub}");
+        assert!(zsh.contains(&format!("'{sub}:")), "zsh: {sub}");
+        assert!(fish.contains(&format!("-a \"{sub}\"")), "fish: {sub}");
+    }
+    assert!(bash.contains("--config"), "the global option is completed");
+    for script in [&bash, &zsh, &fish] {
+        assert!(!script.contains("generate"), "hidden subcommand offered:\n{script}");
+    }
+}
+
+#[test]
+fn run_and_check_help_show_examples() {
+    for sub in ["run", "check"] {
+        let out = run_cli(&[sub, "--help"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("Examples:") && text.contains(&format!("salt-keysync {sub}")), "{sub} --help:\n{text}");
+    }
+}
