@@ -2,8 +2,9 @@
 
 /// The real binary as separate processes: CLI errors, `run --config` on three agents.
 mod binary;
-/// Man pages and shell completions from `generate`, examples in `--help`.
-mod generate;
+/// What the packages ship: man pages and completions from `generate`,
+/// examples in `--help`, the example config's documented defaults.
+mod packaging;
 /// In-process three-agent clusters over real mTLS: accept, reject and delete
 /// in both Salt patterns, restarts, transitive propagation, partitions.
 mod replication;

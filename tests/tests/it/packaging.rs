@@ -1,9 +1,12 @@
-//! The man pages and shell completions the packages ship, made by the real
-//! binary's hidden `generate` subcommand, and the examples in `--help`.
+//! What the packages ship besides the binary: man pages and shell
+//! completions made by the real binary's hidden `generate` subcommand, the
+//! examples in `--help`, and `packaging/config.toml`, whose commented keys
+//! must be real keys with the real defaults.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use keysync_tests::binary::run_cli;
+use salt_keysync::config::Config;
 
 /// The subcommands `salt-keysync --help` lists (what operators can run),
 /// read from the binary so that subcommands added later are covered too.
@@ -82,4 +85,45 @@ fn run_and_check_help_show_examples() {
         assert!(out.status.success(), "{text}");
         assert!(text.contains("Examples:") && text.contains(&format!("salt-keysync {sub}")), "{sub} --help:\n{text}");
     }
+}
+
+fn example_config() -> (PathBuf, String) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/config.toml");
+    let text = read(&path);
+    (path, text)
+}
+
+#[test]
+fn example_config_documents_the_real_defaults() {
+    let (path, text) = example_config();
+    let as_shipped = Config::parse(&text, &path).unwrap_or_else(|e| panic!("{e}"));
+    // Uncomment every `# key = value` line: each must be a known key whose
+    // value is the default the agent uses when the key is absent.
+    let uncommented: String = text
+        .lines()
+        .map(|line| match line.strip_prefix("# ") {
+            Some(rest) if rest.split_once(" = ").is_some_and(|(key, _)| !key.contains(' ')) => rest,
+            _ => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let n_uncommented = text.lines().count() - text.lines().zip(uncommented.lines()).filter(|(a, b)| a == b).count();
+    assert!(n_uncommented >= 12, "only {n_uncommented} commented keys found");
+    let explicit = Config::parse(&uncommented, &path).unwrap_or_else(|e| panic!("uncommented example: {e}"));
+    let same =
+        |what: &str, a: String, b: String| assert_eq!(a, b, "{what}: documented default differs from the real one");
+    same("pki_dir", format!("{:?}", as_shipped.pki_dir), format!("{:?}", explicit.pki_dir));
+    same("state_dir", format!("{:?}", as_shipped.state_dir), format!("{:?}", explicit.state_dir));
+    same("listen", as_shipped.listen.to_string(), explicit.listen.to_string());
+    same("log_format", format!("{:?}", as_shipped.log_format), format!("{:?}", explicit.log_format));
+    same(
+        "salt.master_config",
+        format!("{:?}", as_shipped.salt.master_config),
+        format!("{:?}", explicit.salt.master_config),
+    );
+    same("salt.cachedir", format!("{:?}", as_shipped.salt.cachedir), format!("{:?}", explicit.salt.cachedir));
+    same("timings", format!("{:?}", as_shipped.timings), format!("{:?}", explicit.timings));
+    // master_id and user are examples (their defaults depend on the host).
+    assert_eq!(explicit.salt.user.as_deref(), Some("salt"));
+    assert_eq!(as_shipped.audit_log, Path::new("/var/log/salt-keysync/audit.jsonl"));
 }
