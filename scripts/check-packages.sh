@@ -37,12 +37,10 @@ common=(
 )
 for page in "${man_pages[@]}"; do common+=("usr/share/man/man1/$(basename "$page") 100644"); done
 deb_only=("usr/share/zsh/vendor-completions/_salt-keysync 100644")
-rpm_only=(
-    "usr/share/zsh/site-functions/_salt-keysync 100644"
-    "etc/salt-keysync 40700"
-    "var/lib/salt-keysync 40700"
-    "var/log/salt-keysync 40700"
-)
+rpm_only=("usr/share/zsh/site-functions/_salt-keysync 100644")
+# Neither tool ships empty folders: both packages' post-install scripts make
+# the state and audit log folders, private.
+private_dirs="install -d -m 0700 -o root -g root /var/lib/salt-keysync /var/log/salt-keysync"
 
 # Asserts that every expected "path mode" line is in the listing file $1.
 expect_all() {
@@ -75,6 +73,7 @@ for script in postinst prerm postrm; do
     sh -n "$work/control/$script" || fail "$deb: $script is not valid sh"
 done
 grep -q SALT_KEYSYNC_PURGE_AUDIT "$work/control/postrm" || fail "$deb: postrm does not keep the audit log"
+grep -qF "$private_dirs" "$work/control/postinst" || fail "$deb: postinst does not make the private folders"
 grep -q "^Version: $version-1$" "$work/control/control" || fail "$deb: version is not $version-1"
 echo "ok   .deb: ${#common[@]} common + ${#deb_only[@]} own files with their modes, conffiles, scripts"
 
@@ -146,8 +145,9 @@ done
 # text itself; make sure the files' contents were used.
 grep -q "systemctl daemon-reload" "$work/rpm.scripts" || fail "$rpm: scriptlets are not packaging/rpm/*.sh"
 grep -q SALT_KEYSYNC_PURGE_AUDIT "$work/rpm.scripts" || fail "$rpm: %postun does not keep the audit log"
+grep -qF "$private_dirs" "$work/rpm.scripts" || fail "$rpm: %post does not make the private folders"
 [ "$(cat "$work/rpm.version")" = "$version-1" ] || fail "$rpm: version is $(cat "$work/rpm.version"), not $version-1"
-echo "ok   .rpm: ${#common[@]} common + ${#rpm_only[@]} own entries with their modes, %config, scriptlets"
+echo "ok   .rpm: ${#common[@]} common + ${#rpm_only[@]} own files with their modes, %config, scriptlets"
 
 # ---- install, run, remove, purge the .deb where the machine allows ----
 if [ "$(id -u)" -ne 0 ] || ! command -v dpkg >/dev/null; then
