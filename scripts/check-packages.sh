@@ -80,6 +80,7 @@ echo "ok   .deb: ${#common[@]} common + ${#deb_only[@]} own files with their mod
 echo "== $rpm"
 if command -v rpm >/dev/null; then
     echo "(listed with rpm -qp)"
+    rpm -K --nosignature "$rpm" || fail "$rpm: rpm -K finds it damaged"
     rpm -qp --qf '[%{FILENAMES} %{FILEMODES:octal}\n]' "$rpm" | sed 's|^/||' >"$work/rpm.list"
     rpm -qp --qf '[%{FILENAMES} %{FILEFLAGS:fflags}\n]' "$rpm" | sed 's|^/||' >"$work/rpm.flags"
     rpm -qp --scripts "$rpm" >"$work/rpm.scripts"
