@@ -2,7 +2,9 @@
 # Runs every check and test of salt-keysync: formatting, clippy, the Salt
 # venvs the real-Salt tests need (made once, cached under target/), and the
 # whole workspace's tests (unit, simulation, multi-agent, black-box, real
-# salt-key). This is the README's test command; .ci/run calls it.
+# salt-key), then builds the .deb and .rpm and checks them (installing the
+# .deb where the machine allows). This is the README's test command;
+# .ci/run calls it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -14,3 +16,6 @@ echo "== Salt venvs (3008.3, 3006.28)"
 tests/salt/venv.sh
 echo "== cargo test"
 cargo test --workspace --locked
+echo "== packages (.deb and .rpm)"
+scripts/package.sh
+scripts/check-packages.sh

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use salt_keysync::config::{Config, LogFormat, DEFAULT_CONFIG};
 use tokio_util::sync::CancellationToken;
 
@@ -13,6 +13,7 @@ mod audit_cmd;
 mod certs;
 mod check;
 mod demo;
+mod generate;
 
 #[derive(Parser)]
 #[command(name = "salt-keysync", version, about = "Replicates salt-key decisions between SaltStack masters")]
@@ -27,9 +28,22 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the agent in the foreground (for systemd); SIGHUP reloads peers and certificates.
-    #[command(after_help = RUN_EXAMPLES)]
+    #[command(
+        long_about = "Run the agent in the foreground: watch the master's key folders, replicate \
+                      accept/reject/delete decisions to the peers and apply theirs. Logs go to \
+                      stderr (journald under systemd); SIGTERM or SIGINT stops it cleanly, SIGHUP \
+                      reloads peers and certificates.",
+        after_help = RUN_EXAMPLES
+    )]
     Run,
     /// Validate the config, certificates and the salt-master set-up without starting.
+    #[command(
+        long_about = "Validate a set-up without starting the agent: the config file, the TLS \
+                      certificates (chain, node name, expiry), the three key folders, the salt \
+                      user, and that the master uses the local key store. Prints one line per \
+                      check; exits 1 if any failed.",
+        after_help = CHECK_EXAMPLES
+    )]
     Check,
     /// Make a CA (`certs init`) and node certificates (`certs issue NAME`) for sites without a PKI.
     Certs(certs::CertsArgs),
@@ -52,6 +66,9 @@ is not running.",
     /// Rebuild a lost or corrupt state folder from the peers (the agent must be stopped).
     #[command(after_help = RECOVER_EXAMPLES)]
     Recover(RecoverArgs),
+    /// Write man pages or shell completions (used to build the packages).
+    #[command(hide = true, after_help = GENERATE_EXAMPLES)]
+    Generate(generate::GenerateArgs),
 }
 
 const RECOVER_EXAMPLES: &str = "\
@@ -90,8 +107,11 @@ struct StatusArgs {
 
 const RUN_EXAMPLES: &str = "\
 Examples:
-  salt-keysync run --config /etc/salt-keysync/config.toml
-  kill -HUP $(pidof salt-keysync)    # or: systemctl reload salt-keysync
+  salt-keysync run                                  # /etc/salt-keysync/config.toml
+  salt-keysync run --config ./config.toml
+  SALT_KEYSYNC_LOG=debug salt-keysync run           # more detail
+  systemctl start salt-keysync                      # as packaged (runs `check` first)
+  kill -HUP $(pidof salt-keysync)                   # or: systemctl reload salt-keysync
 
 On SIGHUP the config is read again: [[peer]] and [tls] (files included)
 apply at once, without dropping unchanged links; a config that does not
@@ -99,6 +119,14 @@ load, or that changes any other key, is refused with the reason in the log
 and the audit log, and the running config stays in force.
 Under systemd (Type=notify) it reports READY=1, RELOADING=1, STOPPING=1 and
 pings the watchdog when WatchdogSec= is set.";
+
+const CHECK_EXAMPLES: &str = "Examples:
+  salt-keysync check
+  salt-keysync check --config /etc/salt-keysync/config.toml && systemctl restart salt-keysync";
+
+const GENERATE_EXAMPLES: &str = "Examples:
+  salt-keysync generate man target/man
+  salt-keysync generate completions bash target/completions";
 
 fn main() {
     let cli = Cli::parse();
@@ -115,6 +143,7 @@ fn main() {
         }
         Command::Audit(args) => std::process::exit(audit_cmd::audit(&cli.config, &args)),
         Command::Recover(args) => recover(&cli.config, &args),
+        Command::Generate(args) => generate::generate(&args, Cli::command()),
     };
     if let Err(e) = result {
         eprintln!("salt-keysync: {e:#}");

@@ -10,6 +10,9 @@ mod certs;
 mod demo;
 /// sd_notify with a fake systemd socket: READY, WATCHDOG, RELOADING, STOPPING.
 mod notify;
+/// What the packages ship: man pages and completions from `generate`,
+/// examples in `--help`, the example config's documented defaults.
+mod packaging;
 /// SIGHUP reloads on agent processes: peers, certificates, refused broken configs.
 mod reload;
 /// In-process three-agent clusters over real mTLS: accept, reject and delete

@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# Checks the packages ./scripts/package.sh made: every expected file with its
+# mode and kind, conffiles, maintainer scripts; then, where the machine
+# allows (root, dpkg, no salt-keysync installed by someone else), installs
+# the .deb, runs the binary, `check` and `systemd-analyze verify` on the
+# installed unit, removes and purges it, and checks that purge keeps the
+# audit log unless SALT_KEYSYNC_PURGE_AUDIT=yes.
+#
+# The .rpm is read with `rpm -qp` if rpm is installed, else by reading its
+# header directly (a small parser below: lead, signature and main header;
+# file names, modes, flags and scriptlets). Its install is not tested here.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+fail() { echo "check-packages: FAIL: $*" >&2; exit 1; }
+shopt -s nullglob
+debs=(target/debian/*.deb)
+rpms=(target/generate-rpm/*.rpm)
+[ ${#debs[@]} -eq 1 ] || fail "expected one .deb in target/debian (run ./scripts/package.sh), found ${#debs[@]}"
+[ ${#rpms[@]} -eq 1 ] || fail "expected one .rpm in target/generate-rpm (run ./scripts/package.sh), found ${#rpms[@]}"
+deb=${debs[0]} rpm=${rpms[0]}
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+man_pages=(target/release/package-assets/man/*.1.gz)
+[ ${#man_pages[@]} -ge 4 ] || fail "man pages missing under target/release/package-assets/man"
+
+# "path mode" lines (mode in octal with the file type: 100xxx file, 40xxx
+# folder), shared by both packages; then each package's own.
+common=(
+    "usr/bin/salt-keysync 100755"
+    "usr/lib/systemd/system/salt-keysync.service 100644"
+    "etc/salt-keysync/config.toml 100600"
+    "etc/logrotate.d/salt-keysync 100644"
+    "usr/share/bash-completion/completions/salt-keysync 100644"
+    "usr/share/fish/vendor_completions.d/salt-keysync.fish 100644"
+    "usr/share/doc/salt-keysync/operations.md 100644"
+    "usr/share/doc/salt-keysync/README.md 100644"
+)
+for page in "${man_pages[@]}"; do common+=("usr/share/man/man1/$(basename "$page") 100644"); done
+deb_only=("usr/share/zsh/vendor-completions/_salt-keysync 100644")
+rpm_only=("usr/share/zsh/site-functions/_salt-keysync 100644")
+# Neither tool ships empty folders: both packages' post-install scripts make
+# the state and audit log folders, private.
+private_dirs="install -d -m 0700 -o root -g root /var/lib/salt-keysync /var/log/salt-keysync"
+
+# Asserts that every expected "path mode" line is in the listing file $1.
+expect_all() {
+    local listing=$1 what=$2
+    shift 2
+    for entry in "$@"; do
+        grep -qxF "$entry" "$listing" || fail "$what: no \"$entry\" (have: $(grep -F "${entry%% *}" "$listing" || echo nothing))"
+    done
+}
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+echo "== $deb"
+dpkg-deb -c "$deb"
+# Exact modes from the data tarball, as "path mode" lines.
+dpkg-deb --fsys-tarfile "$deb" | python3 -c '
+import sys, tarfile
+for m in tarfile.open(fileobj=sys.stdin.buffer, mode="r|"):
+    kind = 0o40000 if m.isdir() else 0o100000 if m.isfile() else 0
+    print(m.name.removeprefix("./").rstrip("/"), format(kind | m.mode, "o"))
+' >"$work/deb.list"
+expect_all "$work/deb.list" "$deb" "${common[@]}" "${deb_only[@]}"
+dpkg-deb -e "$deb" "$work/control"
+for conffile in /etc/salt-keysync/config.toml /etc/logrotate.d/salt-keysync; do
+    grep -qxF "$conffile" "$work/control/conffiles" || fail "$deb: $conffile is not a conffile"
+done
+for script in postinst prerm postrm; do
+    [ -x "$work/control/$script" ] || fail "$deb: maintainer script $script missing or not executable"
+    sh -n "$work/control/$script" || fail "$deb: $script is not valid sh"
+done
+grep -q SALT_KEYSYNC_PURGE_AUDIT "$work/control/postrm" || fail "$deb: postrm does not keep the audit log"
+grep -qF "$private_dirs" "$work/control/postinst" || fail "$deb: postinst does not make the private folders"
+grep -q "^Version: $version-1$" "$work/control/control" || fail "$deb: version is not $version-1"
+echo "ok   .deb: ${#common[@]} common + ${#deb_only[@]} own files with their modes, conffiles, scripts"
+
+echo "== $rpm"
+if command -v rpm >/dev/null; then
+    echo "(listed with rpm -qp)"
+    rpm -K --nosignature "$rpm" || fail "$rpm: rpm -K finds it damaged"
+    rpm -qp --qf '[%{FILENAMES} %{FILEMODES:octal}\n]' "$rpm" | sed 's|^/||' >"$work/rpm.list"
+    rpm -qp --qf '[%{FILENAMES} %{FILEFLAGS:fflags}\n]' "$rpm" | sed 's|^/||' >"$work/rpm.flags"
+    rpm -qp --scripts "$rpm" >"$work/rpm.scripts"
+    rpm -qp --qf '%{VERSION}-%{RELEASE}\n' "$rpm" >"$work/rpm.version"
+else
+    echo "(rpm not installed: listed by reading the rpm header directly)"
+    python3 - "$rpm" "$work" <<'PY'
+# Reads an RPM v4 file's main header: lead (96 bytes), signature header
+# (padded to 8 bytes), main header. Each header: magic 8eade801, 4 reserved
+# bytes, index count, data size, 16-byte index entries, data.
+import struct, sys
+path, out = sys.argv[1], sys.argv[2]
+data = open(path, "rb").read()
+if data[:4] != b"\xed\xab\xee\xdb":
+    sys.exit(f"{path}: not an RPM file (bad lead magic)")
+
+def header(offset):
+    if data[offset:offset + 4] != b"\x8e\xad\xe8\x01":
+        sys.exit(f"{path}: bad header magic at {offset}")
+    count, size = struct.unpack(">II", data[offset + 8:offset + 16])
+    store = offset + 16 + 16 * count
+    tags = {}
+    for i in range(count):
+        tag, kind, off, n = struct.unpack(">IIII", data[offset + 16 + 16 * i:offset + 32 + 16 * i])
+        at = store + off
+        if kind == 3:
+            tags[tag] = list(struct.unpack(f">{n}H", data[at:at + 2 * n]))
+        elif kind == 4:
+            tags[tag] = list(struct.unpack(f">{n}I", data[at:at + 4 * n]))
+        elif kind in (6, 8, 9):
+            strings = data[at:].split(b"\0")[:n]
+            tags[tag] = [s.decode() for s in strings]
+    return tags, store + size
+
+_, end = header(96)
+tags, _ = header((end + 7) // 8 * 8)
+names = [tags[1118][d] + b for d, b in zip(tags[1116], tags[1117])]  # DIRNAMES[DIRINDEXES] + BASENAMES
+with open(f"{out}/rpm.list", "w") as f:
+    for name, mode in zip(names, tags[1030]):  # FILEMODES
+        print(name.lstrip("/"), format(mode, "o"), file=f)
+flag_names = {1: "c", 2: "d", 16: "n", 8: "m"}  # config, doc, noreplace, missingok
+with open(f"{out}/rpm.flags", "w") as f:
+    for name, flags in zip(names, tags[1037]):  # FILEFLAGS
+        print(name.lstrip("/"), "".join(c for bit, c in flag_names.items() if flags & bit), file=f)
+with open(f"{out}/rpm.scripts", "w") as f:
+    for tag, label in ((1024, "postinstall"), (1025, "preuninstall"), (1026, "postuninstall")):
+        if tag in tags:
+            print(f"{label} scriptlet:\n{tags[tag][0]}", file=f)
+with open(f"{out}/rpm.version", "w") as f:
+    print(f"{tags[1001][0]}-{tags[1002][0]}", file=f)  # VERSION-RELEASE
+PY
+fi
+cat "$work/rpm.list"
+expect_all "$work/rpm.list" "$rpm" "${common[@]}" "${rpm_only[@]}"
+for conffile in etc/salt-keysync/config.toml etc/logrotate.d/salt-keysync; do
+    grep -qE "^$conffile [a-z]*c[a-z]*n|^$conffile [a-z]*n[a-z]*c" "$work/rpm.flags" \
+        || fail "$rpm: $conffile is not %config(noreplace): $(grep "^$conffile " "$work/rpm.flags")"
+done
+for scriptlet in postinstall preuninstall postuninstall; do
+    grep -q "^$scriptlet scriptlet" "$work/rpm.scripts" || fail "$rpm: no $scriptlet scriptlet"
+done
+# cargo-generate-rpm takes a script path that does not exist as the script
+# text itself; make sure the files' contents were used.
+grep -q "systemctl daemon-reload" "$work/rpm.scripts" || fail "$rpm: scriptlets are not packaging/rpm/*.sh"
+grep -q SALT_KEYSYNC_PURGE_AUDIT "$work/rpm.scripts" || fail "$rpm: %postun does not keep the audit log"
+grep -qF "$private_dirs" "$work/rpm.scripts" || fail "$rpm: %post does not make the private folders"
+[ "$(cat "$work/rpm.version")" = "$version-1" ] || fail "$rpm: version is $(cat "$work/rpm.version"), not $version-1"
+echo "ok   .rpm: ${#common[@]} common + ${#rpm_only[@]} own files with their modes, %config, scriptlets"
+
+# ---- install, run, remove, purge the .deb where the machine allows ----
+if [ "$(id -u)" -ne 0 ] || ! command -v dpkg >/dev/null; then
+    echo "not root or no dpkg: .deb contents checked, install not tried"
+    exit 0
+fi
+if dpkg-query -W -f '${Status}' salt-keysync 2>/dev/null | grep -q installed; then
+    echo "salt-keysync is already installed on this machine: not touching it (contents checked, install not tried)"
+    exit 0
+fi
+[ ! -e /var/log/salt-keysync ] && [ ! -e /var/lib/salt-keysync ] \
+    || fail "/var/log/salt-keysync or /var/lib/salt-keysync exists without the package: remove it to let the install test run"
+cleanup() {
+    dpkg --purge salt-keysync >/dev/null 2>&1 || true
+    rm -rf /var/log/salt-keysync /var/lib/salt-keysync /etc/salt-keysync "$work"
+}
+trap cleanup EXIT
+mode_of() { stat -c %a "$1"; }
+
+echo "== dpkg -i $deb"
+dpkg -i "$deb"
+[ "$(salt-keysync --version)" = "salt-keysync $version" ] || fail "installed --version: $(salt-keysync --version)"
+salt-keysync check --help | grep -q "Examples:" || fail "installed check --help has no examples"
+for dir in /var/lib/salt-keysync /var/log/salt-keysync /etc/salt-keysync; do
+    [ "$(mode_of $dir)" = 700 ] || fail "$dir has mode $(mode_of $dir), not 700"
+done
+[ "$(mode_of /etc/salt-keysync/config.toml)" = 600 ] || fail "config.toml mode $(mode_of /etc/salt-keysync/config.toml)"
+# The packaged config parses; check then stops at the certificates that the
+# operator has yet to make, naming them.
+if salt-keysync check >"$work/check.out" 2>&1; then fail "check passed without certificates"; fi
+grep -q "/etc/salt-keysync/tls" "$work/check.out" || fail "check does not name the missing certificates: $(cat "$work/check.out")"
+echo "ok   salt-keysync check on the packaged config: $(grep -m1 FAIL "$work/check.out" || tail -1 "$work/check.out")"
+if command -v systemd-analyze >/dev/null; then
+    systemd-analyze verify /usr/lib/systemd/system/salt-keysync.service || fail "systemd-analyze verify of the installed unit"
+    echo "ok   systemd-analyze verify /usr/lib/systemd/system/salt-keysync.service"
+fi
+if command -v man >/dev/null; then
+    [ "$(man -w salt-keysync)" = /usr/share/man/man1/salt-keysync.1.gz ] || fail "man -w salt-keysync: $(man -w salt-keysync)"
+fi
+bash -n /usr/share/bash-completion/completions/salt-keysync || fail "bash completion is not valid bash"
+
+echo "== dpkg -r (remove keeps config, state and audit log)"
+echo '{"marker":"audit"}' >/var/log/salt-keysync/audit.jsonl
+echo state >/var/lib/salt-keysync/state.redb
+dpkg -r salt-keysync
+[ ! -e /usr/bin/salt-keysync ] || fail "remove left /usr/bin/salt-keysync"
+[ -f /etc/salt-keysync/config.toml ] && [ -f /var/lib/salt-keysync/state.redb ] && [ -f /var/log/salt-keysync/audit.jsonl ] \
+    || fail "remove deleted config, state or audit log"
+
+echo "== dpkg --purge (state goes, audit log stays)"
+dpkg --purge salt-keysync
+[ ! -e /var/lib/salt-keysync ] || fail "purge kept /var/lib/salt-keysync"
+[ ! -e /etc/salt-keysync/config.toml ] || fail "purge kept the config"
+grep -q marker /var/log/salt-keysync/audit.jsonl || fail "purge deleted the audit log"
+
+echo "== SALT_KEYSYNC_PURGE_AUDIT=yes dpkg --purge (audit log goes too)"
+dpkg -i "$deb" >/dev/null
+SALT_KEYSYNC_PURGE_AUDIT=yes dpkg --purge salt-keysync
+[ ! -e /var/log/salt-keysync ] || fail "SALT_KEYSYNC_PURGE_AUDIT=yes kept /var/log/salt-keysync"
+echo "ok   .deb installs, runs, removes and purges cleanly; purge keeps the audit log unless asked"

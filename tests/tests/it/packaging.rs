@@ -1,0 +1,129 @@
+//! What the packages ship besides the binary: man pages and shell
+//! completions made by the real binary's hidden `generate` subcommand, the
+//! examples in `--help`, and `packaging/config.toml`, whose commented keys
+//! must be real keys with the real defaults.
+
+use std::path::{Path, PathBuf};
+
+use keysync_tests::binary::run_cli;
+use salt_keysync::config::Config;
+
+/// The subcommands `salt-keysync --help` lists (what operators can run),
+/// read from the binary so that subcommands added later are covered too.
+fn visible_subcommands() -> Vec<String> {
+    let help = run_cli(&["--help"]);
+    assert!(help.status.success());
+    let text = String::from_utf8(help.stdout).unwrap();
+    let commands: Vec<String> = text
+        .lines()
+        .skip_while(|line| !line.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|line| line.starts_with("  "))
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .map(str::to_string)
+        .collect();
+    for expected in ["run", "check", "certs"] {
+        assert!(commands.iter().any(|c| c == expected), "{expected} missing from --help:\n{text}");
+    }
+    assert!(!commands.iter().any(|c| c == "generate"), "generate is hidden:\n{text}");
+    commands
+}
+
+fn generate(args: &[&str]) {
+    let out = run_cli(args);
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn man_pages_cover_every_subcommand() {
+    let dir = tempfile::tempdir().unwrap();
+    let man = dir.path().join("man");
+    generate(&["generate", "man", man.to_str().unwrap()]);
+    let main_page = read(&man.join("salt-keysync.1"));
+    assert!(main_page.contains(".TH salt-keysync 1"), "{main_page}");
+    for sub in visible_subcommands() {
+        assert!(main_page.contains(&format!("salt\\-keysync\\-{sub}(1)")), "{sub} not in salt-keysync.1:\n{main_page}");
+        let page = read(&man.join(format!("salt-keysync-{sub}.1")));
+        assert!(page.contains(&format!(".TH salt-keysync-{sub} 1")), "{page}");
+    }
+    assert!(!man.join("salt-keysync-generate.1").exists(), "the hidden subcommand gets no page");
+    // The examples of `check` reach its page.
+    assert!(read(&man.join("salt-keysync-check.1")).contains("Examples:"));
+}
+
+#[test]
+fn completions_offer_every_subcommand_and_not_the_hidden_one() {
+    let dir = tempfile::tempdir().unwrap();
+    for shell in ["bash", "zsh", "fish"] {
+        generate(&["generate", "completions", shell, dir.path().to_str().unwrap()]);
+    }
+    let bash = read(&dir.path().join("salt-keysync.bash"));
+    assert!(bash.contains("complete -F _salt__keysync"), "{bash}");
+    let zsh = read(&dir.path().join("_salt-keysync"));
+    let fish = read(&dir.path().join("salt-keysync.fish"));
+    for sub in visible_subcommands() {
+        assert!(bash.contains(&format!("salt__keysync,{sub})")), "bash: {sub}");
+        assert!(zsh.contains(&format!("'{sub}:")), "zsh: {sub}");
+        assert!(fish.contains(&format!("-a \"{sub}\"")), "fish: {sub}");
+    }
+    assert!(bash.contains("--config"), "the global option is completed");
+    for script in [&bash, &zsh, &fish] {
+        assert!(!script.contains("generate"), "hidden subcommand offered:\n{script}");
+    }
+}
+
+#[test]
+fn run_and_check_help_show_examples() {
+    for sub in ["run", "check"] {
+        let out = run_cli(&[sub, "--help"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("Examples:") && text.contains(&format!("salt-keysync {sub}")), "{sub} --help:\n{text}");
+    }
+}
+
+fn example_config() -> (PathBuf, String) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/config.toml");
+    let text = read(&path);
+    (path, text)
+}
+
+#[test]
+fn example_config_documents_the_real_defaults() {
+    let (path, text) = example_config();
+    let as_shipped = Config::parse(&text, &path).unwrap_or_else(|e| panic!("{e}"));
+    // Uncomment every `# key = value` line: each must be a known key whose
+    // value is the default the agent uses when the key is absent.
+    let uncommented: String = text
+        .lines()
+        .map(|line| match line.strip_prefix("# ") {
+            Some(rest) if rest.split_once(" = ").is_some_and(|(key, _)| !key.contains(' ')) => rest,
+            _ => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let n_uncommented = text.lines().count() - text.lines().zip(uncommented.lines()).filter(|(a, b)| a == b).count();
+    assert!(n_uncommented >= 12, "only {n_uncommented} commented keys found");
+    let explicit = Config::parse(&uncommented, &path).unwrap_or_else(|e| panic!("uncommented example: {e}"));
+    let same =
+        |what: &str, a: String, b: String| assert_eq!(a, b, "{what}: documented default differs from the real one");
+    same("pki_dir", format!("{:?}", as_shipped.pki_dir), format!("{:?}", explicit.pki_dir));
+    same("state_dir", format!("{:?}", as_shipped.state_dir), format!("{:?}", explicit.state_dir));
+    same("listen", as_shipped.listen.to_string(), explicit.listen.to_string());
+    same("log_format", format!("{:?}", as_shipped.log_format), format!("{:?}", explicit.log_format));
+    same(
+        "salt.master_config",
+        format!("{:?}", as_shipped.salt.master_config),
+        format!("{:?}", explicit.salt.master_config),
+    );
+    same("salt.cachedir", format!("{:?}", as_shipped.salt.cachedir), format!("{:?}", explicit.salt.cachedir));
+    same("timings", format!("{:?}", as_shipped.timings), format!("{:?}", explicit.timings));
+    // master_id and user are examples (their defaults depend on the host).
+    assert_eq!(explicit.salt.user.as_deref(), Some("salt"));
+    assert_eq!(as_shipped.audit_log, Path::new("/var/log/salt-keysync/audit.jsonl"));
+}
