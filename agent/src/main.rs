@@ -73,7 +73,7 @@ is not running.",
 
 const RECOVER_EXAMPLES: &str = "\
 The agent refuses to start when its state folder is gone or unreadable but the
-key folders were already synced (pki_dir/.salt-keysync-state names the state
+key folders were already synced (pki_dir/.keysync-staging/.salt-keysync-state names the state
 store). This fetches every decision the reachable peers hold, moves the old
 store aside, and leaves the decisions for the next start to apply; the files on
 this master are then treated like a first start and never override the peers.

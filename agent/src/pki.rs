@@ -26,7 +26,7 @@ static STAGING_SEQ: AtomicU64 = AtomicU64::new(0);
 /// folder in pki_dir (same file system, ignored by Salt). Staging outside the
 /// key folders keeps the agent's own writes out of its inotify watch and off
 /// the folders' large directory indexes until the final rename.
-const STAGING_DIR: &str = ".keysync-staging";
+pub const STAGING_DIR: &str = ".keysync-staging";
 
 /// A file owner: the salt master user.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

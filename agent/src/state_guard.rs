@@ -8,12 +8,13 @@
 //! operator's accept or delete would lose to the cluster. The agent refuses
 //! instead and names the command that rebuilds the state from the peers.
 //!
-//! The marker `pki_dir/.salt-keysync-state` (a dot file: Salt ignores it)
+//! The marker `pki_dir/.keysync-staging/.salt-keysync-state` (in the agent's own
+//! folder beside the key folders, the only place in pki_dir it may write besides them)
 //! holds the store's random id and the node name. It is written once the
 //! store is initialized and checked at every start.
 
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::store::Store;
@@ -42,8 +43,11 @@ pub struct Marker {
     pub node: String,
 }
 
+/// In the agent's own folder in pki_dir (the staging folder, on the key
+/// folders' filesystem): the packaged unit lets the agent write there and in
+/// the three key folders only, never next to master.pem.
 pub fn marker_path(pki_dir: &Path) -> PathBuf {
-    pki_dir.join(MARKER)
+    pki_dir.join(crate::pki::STAGING_DIR).join(MARKER)
 }
 
 pub fn read_marker(pki_dir: &Path) -> Result<Option<Marker>, GuardError> {
@@ -84,14 +88,19 @@ pub fn check(pki_dir: &Path, store: &Store, state_dir: &Path) -> Result<(), Guar
 /// Writes the marker naming `store_id` (staged and renamed, mode 0600).
 pub fn write_marker(pki_dir: &Path, store_id: &str, node: &str) -> Result<(), GuardError> {
     let path = marker_path(pki_dir);
-    let staging = pki_dir.join(format!("{MARKER}.tmp"));
+    let folder = pki_dir.join(crate::pki::STAGING_DIR);
+    let staging = folder.join(format!("{MARKER}.tmp"));
     let write = || -> std::io::Result<()> {
+        match std::fs::DirBuilder::new().mode(0o700).create(&folder) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
         let mut file =
             std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&staging)?;
         write!(file, "# salt-keysync: the state store that syncs this pki_dir; see docs/recovery.md\nstore {store_id}\nnode {node}\n")?;
         file.sync_all()?;
         std::fs::rename(&staging, &path)?;
-        std::fs::File::open(pki_dir)?.sync_all()
+        std::fs::File::open(&folder)?.sync_all()
     };
     write().map_err(|source| GuardError::Write { path, source })
 }
