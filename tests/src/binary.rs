@@ -199,7 +199,7 @@ pub struct FaultCluster {
     pub env: Vec<Vec<(String, String)>>,
     n_starts: Vec<usize>,
     /// Relay from agent i to agent j.
-    links: std::collections::HashMap<(usize, usize), crate::proxy::Link>,
+    links: crate::proxy::Relays,
 }
 
 impl FaultCluster {
@@ -208,17 +208,12 @@ impl FaultCluster {
     pub async fn create(root: &Path, n: usize, prepare: impl Fn(usize, &crate::cluster::AgentFiles)) -> FaultCluster {
         let ca = keysync_server::CertAuthority::new("ca").unwrap();
         let addrs: Vec<std::net::SocketAddr> = (0..n).map(|_| free_addr()).collect();
-        let mut links = std::collections::HashMap::new();
-        for i in 0..n {
-            for j in (0..n).filter(|&j| j != i) {
-                links.insert((i, j), crate::proxy::Link::start(addrs[j]).await);
-            }
-        }
+        let links = crate::proxy::Relays::start(&addrs).await;
         let files: Vec<_> = (0..n)
             .map(|i| {
                 let peers: Vec<(String, std::net::SocketAddr)> = (0..n)
                     .filter(|&j| j != i)
-                    .map(|j| (crate::cluster::NAMES[j].to_string(), links[&(i, j)].addr))
+                    .map(|j| (crate::cluster::NAMES[j].to_string(), links.addr(i, j)))
                     .collect();
                 crate::cluster::write_agent_files(root, &ca, crate::cluster::NAMES[i], addrs[i], &peers)
             })
@@ -330,24 +325,16 @@ impl FaultCluster {
 
     /// Cuts the relays both ways between `i` and `j`.
     pub fn cut(&self, i: usize, j: usize) {
-        self.links[&(i, j)].cut();
-        self.links[&(j, i)].cut();
+        self.links.cut(i, j);
     }
 
     /// Cuts every relay between agents of different groups.
     pub fn partition(&self, groups: &[&[usize]]) {
-        let group_of = |idx: usize| groups.iter().position(|g| g.contains(&idx));
-        for (&(i, j), link) in &self.links {
-            if group_of(i) != group_of(j) {
-                link.cut();
-            }
-        }
+        self.links.partition(groups);
     }
 
     pub fn heal(&self) {
-        for link in self.links.values() {
-            link.heal();
-        }
+        self.links.heal();
     }
 
     /// Stops every running agent with SIGTERM.

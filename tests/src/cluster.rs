@@ -2,7 +2,6 @@
 //! with its own pki folders, state and certificates made at test time, and
 //! its peers reached through relays the test can cut (partitions).
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -14,7 +13,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::proxy::Link;
+use crate::proxy::Relays;
 use crate::salt_ops::FOLDERS;
 
 pub const NAMES: [&str; 5] = ["master-a", "master-b", "master-c", "master-d", "master-e"];
@@ -148,7 +147,7 @@ impl TestAgent {
 pub struct TestCluster {
     pub agents: Vec<TestAgent>,
     /// Relay from agent i to agent j.
-    links: HashMap<(usize, usize), Link>,
+    links: Relays,
     pub root: tempfile::TempDir,
     /// The CA that issued every agent's certificate (tests issue strangers' too).
     pub ca: CertAuthority,
@@ -163,16 +162,11 @@ impl TestCluster {
             listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
         }
         let addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
-        let mut links = HashMap::new();
-        for i in 0..n {
-            for j in (0..n).filter(|&j| j != i) {
-                links.insert((i, j), Link::start(addrs[j]).await);
-            }
-        }
+        let links = Relays::start(&addrs).await;
         let mut agents = Vec::new();
         for i in 0..n {
             let peers: Vec<(String, SocketAddr)> =
-                (0..n).filter(|&j| j != i).map(|j| (NAMES[j].to_string(), links[&(i, j)].addr)).collect();
+                (0..n).filter(|&j| j != i).map(|j| (NAMES[j].to_string(), links.addr(i, j))).collect();
             let files = write_agent_files(root.path(), &ca, NAMES[i], addrs[i], &peers);
             agents.push(TestAgent { files, addr: addrs[i], running: None });
         }
@@ -196,18 +190,11 @@ impl TestCluster {
 
     /// Cuts every link between agents of different groups.
     pub fn partition(&self, groups: &[&[usize]]) {
-        let group_of = |idx: usize| groups.iter().position(|g| g.contains(&idx));
-        for (&(i, j), link) in &self.links {
-            if group_of(i) != group_of(j) {
-                link.cut();
-            }
-        }
+        self.links.partition(groups);
     }
 
     pub fn heal(&self) {
-        for link in self.links.values() {
-            link.heal();
-        }
+        self.links.heal();
     }
 
     pub async fn shutdown(mut self) {

@@ -56,3 +56,49 @@ impl Drop for Link {
         self.task.abort();
     }
 }
+
+/// A relay for every ordered pair of `n` agents: agent `i` reaches agent `j`
+/// through `relay(i, j)`, so a test can cut any direction between any two.
+pub struct Relays {
+    links: std::collections::HashMap<(usize, usize), Link>,
+}
+
+impl Relays {
+    /// Starts the relays towards the agents listening on `addrs`.
+    pub async fn start(addrs: &[SocketAddr]) -> Relays {
+        let mut links = std::collections::HashMap::new();
+        for i in 0..addrs.len() {
+            for j in (0..addrs.len()).filter(|&j| j != i) {
+                links.insert((i, j), Link::start(addrs[j]).await);
+            }
+        }
+        Relays { links }
+    }
+
+    /// The address agent `i` dials to reach agent `j`.
+    pub fn addr(&self, i: usize, j: usize) -> SocketAddr {
+        self.links[&(i, j)].addr
+    }
+
+    /// Cuts the relays both ways between `i` and `j`.
+    pub fn cut(&self, i: usize, j: usize) {
+        self.links[&(i, j)].cut();
+        self.links[&(j, i)].cut();
+    }
+
+    /// Cuts every relay between agents of different groups.
+    pub fn partition(&self, groups: &[&[usize]]) {
+        let group_of = |idx: usize| groups.iter().position(|g| g.contains(&idx));
+        for (&(i, j), link) in &self.links {
+            if group_of(i) != group_of(j) {
+                link.cut();
+            }
+        }
+    }
+
+    pub fn heal(&self) {
+        for link in self.links.values() {
+            link.heal();
+        }
+    }
+}
