@@ -30,7 +30,10 @@ impl Core {
         let decisions: Vec<Decision> =
             due.iter().filter_map(|name| self.observe_name(name, ObserveMode::Live, true)).collect();
         self.record_local(decisions, None);
-        self.apply_deferred();
+        // Not over a local change that could not be recorded: the retry finds it first.
+        if !self.rescan_pending {
+            self.apply_deferred();
+        }
     }
 
     /// Reads one name's three files and returns the decision they amount to.
@@ -44,7 +47,11 @@ impl Core {
         };
         let slots = self.pki.read_slots(&id);
         self.audit_slots(&id, &slots, audit_pending);
-        self.replica.observe(&id, interpret(&slots), wall_ms(), mode)
+        let decision = self.replica.observe(&id, interpret(&slots), wall_ms(), mode)?;
+        // The agent's own write of a peer's decision whose recording failed is
+        // not an operator's decision: the retry records it with its version.
+        let own_write = self.retry.iter().any(|(_, d)| d.id == decision.id && d.verdict == decision.verdict);
+        (!own_write).then_some(decision)
     }
 
     fn audit_slots(&mut self, id: &MinionId, slots: &Slots, audit_pending: bool) {
@@ -149,12 +156,17 @@ impl Core {
     pub(super) fn rescan(&mut self, why: &str) {
         let Some(names) = self.all_names() else { return };
         let names: Vec<String> = names.into_iter().filter(|name| !self.settler.is_unsettled(name)).collect();
-        let decisions: Vec<Decision> =
-            names.iter().filter_map(|name| self.observe_name(name, ObserveMode::Live, true)).collect();
+        // Until a first start's files are recorded they keep bootstrap
+        // versions: a stale master must not turn them into live decisions.
+        let mode = if self.first_start_unrecorded { ObserveMode::FirstStart } else { ObserveMode::Live };
+        let decisions: Vec<Decision> = names.iter().filter_map(|name| self.observe_name(name, mode, true)).collect();
         if !decisions.is_empty() {
             tracing::warn!(n = decisions.len(), why, "rescan found changes no event reported");
         }
         self.record_local(decisions, Some("found by rescan"));
+        if !self.rescan_pending {
+            self.first_start_unrecorded = false;
+        }
     }
 
     /// Every name in the three folders and every id held; `None` when the
@@ -190,5 +202,6 @@ impl Core {
             }
         }
         self.record_local(decisions, Some(reason));
+        self.first_start_unrecorded = !initialized && self.rescan_pending;
     }
 }

@@ -114,6 +114,9 @@ pub struct Core {
     /// Local decisions could not be made durable: the folders are scanned
     /// again when the backoff allows.
     rescan_pending: bool,
+    /// The first start's files could not be recorded yet: rescans keep
+    /// observing them as a first start (bootstrap versions).
+    first_start_unrecorded: bool,
     /// Failing writes: backoff, and one log line and audit record per episode.
     trouble: trouble::WriteTrouble,
     /// Losing versions of conflicts already audited, and peers' versions
@@ -294,6 +297,7 @@ pub fn start(parts: CoreParts) -> Result<(Core, CoreHandle, mpsc::Receiver<Reque
         retry: Vec::new(),
         deferred: Vec::new(),
         rescan_pending: false,
+        first_start_unrecorded: false,
         trouble: trouble::WriteTrouble::default(),
         reported: std::collections::HashSet::new(),
     };

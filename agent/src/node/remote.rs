@@ -76,8 +76,12 @@ impl Core {
         let mut revoked = false;
         for accepted in batch {
             let decision = &accepted.decision;
+            // Revoking: this master held the id as accepted, or still has it in
+            // minions/. The held entry counts too, because a retried or
+            // journalled decision may find its own earlier write already there.
             let had_accepted = decision.verdict.kind() != VerdictKind::Accepted
-                && self.pki.folder_path(Folder::Accepted).join(decision.id.as_str()).symlink_metadata().is_ok();
+                && (self.replica.entry(&decision.id).is_some_and(|held| held.kind == VerdictKind::Accepted)
+                    || self.pki.folder_path(Folder::Accepted).join(decision.id.as_str()).symlink_metadata().is_ok());
             match self.pki.apply(decision) {
                 Ok(applied) => {
                     revoked |= had_accepted;
@@ -163,6 +167,10 @@ impl Core {
         if !self.trouble.retry_due() {
             return;
         }
+        // The operator's unrecorded changes first (the agent's own half-done
+        // writes for the retried decisions are not taken for them: see
+        // `observe_name`), so a peer's decision retried next meets them as a
+        // conflict instead of overwriting them.
         if std::mem::take(&mut self.rescan_pending) {
             self.rescan("retry after a failed write");
         }
@@ -172,6 +180,9 @@ impl Core {
         }
         for (from, decisions) in by_peer {
             self.apply_remote(&from, decisions);
+        }
+        if !self.rescan_pending {
+            self.apply_deferred();
         }
         if self.retry.is_empty() && !self.rescan_pending {
             self.trouble.succeeded(&self.audit);
