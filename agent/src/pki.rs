@@ -5,7 +5,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::core::keyfile::{check_public_key, KeyError, MAX_KEY_BYTES};
 use crate::core::observe::Refusal;
@@ -68,11 +68,15 @@ pub struct Applied {
 pub struct Pki {
     root: PathBuf,
     owner: Owner,
+    /// Per key folder (in `Folder::ALL` order): a rename from the staging
+    /// folder failed with EXDEV (another file system, or a bind mount of its
+    /// own as systemd's ReadWritePaths= makes), so stage beside the key.
+    stage_beside: [AtomicBool; 3],
 }
 
 impl Pki {
     pub fn new(root: PathBuf, owner: Owner) -> Pki {
-        Pki { root, owner }
+        Pki { root, owner, stage_beside: Default::default() }
     }
 
     pub fn root(&self) -> &Path {
@@ -205,10 +209,18 @@ impl Pki {
     fn write_key(&self, folder: Folder, id: &str, bytes: &[u8]) -> io::Result<()> {
         let dir = self.folder_path(folder);
         let name = format!(".keysync-{}-{}", std::process::id(), STAGING_SEQ.fetch_add(1, Ordering::Relaxed));
+        let beside = &self.stage_beside[Folder::ALL.iter().position(|&f| f == folder).unwrap_or(0)];
+        if beside.load(Ordering::Relaxed) {
+            return self.stage(&dir.join(&name), &dir.join(id), bytes);
+        }
         let staged = self.stage(&self.root.join(STAGING_DIR).join(&name), &dir.join(id), bytes);
         match staged {
-            // A key folder on another file system than pki_dir: stage beside the key.
-            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => self.stage(&dir.join(&name), &dir.join(id), bytes),
+            // Not the staging folder's mount: stage beside the key, from now on.
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+                beside.store(true, Ordering::Relaxed);
+                tracing::info!(folder = %dir.display(), "staging beside the keys: the folder is a mount of its own");
+                self.stage(&dir.join(&name), &dir.join(id), bytes)
+            }
             result => result,
         }
     }

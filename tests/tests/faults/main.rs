@@ -4,6 +4,8 @@
 //! Every test ends with all folders identical and no decision an operator
 //! did not make (no delete, no rollback) anywhere.
 
+/// Key folders that are mounts of their own (systemd's ReadWritePaths=).
+mod bind_mounts;
 /// Clocks hours ahead and behind; a peer far in the future refused.
 mod clock;
 /// Shared helpers: folder snapshots, audit queries, convergence.
