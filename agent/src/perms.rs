@@ -114,6 +114,9 @@ pub fn check_config_paths(config: &Config) -> Vec<PermError> {
         (config.pki_dir.clone(), Rule::KeyFolder),
     ];
     paths.extend(Folder::ALL.map(|folder| (config.pki_dir.join(folder.dir_name()), Rule::KeyFolder)));
+    // The agent's own folder in pki_dir (staged key files, the state marker):
+    // whoever can write there can swap a staged key before it is renamed in.
+    paths.push((config.pki_dir.join(crate::pki::STAGING_DIR), Rule::StateDir));
     paths.into_iter().filter_map(|(path, rule)| check_path(&path, rule).err()).collect()
 }
 

@@ -40,18 +40,19 @@ async fn refused_start(files: &AgentFiles) -> String {
 async fn too_open_paths_are_refused_with_path_mode_and_fix() {
     let root = tempfile::tempdir().unwrap();
     // (what is loosened, its mode, the requirement, the suggested chmod)
-    let cases: [(&str, u32, &str, &str); 6] = [
+    let cases: [(&str, u32, &str, &str); 7] = [
         ("node.key", 0o644, "it must not be accessible by group or others", "600"),
         ("node.key", 0o640, "it must not be accessible by group or others", "600"),
         ("ca.pem", 0o666, "it must not be writable by group or others", "644"),
         ("state", 0o755, "it must not be accessible by others nor writable by group", "750"),
         ("pki", 0o777, "it must not be writable by group or others", "755"),
         ("pki/minions_rejected", 0o775, "it must not be writable by group or others", "755"),
+        ("pki/.keysync-staging", 0o777, "it must not be accessible by others nor writable by group", "750"),
     ];
     for (idx, (rel, mode, requirement, fix)) in cases.into_iter().enumerate() {
         let files = fresh_agent(root.path(), &format!("m{idx}"));
         let target = files.dir.join(rel);
-        if rel == "state" {
+        if rel == "state" || rel == "pki/.keysync-staging" {
             std::fs::create_dir(&target).unwrap();
         }
         chmod(&target, mode);
