@@ -109,6 +109,14 @@ pub async fn run_with(
     let owner = salt_owner(&config)?;
     std::fs::create_dir_all(&config.state_dir)
         .with_context(|| format!("cannot create state_dir {}", config.state_dir.display()))?;
+    // Bound before the store, the audit log or the folders are touched: another agent on this state
+    // folder, or a metrics port in use, stops the start while nothing changed.
+    let control_socket = crate::control::bind(&config.control_socket, &config.state_dir).await?;
+    let metrics_listener = match config.metrics_listen {
+        Some(address) => Some(crate::metrics::bind(address).await?),
+        None => None,
+    };
+
     let audit = Arc::new(AuditLog::open(&config.audit_log, &config.node)?);
     let store = Store::open(&config.state_dir, &config.node).with_context(|| {
         format!(
@@ -155,11 +163,6 @@ pub async fn run_with(
     // The store is initialized now: from here on its loss is detected.
     crate::state_guard::mark(&config.pki_dir, &store_id, &config.node)?;
     let board = Arc::new(crate::board::Board::new(&config, audit.clone(), metrics.clone()));
-    let control_socket = crate::control::bind(&config.control_socket, &config.state_dir).await?;
-    let metrics_listener = match config.metrics_listen {
-        Some(address) => Some(crate::metrics::bind(address).await?),
-        None => None,
-    };
     audit.record(Record {
         reason: Some(format!("listening on {}, {} peers", listener.local_addr()?, config.peers.len())),
         ..Record::new("start", "local", "started")
