@@ -143,7 +143,7 @@ impl Board {
         inner.peers.retain(|name, _| {
             let keep = wanted.contains_key(name.as_str());
             if !keep {
-                self.metrics.peer_up.remove(&PeerLabel { peer: name.clone() });
+                self.metrics.forget_peer(name);
             }
             keep
         });

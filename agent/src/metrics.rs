@@ -62,6 +62,21 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Metrics {
+    /// Drops every series of a peer removed by a reload, so no gauge of a
+    /// peer that is gone stays up (or in mismatch) forever.
+    pub fn forget_peer(&self, peer: &str) {
+        let label = PeerLabel { peer: peer.to_string() };
+        self.peer_up.remove(&label);
+        self.anti_entropy_runs.remove(&label);
+        self.master_key_mismatch.remove(&label);
+        for direction in ["sent", "received"] {
+            self.anti_entropy_bytes.remove(&BytesLabel { peer: peer.to_string(), direction });
+        }
+        for setting in crate::health::SETTINGS {
+            self.settings_drift.remove(&SettingLabel { peer: peer.to_string(), setting: setting.to_string() });
+        }
+    }
+
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("keysync");
         let decisions_applied = Counter::default();
