@@ -212,7 +212,8 @@ impl PeerLink {
                 // A malformed summary only means that id is not fetched.
                 let Ok(id) = MinionId::parse(&summary.minion) else { continue };
                 let Some(version) = summary.version else { continue };
-                summaries.push((id, crate::core::Version::new(version.hlc, version.node)));
+                let Ok(version) = crate::wire::version_from_wire(version, id.as_str()) else { continue };
+                summaries.push((id, version));
             }
         }
         self.board.contact(&self.peer.name);

@@ -56,7 +56,7 @@ pub fn decision_from_wire(msg: v1::Decision) -> Result<Decision, WireError> {
     Ok(Decision { id, verdict, version, supersedes })
 }
 
-fn version_from_wire(msg: v1::Version, id: &str) -> Result<Version, WireError> {
+pub fn version_from_wire(msg: v1::Version, id: &str) -> Result<Version, WireError> {
     let valid = !msg.node.is_empty()
         && msg.node.len() <= 253
         && msg.node.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
