@@ -69,8 +69,9 @@ impl AgentProcess {
         let child = Command::new(binary())
             .args(["run", "--config"])
             .arg(config)
-            .envs(env.iter().copied())
             .env("SALT_KEYSYNC_LOG", filter)
+            // After the default: a test's own SALT_KEYSYNC_LOG wins.
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().unwrap())
             .stderr(log_file)

@@ -18,6 +18,7 @@ const MINUTE_MS: i64 = 60_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skewed_clocks_converge_and_a_peer_far_in_the_future_is_refused() {
+    let _serial = crate::common::SERIAL.lock().await;
     let root = tempfile::tempdir().unwrap();
     let keys = key_pool(10);
     let ids: Vec<String> = (0..10).map(|i| format!("clock{i}")).collect();

@@ -7,6 +7,11 @@ use std::time::Duration;
 use keysync_tests::binary::FaultCluster;
 use salt_keysync::audit::{read_verified, Record};
 
+/// One fault test at a time: each runs three agents and some (the 5,000-key
+/// burst, the soak) load the disk enough that a neighbour's `syncfs` takes
+/// seconds, which would turn the timing of another test's scenario into luck.
+pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// What the decided folders say: id → (folder, key bytes), for `minions` and
 /// `minions_rejected` (pending keys are per master and not compared).
 pub type Decided = BTreeMap<String, (&'static str, Vec<u8>)>;

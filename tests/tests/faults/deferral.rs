@@ -15,6 +15,7 @@ use crate::common::{assert_winners_applied, converged, decided, key_pool, write_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_decision_waits_for_a_salt_key_run_in_progress() {
+    let _serial = crate::common::SERIAL.lock().await;
     let root = tempfile::tempdir().unwrap();
     let keys = key_pool(1);
     let mut cluster =
@@ -25,8 +26,12 @@ async fn a_peer_decision_waits_for_a_salt_key_run_in_progress() {
 
     // master-b: `salt-key -r web01` (3008) is half-way: gone from every folder, tmp written.
     std::fs::remove_file(path(&b, "minions_pre", "web01")).unwrap();
+    // The tmp file stays open, as while Salt writes it: the id stays unsettled
+    // until it is closed (up to the settler's 5 s hold), whatever the load.
     let tmp = path(&b, "minions_rejected", "tmpq8d7k2x1");
-    std::fs::write(&tmp, &keys[0]).unwrap();
+    let mut writing = std::fs::File::create(&tmp).unwrap();
+    let (head, tail) = keys[0].as_bytes().split_at(40);
+    std::io::Write::write_all(&mut writing, head).unwrap();
     // Meanwhile master-a accepts web01.
     std::fs::rename(path(&a, "minions_pre", "web01"), path(&a, "minions", "web01")).unwrap();
     wait_until(Duration::from_secs(4), "master-b defers the accept", || {
@@ -37,6 +42,8 @@ async fn a_peer_decision_waits_for_a_salt_key_run_in_progress() {
     .await;
     assert!(!path(&b, "minions", "web01").exists(), "nothing written while salt-key runs");
     // salt-key on master-b finishes.
+    std::io::Write::write_all(&mut writing, tail).unwrap();
+    drop(writing);
     std::fs::rename(&tmp, path(&b, "minions_rejected", "web01")).unwrap();
 
     converged(&cluster, Duration::from_secs(30)).await;

@@ -66,6 +66,7 @@ impl Drop for SmallDisk {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_is_retried_audited_once_and_caught_up() {
+    let _serial = crate::common::SERIAL.lock().await;
     let root = tempfile::tempdir().unwrap();
     let keys = key_pool(8);
     let ids: Vec<String> = (0..40).map(|i| format!("full{i:02}")).collect();

@@ -12,6 +12,7 @@ const BURST: usize = 5_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_while_applying_a_burst_of_5000_then_restart_converges() {
+    let _serial = crate::common::SERIAL.lock().await;
     let root = tempfile::tempdir().unwrap();
     let keys = key_pool(16);
     let ids: Vec<String> = (0..BURST).map(|i| format!("burst{i:05}")).collect();

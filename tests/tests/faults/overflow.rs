@@ -17,6 +17,7 @@ const N: usize = 400;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_inotify_overflow_is_repaired_by_a_rescan() {
+    let _serial = crate::common::SERIAL.lock().await;
     let root = tempfile::tempdir().unwrap();
     let keys = key_pool(8);
     let ids: Vec<String> = (0..N).map(|i| format!("flood{i:03}")).collect();

@@ -16,6 +16,7 @@ const N: usize = 30;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conflicting_decisions_in_a_partition_converge_to_the_highest_version() {
+    let _serial = crate::common::SERIAL.lock().await;
     let root = tempfile::tempdir().unwrap();
     let keys = key_pool(N);
     let ids: Vec<String> = (0..N).map(|i| format!("split{i:02}")).collect();

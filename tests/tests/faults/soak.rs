@@ -63,6 +63,7 @@ fn env_u64(name: &str) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak() {
+    let _serial = crate::common::SERIAL.lock().await;
     let seed = env_u64("SOAK_SEED")
         .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs());
     let n_ops = env_u64("SOAK_OPS").unwrap_or(DEFAULT_OPS);

@@ -13,6 +13,7 @@ use crate::common::{assert_winners_applied, converged, count, decided, key_pool,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_or_corrupt_state_is_refused_and_rebuilt_from_the_peers() {
+    let _serial = crate::common::SERIAL.lock().await;
     let root = tempfile::tempdir().unwrap();
     let keys = key_pool(10);
     let ids: Vec<String> = (0..10).map(|i| format!("lost{i}")).collect();

@@ -143,7 +143,12 @@ async fn accept_and_reject_made_during_a_partition_converge_as_a_conflict() {
     // Let the cut connections notice before deciding.
     tokio::time::sleep(Duration::from_millis(300)).await;
     move_key(SaltLine::S3006, cluster.pki(0), "split", "minions");
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // a's decision is made (and stamped) before b's operator acts: b decides last.
+    wait_until(SETTLE, "a decided the accept", || {
+        cluster.agents[0].audit().iter().any(|r| r.action == "accept" && r.minion.as_deref() == Some("split"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
     move_key(SaltLine::S3008, cluster.pki(1), "split", "minions_rejected");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(find(cluster.pki(0), "split").unwrap().0, "minions");
