@@ -136,7 +136,9 @@ impl PeerLink {
         let hello = self.hello(&mut client).await?;
         // Subscribed before anti-entropy, so nothing decided meanwhile is missed.
         let mut outgoing = self.core.subscribe();
-        let (push_tx, push_rx) = mpsc::channel::<v1::DecisionBatch>(16);
+        // Two batches in flight: more would only queue small batches the peer
+        // then applies one by one (see the coalescing below).
+        let (push_tx, push_rx) = mpsc::channel::<v1::DecisionBatch>(2);
         let mut acks = client.push(ReceiverStream::new(push_rx)).await?.into_inner();
         self.anti_entropy(&mut client, &push_tx).await?;
         let _ = connected.try_send(());
@@ -152,7 +154,17 @@ impl PeerLink {
                 out = outgoing.recv() => match out {
                     Ok(out) if out.from.as_deref() == Some(self.peer.name.as_str()) => {}
                     Ok(out) => {
-                        send_decisions(&push_tx, &out.decisions).await?;
+                        // Everything else already queued goes in the same push: while
+                        // the peer is busy making the last batch durable, a burst
+                        // (salt-key -A) accumulates here and is sent as one batch
+                        // rather than as many small ones, each costing it its fsyncs.
+                        let mut decisions = out.decisions.to_vec();
+                        while let Ok(more) = outgoing.try_recv() {
+                            if more.from.as_deref() != Some(self.peer.name.as_str()) {
+                                decisions.extend(more.decisions.iter().cloned());
+                            }
+                        }
+                        send_decisions(&push_tx, &decisions).await?;
                     }
                     Err(broadcast::error::RecvError::Lagged(n)) => {
                         tracing::warn!(n_batches = n, "fell behind; repairing by anti-entropy");
