@@ -158,13 +158,22 @@ impl PeerLink {
                         // the peer is busy making the last batch durable, a burst
                         // (salt-key -A) accumulates here and is sent as one batch
                         // rather than as many small ones, each costing it its fsyncs.
-                        let mut decisions = out.decisions.to_vec();
+                        let mut queued = Vec::new();
                         while let Ok(more) = outgoing.try_recv() {
                             if more.from.as_deref() != Some(self.peer.name.as_str()) {
-                                decisions.extend(more.decisions.iter().cloned());
+                                queued.push(more);
                             }
                         }
-                        send_decisions(&push_tx, &decisions).await?;
+                        if queued.is_empty() {
+                            // The usual case: nothing to gather, nothing copied.
+                            send_decisions(&push_tx, &out.decisions).await?;
+                        } else {
+                            let decisions: Vec<Decision> = std::iter::once(&out)
+                                .chain(&queued)
+                                .flat_map(|o| o.decisions.iter().cloned())
+                                .collect();
+                            send_decisions(&push_tx, &decisions).await?;
+                        }
                     }
                     Err(broadcast::error::RecvError::Lagged(n)) => {
                         tracing::warn!(n_batches = n, "fell behind; repairing by anti-entropy");
