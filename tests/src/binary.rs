@@ -70,7 +70,9 @@ impl AgentProcess {
             .args(["run", "--config"])
             .arg(config)
             .env("SALT_KEYSYNC_LOG", filter)
-            // After the default: a test's own SALT_KEYSYNC_LOG wins.
+            // Plain test logs even when the tests themselves run under systemd.
+            .env_remove("JOURNAL_STREAM")
+            // After the defaults: a test's own SALT_KEYSYNC_LOG or JOURNAL_STREAM wins.
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().unwrap())

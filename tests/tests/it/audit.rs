@@ -9,7 +9,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use keysync_server::CertAuthority;
-use keysync_tests::binary::{binary, free_addr, run_cli};
+use keysync_tests::binary::{binary, free_addr, run_cli, AgentProcess};
 use keysync_tests::cluster::write_agent_files;
 use salt_keysync::audit::{line_hash, AuditLog, Record, GENESIS};
 use time::format_description::well_known::Rfc3339;
@@ -250,24 +250,12 @@ fn run_agent_once(log_format: Option<&str>, env: &[(&str, &str)]) -> (String, Pa
         std::fs::write(&files.config_path, format!("log_format = \"{format}\"\n{config}")).unwrap();
     }
     let log_path = dir.path().join("agent.log");
-    let log_file = std::fs::File::create(&log_path).unwrap();
-    let mut child = Command::new(binary())
-        .args(["run", "--config"])
-        .arg(&files.config_path)
-        .env("SALT_KEYSYNC_LOG", "info")
-        .env_remove("JOURNAL_STREAM")
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(log_file.try_clone().unwrap())
-        .stderr(log_file)
-        .spawn()
-        .unwrap();
+    let agent = AgentProcess::start_with_env(&files.config_path, log_path.clone(), env);
     let started = (0..400).any(|_| {
         std::thread::sleep(Duration::from_millis(50));
         std::fs::read_to_string(&log_path).is_ok_and(|t| t.contains("agent started"))
     });
-    let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
-    let status = child.wait().unwrap();
+    let status = agent.stop();
     let text = std::fs::read_to_string(&log_path).unwrap();
     assert!(started && status.success(), "{status}: {text}");
     (text, files.audit_log, dir)
