@@ -7,7 +7,6 @@
 //! the next start instead of being mistaken for an operator's change.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
@@ -18,9 +17,10 @@ const JOURNAL: TableDefinition<&str, &[u8]> = TableDefinition::new("journal");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
 /// redb's page cache. Its default (1 GiB) lets an agent holding 100,000
-/// keys grow past 100 MiB; every lookup the agent makes at run time is a
-/// batch (fetch, anti-entropy), which the OS page cache serves well enough.
-const CACHE_BYTES: usize = 16 * 1024 * 1024;
+/// keys grow past 100 MiB, and even 16 MiB filled up serving one join; every
+/// lookup the agent makes at run time is a batch (fetch, anti-entropy),
+/// which the OS page cache serves well enough.
+const CACHE_BYTES: usize = 4 * 1024 * 1024;
 
 const META_CLOCK: &str = "clock";
 const META_NODE: &str = "node";
@@ -248,7 +248,7 @@ fn decode_version(bytes: &[u8]) -> Option<(Version, &[u8])> {
     let hlc = u64::from_be_bytes(bytes.get(..8)?.try_into().ok()?);
     let len = usize::from(u16::from_be_bytes(bytes.get(8..10)?.try_into().ok()?));
     let node = std::str::from_utf8(bytes.get(10..10 + len)?).ok()?;
-    Some((Version { hlc, node: Arc::from(node) }, &bytes[10 + len..]))
+    Some((Version { hlc, node: crate::core::version::node_name(node) }, &bytes[10 + len..]))
 }
 
 #[cfg(test)]

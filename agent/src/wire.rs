@@ -1,8 +1,6 @@
 //! Conversions between the `keysync.v1` messages and the core's types. Every
 //! field from the wire is validated here, before anything else sees it.
 
-use std::sync::Arc;
-
 use keysync_proto::v1;
 
 use crate::core::keyfile::{check_public_key, KeyError};
@@ -63,7 +61,7 @@ pub fn version_from_wire(msg: v1::Version, id: &str) -> Result<Version, WireErro
     if !valid {
         return Err(WireError::Node { id: id.into(), node: msg.node.escape_debug().to_string() });
     }
-    Ok(Version { hlc: msg.hlc, node: Arc::from(msg.node) })
+    Ok(Version { hlc: msg.hlc, node: crate::core::version::node_name(&msg.node) })
 }
 
 pub fn version_to_wire(version: &Version) -> v1::Version {

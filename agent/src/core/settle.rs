@@ -159,6 +159,10 @@ impl Settler {
             // A temporary file that was never seen going must not hold
             // future deletes back forever.
             self.tmp_in_flight.clear();
+            // A burst (a join's echo, salt-key -A) grew the maps: hand the
+            // memory back rather than keep it for the next one.
+            self.unsettled.shrink_to_fit();
+            self.tmp_in_flight.shrink_to_fit();
         }
         due.sort();
         due

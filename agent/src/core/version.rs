@@ -12,6 +12,25 @@ const LOGICAL_BITS: u32 = 16;
 /// are far above it.
 const BOOTSTRAP_CEILING: u64 = 1 << 42;
 
+/// Node names a process has seen, shared: 100,000 versions from three
+/// masters hold three allocations, not 100,000. Bounded, so a hostile peer
+/// cannot grow it; past the bound names are simply not shared.
+static NODE_NAMES: std::sync::Mutex<Vec<Arc<str>>> = std::sync::Mutex::new(Vec::new());
+const MAX_SHARED_NODE_NAMES: usize = 256;
+
+/// The shared copy of a node name (see [`NODE_NAMES`]).
+pub fn node_name(name: &str) -> Arc<str> {
+    let mut names = NODE_NAMES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(shared) = names.iter().find(|n| &***n == name) {
+        return shared.clone();
+    }
+    let shared: Arc<str> = Arc::from(name);
+    if names.len() < MAX_SHARED_NODE_NAMES {
+        names.push(shared.clone());
+    }
+    shared
+}
+
 /// `(hlc, origin node)`: compared by hlc first, then by node name, so two
 /// nodes can never issue equal versions.
 #[derive(Clone, PartialEq, Eq, Hash)]

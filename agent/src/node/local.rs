@@ -30,6 +30,10 @@ impl Core {
         let decisions: Vec<Decision> =
             due.iter().filter_map(|name| self.observe_name(name, ObserveMode::Live, true)).collect();
         self.record_local(decisions, None);
+        if self.pending.capacity() > 4 * self.pending.len() + 1024 {
+            // A burst of pending keys was decided: hand the map's memory back.
+            self.pending.shrink_to_fit();
+        }
         // Not over a local change that could not be recorded: the retry finds it first.
         if !self.rescan_pending {
             self.apply_deferred();
