@@ -118,14 +118,22 @@ impl Pki {
     /// through a symlink, never a hard link, never larger than the cap, and
     /// holding exactly one public key.
     pub fn read_slot(&self, folder: Folder, name: &str) -> Slot {
+        self.open_slot(folder, name).0
+    }
+
+    /// [`Pki::read_slot`], also returning the file it read a key from.
+    fn open_slot(&self, folder: Folder, name: &str) -> (Slot, Option<File>) {
         let path = self.folder_path(folder).join(name);
         if MASTER_KEY_NAMES.contains(&name) {
             // Refused without being opened, and only where such a file is:
             // one refusal per file, not one per folder.
-            return match path.symlink_metadata() {
-                Err(e) if e.kind() == io::ErrorKind::NotFound => Slot::Absent,
-                _ => Slot::Refused(Refusal::NotRegular("the name of a master key file")),
-            };
+            return (
+                match path.symlink_metadata() {
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => Slot::Absent,
+                    _ => Slot::Refused(Refusal::NotRegular("the name of a master key file")),
+                },
+                None,
+            );
         }
         let file = OpenOptions::new()
             .read(true)
@@ -134,32 +142,32 @@ impl Pki {
             .open(&path);
         let mut file = match file {
             Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Slot::Absent,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return (Slot::Absent, None),
             Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-                return Slot::Refused(Refusal::NotRegular("symbolic link"))
+                return (Slot::Refused(Refusal::NotRegular("symbolic link")), None)
             }
-            Err(e) => return Slot::Refused(Refusal::Unreadable(e.to_string())),
+            Err(e) => return (Slot::Refused(Refusal::Unreadable(e.to_string())), None),
         };
         let meta = match file.metadata() {
             Ok(meta) => meta,
-            Err(e) => return Slot::Refused(Refusal::Unreadable(e.to_string())),
+            Err(e) => return (Slot::Refused(Refusal::Unreadable(e.to_string())), None),
         };
         if !meta.file_type().is_file() {
-            return Slot::Refused(Refusal::NotRegular(file_type_name(&meta)));
+            return (Slot::Refused(Refusal::NotRegular(file_type_name(&meta))), None);
         }
         if meta.nlink() > 1 {
-            return Slot::Refused(Refusal::HardLinked(meta.nlink()));
+            return (Slot::Refused(Refusal::HardLinked(meta.nlink())), None);
         }
         if meta.len() > MAX_KEY_BYTES as u64 {
-            return Slot::Refused(Refusal::Content(KeyError::TooLarge(meta.len())));
+            return (Slot::Refused(Refusal::Content(KeyError::TooLarge(meta.len()))), None);
         }
         let mut bytes = Vec::with_capacity(meta.len() as usize);
         if let Err(e) = (&mut file).take(MAX_KEY_BYTES as u64 + 1).read_to_end(&mut bytes) {
-            return Slot::Refused(Refusal::Unreadable(e.to_string()));
+            return (Slot::Refused(Refusal::Unreadable(e.to_string())), None);
         }
         match check_public_key(&bytes) {
-            Ok(()) => Slot::Key(PublicKey::new(bytes)),
-            Err(e) => Slot::Refused(Refusal::Content(e)),
+            Ok(()) => (Slot::Key(PublicKey::new(bytes)), Some(file)),
+            Err(e) => (Slot::Refused(Refusal::Content(e)), None),
         }
     }
 
@@ -191,12 +199,19 @@ impl Pki {
         };
         let mut applied = Applied::default();
         if let (Some(folder), Some(key)) = (target, key) {
-            if let Slot::Key(pending) = self.read_slot(Folder::Pending, id) {
-                if pending.fingerprint() != key.fingerprint() {
-                    applied.discarded_pending = Some(pending);
+            let adopted = match self.open_slot(Folder::Pending, id) {
+                (Slot::Key(pending), Some(file)) if pending.fingerprint() == key.fingerprint() => {
+                    self.adopt_pending(file, folder, id, key)?
                 }
+                (Slot::Key(pending), _) => {
+                    applied.discarded_pending = Some(pending);
+                    false
+                }
+                _ => false,
+            };
+            if !adopted {
+                self.write_key(folder, id, key.bytes())?;
             }
-            self.write_key(folder, id, key.bytes())?;
         }
         for folder in Folder::ALL {
             if Some(folder) != target {
@@ -204,6 +219,39 @@ impl Pki {
             }
         }
         Ok(applied)
+    }
+
+    /// Moves the pending key file, which holds exactly the decided key, into
+    /// `folder` with one rename, as `salt-key` itself does: no new file, and
+    /// none to remove from `minions_pre/`. Returns false (the caller writes
+    /// the key) when the file changed or went meanwhile: after the rename, the
+    /// name must still be the inode that was read, still holding the key.
+    fn adopt_pending(&self, file: File, folder: Folder, id: &str, key: &PublicKey) -> io::Result<bool> {
+        use std::os::unix::fs::FileExt;
+        let meta = file.metadata()?;
+        if meta.mode() & 0o7777 != KEY_MODE {
+            file.set_permissions(fs::Permissions::from_mode(KEY_MODE))?;
+        }
+        if (meta.uid(), meta.gid()) != (self.owner.uid, self.owner.gid) {
+            std::os::unix::fs::fchown(&file, Some(self.owner.uid), Some(self.owner.gid))?;
+        }
+        let target = self.folder_path(folder).join(id);
+        match fs::rename(self.folder_path(Folder::Pending).join(id), &target) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        let moved = match target.symlink_metadata() {
+            Ok(moved) => moved,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        if (moved.dev(), moved.ino()) != (meta.dev(), meta.ino()) || moved.nlink() != 1 {
+            return Ok(false);
+        }
+        let mut bytes = vec![0; key.bytes().len() + 1];
+        let n = file.read_at(&mut bytes, 0)?;
+        Ok(&bytes[..n] == key.bytes())
     }
 
     fn write_key(&self, folder: Folder, id: &str, bytes: &[u8]) -> io::Result<()> {
@@ -355,6 +403,30 @@ mod tests {
         assert!(pki.list().unwrap().is_empty(), "no staging file or key left");
         assert_eq!(fs::read_dir(dir.path().join(STAGING_DIR)).unwrap().count(), 0, "staging folder empty");
         pki.sync().unwrap();
+    }
+
+    #[test]
+    fn a_pending_file_holding_the_decided_key_is_moved_not_copied() {
+        let (dir, pki) = setup();
+        let pending = dir.path().join("minions_pre/web01");
+        fs::write(&pending, PUB).unwrap();
+        fs::set_permissions(&pending, fs::Permissions::from_mode(0o600)).unwrap();
+        let ino = fs::metadata(&pending).unwrap().ino();
+        let key = PublicKey::new(PUB.as_bytes());
+        let applied = pki.apply(&decision(Verdict::Accepted(key.clone()))).unwrap();
+        assert!(applied.discarded_pending.is_none());
+        let accepted = fs::metadata(dir.path().join("minions/web01")).unwrap();
+        assert_eq!(accepted.ino(), ino, "the pending file itself, renamed");
+        assert_eq!(accepted.permissions().mode() & 0o777, KEY_MODE);
+        assert!(!pending.exists());
+
+        // Rejecting moves it on the same way only from minions_pre/: from
+        // minions/ the key is written anew.
+        fs::write(&pending, PUB).unwrap();
+        let ino = fs::metadata(&pending).unwrap().ino();
+        pki.apply(&decision(Verdict::Rejected(key))).unwrap();
+        assert_eq!(fs::metadata(dir.path().join("minions_rejected/web01")).unwrap().ino(), ino);
+        assert_eq!(pki.list().unwrap(), vec![(Folder::Rejected, "web01".to_string())]);
     }
 
     #[test]
