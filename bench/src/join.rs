@@ -67,20 +67,54 @@ pub fn run(settings: &Settings, keys: &[String]) -> anyhow::Result<Joined> {
 }
 
 /// Starts agent `idx` on empty folders and returns the seconds from its
-/// start until its folders hold `want` (accepted, rejected) keys.
+/// start until its folders hold `want` (accepted, rejected) keys, dated by
+/// the inotify event of the last key to arrive. Arrivals are counted from
+/// events; the folders are listed only to confirm the count (re-listing a
+/// folder of 100,000 entries every few milliseconds would take one of the
+/// machine's two cores from the agents being measured).
 fn join_one(cluster: &mut BenchCluster, idx: usize, want: (usize, usize)) -> anyhow::Result<f64> {
+    use notify::{EventKind, RecursiveMode, Watcher};
+    let pki = cluster.pki(idx).to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let at = Instant::now();
+        // Lost events only mean the listing below decides.
+        let arrived = event.is_ok_and(|e| matches!(e.kind, EventKind::Create(_) | EventKind::Modify(_)));
+        let _ = tx.send((at, arrived));
+    })?;
+    for folder in ["minions", "minions_rejected"] {
+        watcher.watch(&pki.join(folder), RecursiveMode::NonRecursive)?;
+    }
     let t0 = Instant::now();
     cluster.start(idx)?;
-    let pki = cluster.pki(idx).to_path_buf();
+    let mut last_event = t0;
+    let mut events = 0usize;
+    let mut listed_at = 0usize;
     loop {
-        let have = (count_keys(&pki, "minions"), count_keys(&pki, "minions_rejected"));
-        if have == want {
-            return Ok(t0.elapsed().as_secs_f64());
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok((at, arrived)) => {
+                last_event = at;
+                events += usize::from(arrived);
+                for (at, arrived) in rx.try_iter() {
+                    last_event = at;
+                    events += usize::from(arrived);
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => listed_at = 0,
+            Err(e) => bail!("watching {}: {e}", pki.display()),
+        }
+        // Listed when the events say every key may be there, or when quiet.
+        if listed_at == 0 || events >= want.0 + want.1 && events != listed_at {
+            listed_at = events.max(1);
+            let have = (count_keys(&pki, "minions"), count_keys(&pki, "minions_rejected"));
+            if have == want {
+                return Ok(last_event.saturating_duration_since(t0).as_secs_f64());
+            }
         }
         if t0.elapsed() > JOIN_TIMEOUT {
+            let have = (count_keys(&pki, "minions"), count_keys(&pki, "minions_rejected"));
             bail!("{} holds {have:?} keys after {JOIN_TIMEOUT:?}, not {want:?}", cluster.files[idx].name);
         }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -98,6 +132,9 @@ fn rsync_secs(pki: &Path, dest: &Path) -> anyhow::Result<f64> {
     if !status.success() {
         bail!("rsync -a into {} failed: {status}", dest.display());
     }
+    // rsync does not flush: its writeback must not land on the next joiner's
+    // first syncfs (untimed here, as rsync's own writeback is).
+    Command::new("sync").status().context("cannot run sync")?;
     Ok(secs)
 }
 

@@ -3,7 +3,7 @@
 //! the final rename or unlink on A to the final file state on B and C; then
 //! `salt-key -A` bursts of pending keys.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
@@ -31,7 +31,7 @@ pub fn run(settings: &Settings, keys: &[String]) -> anyhow::Result<Live> {
     let ids: Vec<String> = (0..settings.n_ops).map(|i| format!("lat{i:06}")).collect();
     let key_of = |i: usize| keys[i % keys.len()].as_bytes().to_vec();
     let line_of = |i: usize| [SaltLine::S3006, SaltLine::S3008][i % 2];
-    write_pending(&cluster, &a, &ids, keys)?;
+    write_pending(&cluster, std::slice::from_ref(&a), &ids, keys)?;
 
     let mut ops = Vec::new();
     for (kind, to) in [("accept", Some("minions")), ("reject", Some("minions_rejected")), ("delete", None)] {
@@ -65,7 +65,9 @@ pub fn run(settings: &Settings, keys: &[String]) -> anyhow::Result<Live> {
     let mut bulk = Vec::new();
     for (line, prefix) in [(SaltLine::S3006, "bulk6-"), (SaltLine::S3008, "bulk8-")] {
         let ids: Vec<String> = (0..settings.n_bulk).map(|i| format!("{prefix}{i:06}")).collect();
-        write_pending(&cluster, &a, &ids, keys)?;
+        // As on a multi-master site: each minion has sent its key to every
+        // master, so every master holds it pending.
+        write_pending(&cluster, &(0..3).map(|idx| cluster.pki(idx).to_path_buf()).collect::<Vec<_>>(), &ids, keys)?;
         watch.drain();
         let burst = Instant::now();
         for id in &ids {
@@ -86,20 +88,26 @@ pub fn run(settings: &Settings, keys: &[String]) -> anyhow::Result<Live> {
 /// The master receiving minions' keys: pending files written in place on A,
 /// then a wait until A's agent has read them all (each audited once as
 /// `pending`), so the operations that follow are timed alone.
-fn write_pending(cluster: &BenchCluster, a: &Path, ids: &[String], keys: &[String]) -> anyhow::Result<()> {
-    let audit = &cluster.files[0].audit_log;
-    let before = count_pending(audit);
-    for (i, id) in ids.iter().enumerate() {
-        master_writes_pending(a, id, &keys[i % keys.len()]);
+/// Writes `ids` pending into the first `pkis.len()` masters' folders as the
+/// master does, and waits until their agents have audited them all.
+fn write_pending(cluster: &BenchCluster, pkis: &[PathBuf], ids: &[String], keys: &[String]) -> anyhow::Result<()> {
+    let audits: Vec<&Path> = (0..pkis.len()).map(|idx| cluster.files[idx].audit_log.as_path()).collect();
+    let before: Vec<usize> = audits.iter().map(|audit| count_pending(audit)).collect();
+    for pki in pkis {
+        for (i, id) in ids.iter().enumerate() {
+            master_writes_pending(pki, id, &keys[i % keys.len()]);
+        }
     }
     let deadline = Instant::now() + Duration::from_secs(60 + ids.len() as u64 / 100);
-    while count_pending(audit) < before + ids.len() {
-        if Instant::now() > deadline {
-            bail!("A's agent did not observe {} pending keys within the time; see {}", ids.len(), audit.display());
+    for (audit, before) in audits.iter().zip(before) {
+        while count_pending(audit) < before + ids.len() {
+            if Instant::now() > deadline {
+                bail!("an agent did not observe {} pending keys within the time; see {}", ids.len(), audit.display());
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
-        std::thread::sleep(Duration::from_millis(50));
     }
-    // Lets A's agent finish the audit burst before timing starts.
+    // Lets the agents finish the audit burst before timing starts.
     std::thread::sleep(Duration::from_millis(200));
     Ok(())
 }

@@ -110,7 +110,10 @@ impl PeerWatch {
     }
 
     /// Waits until every peer's folders say `want(id)` for every id; returns,
-    /// per peer, the time from `t0` to the event that completed it.
+    /// per peer, the time from `t0` to the event that completed it. Files are
+    /// read only once every missing id has had an event since its last check
+    /// (or after a quiet moment), not at every event: reading 10,000 files
+    /// per peer while the agents write them would take CPU from them.
     pub fn wait_all(
         &self,
         ids: &[String],
@@ -120,17 +123,22 @@ impl PeerWatch {
     ) -> Vec<Option<Duration>> {
         let n = self.pkis.len();
         let mut missing: Vec<HashSet<&str>> = vec![ids.iter().map(String::as_str).collect(); n];
-        let mut done: Vec<Option<Duration>> = vec![None; n];
+        // Per peer: the missing ids with an event since their last check.
+        let mut touched: Vec<HashSet<&str>> = vec![HashSet::new(); n];
         let mut last_event: Vec<Option<Instant>> = vec![None; n];
+        let mut done: Vec<Option<Duration>> = vec![None; n];
         let mut full_check = vec![true; n];
         let deadline = t0 + timeout;
         loop {
             for peer in 0..n {
-                if done[peer].is_some() || !full_check[peer] {
+                if done[peer].is_some() || !(full_check[peer] || touched[peer].len() == missing[peer].len()) {
                     continue;
                 }
-                // Lost events (queue overflow) or a quiet moment: look at everything left.
-                missing[peer].retain(|id| !want(id).holds(&self.pkis[peer], id));
+                // Lost events, a quiet moment, or every missing id touched: look at them all.
+                let pki = &self.pkis[peer];
+                missing[peer].retain(|id| !want(id).holds(pki, id));
+                // Each id left needs a new event before it is read again.
+                touched[peer].clear();
                 full_check[peer] = false;
                 if missing[peer].is_empty() {
                     done[peer] = Some(last_event[peer].unwrap_or_else(Instant::now).saturating_duration_since(t0));
@@ -153,12 +161,9 @@ impl PeerWatch {
                             full_check[peer] = true;
                             continue;
                         };
-                        if missing[peer].contains(name.as_str()) && want(&name).holds(&self.pkis[peer], &name) {
-                            missing[peer].remove(name.as_str());
+                        if let Some(&id) = missing[peer].get(name.as_str()) {
+                            touched[peer].insert(id);
                             last_event[peer] = Some(seen.at);
-                            if missing[peer].is_empty() {
-                                done[peer] = Some(seen.at.saturating_duration_since(t0));
-                            }
                         }
                     }
                 }
