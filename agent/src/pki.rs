@@ -238,7 +238,9 @@ impl Pki {
         let target = self.folder_path(folder).join(id);
         match fs::rename(self.folder_path(Folder::Pending).join(id), &target) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            // Gone meanwhile, or the folders are separate mounts (systemd's
+            // ReadWritePaths= bind-mounts each): the key is written instead.
+            Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::EXDEV) => return Ok(false),
             Err(e) => return Err(e),
         }
         let moved = match target.symlink_metadata() {

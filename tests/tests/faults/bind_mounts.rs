@@ -63,7 +63,9 @@ async fn key_folders_that_are_mounts_of_their_own_still_replicate() {
     let keys = key_pool(4);
     let ids: Vec<String> = (0..N).map(|i| format!("bound{i:02}")).collect();
     let mut cluster = FaultCluster::create(root.path(), 3, |idx, f| {
-        if idx == 0 {
+        // Pending on B too, as on a multi-master site: B cannot rename its
+        // pending copy across the mounts and must write the key instead.
+        if idx < 2 {
             write_pending(&f.pki, ids.iter().cloned(), &keys);
         }
     })
@@ -86,6 +88,7 @@ async fn key_folders_that_are_mounts_of_their_own_still_replicate() {
         assert_eq!(std::fs::read(b.join(folder).join(id)).unwrap(), std::fs::read(a.join(folder).join(id)).unwrap());
     }
     assert_eq!(staging_files(&b), Vec::<String>::new(), "no staging file left behind");
+    assert_eq!(count(&b, "minions_pre"), 0, "B's pending copies are gone");
     let log = std::fs::read_to_string(cluster.log(1)).unwrap();
     assert!(log.contains("staging beside the keys"), "the EXDEV fallback was not taken:\n{log}");
     assert_eq!(
