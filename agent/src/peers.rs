@@ -20,7 +20,7 @@ use tracing::Instrument;
 use crate::board::{AntiEntropyRun, Board, LinkState};
 use crate::config::Peer;
 use crate::core::digest::N_BUCKETS;
-use crate::core::{Decision, MinionId};
+use crate::core::{Decision, MinionId, Version};
 use crate::node::{CoreHandle, Request};
 use crate::rpc::MAX_FETCH_IDS;
 use crate::wire::{decision_from_wire, decision_to_wire, health_from_wire, health_to_wire};
@@ -58,6 +58,10 @@ pub struct PeerLink {
     pub reconnect_max: Duration,
     /// Link state, contact times and anti-entropy results, for `status`.
     pub board: Arc<Board>,
+    /// Held by the one link pulling a large repair (a joining master): the
+    /// others then fetch only what is still missing instead of the same
+    /// 100,000 keys again from every peer at once.
+    pub repair: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl PeerLink {
@@ -244,32 +248,50 @@ impl PeerLink {
             return Ok(());
         }
         let n_buckets = buckets.len();
-        let (newer_there, newer_here) = self.core.ask(|reply| Request::Compare { buckets, summaries, reply }).await?;
+        let peer_versions = (summaries.len() > MAX_FETCH_IDS).then(|| summaries.clone());
+        let (mut newer_there, newer_here) =
+            self.core.ask(|reply| Request::Compare { buckets, summaries, reply }).await?;
         tracing::debug!(n_buckets, n_fetch = newer_there.len(), n_push = newer_here.len(), "anti-entropy");
         run.differing_buckets = n_buckets;
         run.we_lacked = newer_there.len();
         run.peer_lacked = newer_here.len();
         run.bytes_sent += send_decisions(push_tx, &newer_here).await?;
-        let mut n_applied = 0;
-        for ids in newer_there.chunks(MAX_FETCH_IDS) {
-            let request = v1::FetchRequest { minions: ids.iter().map(ToString::to_string).collect() };
-            run.bytes_sent += request.encoded_len();
-            let mut stream = client.fetch(request).await?.into_inner();
-            // One fetch's batches are applied together: one syncfs and one
-            // store commit per MAX_FETCH_IDS decisions while joining.
-            let mut decisions: Vec<Decision> = Vec::with_capacity(ids.len());
-            while let Some(batch) = stream.message().await? {
-                run.bytes_received += batch.encoded_len();
-                decisions.extend(batch.decisions.into_iter().filter_map(|msg| match decision_from_wire(msg) {
-                    Ok(decision) => Some(decision),
-                    Err(e) => {
-                        crate::rpc::audit_refused(&self.audit, self.board.metrics(), &self.peer.name, &e);
-                        None
-                    }
-                }));
+        // A large repair (joining, or back after a long outage) is pulled by
+        // one link at a time; the next one first drops what arrived meanwhile.
+        let _repairing = match peer_versions {
+            Some(versions) if newer_there.len() > MAX_FETCH_IDS => {
+                let repairing = self.repair.lock().await;
+                let wanted: std::collections::HashSet<&MinionId> = newer_there.iter().collect();
+                let versions: Vec<(MinionId, Version)> =
+                    versions.into_iter().filter(|(id, _)| wanted.contains(id)).collect();
+                newer_there = self.core.ask(|reply| Request::NewerOnPeer { summaries: versions, reply }).await?;
+                Some(repairing)
             }
+            _ => None,
+        };
+        // One fetch's batches are applied together (one syncfs and one store
+        // commit per MAX_FETCH_IDS decisions while joining), and the next
+        // fetch travels while they are written.
+        let mut n_applied = 0;
+        let mut chunks = newer_there.chunks(MAX_FETCH_IDS);
+        let mut fetched = match chunks.next() {
+            Some(ids) => Some(self.fetch(client.clone(), ids).await?),
+            None => None,
+        };
+        while let Some((decisions, sent, received)) = fetched.take() {
+            run.bytes_sent += sent;
+            run.bytes_received += received;
             let from = self.peer.name.clone();
-            n_applied += self.core.ask(|reply| Request::Remote { from, decisions, reply }).await?;
+            let apply = self.core.ask(|reply| Request::Remote { from, decisions, reply });
+            let applied = match chunks.next() {
+                Some(ids) => {
+                    let (applied, next) = tokio::join!(apply, self.fetch(client.clone(), ids));
+                    fetched = Some(next?);
+                    applied
+                }
+                None => apply.await,
+            };
+            n_applied += applied?;
         }
         if n_applied > 0 || !newer_here.is_empty() {
             tracing::info!(n_pulled = n_applied, n_pushed = newer_here.len(), "anti-entropy repaired differences");
@@ -278,6 +300,33 @@ impl PeerLink {
         run.at = crate::audit::now_rfc3339();
         self.board.anti_entropy(&self.peer.name, run);
         Ok(())
+    }
+}
+
+impl PeerLink {
+    /// Fetches the decisions for `ids`; returns them with the bytes sent and
+    /// received. Invalid ones are audited and left out.
+    async fn fetch(
+        &self,
+        mut client: KeySyncClient<Channel>,
+        ids: &[MinionId],
+    ) -> Result<(Vec<Decision>, usize, usize), SessionError> {
+        let request = v1::FetchRequest { minions: ids.iter().map(ToString::to_string).collect() };
+        let sent = request.encoded_len();
+        let mut received = 0;
+        let mut stream = client.fetch(request).await?.into_inner();
+        let mut decisions: Vec<Decision> = Vec::with_capacity(ids.len());
+        while let Some(batch) = stream.message().await? {
+            received += batch.encoded_len();
+            decisions.extend(batch.decisions.into_iter().filter_map(|msg| match decision_from_wire(msg) {
+                Ok(decision) => Some(decision),
+                Err(e) => {
+                    crate::rpc::audit_refused(&self.audit, self.board.metrics(), &self.peer.name, &e);
+                    None
+                }
+            }));
+        }
+        Ok((decisions, sent, received))
     }
 }
 

@@ -53,6 +53,8 @@ pub enum Request {
         summaries: Vec<(MinionId, Version)>,
         reply: oneshot::Sender<(Vec<MinionId>, Vec<Decision>)>,
     },
+    /// Of a peer's summaries, the ids it holds newer than this node.
+    NewerOnPeer { summaries: Summaries, reply: oneshot::Sender<Vec<MinionId>> },
     /// Number of decisions held.
     Count { reply: oneshot::Sender<usize> },
     /// Decisions held per verdict: (accepted, rejected, deleted), for `status`.
@@ -201,6 +203,9 @@ impl Core {
             }
             Request::Compare { buckets, summaries, reply } => {
                 let _ = reply.send(self.compare(&buckets, &summaries));
+            }
+            Request::NewerOnPeer { summaries, reply } => {
+                let _ = reply.send(self.replica.newer_on_peer(&summaries));
             }
             Request::Count { reply } => {
                 let _ = reply.send(self.replica.len());
