@@ -160,6 +160,16 @@ impl AuditLog {
     /// write is logged and counted in a later `lost` record, never fatal: the
     /// agent keeps replicating.
     pub fn record(&self, record: Record) {
+        self.record_all(vec![record]);
+    }
+
+    /// Appends records in order, as [`AuditLog::record`] does one, with one
+    /// rotation check and one write for all of them: a burst of 10,000
+    /// decisions costs a few system calls, not 30,000.
+    pub fn record_all(&self, records: Vec<Record>) {
+        if records.is_empty() {
+            return;
+        }
         let mut tail = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(how) = self.follow_rotation(&mut tail) {
             tracing::info!(path = %self.path.display(), how, "audit log rotated; continuing the chain");
@@ -181,37 +191,52 @@ impl AuditLog {
                 tail.n_lost += n_lost;
             }
         }
-        self.append(&mut tail, record);
+        self.append_all(&mut tail, records);
     }
 
-    /// Writes one line; false (and counted as lost) when it could not.
-    fn append(&self, tail: &mut Tail, mut record: Record) -> bool {
-        record.time = now_rfc3339();
-        record.node.clone_from(&self.node);
-        record.seq = tail.seq + 1;
-        record.prev.clone_from(&tail.last_hash);
-        let mut line = serde_json::to_string(&record).expect("records serialize");
-        let hash = line_hash(line.as_bytes());
-        line.push('\n');
-        let result = match (&*tail.file).write(line.as_bytes()) {
-            Ok(n) if n == line.len() => Ok(()),
-            Ok(n) => {
+    /// Writes one line.
+    fn append(&self, tail: &mut Tail, record: Record) -> bool {
+        self.append_all(tail, vec![record])
+    }
+
+    /// Writes the records' lines with one write; false (and all counted as
+    /// lost) when it could not.
+    fn append_all(&self, tail: &mut Tail, records: Vec<Record>) -> bool {
+        let time = now_rfc3339();
+        let (mut seq, mut last_hash) = (tail.seq, tail.last_hash.clone());
+        let mut lines = String::new();
+        let n = records.len();
+        let first_action = records.first().map(|r| r.action.clone()).unwrap_or_default();
+        for mut record in records {
+            record.time.clone_from(&time);
+            record.node.clone_from(&self.node);
+            seq += 1;
+            record.seq = seq;
+            record.prev = last_hash;
+            let line = serde_json::to_string(&record).expect("records serialize");
+            last_hash = line_hash(line.as_bytes());
+            lines.push_str(&line);
+            lines.push('\n');
+        }
+        let result = match (&*tail.file).write(lines.as_bytes()) {
+            Ok(written) if written == lines.len() => Ok(()),
+            Ok(written) => {
                 // A short write (disk full): cut it off so the file keeps whole lines.
                 let _ = tail.file.set_len(tail.len);
-                Err(io::Error::new(io::ErrorKind::WriteZero, format!("wrote {n} of {} bytes", line.len())))
+                Err(io::Error::new(io::ErrorKind::WriteZero, format!("wrote {written} of {} bytes", lines.len())))
             }
             Err(e) => Err(e),
         };
         match result {
             Ok(()) => {
-                tail.len += line.len() as u64;
-                tail.last_hash = hash;
-                tail.seq += 1;
+                tail.len += lines.len() as u64;
+                tail.last_hash = last_hash;
+                tail.seq = seq;
                 true
             }
             Err(e) => {
-                tracing::error!(path = %self.path.display(), error = %e, action = record.action, "cannot write audit record");
-                tail.n_lost += 1;
+                tracing::error!(path = %self.path.display(), error = %e, action = first_action, n, "cannot write audit records");
+                tail.n_lost += n as u64;
                 tail.lost_error = e.to_string();
                 false
             }

@@ -126,10 +126,11 @@ impl Core {
         if self.retry.is_empty() {
             self.trouble.succeeded(&self.audit);
         }
+        let mut records = Vec::with_capacity(decisions.len());
         for decision in &decisions {
             self.replica.commit(decision);
             tracing::info!(minion = %decision.id, action = decision.verdict.kind().action(), version = %decision.version, "local decision");
-            self.audit.record(Record {
+            records.push(Record {
                 minion: Some(decision.id.to_string()),
                 fingerprint: decision.verdict.fingerprint().map(|f| f.to_string()),
                 origin: Some(self.settings.node.clone()),
@@ -139,6 +140,7 @@ impl Core {
                 ..Record::new(decision.verdict.kind().action(), "local", "applied")
             });
         }
+        self.audit.record_all(records);
         let n = decisions.len();
         let t_audited = started.elapsed();
         self.broadcast(None, decisions);
