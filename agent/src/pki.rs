@@ -3,7 +3,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -21,6 +21,13 @@ const DFN_MODE: u32 = 0o400;
 const MASTER_KEY_NAMES: [&str; 4] = ["master.pem", "master.pub", "master_sign.pem", "master_sign.pub"];
 
 static STAGING_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Batches at least this large are written by several threads.
+const PARALLEL_FROM: usize = 256;
+/// At most this many writer threads (and no more than the machine's cores).
+const MAX_WRITERS: usize = 4;
+/// Writer `n > 0` stages in `.keysync-staging/writer-<n>/`.
+const WRITER_DIR_PREFIX: &str = "writer-";
 
 /// Where key files are staged before being renamed into their folder: a dot
 /// folder in pki_dir (same file system, ignored by Salt). Staging outside the
@@ -191,6 +198,41 @@ impl Pki {
     /// renamed into its folder, then the id removed from the other folders.
     /// Not durable until [`Pki::sync`].
     pub fn apply(&self, decision: &Decision) -> io::Result<Applied> {
+        self.apply_in(decision, 0)
+    }
+
+    /// [`Pki::apply`] for many decisions about distinct ids, by a few writer
+    /// threads when there are many (a join, a `salt-key -A` burst). Creating
+    /// a file is the costly step (ext4 searches its inode bitmaps under the
+    /// staging folder's lock), so each writer stages in a folder of its own.
+    /// Results are in the order of `decisions`.
+    pub fn apply_all(&self, decisions: &[&Decision]) -> Vec<io::Result<Applied>> {
+        let writers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_WRITERS);
+        self.apply_by(decisions, writers)
+    }
+
+    fn apply_by(&self, decisions: &[&Decision], writers: usize) -> Vec<io::Result<Applied>> {
+        if decisions.len() < PARALLEL_FROM || writers < 2 {
+            return decisions.iter().map(|decision| self.apply_in(decision, 0)).collect();
+        }
+        let chunk = decisions.len().div_ceil(writers);
+        std::thread::scope(|scope| {
+            let running: Vec<_> = decisions
+                .chunks(chunk)
+                .enumerate()
+                .map(|(lane, part)| {
+                    scope.spawn(move || part.iter().map(|decision| self.apply_in(decision, lane)).collect::<Vec<_>>())
+                })
+                .collect();
+            running
+                .into_iter()
+                .flat_map(|writer| writer.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+                .collect()
+        })
+    }
+
+    /// [`Pki::apply`], staging in writer `lane`'s folder.
+    fn apply_in(&self, decision: &Decision, lane: usize) -> io::Result<Applied> {
         let id = decision.id.as_str();
         let (target, key) = match &decision.verdict {
             Verdict::Accepted(key) => (Some(Folder::Accepted), Some(key)),
@@ -210,7 +252,7 @@ impl Pki {
                 _ => false,
             };
             if !adopted {
-                self.write_key(folder, id, key.bytes())?;
+                self.write_key(folder, id, key.bytes(), lane)?;
             }
         }
         for folder in Folder::ALL {
@@ -256,14 +298,27 @@ impl Pki {
         Ok(&bytes[..n] == key.bytes())
     }
 
-    fn write_key(&self, folder: Folder, id: &str, bytes: &[u8]) -> io::Result<()> {
+    fn write_key(&self, folder: Folder, id: &str, bytes: &[u8], lane: usize) -> io::Result<()> {
         let dir = self.folder_path(folder);
         let name = format!(".keysync-{}-{}", std::process::id(), STAGING_SEQ.fetch_add(1, Ordering::Relaxed));
         let beside = &self.stage_beside[Folder::ALL.iter().position(|&f| f == folder).unwrap_or(0)];
         if beside.load(Ordering::Relaxed) {
             return self.stage(&dir.join(&name), &dir.join(id), bytes);
         }
-        let staged = self.stage(&self.root.join(STAGING_DIR).join(&name), &dir.join(id), bytes);
+        let mut staging = self.root.join(STAGING_DIR);
+        if lane > 0 {
+            staging.push(format!("{WRITER_DIR_PREFIX}{lane}"));
+        }
+        let mut staged = self.stage(&staging.join(&name), &dir.join(id), bytes);
+        if lane > 0 && staged.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::NotFound) {
+            // This writer's folder is made at its first use.
+            match fs::DirBuilder::new().mode(0o700).create(&staging) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+            staged = self.stage(&staging.join(&name), &dir.join(id), bytes);
+        }
         match staged {
             // Not the staging folder's mount: stage beside the key, from now on.
             Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
@@ -294,7 +349,16 @@ impl Pki {
     pub fn clean_staging(&self) -> io::Result<usize> {
         let mut removed = 0;
         let staging = self.root.join(STAGING_DIR);
-        let dirs = Folder::ALL.iter().map(|&f| self.folder_path(f)).chain(staging.is_dir().then_some(staging));
+        let mut dirs: Vec<PathBuf> = Folder::ALL.iter().map(|&f| self.folder_path(f)).collect();
+        if staging.is_dir() {
+            for dirent in fs::read_dir(&staging)? {
+                let dirent = dirent?;
+                if dirent.file_name().to_string_lossy().starts_with(WRITER_DIR_PREFIX) && dirent.file_type()?.is_dir() {
+                    dirs.push(dirent.path());
+                }
+            }
+            dirs.push(staging);
+        }
         for dir in dirs {
             for dirent in fs::read_dir(dir)? {
                 let dirent = dirent?;
@@ -429,6 +493,43 @@ mod tests {
         pki.apply(&decision(Verdict::Rejected(key))).unwrap();
         assert_eq!(fs::metadata(dir.path().join("minions_rejected/web01")).unwrap().ino(), ino);
         assert_eq!(pki.list().unwrap(), vec![(Folder::Rejected, "web01".to_string())]);
+    }
+
+    #[test]
+    fn a_large_batch_is_written_by_several_writers_in_order() {
+        let (dir, pki) = setup();
+        let key = PublicKey::new(PUB.as_bytes());
+        let n = PARALLEL_FROM * 2 + 3;
+        let decisions: Vec<Decision> = (0..n)
+            .map(|i| Decision {
+                id: MinionId::parse(&format!("m{i:04}")).unwrap(),
+                verdict: if i % 3 == 0 { Verdict::Rejected(key.clone()) } else { Verdict::Accepted(key.clone()) },
+                version: Version::new(1, "a"),
+                supersedes: None,
+            })
+            .collect();
+        // One of them finds a different key pending: reported at its own place.
+        let other = PUB.replace("mwIDAQAB", "mwIDAQAC");
+        fs::write(dir.path().join("minions_pre/m0101"), &other).unwrap();
+        let results = pki.apply_by(&decisions.iter().collect::<Vec<_>>(), 3);
+        assert_eq!(results.len(), n);
+        for (i, result) in results.iter().enumerate() {
+            let applied = result.as_ref().unwrap();
+            assert_eq!(applied.discarded_pending.is_some(), i == 101, "m{i:04}");
+        }
+        let listed = pki.list().unwrap();
+        assert_eq!(listed.len(), n);
+        assert_eq!(listed.iter().filter(|(folder, _)| *folder == Folder::Rejected).count(), n.div_ceil(3));
+        assert_eq!(fs::read(dir.path().join("minions/m0001")).unwrap(), PUB.as_bytes());
+        let staging = dir.path().join(STAGING_DIR);
+        let writer_dirs: Vec<_> = fs::read_dir(&staging).unwrap().map(|e| e.unwrap().path()).collect();
+        assert_eq!(writer_dirs.len(), 2, "writers 1 and 2 staged in folders of their own");
+        for writer in &writer_dirs {
+            assert_eq!(fs::read_dir(writer).unwrap().count(), 0, "{} left files", writer.display());
+        }
+        // A crash's leftovers in a writer's folder are cleaned at start.
+        fs::write(writer_dirs[0].join(".keysync-1-1"), "x").unwrap();
+        assert_eq!(pki.clean_staging().unwrap(), 1);
     }
 
     #[test]

@@ -72,17 +72,24 @@ impl Core {
             self.retry.extend(decisions.into_iter().map(|d| (from.to_string(), d)));
             return 0;
         }
+        // Revoking: this master held the id as accepted, or still has it in
+        // minions/. The held entry counts too, because a retried or
+        // journalled decision may find its own earlier write already there.
+        let had_accepted: Vec<bool> = batch
+            .iter()
+            .map(|accepted| {
+                let decision = &accepted.decision;
+                decision.verdict.kind() != VerdictKind::Accepted
+                    && (self.replica.entry(&decision.id).is_some_and(|held| held.kind == VerdictKind::Accepted)
+                        || self.pki.folder_path(Folder::Accepted).join(decision.id.as_str()).symlink_metadata().is_ok())
+            })
+            .collect();
+        let results = self.pki.apply_all(&batch.iter().map(|accepted| &accepted.decision).collect::<Vec<_>>());
         let mut written = Vec::new();
         let mut revoked = false;
-        for accepted in batch {
+        for ((accepted, had_accepted), result) in batch.into_iter().zip(had_accepted).zip(results) {
             let decision = &accepted.decision;
-            // Revoking: this master held the id as accepted, or still has it in
-            // minions/. The held entry counts too, because a retried or
-            // journalled decision may find its own earlier write already there.
-            let had_accepted = decision.verdict.kind() != VerdictKind::Accepted
-                && (self.replica.entry(&decision.id).is_some_and(|held| held.kind == VerdictKind::Accepted)
-                    || self.pki.folder_path(Folder::Accepted).join(decision.id.as_str()).symlink_metadata().is_ok());
-            match self.pki.apply(decision) {
+            match result {
                 Ok(applied) => {
                     revoked |= had_accepted;
                     written.push((accepted, applied));
@@ -120,14 +127,16 @@ impl Core {
             self.drop_dfn();
         }
         let now = wall_ms();
+        let mut records = Vec::with_capacity(written.len());
         for (accepted, applied) in &written {
             let version = &accepted.decision.version;
             // Bootstrap versions carry no decision time: no latency for them.
             self.metrics.applied(if version.is_bootstrap() { 0 } else { version.millis() }, now);
             // Audited first: a conflict record describes the decision held before.
-            self.audit_applied(from, accepted, applied);
+            self.applied_records(from, accepted, applied, &mut records);
             self.replica.commit(&accepted.decision);
         }
+        self.audit.record_all(records);
         let n_applied = decisions.len() as u32;
         let t_audited = started.elapsed();
         self.broadcast(Some(from), decisions);
@@ -225,15 +234,15 @@ impl Core {
         }
     }
 
-    fn audit_applied(&mut self, from: &str, accepted: &Accepted, applied: &Applied) {
+    fn applied_records(&mut self, from: &str, accepted: &Accepted, applied: &Applied, out: &mut Vec<Record>) {
         let decision = &accepted.decision;
         if let Some(conflict) = &accepted.conflict {
-            self.audit_conflict(decision, from, conflict);
+            out.extend(self.conflict_record(decision, from, conflict));
         }
         tracing::trace!(minion = %decision.id, peer = from, version = %decision.version, "applied peer decision");
-        self.audit_remote(decision, from, decision.verdict.kind().action(), "applied", None);
+        out.push(remote_record(decision, from, decision.verdict.kind().action(), "applied", None));
         if let Some(pending) = &applied.discarded_pending {
-            self.audit.record(Record {
+            out.push(Record {
                 minion: Some(decision.id.to_string()),
                 fingerprint: Some(pending.fingerprint().to_string()),
                 other_fingerprint: decision.verdict.fingerprint().map(|f| f.to_string()),
@@ -245,21 +254,20 @@ impl Core {
     }
 
     fn audit_remote(&self, decision: &Decision, from: &str, action: &str, outcome: &str, reason: Option<String>) {
-        self.audit.record(Record {
-            minion: Some(decision.id.to_string()),
-            fingerprint: decision.verdict.fingerprint().map(|f| f.to_string()),
-            origin: Some(decision.version.node.to_string()),
-            version: Some(decision.version.to_string()),
-            reason,
-            ..Record::new(action, from, outcome)
-        });
+        self.audit.record(remote_record(decision, from, action, outcome, reason));
     }
 
-    /// Audits a conflict, once per losing version: the loser arriving again
-    /// (from another peer, or by anti-entropy) is the same conflict.
     fn audit_conflict(&mut self, decision: &Decision, from: &str, conflict: &Conflict) {
+        if let Some(record) = self.conflict_record(decision, from, conflict) {
+            self.audit.record(record);
+        }
+    }
+
+    /// The record of a conflict, once per losing version: the loser arriving
+    /// again (from another peer, or by anti-entropy) is the same conflict.
+    fn conflict_record(&mut self, decision: &Decision, from: &str, conflict: &Conflict) -> Option<Record> {
         if !self.reported.insert((decision.id.clone(), conflict.loser.clone())) {
-            return;
+            return None;
         }
         let held = self.replica.entry(&decision.id);
         let (winner_fp, loser_fp) = if conflict.winner == decision.version {
@@ -276,7 +284,7 @@ impl Core {
         };
         self.metrics.decisions_conflicted.inc();
         tracing::warn!(minion = %decision.id, winner = %conflict.winner, loser = %conflict.loser, "concurrent decisions");
-        self.audit.record(Record {
+        Some(Record {
             minion: Some(decision.id.to_string()),
             fingerprint: winner_fp.map(|f| f.to_string()),
             other_fingerprint: loser_fp.map(|f| f.to_string()),
@@ -292,6 +300,17 @@ impl Core {
                 conflict.winner
             )),
             ..Record::new("conflict", from, "resolved")
-        });
+        })
+    }
+}
+
+fn remote_record(decision: &Decision, from: &str, action: &str, outcome: &str, reason: Option<String>) -> Record {
+    Record {
+        minion: Some(decision.id.to_string()),
+        fingerprint: decision.verdict.fingerprint().map(|f| f.to_string()),
+        origin: Some(decision.version.node.to_string()),
+        version: Some(decision.version.to_string()),
+        reason,
+        ..Record::new(action, from, outcome)
     }
 }
