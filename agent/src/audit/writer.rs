@@ -163,6 +163,11 @@ impl AuditLog {
         self.record_all(vec![record]);
     }
 
+    /// Collects records and appends them [`BATCH_LINES`] at a time.
+    pub fn batch(&self) -> Batch<'_> {
+        Batch { log: self, records: Vec::new() }
+    }
+
     /// Appends records in order, as [`AuditLog::record`] does one, with one
     /// rotation check and one write for all of them: a burst of 10,000
     /// decisions costs a few system calls, not 30,000.
@@ -279,6 +284,37 @@ impl AuditLog {
     /// flushes it before returning.
     pub fn sync(&self) {
         self.flusher.request(false);
+    }
+}
+
+/// Lines appended per write by a [`Batch`]: few system calls for a burst of
+/// 10,000 decisions, and no 100,000-line buffer for a first start.
+pub const BATCH_LINES: usize = 1024;
+
+/// Records appended in order, [`BATCH_LINES`] per write; the rest when dropped.
+pub struct Batch<'a> {
+    log: &'a AuditLog,
+    records: Vec<Record>,
+}
+
+impl Batch<'_> {
+    pub fn push(&mut self, record: Record) {
+        self.records.push(record);
+        if self.records.len() >= BATCH_LINES {
+            self.log.record_all(std::mem::take(&mut self.records));
+        }
+    }
+}
+
+impl Extend<Record> for Batch<'_> {
+    fn extend<I: IntoIterator<Item = Record>>(&mut self, records: I) {
+        records.into_iter().for_each(|record| self.push(record));
+    }
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        self.log.record_all(std::mem::take(&mut self.records));
     }
 }
 

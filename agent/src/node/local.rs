@@ -11,6 +11,9 @@ use crate::core::replica::ObserveMode;
 use crate::core::{Decision, Folder, MinionId, Slot, Slots};
 use crate::watcher::WatchEvent;
 
+/// Names read and recorded per step of the start-up reconciliation.
+const RECONCILE_CHUNK: usize = 5000;
+
 impl Core {
     pub(super) fn on_watch_event(&mut self, event: WatchEvent) {
         match event {
@@ -126,7 +129,8 @@ impl Core {
         if self.retry.is_empty() {
             self.trouble.succeeded(&self.audit);
         }
-        let mut records = Vec::with_capacity(decisions.len());
+        let audit = self.audit.clone();
+        let mut records = audit.batch();
         for decision in &decisions {
             self.replica.commit(decision);
             tracing::info!(minion = %decision.id, action = decision.verdict.kind().action(), version = %decision.version, "local decision");
@@ -140,7 +144,7 @@ impl Core {
                 ..Record::new(decision.verdict.kind().action(), "local", "applied")
             });
         }
-        self.audit.record_all(records);
+        drop(records);
         let n = decisions.len();
         let t_audited = started.elapsed();
         self.broadcast(None, decisions);
@@ -194,20 +198,27 @@ impl Core {
     /// first start, what the folders hold gets the bootstrap version.
     pub(super) fn reconcile(&mut self, initialized: bool) {
         let mode = if initialized { ObserveMode::Live } else { ObserveMode::FirstStart };
-        let names = self.all_names().unwrap_or_default();
+        let names: Vec<String> = self.all_names().unwrap_or_default().into_iter().collect();
+        let reason = if initialized { "changed while the agent was stopped" } else { "found at first start" };
         // Pending keys are audited here too: those that arrived while the agent
         // was stopped are recorded nowhere else (one already audited before a
-        // restart is recorded again, as present at start-up).
-        let decisions: Vec<Decision> = names.iter().filter_map(|name| self.observe_name(name, mode, true)).collect();
-        let reason = if initialized { "changed while the agent was stopped" } else { "found at first start" };
-        tracing::info!(n_held = self.replica.len(), n_found = decisions.len(), reason, "start-up reconciliation");
-        if decisions.is_empty() && !initialized {
+        // restart is recorded again, as present at start-up). Recorded a
+        // chunk at a time: a first start on 100,000 keys then never holds
+        // them all (with their key bytes) in memory at once.
+        let mut n_found = 0;
+        for chunk in names.chunks(RECONCILE_CHUNK) {
+            let decisions: Vec<Decision> =
+                chunk.iter().filter_map(|name| self.observe_name(name, mode, true)).collect();
+            n_found += decisions.len();
+            self.record_local(decisions, Some(reason));
+        }
+        tracing::info!(n_held = self.replica.len(), n_found, reason, "start-up reconciliation");
+        if n_found == 0 && !initialized {
             // Marks the store initialized: the next start is not a first start.
             if let Err(e) = self.store.record(&[], &[], &self.settings.node, self.replica.clock()) {
                 tracing::error!(error = %e, "cannot initialize the state store");
             }
         }
-        self.record_local(decisions, Some(reason));
         self.first_start_unrecorded = !initialized && self.rescan_pending;
     }
 }

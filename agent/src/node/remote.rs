@@ -127,7 +127,8 @@ impl Core {
             self.drop_dfn();
         }
         let now = wall_ms();
-        let mut records = Vec::with_capacity(written.len());
+        let audit = self.audit.clone();
+        let mut records = audit.batch();
         for (accepted, applied) in &written {
             let version = &accepted.decision.version;
             // Bootstrap versions carry no decision time: no latency for them.
@@ -136,7 +137,7 @@ impl Core {
             self.applied_records(from, accepted, applied, &mut records);
             self.replica.commit(&accepted.decision);
         }
-        self.audit.record_all(records);
+        drop(records);
         let n_applied = decisions.len() as u32;
         let t_audited = started.elapsed();
         self.broadcast(Some(from), decisions);
@@ -234,7 +235,7 @@ impl Core {
         }
     }
 
-    fn applied_records(&mut self, from: &str, accepted: &Accepted, applied: &Applied, out: &mut Vec<Record>) {
+    fn applied_records(&mut self, from: &str, accepted: &Accepted, applied: &Applied, out: &mut crate::audit::Batch) {
         let decision = &accepted.decision;
         if let Some(conflict) = &accepted.conflict {
             out.extend(self.conflict_record(decision, from, conflict));
