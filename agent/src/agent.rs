@@ -204,7 +204,7 @@ pub async fn run_with(
             anti_entropy_interval: config.timings.anti_entropy_interval,
             reconnect_max: config.timings.reconnect_max,
             board: board.clone(),
-            repair: Arc::default(),
+            in_flight: Arc::default(),
             tasks: tasks.clone(),
             shutdown: shutdown.clone(),
         },

@@ -25,8 +25,8 @@ pub struct LinkContext {
     pub anti_entropy_interval: Duration,
     pub reconnect_max: Duration,
     pub board: Arc<crate::board::Board>,
-    /// Taken by the link pulling a large repair (see [`PeerLink::repair`]).
-    pub repair: Arc<tokio::sync::Mutex<()>>,
+    /// Ids being fetched in a large repair (see [`PeerLink::in_flight`]).
+    pub in_flight: Arc<std::sync::Mutex<std::collections::HashSet<crate::core::MinionId>>>,
     pub tasks: TaskTracker,
     pub shutdown: CancellationToken,
 }
@@ -118,7 +118,7 @@ impl PeerLinks {
             anti_entropy_interval: self.ctx.anti_entropy_interval,
             reconnect_max: self.ctx.reconnect_max,
             board: self.ctx.board.clone(),
-            repair: self.ctx.repair.clone(),
+            in_flight: self.ctx.in_flight.clone(),
         };
         self.ctx.tasks.spawn(link.run(stop.clone()));
         self.running.insert(peer.name.clone(), (peer, stop));

@@ -58,10 +58,26 @@ pub struct PeerLink {
     pub reconnect_max: Duration,
     /// Link state, contact times and anti-entropy results, for `status`.
     pub board: Arc<Board>,
-    /// Held by the one link pulling a large repair (a joining master): the
-    /// others then fetch only what is still missing instead of the same
-    /// 100,000 keys again from every peer at once.
-    pub repair: Arc<tokio::sync::Mutex<()>>,
+    /// Ids some link is fetching in a large repair (a joining master): the
+    /// other links skip them instead of fetching the same 100,000 keys again
+    /// from every peer at once.
+    pub in_flight: Arc<std::sync::Mutex<std::collections::HashSet<MinionId>>>,
+}
+
+/// Ids claimed in [`PeerLink::in_flight`], released when dropped (applied, or
+/// the fetch failed and a later anti-entropy round repairs them).
+struct Claim {
+    set: Arc<std::sync::Mutex<std::collections::HashSet<MinionId>>>,
+    ids: Vec<MinionId>,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let mut set = self.set.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for id in &self.ids {
+            set.remove(id);
+        }
+    }
 }
 
 impl PeerLink {
@@ -249,49 +265,37 @@ impl PeerLink {
         }
         let n_buckets = buckets.len();
         let peer_versions = (summaries.len() > MAX_FETCH_IDS).then(|| summaries.clone());
-        let (mut newer_there, newer_here) =
-            self.core.ask(|reply| Request::Compare { buckets, summaries, reply }).await?;
+        let (newer_there, newer_here) = self.core.ask(|reply| Request::Compare { buckets, summaries, reply }).await?;
         tracing::debug!(n_buckets, n_fetch = newer_there.len(), n_push = newer_here.len(), "anti-entropy");
         run.differing_buckets = n_buckets;
         run.we_lacked = newer_there.len();
         run.peer_lacked = newer_here.len();
         run.bytes_sent += send_decisions(push_tx, &newer_here).await?;
-        // A large repair (joining, or back after a long outage) is pulled by
-        // one link at a time; the next one first drops what arrived meanwhile.
-        let _repairing = match peer_versions {
+        // In a large repair (joining, or back after a long outage) each chunk
+        // is first cut to what is still missing and not being fetched by
+        // another link right now: a joining master's links share the work
+        // instead of each fetching everything. One fetch's batches are
+        // applied together (one syncfs and one store commit per
+        // MAX_FETCH_IDS decisions), and the next fetch travels meanwhile.
+        let versions: std::collections::HashMap<MinionId, Version> = match peer_versions {
             Some(versions) if newer_there.len() > MAX_FETCH_IDS => {
-                let repairing = self.repair.lock().await;
                 let wanted: std::collections::HashSet<&MinionId> = newer_there.iter().collect();
-                let versions: Vec<(MinionId, Version)> =
-                    versions.into_iter().filter(|(id, _)| wanted.contains(id)).collect();
-                newer_there = self.core.ask(|reply| Request::NewerOnPeer { summaries: versions, reply }).await?;
-                Some(repairing)
+                versions.into_iter().filter(|(id, _)| wanted.contains(id)).collect()
             }
-            _ => None,
+            _ => Default::default(),
         };
-        // One fetch's batches are applied together (one syncfs and one store
-        // commit per MAX_FETCH_IDS decisions while joining), and the next
-        // fetch travels while they are written.
-        let mut n_applied = 0;
         let mut chunks = newer_there.chunks(MAX_FETCH_IDS);
-        let mut fetched = match chunks.next() {
-            Some(ids) => Some(self.fetch(client.clone(), ids).await?),
-            None => None,
-        };
-        while let Some((decisions, sent, received)) = fetched.take() {
+        let mut n_applied = 0;
+        let mut fetched = self.fetch_next(client, &mut chunks, &versions).await?;
+        while let Some((decisions, sent, received, claim)) = fetched.take() {
             run.bytes_sent += sent;
             run.bytes_received += received;
             let from = self.peer.name.clone();
             let apply = self.core.ask(|reply| Request::Remote { from, decisions, reply });
-            let applied = match chunks.next() {
-                Some(ids) => {
-                    let (applied, next) = tokio::join!(apply, self.fetch(client.clone(), ids));
-                    fetched = Some(next?);
-                    applied
-                }
-                None => apply.await,
-            };
+            let (applied, next) = tokio::join!(apply, self.fetch_next(client, &mut chunks, &versions));
             n_applied += applied?;
+            drop(claim);
+            fetched = next?;
         }
         if n_applied > 0 || !newer_here.is_empty() {
             tracing::info!(n_pulled = n_applied, n_pushed = newer_here.len(), "anti-entropy repaired differences");
@@ -304,11 +308,39 @@ impl PeerLink {
 }
 
 impl PeerLink {
+    /// Fetches the next chunk of ids that is not empty, cut to the ids still
+    /// newer on the peer when `versions` (the peer's) are given; `None` when
+    /// none is left.
+    async fn fetch_next(
+        &self,
+        client: &mut KeySyncClient<Channel>,
+        chunks: &mut std::slice::Chunks<'_, MinionId>,
+        versions: &std::collections::HashMap<MinionId, Version>,
+    ) -> Result<Option<(Vec<Decision>, usize, usize, Claim)>, SessionError> {
+        for ids in chunks.by_ref() {
+            let mut claim = Claim { set: self.in_flight.clone(), ids: Vec::new() };
+            let ids = if versions.is_empty() {
+                ids.to_vec()
+            } else {
+                let summaries = ids.iter().filter_map(|id| Some((id.clone(), versions.get(id)?.clone()))).collect();
+                let newer = self.core.ask(|reply| Request::NewerOnPeer { summaries, reply }).await?;
+                let mut in_flight = self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                claim.ids = newer.into_iter().filter(|id| in_flight.insert(id.clone())).collect();
+                claim.ids.clone()
+            };
+            if !ids.is_empty() {
+                let (decisions, sent, received) = self.fetch(client, &ids).await?;
+                return Ok(Some((decisions, sent, received, claim)));
+            }
+        }
+        Ok(None)
+    }
+
     /// Fetches the decisions for `ids`; returns them with the bytes sent and
     /// received. Invalid ones are audited and left out.
     async fn fetch(
         &self,
-        mut client: KeySyncClient<Channel>,
+        client: &mut KeySyncClient<Channel>,
         ids: &[MinionId],
     ) -> Result<(Vec<Decision>, usize, usize), SessionError> {
         let request = v1::FetchRequest { minions: ids.iter().map(ToString::to_string).collect() };

@@ -79,11 +79,14 @@ pub struct Pki {
     /// folder failed with EXDEV (another file system, or a bind mount of its
     /// own as systemd's ReadWritePaths= makes), so stage beside the key.
     stage_beside: [AtomicBool; 3],
+    /// A pending file could not be renamed into another key folder (EXDEV):
+    /// pending keys are copied like any other from now on.
+    no_adopt: AtomicBool,
 }
 
 impl Pki {
     pub fn new(root: PathBuf, owner: Owner) -> Pki {
-        Pki { root, owner, stage_beside: Default::default() }
+        Pki { root, owner, stage_beside: Default::default(), no_adopt: AtomicBool::new(false) }
     }
 
     pub fn root(&self) -> &Path {
@@ -243,7 +246,7 @@ impl Pki {
         if let (Some(folder), Some(key)) = (target, key) {
             let adopted = match self.open_slot(Folder::Pending, id) {
                 (Slot::Key(pending), Some(file)) if pending.fingerprint() == key.fingerprint() => {
-                    self.adopt_pending(file, folder, id, key)?
+                    self.adopt_pending(file, folder, id, key)
                 }
                 (Slot::Key(pending), _) => {
                     applied.discarded_pending = Some(pending);
@@ -264,38 +267,64 @@ impl Pki {
     }
 
     /// Moves the pending key file, which holds exactly the decided key, into
-    /// `folder` with one rename, as `salt-key` itself does: no new file, and
-    /// none to remove from `minions_pre/`. Returns false (the caller writes
-    /// the key) when the file changed or went meanwhile: after the rename, the
-    /// name must still be the inode that was read, still holding the key.
-    fn adopt_pending(&self, file: File, folder: Folder, id: &str, key: &PublicKey) -> io::Result<bool> {
+    /// `folder` by renaming it, as `salt-key` itself does: no new file, and
+    /// none to remove from `minions_pre/`. The file is first renamed to a
+    /// private dot name beside it, and only moved on if that name is the very
+    /// inode that was read (a regular file with one link) still holding exactly
+    /// the key; whatever else was swapped in meanwhile is removed there, never
+    /// moved. Returns false, and the caller writes the key, when anything
+    /// differs or fails, and from then on when the folders are separate mounts
+    /// (systemd's `ReadWritePaths=` bind-mounts each: EXDEV).
+    fn adopt_pending(&self, file: File, folder: Folder, id: &str, key: &PublicKey) -> bool {
         use std::os::unix::fs::FileExt;
-        let meta = file.metadata()?;
-        if meta.mode() & 0o7777 != KEY_MODE {
-            file.set_permissions(fs::Permissions::from_mode(KEY_MODE))?;
+        if self.no_adopt.load(Ordering::Relaxed) {
+            return false;
         }
-        if (meta.uid(), meta.gid()) != (self.owner.uid, self.owner.gid) {
-            std::os::unix::fs::fchown(&file, Some(self.owner.uid), Some(self.owner.gid))?;
+        let pending = self.folder_path(Folder::Pending);
+        let private = pending.join(format!(
+            ".keysync-adopt-{}-{}",
+            std::process::id(),
+            STAGING_SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        if fs::rename(pending.join(id), &private).is_err() {
+            return false;
         }
-        let target = self.folder_path(folder).join(id);
-        match fs::rename(self.folder_path(Folder::Pending).join(id), &target) {
-            Ok(()) => {}
-            // Gone meanwhile, or the folders are separate mounts (systemd's
-            // ReadWritePaths= bind-mounts each): the key is written instead.
-            Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::EXDEV) => return Ok(false),
-            Err(e) => return Err(e),
+        let adopted = (|| -> io::Result<bool> {
+            let read = file.metadata()?;
+            let moved = private.symlink_metadata()?;
+            if !moved.file_type().is_file()
+                || (moved.dev(), moved.ino()) != (read.dev(), read.ino())
+                || moved.nlink() != 1
+            {
+                return Ok(false);
+            }
+            let mut bytes = vec![0; key.bytes().len() + 1];
+            let n = file.read_at(&mut bytes, 0)?;
+            if &bytes[..n] != key.bytes() {
+                return Ok(false);
+            }
+            if moved.mode() & 0o7777 != KEY_MODE {
+                file.set_permissions(fs::Permissions::from_mode(KEY_MODE))?;
+            }
+            if (moved.uid(), moved.gid()) != (self.owner.uid, self.owner.gid) {
+                std::os::unix::fs::fchown(&file, Some(self.owner.uid), Some(self.owner.gid))?;
+            }
+            match fs::rename(&private, self.folder_path(folder).join(id)) {
+                Ok(()) => Ok(true),
+                Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+                    self.no_adopt.store(true, Ordering::Relaxed);
+                    tracing::info!(folder = %pending.display(), "pending keys are copied: the key folders are mounts of their own");
+                    Ok(false)
+                }
+                Err(e) => Err(e),
+            }
+        })();
+        if !matches!(adopted, Ok(true)) {
+            // The pending copy is superseded by the decision either way; a
+            // leftover is removed by the next start's staging clean-up.
+            let _ = fs::remove_file(&private);
         }
-        let moved = match target.symlink_metadata() {
-            Ok(moved) => moved,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-            Err(e) => return Err(e),
-        };
-        if (moved.dev(), moved.ino()) != (meta.dev(), meta.ino()) || moved.nlink() != 1 {
-            return Ok(false);
-        }
-        let mut bytes = vec![0; key.bytes().len() + 1];
-        let n = file.read_at(&mut bytes, 0)?;
-        Ok(&bytes[..n] == key.bytes())
+        matches!(adopted, Ok(true))
     }
 
     fn write_key(&self, folder: Folder, id: &str, bytes: &[u8], lane: usize) -> io::Result<()> {
@@ -493,6 +522,40 @@ mod tests {
         pki.apply(&decision(Verdict::Rejected(key))).unwrap();
         assert_eq!(fs::metadata(dir.path().join("minions_rejected/web01")).unwrap().ino(), ino);
         assert_eq!(pki.list().unwrap(), vec![(Folder::Rejected, "web01".to_string())]);
+    }
+
+    #[test]
+    fn a_pending_file_swapped_after_it_was_read_is_never_moved_into_place() {
+        let (dir, pki) = setup();
+        let key = PublicKey::new(PUB.as_bytes());
+        let pending = dir.path().join("minions_pre/web01");
+        fs::write(dir.path().join("master.pem"), "-----BEGIN RSA PRIVATE KEY-----\n").unwrap();
+        let swaps: [&dyn Fn(); 2] = [
+            // Another file with the same bytes: not the inode that was read.
+            &|| {
+                fs::write(dir.path().join("other"), PUB).unwrap();
+                fs::rename(dir.path().join("other"), &pending).unwrap();
+            },
+            // A symbolic link to the master's private key.
+            &|| {
+                fs::remove_file(&pending).unwrap();
+                std::os::unix::fs::symlink("../master.pem", &pending).unwrap();
+            },
+        ];
+        for swap in swaps {
+            fs::write(&pending, PUB).unwrap();
+            let (slot, file) = pki.open_slot(Folder::Pending, "web01");
+            assert!(matches!(slot, Slot::Key(_)));
+            swap();
+            assert!(!pki.adopt_pending(file.unwrap(), Folder::Accepted, "web01", &key));
+            assert!(!dir.path().join("minions/web01").exists(), "nothing moved into minions/");
+            let left: Vec<_> = fs::read_dir(dir.path().join("minions_pre")).unwrap().collect();
+            assert!(left.is_empty(), "the swapped-in file is removed, no private name left: {left:?}");
+        }
+        assert!(dir.path().join("master.pem").exists());
+        // The caller then writes the key itself.
+        pki.apply(&decision(Verdict::Accepted(key))).unwrap();
+        assert_eq!(fs::read(dir.path().join("minions/web01")).unwrap(), PUB.as_bytes());
     }
 
     #[test]

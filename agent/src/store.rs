@@ -160,6 +160,20 @@ impl Store {
     /// Durably records decisions whose files are durable, clears them from the
     /// journal, saves the clock and marks the store initialized.
     pub fn record(&self, decisions: &[Decision], done: &[MinionId], node: &str, clock: u64) -> Result<(), StoreError> {
+        self.record_with(decisions, done, node, clock, true)
+    }
+
+    /// [`Store::record`]; `initialize` false leaves an uninitialized store so
+    /// (a first start recorded in steps: until the last step, a restart is
+    /// still a first start).
+    pub fn record_with(
+        &self,
+        decisions: &[Decision],
+        done: &[MinionId],
+        node: &str,
+        clock: u64,
+        initialize: bool,
+    ) -> Result<(), StoreError> {
         let txn = self.db.begin_write().map_err(|e| self.err(e))?;
         {
             let mut table = txn.open_table(DECISIONS).map_err(|e| self.err(e))?;
@@ -172,7 +186,9 @@ impl Store {
             }
             let mut meta = txn.open_table(META).map_err(|e| self.err(e))?;
             meta.insert(META_CLOCK, clock.to_be_bytes().as_slice()).map_err(|e| self.err(e))?;
-            meta.insert(META_NODE, node.as_bytes()).map_err(|e| self.err(e))?;
+            if initialize {
+                meta.insert(META_NODE, node.as_bytes()).map_err(|e| self.err(e))?;
+            }
         }
         txn.commit().map_err(|e| self.err(e))
     }
@@ -270,6 +286,11 @@ mod tests {
         {
             let store = Store::open(dir.path(), "a").unwrap();
             assert!(!store.load().unwrap().initialized);
+            // A step of a first start: recorded, but still a first start.
+            store.record_with(std::slice::from_ref(&deleted), &[], "a", 5, false).unwrap();
+            let stepped = store.load().unwrap();
+            assert!(!stepped.initialized);
+            assert_eq!(stepped.entries.len(), 1);
             store.journal(std::slice::from_ref(&pending)).unwrap();
             store.journal(std::slice::from_ref(&accepted)).unwrap();
             store.record(&[accepted.clone(), deleted.clone()], std::slice::from_ref(&accepted.id), "a", 99).unwrap();

@@ -78,9 +78,16 @@ fn join_one(cluster: &mut BenchCluster, idx: usize, want: (usize, usize)) -> any
     let (tx, rx) = std::sync::mpsc::channel();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let at = Instant::now();
-        // Lost events only mean the listing below decides.
-        let arrived = event.is_ok_and(|e| matches!(e.kind, EventKind::Create(_) | EventKind::Modify(_)));
-        let _ = tx.send((at, arrived));
+        // Some(true): a name arrived; Some(false): events were lost; None:
+        // anything else (opens and reads, the benchmark's own included).
+        let seen = match event {
+            Ok(e) if e.need_rescan() => Some(false),
+            Ok(e) => matches!(e.kind, EventKind::Create(_) | EventKind::Modify(_)).then_some(true),
+            Err(_) => Some(false),
+        };
+        if let Some(arrived) = seen {
+            let _ = tx.send((at, arrived));
+        }
     })?;
     for folder in ["minions", "minions_rejected"] {
         watcher.watch(&pki.join(folder), RecursiveMode::NonRecursive)?;
@@ -88,16 +95,20 @@ fn join_one(cluster: &mut BenchCluster, idx: usize, want: (usize, usize)) -> any
     let t0 = Instant::now();
     cluster.start(idx)?;
     let mut last_event = t0;
+    // Events were lost: the listing that finds every key dates the join.
+    let mut lost = false;
     let mut events = 0usize;
     let mut listed_at = 0usize;
     loop {
         match rx.recv_timeout(Duration::from_millis(200)) {
-            Ok((at, arrived)) => {
-                last_event = at;
-                events += usize::from(arrived);
-                for (at, arrived) in rx.try_iter() {
-                    last_event = at;
-                    events += usize::from(arrived);
+            Ok(first) => {
+                for (at, arrived) in std::iter::once(first).chain(rx.try_iter()) {
+                    if arrived {
+                        last_event = at;
+                        events += 1;
+                    } else {
+                        lost = true;
+                    }
                 }
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => listed_at = 0,
@@ -106,9 +117,11 @@ fn join_one(cluster: &mut BenchCluster, idx: usize, want: (usize, usize)) -> any
         // Listed when the events say every key may be there, or when quiet.
         if listed_at == 0 || events >= want.0 + want.1 && events != listed_at {
             listed_at = events.max(1);
+            let listed = Instant::now();
             let have = (count_keys(&pki, "minions"), count_keys(&pki, "minions_rejected"));
             if have == want {
-                return Ok(last_event.saturating_duration_since(t0).as_secs_f64());
+                let done = if lost { listed } else { last_event };
+                return Ok(done.saturating_duration_since(t0).as_secs_f64());
             }
         }
         if t0.elapsed() > JOIN_TIMEOUT {

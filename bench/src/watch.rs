@@ -60,6 +60,13 @@ impl PeerWatch {
                 if event.need_rescan() {
                     let _ = tx.send(Seen { at, peer, name: None });
                 }
+                // Opens and reads (the agents' and this benchmark's own) change
+                // nothing; a file closed after writing does.
+                if matches!(event.kind, notify::EventKind::Access(kind)
+                    if kind != notify::event::AccessKind::Close(notify::event::AccessMode::Write))
+                {
+                    return;
+                }
                 for path in &event.paths {
                     let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
                     // The agent's staging files start with a dot; Salt ignores them too.

@@ -1,7 +1,9 @@
 //! Appending to the audit log.
 //!
-//! - One `write()` of a whole line per record on an `O_APPEND` file: a line
-//!   is never interleaved, and a short write is cut back off.
+//! - One `write()` of whole lines per batch (up to [`BATCH_LINES`] records,
+//!   a single record outside bursts) on an `O_APPEND` file: lines are never
+//!   interleaved, and a short write is cut back off (its records counted in
+//!   the next `lost` record).
 //! - Rotation without signals: before each append the open file is compared
 //!   with the path. A different inode or a missing path (logrotate's rename,
 //!   with or without `create`) reopens the path; a file shorter than what was

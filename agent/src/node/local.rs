@@ -120,7 +120,8 @@ impl Core {
             return;
         }
         let t_synced = started.elapsed();
-        if let Err(e) = self.store.record(&decisions, &[], &self.settings.node, self.replica.clock()) {
+        let initialize = !self.first_start_in_steps;
+        if let Err(e) = self.store.record_with(&decisions, &[], &self.settings.node, self.replica.clock(), initialize) {
             self.trouble.failed(&self.audit, "state store", &e.to_string());
             self.rescan_pending = true;
             return;
@@ -205,6 +206,10 @@ impl Core {
         // restart is recorded again, as present at start-up). Recorded a
         // chunk at a time: a first start on 100,000 keys then never holds
         // them all (with their key bytes) in memory at once.
+        // A first start recorded in steps leaves the store uninitialized until
+        // every step is recorded: a crash in between is a first start again,
+        // never a restart whose unrecorded files would be taken as new decisions.
+        self.first_start_in_steps = !initialized;
         let mut n_found = 0;
         for chunk in names.chunks(RECONCILE_CHUNK) {
             let decisions: Vec<Decision> =
@@ -212,9 +217,11 @@ impl Core {
             n_found += decisions.len();
             self.record_local(decisions, Some(reason));
         }
+        self.first_start_in_steps = false;
         tracing::info!(n_held = self.replica.len(), n_found, reason, "start-up reconciliation");
-        if n_found == 0 && !initialized {
+        if !initialized && !self.rescan_pending {
             // Marks the store initialized: the next start is not a first start.
+            // (When a step failed, the retry's recording marks it.)
             if let Err(e) = self.store.record(&[], &[], &self.settings.node, self.replica.clock()) {
                 tracing::error!(error = %e, "cannot initialize the state store");
             }

@@ -119,6 +119,9 @@ pub struct Core {
     /// The first start's files could not be recorded yet: rescans keep
     /// observing them as a first start (bootstrap versions).
     first_start_unrecorded: bool,
+    /// The first start's files are being recorded in steps: the store is not
+    /// marked initialized until the last one.
+    first_start_in_steps: bool,
     /// Failing writes: backoff, and one log line and audit record per episode.
     trouble: trouble::WriteTrouble,
     /// Losing versions of conflicts already audited, and peers' versions
@@ -303,6 +306,7 @@ pub fn start(parts: CoreParts) -> Result<(Core, CoreHandle, mpsc::Receiver<Reque
         deferred: Vec::new(),
         rescan_pending: false,
         first_start_unrecorded: false,
+        first_start_in_steps: false,
         trouble: trouble::WriteTrouble::default(),
         reported: std::collections::HashSet::new(),
     };
