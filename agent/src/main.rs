@@ -11,9 +11,31 @@ use tokio_util::sync::CancellationToken;
 
 /// mimalloc instead of glibc malloc: glibc keeps the memory of a large batch
 /// (a join of 100,000 keys) in its per-thread arenas long after it is freed;
-/// mimalloc hands it back to the system.
+/// mimalloc hands it back to the system (see [`collect_freed_memory`]).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// At most this often a runtime worker going idle returns freed memory.
+const COLLECT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Called when a runtime worker goes idle: memory one thread allocated and
+/// another freed (a batch decoded on one worker, applied on the other) is
+/// only reclaimed by mimalloc when the allocating thread collects, and an
+/// idle thread never would. Throttled, so a busy agent pays for it at most
+/// once a second per worker.
+fn collect_freed_memory() {
+    thread_local! {
+        static LAST: std::cell::Cell<Option<std::time::Instant>> = const { std::cell::Cell::new(None) };
+    }
+    let now = std::time::Instant::now();
+    if LAST.get().is_some_and(|last| now.duration_since(last) < COLLECT_EVERY) {
+        return;
+    }
+    LAST.set(Some(now));
+    // SAFETY: mi_collect only walks and releases this thread's own mimalloc
+    // heap (the global allocator above); it takes no pointers.
+    unsafe { libmimalloc_sys::mi_collect(true) }
+}
 
 mod audit_cmd;
 mod certs;
@@ -164,6 +186,7 @@ fn run(path: &std::path::Path) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
+        .on_thread_park(collect_freed_memory)
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async {
@@ -176,7 +199,11 @@ fn run(path: &std::path::Path) -> Result<()> {
             reload: Some(reload_rx),
             notifier: salt_keysync::notify::Notifier::from_env(),
         };
-        salt_keysync::agent::run_with(config, None, shutdown, options).await
+        // On a worker, not this thread: memory the start-up allocates (a first
+        // start reads every key) is then returned by `collect_freed_memory`.
+        tokio::spawn(salt_keysync::agent::run_with(config, None, shutdown, options))
+            .await
+            .context("the agent's main task failed")?
     })
 }
 
