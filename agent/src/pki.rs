@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::core::keyfile::{check_public_key, KeyError, MAX_KEY_BYTES};
 use crate::core::observe::Refusal;
+use crate::core::settle::FsChange;
 use crate::core::{Decision, Folder, MinionId, PublicKey, Slot, Slots, Verdict};
 
 /// Mode of the key files the agent writes, as Salt leaves accepted keys.
@@ -70,6 +71,9 @@ impl Owner {
 pub struct Applied {
     /// A pending key that differed from the decided one and was discarded.
     pub discarded_pending: Option<PublicKey>,
+    /// The changes made to the id's names in the watched folders, as the
+    /// watcher reports them (their events are the agent's own echo).
+    pub changes: Vec<(Folder, FsChange)>,
 }
 
 pub struct Pki {
@@ -243,10 +247,11 @@ impl Pki {
             Verdict::Deleted => (None, None),
         };
         let mut applied = Applied::default();
+        let mut adopted = false;
         if let (Some(folder), Some(key)) = (target, key) {
-            let adopted = match self.open_slot(Folder::Pending, id) {
+            adopted = match self.open_slot(Folder::Pending, id) {
                 (Slot::Key(pending), Some(file)) if pending.fingerprint() == key.fingerprint() => {
-                    self.adopt_pending(file, folder, id, key)
+                    self.adopt_pending(file, folder, id, key, lane, &mut applied.changes)
                 }
                 (Slot::Key(pending), _) => {
                     applied.discarded_pending = Some(pending);
@@ -256,11 +261,16 @@ impl Pki {
             };
             if !adopted {
                 self.write_key(folder, id, key.bytes(), lane)?;
+                applied.changes.push((folder, FsChange::MovedIn));
             }
         }
         for folder in Folder::ALL {
-            if Some(folder) != target {
-                remove_if_present(&self.folder_path(folder).join(id))?;
+            // An adopted pending file left minions_pre/ with its rename.
+            if Some(folder) != target
+                && !(adopted && folder == Folder::Pending)
+                && remove_if_present(&self.folder_path(folder).join(id))?
+            {
+                applied.changes.push((folder, FsChange::Gone));
             }
         }
         Ok(applied)
@@ -269,26 +279,47 @@ impl Pki {
     /// Moves the pending key file, which holds exactly the decided key, into
     /// `folder` by renaming it, as `salt-key` itself does: no new file, and
     /// none to remove from `minions_pre/`. The file is first renamed to a
-    /// private dot name beside it, and only moved on if that name is the very
-    /// inode that was read (a regular file with one link) still holding exactly
-    /// the key; whatever else was swapped in meanwhile is removed there, never
-    /// moved. Returns false, and the caller writes the key, when anything
-    /// differs or fails, and from then on when the folders are separate mounts
-    /// (systemd's `ReadWritePaths=` bind-mounts each: EXDEV).
-    fn adopt_pending(&self, file: File, folder: Folder, id: &str, key: &PublicKey) -> bool {
+    /// private name in writer `lane`'s staging folder (outside the watched
+    /// folders, and a small folder: ext4 pays for every entry added to or
+    /// removed from a folder of thousands), and only moved on if that name is
+    /// the very inode that was read (a regular file with one link) still
+    /// holding exactly the key; whatever else was swapped in meanwhile is
+    /// removed there, never moved. Returns false, and the caller writes the
+    /// key, when anything differs or fails, and from then on when the folders
+    /// are separate mounts (systemd's `ReadWritePaths=` bind-mounts each:
+    /// EXDEV).
+    fn adopt_pending(
+        &self,
+        file: File,
+        folder: Folder,
+        id: &str,
+        key: &PublicKey,
+        lane: usize,
+        changes: &mut Vec<(Folder, FsChange)>,
+    ) -> bool {
         use std::os::unix::fs::FileExt;
         if self.no_adopt.load(Ordering::Relaxed) {
             return false;
         }
-        let pending = self.folder_path(Folder::Pending);
-        let private = pending.join(format!(
+        let pending = self.folder_path(Folder::Pending).join(id);
+        let staging = self.staging_dir(lane);
+        let private = staging.join(format!(
             ".keysync-adopt-{}-{}",
             std::process::id(),
             STAGING_SEQ.fetch_add(1, Ordering::Relaxed)
         ));
-        if fs::rename(pending.join(id), &private).is_err() {
+        let mut moved = fs::rename(&pending, &private);
+        if lane > 0 && moved.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::NotFound) && pending.exists() {
+            // This writer's folder is made at its first use.
+            moved = make_writer_dir(&staging).and_then(|()| fs::rename(&pending, &private));
+        }
+        if let Err(e) = moved {
+            if e.raw_os_error() == Some(libc::EXDEV) {
+                self.stop_adopting();
+            }
             return false;
         }
+        changes.push((Folder::Pending, FsChange::Gone));
         let adopted = (|| -> io::Result<bool> {
             let read = file.metadata()?;
             let moved = private.symlink_metadata()?;
@@ -312,19 +343,35 @@ impl Pki {
             match fs::rename(&private, self.folder_path(folder).join(id)) {
                 Ok(()) => Ok(true),
                 Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
-                    self.no_adopt.store(true, Ordering::Relaxed);
-                    tracing::info!(folder = %pending.display(), "pending keys are copied: the key folders are mounts of their own");
+                    self.stop_adopting();
                     Ok(false)
                 }
                 Err(e) => Err(e),
             }
         })();
-        if !matches!(adopted, Ok(true)) {
-            // The pending copy is superseded by the decision either way; a
-            // leftover is removed by the next start's staging clean-up.
-            let _ = fs::remove_file(&private);
+        if matches!(adopted, Ok(true)) {
+            changes.push((folder, FsChange::MovedIn));
+            return true;
         }
-        matches!(adopted, Ok(true))
+        // The pending copy is superseded by the decision either way; a
+        // leftover is removed by the next start's staging clean-up.
+        let _ = fs::remove_file(&private);
+        false
+    }
+
+    fn stop_adopting(&self) {
+        if !self.no_adopt.swap(true, Ordering::Relaxed) {
+            tracing::info!(pki_dir = %self.root.display(), "pending keys are copied: the key folders are mounts of their own");
+        }
+    }
+
+    /// Writer `lane`'s staging folder (writer 0 uses the staging folder itself).
+    fn staging_dir(&self, lane: usize) -> PathBuf {
+        let mut staging = self.root.join(STAGING_DIR);
+        if lane > 0 {
+            staging.push(format!("{WRITER_DIR_PREFIX}{lane}"));
+        }
+        staging
     }
 
     fn write_key(&self, folder: Folder, id: &str, bytes: &[u8], lane: usize) -> io::Result<()> {
@@ -334,18 +381,11 @@ impl Pki {
         if beside.load(Ordering::Relaxed) {
             return self.stage(&dir.join(&name), &dir.join(id), bytes);
         }
-        let mut staging = self.root.join(STAGING_DIR);
-        if lane > 0 {
-            staging.push(format!("{WRITER_DIR_PREFIX}{lane}"));
-        }
+        let staging = self.staging_dir(lane);
         let mut staged = self.stage(&staging.join(&name), &dir.join(id), bytes);
         if lane > 0 && staged.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::NotFound) {
             // This writer's folder is made at its first use.
-            match fs::DirBuilder::new().mode(0o700).create(&staging) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(e),
-            }
+            make_writer_dir(&staging)?;
             staged = self.stage(&staging.join(&name), &dir.join(id), bytes);
         }
         match staged {
@@ -437,10 +477,20 @@ fn write_new(path: &Path, bytes: &[u8], mode: u32, owner: Owner) -> io::Result<(
     std::os::unix::fs::fchown(&file, Some(owner.uid), Some(owner.gid))
 }
 
-fn remove_if_present(path: &Path) -> io::Result<()> {
-    match fs::remove_file(path) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+/// A writer's private staging folder, if it is not there yet.
+fn make_writer_dir(path: &Path) -> io::Result<()> {
+    match fs::DirBuilder::new().mode(0o700).create(path) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
         _ => Ok(()),
+    }
+}
+
+/// Removes a file; true if there was one.
+fn remove_if_present(path: &Path) -> io::Result<bool> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
     }
 }
 

@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind, RenameMode};
-use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+use notify::event::{AccessKind, AccessMode, EventKind, EventKindMask, ModifyKind, RenameMode};
+use notify::{Config, RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
 use crate::core::settle::FsChange;
@@ -21,6 +21,12 @@ pub enum WatchEvent {
     Rescan(String),
 }
 
+/// What the kernel reports: names created, written, renamed and removed, and
+/// files closed after writing. Not opens and reads: every key the agent reads
+/// (and every read by Salt or a backup) would wake the watcher for nothing,
+/// and a `salt-key -A` burst means tens of thousands of them.
+const WATCHED: EventKindMask = EventKindMask::CORE.union(EventKindMask::ACCESS_CLOSE);
+
 /// Keeps the inotify watches alive; dropping it stops them.
 pub struct FolderWatch {
     _watcher: RecommendedWatcher,
@@ -32,7 +38,7 @@ pub fn watch(pki_dir: &Path) -> notify::Result<(FolderWatch, mpsc::UnboundedRece
     let lookup = folders.clone();
     let overflow = crate::fault::inotify_overflow();
     let mut n_seen: u64 = 0;
-    let mut watcher = notify::recommended_watcher(move |result: notify::Result<notify::Event>| {
+    let handler = move |result: notify::Result<notify::Event>| {
         if let Some((skip, drop)) = overflow {
             // Test-only (feature `fault-injection`): lose events as a full kernel queue would.
             n_seen += 1;
@@ -51,7 +57,8 @@ pub fn watch(pki_dir: &Path) -> notify::Result<(FolderWatch, mpsc::UnboundedRece
             // The receiver is gone only when the agent shuts down.
             let _ = tx.send(event);
         }
-    })?;
+    };
+    let mut watcher = RecommendedWatcher::new(handler, Config::default().with_event_kinds(WATCHED))?;
     for (_, path) in &folders {
         watcher.watch(path, RecursiveMode::NonRecursive)?;
     }
@@ -62,14 +69,15 @@ fn translate(folders: &[(Folder, PathBuf)], event: &notify::Event) -> Vec<WatchE
     if event.need_rescan() {
         return vec![WatchEvent::Rescan("inotify queue overflow".into())];
     }
-    let change_of = |idx: usize| -> Option<FsChange> {
+    let change_of = || -> Option<FsChange> {
         Some(match event.kind {
             EventKind::Create(_) => FsChange::Written,
             EventKind::Modify(ModifyKind::Data(_) | ModifyKind::Any | ModifyKind::Other) => FsChange::Written,
             EventKind::Modify(ModifyKind::Name(RenameMode::To)) => FsChange::MovedIn,
             EventKind::Modify(ModifyKind::Name(RenameMode::From)) => FsChange::Gone,
-            EventKind::Modify(ModifyKind::Name(RenameMode::Both)) if idx == 0 => FsChange::Gone,
-            EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => FsChange::MovedIn,
+            // notify reports each end of a rename (From, To) before the pair
+            // (Both): the pair would only repeat them.
+            EventKind::Modify(ModifyKind::Name(RenameMode::Both)) => return None,
             // An unpaired rename: read the name again after the grace period.
             EventKind::Modify(ModifyKind::Name(_)) => FsChange::Gone,
             EventKind::Access(AccessKind::Close(AccessMode::Write)) => FsChange::Closed,
@@ -78,11 +86,66 @@ fn translate(folders: &[(Folder, PathBuf)], event: &notify::Event) -> Vec<WatchE
         })
     };
     let mut out = Vec::new();
-    for (idx, path) in event.paths.iter().enumerate() {
-        let Some(change) = change_of(idx) else { continue };
+    for path in &event.paths {
+        let Some(change) = change_of() else { continue };
         let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else { continue };
         let Some(&(folder, _)) = folders.iter().find(|(_, dir)| dir == parent) else { continue };
         out.push(WatchEvent::Change { folder, name: name.to_string_lossy().into_owned(), change });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// What the agent hears of each kind of file operation: each change once,
+    /// and nothing of opens and reads.
+    #[tokio::test]
+    async fn each_change_is_reported_once_and_reads_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = dir.path();
+        for folder in Folder::ALL {
+            std::fs::create_dir(pki.join(folder.dir_name())).unwrap();
+        }
+        std::fs::create_dir(pki.join("unwatched")).unwrap();
+        std::fs::write(pki.join("minions_pre/web01"), "key").unwrap();
+        std::fs::write(pki.join("unwatched/web02"), "key").unwrap();
+        let (_watch, mut rx) = watch(pki).unwrap();
+
+        // Reads, as the agent and Salt do all the time.
+        std::fs::read(pki.join("minions_pre/web01")).unwrap();
+        // salt-key 3006: a rename between two watched folders.
+        std::fs::rename(pki.join("minions_pre/web01"), pki.join("minions/web01")).unwrap();
+        // The agent's staged write: a rename in from an unwatched folder.
+        std::fs::rename(pki.join("unwatched/web02"), pki.join("minions_rejected/web02")).unwrap();
+        // A rename out to an unwatched folder, and a removal.
+        std::fs::rename(pki.join("minions/web01"), pki.join("unwatched/web01")).unwrap();
+        std::fs::remove_file(pki.join("minions_rejected/web02")).unwrap();
+        // A file written in place.
+        std::fs::write(pki.join("minions_pre/web03"), "key").unwrap();
+
+        let mut seen = Vec::new();
+        while let Ok(Some(event)) = tokio::time::timeout(Duration::from_millis(500), rx.recv()).await {
+            match event {
+                WatchEvent::Change { folder, name, change } => seen.push((folder, name, change)),
+                WatchEvent::Rescan(reason) => panic!("unexpected rescan: {reason}"),
+            }
+        }
+        let want = |folder, name: &str, change| (folder, name.to_string(), change);
+        assert_eq!(
+            seen,
+            vec![
+                want(Folder::Pending, "web01", FsChange::Gone),
+                want(Folder::Accepted, "web01", FsChange::MovedIn),
+                want(Folder::Rejected, "web02", FsChange::MovedIn),
+                want(Folder::Accepted, "web01", FsChange::Gone),
+                want(Folder::Rejected, "web02", FsChange::Gone),
+                want(Folder::Pending, "web03", FsChange::Written),
+                want(Folder::Pending, "web03", FsChange::Written),
+                want(Folder::Pending, "web03", FsChange::Closed),
+            ]
+        );
+    }
 }

@@ -76,10 +76,10 @@ fn join_one(cluster: &mut BenchCluster, idx: usize, want: (usize, usize)) -> any
     use notify::{EventKind, RecursiveMode, Watcher};
     let pki = cluster.pki(idx).to_path_buf();
     let (tx, rx) = std::sync::mpsc::channel();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+    let handler = move |event: notify::Result<notify::Event>| {
         let at = Instant::now();
         // Some(true): a name arrived; Some(false): events were lost; None:
-        // anything else (opens and reads, the benchmark's own included).
+        // anything else.
         let seen = match event {
             Ok(e) if e.need_rescan() => Some(false),
             Ok(e) => matches!(e.kind, EventKind::Create(_) | EventKind::Modify(_)).then_some(true),
@@ -88,7 +88,8 @@ fn join_one(cluster: &mut BenchCluster, idx: usize, want: (usize, usize)) -> any
         if let Some(arrived) = seen {
             let _ = tx.send((at, arrived));
         }
-    })?;
+    };
+    let mut watcher = notify::RecommendedWatcher::new(handler, crate::watch_config())?;
     for folder in ["minions", "minions_rejected"] {
         watcher.watch(&pki.join(folder), RecursiveMode::NonRecursive)?;
     }

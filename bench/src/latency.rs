@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use keysync_tests::salt_ops::{delete_key, master_writes_pending, move_key, SaltLine};
 
 use crate::cluster::BenchCluster;
@@ -109,6 +109,10 @@ fn write_pending(cluster: &BenchCluster, pkis: &[PathBuf], ids: &[String], keys:
     }
     // Lets the agents finish the audit burst before timing starts.
     std::thread::sleep(Duration::from_millis(200));
+    // On a site the keys were pending for a while and the kernel has written
+    // them back; here they were written a moment ago, and that writeback must
+    // not land on the first timed syncfs (untimed, as after rsync in the join).
+    std::process::Command::new("sync").status().context("cannot run sync")?;
     Ok(())
 }
 

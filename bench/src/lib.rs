@@ -74,3 +74,11 @@ pub fn run(settings: &Settings) -> anyhow::Result<Report> {
         agents: join.agents,
     })
 }
+
+/// The benchmark's inotify watches: changes and files closed after writing,
+/// never opens and reads (the agents read every key they are told of; had the
+/// benchmark to be woken for each, it would take CPU from the agents it times).
+pub(crate) fn watch_config() -> notify::Config {
+    use notify::event::EventKindMask;
+    notify::Config::default().with_event_kinds(EventKindMask::CORE.union(EventKindMask::ACCESS_CLOSE))
+}

@@ -51,7 +51,7 @@ impl PeerWatch {
         let mut watchers = Vec::new();
         for (peer, pki) in pkis.iter().enumerate() {
             let tx = tx.clone();
-            let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            let handler = move |event: notify::Result<notify::Event>| {
                 let at = Instant::now();
                 let Ok(event) = event else {
                     let _ = tx.send(Seen { at, peer, name: None });
@@ -60,13 +60,6 @@ impl PeerWatch {
                 if event.need_rescan() {
                     let _ = tx.send(Seen { at, peer, name: None });
                 }
-                // Opens and reads (the agents' and this benchmark's own) change
-                // nothing; a file closed after writing does.
-                if matches!(event.kind, notify::EventKind::Access(kind)
-                    if kind != notify::event::AccessKind::Close(notify::event::AccessMode::Write))
-                {
-                    return;
-                }
                 for path in &event.paths {
                     let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
                     // The agent's staging files start with a dot; Salt ignores them too.
@@ -74,7 +67,8 @@ impl PeerWatch {
                         let _ = tx.send(Seen { at, peer, name });
                     }
                 }
-            })?;
+            };
+            let mut watcher = RecommendedWatcher::new(handler, crate::watch_config())?;
             for folder in FOLDERS {
                 watcher.watch(&pki.join(folder), RecursiveMode::NonRecursive)?;
             }
@@ -134,7 +128,9 @@ impl PeerWatch {
         let mut touched: Vec<HashSet<&str>> = vec![HashSet::new(); n];
         let mut last_event: Vec<Option<Instant>> = vec![None; n];
         let mut done: Vec<Option<Duration>> = vec![None; n];
-        let mut full_check = vec![true; n];
+        // No look at t0: the events since the last `drain` (the operation's
+        // own included) say which ids may have arrived.
+        let mut full_check = vec![false; n];
         let deadline = t0 + timeout;
         loop {
             for peer in 0..n {

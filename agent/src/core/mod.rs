@@ -7,6 +7,7 @@
 
 pub mod decision;
 pub mod digest;
+pub mod echo;
 pub mod id;
 pub mod keyfile;
 pub mod merge;

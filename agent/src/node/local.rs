@@ -18,9 +18,16 @@ impl Core {
     pub(super) fn on_watch_event(&mut self, event: WatchEvent) {
         match event {
             WatchEvent::Change { folder, name, change } => {
-                self.settler.on_event(folder, &name, change, Instant::now());
+                // The agent's own writes need no reading back.
+                if !self.echoes.is_echo(folder, &name, change) {
+                    self.settler.on_event(folder, &name, change, Instant::now());
+                }
             }
-            WatchEvent::Rescan(reason) => self.rescan(&reason),
+            WatchEvent::Rescan(reason) => {
+                // Echoes may have been among the lost events: none is awaited any more.
+                self.echoes.clear();
+                self.rescan(&reason);
+            }
         }
     }
 

@@ -16,6 +16,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::AuditLog;
+use crate::core::echo::Echoes;
 use crate::core::replica::Replica;
 use crate::core::settle::Settler;
 use crate::core::{Decision, Fingerprint, MinionId, Version};
@@ -101,6 +102,8 @@ pub struct Core {
     pki: Pki,
     owner: Owner,
     settler: Settler,
+    /// Changes the agent made in the watched folders, to be heard back.
+    echoes: Echoes,
     audit: Arc<AuditLog>,
     metrics: Arc<crate::metrics::Metrics>,
     outgoing: broadcast::Sender<Arc<Outgoing>>,
@@ -180,7 +183,10 @@ impl Core {
                     let Some(request) = request else { break };
                     self.on_request(request);
                 }
-                _ = rescan.tick() => self.rescan("periodic safety net"),
+                _ = rescan.tick() => {
+                    self.echoes.expire(std::time::Instant::now());
+                    self.rescan("periodic safety net");
+                }
                 _ = retry.tick(), if !self.retry.is_empty() || self.rescan_pending => self.retry_failed(),
             }
         }
@@ -297,6 +303,7 @@ pub fn start(parts: CoreParts) -> Result<(Core, CoreHandle, mpsc::Receiver<Reque
         pki: parts.pki,
         owner: parts.owner,
         settler: Settler::new(parts.settle),
+        echoes: Echoes::default(),
         audit: parts.audit,
         metrics: parts.metrics,
         outgoing: outgoing.clone(),

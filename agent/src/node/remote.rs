@@ -85,6 +85,13 @@ impl Core {
             })
             .collect();
         let results = self.pki.apply_all(&batch.iter().map(|accepted| &accepted.decision).collect::<Vec<_>>());
+        let now = std::time::Instant::now();
+        self.echoes.expire(now);
+        for (accepted, result) in batch.iter().zip(&results) {
+            if let Ok(applied) = result {
+                self.echoes.expect(accepted.decision.id.as_str(), &applied.changes, now);
+            }
+        }
         let mut written = Vec::new();
         let mut revoked = false;
         for ((accepted, had_accepted), result) in batch.into_iter().zip(had_accepted).zip(results) {

@@ -25,15 +25,18 @@ fn apply_moves_the_id_between_folders() {
     let key = PublicKey::new(PUB.as_bytes());
     let applied = pki.apply(&decision(Verdict::Accepted(key.clone()))).unwrap();
     assert_eq!(applied.discarded_pending.unwrap().bytes(), other.as_bytes());
+    assert_eq!(applied.changes, [(Folder::Accepted, FsChange::MovedIn), (Folder::Pending, FsChange::Gone)]);
     assert_eq!(fs::read(dir.path().join("minions/web01")).unwrap(), PUB.as_bytes());
     let mode = fs::metadata(dir.path().join("minions/web01")).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, KEY_MODE);
     assert_eq!(pki.read_slots(&decision(Verdict::Deleted).id).pending, Slot::Absent);
 
-    pki.apply(&decision(Verdict::Rejected(key))).unwrap();
+    let applied = pki.apply(&decision(Verdict::Rejected(key))).unwrap();
+    assert_eq!(applied.changes, [(Folder::Rejected, FsChange::MovedIn), (Folder::Accepted, FsChange::Gone)]);
     assert!(!dir.path().join("minions/web01").exists());
     assert!(dir.path().join("minions_rejected/web01").exists());
-    pki.apply(&decision(Verdict::Deleted)).unwrap();
+    let applied = pki.apply(&decision(Verdict::Deleted)).unwrap();
+    assert_eq!(applied.changes, [(Folder::Rejected, FsChange::Gone)], "only what was there is removed");
     assert!(pki.list().unwrap().is_empty(), "no staging file or key left");
     assert_eq!(fs::read_dir(dir.path().join(STAGING_DIR)).unwrap().count(), 0, "staging folder empty");
     pki.sync().unwrap();
@@ -49,6 +52,7 @@ fn a_pending_file_holding_the_decided_key_is_moved_not_copied() {
     let key = PublicKey::new(PUB.as_bytes());
     let applied = pki.apply(&decision(Verdict::Accepted(key.clone()))).unwrap();
     assert!(applied.discarded_pending.is_none());
+    assert_eq!(applied.changes, [(Folder::Pending, FsChange::Gone), (Folder::Accepted, FsChange::MovedIn)]);
     let accepted = fs::metadata(dir.path().join("minions/web01")).unwrap();
     assert_eq!(accepted.ino(), ino, "the pending file itself, renamed");
     assert_eq!(accepted.permissions().mode() & 0o777, KEY_MODE);
@@ -61,6 +65,17 @@ fn a_pending_file_holding_the_decided_key_is_moved_not_copied() {
     pki.apply(&decision(Verdict::Rejected(key))).unwrap();
     assert_eq!(fs::metadata(dir.path().join("minions_rejected/web01")).unwrap().ino(), ino);
     assert_eq!(pki.list().unwrap(), vec![(Folder::Rejected, "web01".to_string())]);
+
+    // A writer of a large batch passes it through its own staging folder,
+    // made at its first use, and leaves nothing there.
+    pki.apply(&decision(Verdict::Deleted)).unwrap();
+    fs::write(&pending, PUB).unwrap();
+    let ino = fs::metadata(&pending).unwrap().ino();
+    pki.apply_in(&decision(Verdict::Accepted(PublicKey::new(PUB.as_bytes()))), 2).unwrap();
+    assert_eq!(fs::metadata(dir.path().join("minions/web01")).unwrap().ino(), ino);
+    let writer = dir.path().join(STAGING_DIR).join("writer-2");
+    assert_eq!(fs::read_dir(&writer).unwrap().count(), 0, "nothing left in {}", writer.display());
+    assert_eq!(pki.list().unwrap(), vec![(Folder::Accepted, "web01".to_string())]);
 }
 
 #[test]
@@ -86,10 +101,14 @@ fn a_pending_file_swapped_after_it_was_read_is_never_moved_into_place() {
         let (slot, file) = pki.open_slot(Folder::Pending, "web01");
         assert!(matches!(slot, Slot::Key(_)));
         swap();
-        assert!(!pki.adopt_pending(file.unwrap(), Folder::Accepted, "web01", &key));
+        let mut changes = Vec::new();
+        assert!(!pki.adopt_pending(file.unwrap(), Folder::Accepted, "web01", &key, 0, &mut changes));
+        assert_eq!(changes, [(Folder::Pending, FsChange::Gone)], "it left minions_pre/, never arrived");
         assert!(!dir.path().join("minions/web01").exists(), "nothing moved into minions/");
         let left: Vec<_> = fs::read_dir(dir.path().join("minions_pre")).unwrap().collect();
-        assert!(left.is_empty(), "the swapped-in file is removed, no private name left: {left:?}");
+        assert!(left.is_empty(), "the swapped-in file is gone from minions_pre/: {left:?}");
+        let staged: Vec<_> = fs::read_dir(dir.path().join(STAGING_DIR)).unwrap().collect();
+        assert!(staged.is_empty(), "the swapped-in file is removed, no private name left: {staged:?}");
     }
     assert!(dir.path().join("master.pem").exists());
     // The caller then writes the key itself.
