@@ -37,6 +37,17 @@ fn collect_freed_memory() {
     unsafe { libmimalloc_sys::mi_collect(true) }
 }
 
+/// Transparent huge pages off for this process. mimalloc asks for them for
+/// its arenas, and a 2 MiB page keeps all of itself resident while any
+/// allocation in it lives, and is zeroed whole when first touched: an agent
+/// holding 100,000 keys sat at 60–65 MiB with them and at 42–48 MiB without
+/// (`keysync-bench --join 100000`), and a burst spent a tenth of its time
+/// zeroing fresh huge pages. A refusal (a seccomp filter) changes nothing else.
+fn no_transparent_huge_pages() {
+    // SAFETY: PR_SET_THP_DISABLE takes no pointers; it sets a flag of this process.
+    let _ = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+}
+
 mod audit_cmd;
 mod certs;
 mod check;
@@ -157,6 +168,7 @@ const GENERATE_EXAMPLES: &str = "Examples:
   salt-keysync generate completions bash target/completions";
 
 fn main() {
+    no_transparent_huge_pages();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run => run(&cli.config),

@@ -146,6 +146,9 @@ const OUTGOING_QUEUE: usize = 4096;
 /// Events handled before the due names are read, so a burst (salt-key -A)
 /// becomes a few large batches.
 const EVENT_BURST: usize = 8192;
+/// Peers' decisions queued together are applied as one batch up to about
+/// this many (a join's fetches come 5,000 at a time).
+const MAX_GROUPED_DECISIONS: usize = 10_000;
 /// How often failed writes are looked at; the backoff decides whether they are retried.
 const RETRY_INTERVAL: Duration = Duration::from_millis(250);
 
@@ -181,7 +184,7 @@ impl Core {
                 () = sleep_until(due), if due.is_some() => self.process_due(),
                 request = requests.recv() => {
                     let Some(request) = request else { break };
-                    self.on_request(request);
+                    self.on_requests(request, &mut requests);
                 }
                 _ = rescan.tick() => {
                     self.echoes.expire(std::time::Instant::now());
@@ -191,6 +194,45 @@ impl Core {
             }
         }
         self.audit.sync();
+    }
+
+    /// Handles `first` and the requests already queued behind it, in order.
+    /// Peers' decisions queued together (several peers pushing, or one
+    /// pushing while the last batch was being written) are applied as one
+    /// batch: the journal commit, syncfs, store commit and audit flush are
+    /// paid once for all of them, so a node that falls behind catches up
+    /// instead of paying them again for every small batch.
+    fn on_requests(&mut self, first: Request, queue: &mut mpsc::Receiver<Request>) {
+        let mut arrivals: Vec<(String, Vec<Decision>, oneshot::Sender<u32>)> = Vec::new();
+        let mut n_decisions = 0;
+        let mut next = Some(first);
+        while let Some(request) = next.take() {
+            match request {
+                Request::Remote { from, decisions, reply } => {
+                    n_decisions += decisions.len();
+                    arrivals.push((from, decisions, reply));
+                }
+                other => {
+                    self.apply_queued(std::mem::take(&mut arrivals));
+                    self.on_request(other);
+                }
+            }
+            if n_decisions < MAX_GROUPED_DECISIONS {
+                next = queue.try_recv().ok();
+            }
+        }
+        self.apply_queued(arrivals);
+    }
+
+    fn apply_queued(&mut self, arrivals: Vec<(String, Vec<Decision>, oneshot::Sender<u32>)>) {
+        if arrivals.is_empty() {
+            return;
+        }
+        let (batches, replies): (Vec<_>, Vec<_>) =
+            arrivals.into_iter().map(|(from, decisions, reply)| ((from, decisions), reply)).unzip();
+        for (reply, n_applied) in replies.into_iter().zip(self.apply_arrivals(batches)) {
+            let _ = reply.send(n_applied);
+        }
     }
 
     fn on_request(&mut self, request: Request) {
@@ -321,3 +363,6 @@ pub fn start(parts: CoreParts) -> Result<(Core, CoreHandle, mpsc::Receiver<Reque
     core.reconcile(loaded.initialized);
     Ok((core, CoreHandle { requests: tx, outgoing }, rx))
 }
+
+#[cfg(test)]
+mod tests;

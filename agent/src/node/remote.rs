@@ -2,6 +2,7 @@
 //! ones to the folders durably, and forwarding them on.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::{wall_ms, Core};
 use crate::audit::Record;
@@ -13,65 +14,100 @@ use crate::pki::{drop_dfn, Applied};
 struct Accepted {
     decision: Decision,
     conflict: Option<Conflict>,
+    /// The peer it came from ("journal" at start-up).
+    from: Arc<str>,
+    /// Which of the arrivals applied together brought it.
+    arrival: usize,
 }
 
 impl Core {
     /// Merges decisions from `from`, applies the newer ones, and returns how
     /// many were applied.
     pub(super) fn apply_remote(&mut self, from: &str, decisions: Vec<Decision>) -> u32 {
+        self.apply_arrivals(vec![(from.to_string(), decisions)])[0]
+    }
+
+    /// Merges several peers' arrivals of decisions and applies the newer
+    /// ones as one batch: one journal commit, one syncfs, one store commit
+    /// and one audit flush for all of them. Returns, per arrival, how many of
+    /// its decisions were applied.
+    pub(super) fn apply_arrivals(&mut self, arrivals: Vec<(String, Vec<Decision>)>) -> Vec<u32> {
         let now = wall_ms();
         let max_skew = self.settings.max_clock_skew.as_millis() as u64;
+        let n_arrivals = arrivals.len();
         let mut chosen: HashMap<MinionId, Accepted> = HashMap::new();
-        for decision in decisions {
-            if self.settler.is_unsettled(decision.id.as_str()) {
-                // A salt-key run on this id is in progress here: writing now would
-                // mix with it. Merged once its events have settled (apply_deferred).
-                tracing::debug!(minion = %decision.id, peer = from, "deferred: the id's own events are settling");
-                self.deferred.push((from.to_string(), decision));
-                continue;
-            }
-            match self.replica.merge(&decision, now, max_skew) {
-                Err(skew) => {
-                    // Audited once: anti-entropy offers the same version again and again.
-                    if self.reported.insert((decision.id.clone(), decision.version.clone())) {
-                        self.metrics.decisions_refused.inc();
-                        tracing::warn!(minion = %decision.id, peer = from, error = %skew, "refused a decision from the future");
-                        self.audit_remote(&decision, from, "refuse", "refused", Some(skew.to_string()));
-                    }
+        // Decisions about an id another arrival also brings: merged after this
+        // batch is held, against it, as if they had come one after the other
+        // (two peers' concurrent decisions are then seen as a conflict).
+        let mut later: Vec<Vec<Decision>> = vec![Vec::new(); n_arrivals];
+        let mut froms: Vec<String> = Vec::with_capacity(n_arrivals);
+        for (arrival, (from, decisions)) in arrivals.into_iter().enumerate() {
+            froms.push(from.clone());
+            let from: Arc<str> = from.into();
+            for decision in decisions {
+                let from = &from;
+                if self.settler.is_unsettled(decision.id.as_str()) {
+                    // A salt-key run on this id is in progress here: writing now would
+                    // mix with it. Merged once its events have settled (apply_deferred).
+                    tracing::debug!(minion = %decision.id, peer = &**from, "deferred: the id's own events are settling");
+                    self.deferred.push((from.to_string(), decision));
+                    continue;
                 }
-                Ok(MergeOutcome::Duplicate) => {}
-                Ok(MergeOutcome::Superseded { conflict }) => {
-                    if let Some(conflict) = conflict {
-                        self.audit_conflict(&decision, from, &conflict);
+                match self.replica.merge(&decision, now, max_skew) {
+                    Err(skew) => {
+                        // Audited once: anti-entropy offers the same version again and again.
+                        if self.reported.insert((decision.id.clone(), decision.version.clone())) {
+                            self.metrics.decisions_refused.inc();
+                            tracing::warn!(minion = %decision.id, peer = &**from, error = %skew, "refused a decision from the future");
+                            self.audit_remote(&decision, from, "refuse", "refused", Some(skew.to_string()));
+                        }
                     }
-                    let reason = self.replica.entry(&decision.id).map(|held| format!("holds newer {}", held.version));
-                    self.audit_remote(&decision, from, decision.verdict.kind().action(), "superseded", reason);
-                }
-                Ok(MergeOutcome::Apply { conflict }) => {
-                    // Several decisions for one id in a batch: the newest wins here too.
-                    let newer = chosen.get(&decision.id).is_none_or(|c| c.decision.version < decision.version);
-                    if newer {
-                        chosen.insert(decision.id.clone(), Accepted { decision, conflict });
+                    Ok(MergeOutcome::Duplicate) => {}
+                    Ok(MergeOutcome::Superseded { conflict }) => {
+                        if let Some(conflict) = conflict {
+                            self.audit_conflict(&decision, from, &conflict);
+                        }
+                        let reason =
+                            self.replica.entry(&decision.id).map(|held| format!("holds newer {}", held.version));
+                        self.audit_remote(&decision, from, decision.verdict.kind().action(), "superseded", reason);
                     }
+                    Ok(MergeOutcome::Apply { conflict }) => match chosen.get(&decision.id) {
+                        Some(held) if held.arrival != arrival => later[arrival].push(decision),
+                        // Several decisions for one id in one arrival: the newest wins.
+                        Some(held) if held.decision.version >= decision.version => {}
+                        _ => {
+                            let accepted = Accepted { decision, conflict, from: from.clone(), arrival };
+                            chosen.insert(accepted.decision.id.clone(), accepted);
+                        }
+                    },
                 }
             }
         }
         let mut batch: Vec<Accepted> = chosen.into_values().collect();
         batch.sort_by(|a, b| a.decision.id.cmp(&b.decision.id));
-        self.apply_batch(from, batch)
+        let mut n_applied = self.apply_batch(batch, n_arrivals);
+        if later.iter().any(|decisions| !decisions.is_empty()) {
+            let again = self.apply_arrivals(froms.into_iter().zip(later).collect());
+            n_applied.iter_mut().zip(again).for_each(|(n, more)| *n += more);
+        }
+        n_applied
     }
 
-    fn apply_batch(&mut self, from: &str, batch: Vec<Accepted>) -> u32 {
+    /// Applies `batch` (decisions about distinct ids, from `n_arrivals`
+    /// arrivals); returns how many of each arrival's were applied.
+    fn apply_batch(&mut self, batch: Vec<Accepted>, n_arrivals: usize) -> Vec<u32> {
+        let mut n_applied = vec![0; n_arrivals];
         if batch.is_empty() {
-            return 0;
+            return n_applied;
         }
         let started = std::time::Instant::now();
         let decisions: Vec<Decision> = batch.iter().map(|a| a.decision.clone()).collect();
         if let Err(e) = self.store.journal(&decisions) {
             self.trouble.failed(&self.audit, "state store journal", &e.to_string());
-            self.retry.extend(decisions.into_iter().map(|d| (from.to_string(), d)));
-            return 0;
+            self.retry.extend(batch.into_iter().map(|a| (a.from.to_string(), a.decision)));
+            return n_applied;
         }
+        let t_journalled = started.elapsed();
         // Revoking: this master held the id as accepted, or still has it in
         // minions/. The held entry counts too, because a retried or
         // journalled decision may find its own earlier write already there.
@@ -105,12 +141,12 @@ impl Core {
                     // Nothing recorded for it: peers still see this node without it.
                     let what = format!("{} for {}", self.pki.root().display(), decision.id);
                     self.trouble.failed(&self.audit, &what, &e.to_string());
-                    self.retry.push((from.to_string(), accepted.decision));
+                    self.retry.push((accepted.from.to_string(), accepted.decision));
                 }
             }
         }
         if written.is_empty() {
-            return 0;
+            return n_applied;
         }
         let t_written = started.elapsed();
         let decisions: Vec<Decision> = written.iter().map(|(a, _)| a.decision.clone()).collect();
@@ -124,8 +160,8 @@ impl Core {
         if let Err(e) = durable {
             // Not held, not forwarded: retried, and the journal finishes it after a crash.
             self.trouble.failed(&self.audit, "syncfs or state store", &e);
-            self.retry.extend(decisions.into_iter().map(|d| (from.to_string(), d)));
-            return 0;
+            self.retry.extend(written.into_iter().map(|(a, _)| (a.from.to_string(), a.decision)));
+            return n_applied;
         }
         if self.retry.is_empty() && !self.rescan_pending {
             self.trouble.succeeded(&self.audit);
@@ -141,18 +177,31 @@ impl Core {
             // Bootstrap versions carry no decision time: no latency for them.
             self.metrics.applied(if version.is_bootstrap() { 0 } else { version.millis() }, now);
             // Audited first: a conflict record describes the decision held before.
-            self.applied_records(from, accepted, applied, &mut records);
+            self.applied_records(accepted, applied, &mut records);
             self.replica.commit(&accepted.decision);
+            n_applied[accepted.arrival] += 1;
         }
         drop(records);
-        let n_applied = decisions.len() as u32;
         let t_audited = started.elapsed();
-        self.broadcast(Some(from), decisions);
+        // Forwarded per peer of origin, which need not get its own back.
+        let mut by_peer: Vec<(Arc<str>, Vec<Decision>)> = Vec::new();
+        for ((accepted, _), decision) in written.iter().zip(decisions) {
+            match by_peer.iter_mut().find(|(from, _)| *from == accepted.from) {
+                Some((_, decisions)) => decisions.push(decision),
+                None => by_peer.push((accepted.from.clone(), vec![decision])),
+            }
+        }
+        let peers: Vec<&str> = by_peer.iter().map(|(from, _)| &**from).collect();
+        let peers = peers.join(",");
+        for (from, decisions) in by_peer {
+            self.broadcast(Some(&from), decisions);
+        }
         // After forwarding: the audit lines are written, the store holds the decisions.
         self.audit.sync();
         tracing::debug!(
-            peer = from,
-            n = n_applied,
+            peer = peers,
+            n = written.len(),
+            journalled_us = t_journalled.as_micros() as u64,
             written_us = t_written.as_micros() as u64,
             synced_us = t_synced.as_micros() as u64,
             recorded_us = t_recorded.as_micros() as u64,
@@ -170,12 +219,13 @@ impl Core {
             return;
         }
         tracing::info!(n = journal.len(), "finishing decisions interrupted by a stop");
+        let from: Arc<str> = "journal".into();
         let batch = journal
             .into_iter()
             .filter(|d| self.replica.entry(&d.id).is_none_or(|held| held.version < d.version))
-            .map(|decision| Accepted { decision, conflict: None })
+            .map(|decision| Accepted { decision, conflict: None, from: from.clone(), arrival: 0 })
             .collect();
-        self.apply_batch("journal", batch);
+        self.apply_batch(batch, 1);
     }
 
     /// Retries failed writes once the backoff allows: peers' decisions, and
@@ -195,8 +245,8 @@ impl Core {
         for (from, decision) in std::mem::take(&mut self.retry) {
             by_peer.entry(from).or_default().push(decision);
         }
-        for (from, decisions) in by_peer {
-            self.apply_remote(&from, decisions);
+        if !by_peer.is_empty() {
+            self.apply_arrivals(by_peer.into_iter().collect());
         }
         if !self.rescan_pending {
             self.apply_deferred();
@@ -221,8 +271,8 @@ impl Core {
         for (from, decision) in ready {
             by_peer.entry(from).or_default().push(decision);
         }
-        for (from, decisions) in by_peer {
-            self.apply_remote(&from, decisions);
+        if !by_peer.is_empty() {
+            self.apply_arrivals(by_peer.into_iter().collect());
         }
     }
 
@@ -242,8 +292,9 @@ impl Core {
         }
     }
 
-    fn applied_records(&mut self, from: &str, accepted: &Accepted, applied: &Applied, out: &mut crate::audit::Batch) {
+    fn applied_records(&mut self, accepted: &Accepted, applied: &Applied, out: &mut crate::audit::Batch) {
         let decision = &accepted.decision;
+        let from = &*accepted.from;
         if let Some(conflict) = &accepted.conflict {
             out.extend(self.conflict_record(decision, from, conflict));
         }

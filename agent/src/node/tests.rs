@@ -1,0 +1,95 @@
+//! The core task's handling of queued requests.
+
+use super::*;
+use crate::core::keyfile::tests::PUB;
+use crate::core::{PublicKey, Verdict};
+
+fn core_in(dir: &std::path::Path) -> (Core, CoreHandle, mpsc::Receiver<Request>) {
+    let pki_dir = dir.join("pki");
+    std::fs::create_dir(&pki_dir).unwrap();
+    let owner = Owner::of_path(dir).unwrap();
+    let pki = Pki::new(pki_dir, owner);
+    pki.ensure_folders().unwrap();
+    let parts = CoreParts {
+        settings: CoreSettings {
+            node: "b".into(),
+            cachedir: dir.to_path_buf(),
+            master_id: "b".into(),
+            max_clock_skew: Duration::from_secs(60),
+            rescan_interval: Duration::from_secs(3600),
+        },
+        store: {
+            std::fs::create_dir(dir.join("state")).unwrap();
+            Store::open(&dir.join("state"), "b").unwrap()
+        },
+        pki,
+        owner,
+        audit: Arc::new(AuditLog::open(&dir.join("audit.jsonl"), "b").unwrap()),
+        settle: crate::core::settle::SettleTimings::default(),
+        metrics: Arc::new(crate::metrics::Metrics::new()),
+    };
+    start(parts).unwrap()
+}
+
+fn accept(id: &str, at: u64, node: &str) -> Decision {
+    Decision {
+        id: MinionId::parse(id).unwrap(),
+        verdict: Verdict::Accepted(PublicKey::new(PUB.as_bytes())),
+        version: Version::new(at, node),
+        supersedes: None,
+    }
+}
+
+fn reject(id: &str, at: u64, node: &str) -> Decision {
+    Decision { verdict: Verdict::Rejected(PublicKey::new(PUB.as_bytes())), ..accept(id, at, node) }
+}
+
+/// Pushes queued together from two peers are handled in one call, which
+/// answers each with how many of its own decisions were applied. Decisions
+/// about the same id from two of them are merged one after the other, as if
+/// they had come separately: the later one meets the earlier as held (here:
+/// concurrent, so a conflict is audited), and each peer's decisions are
+/// forwarded to the others, never back to it.
+#[test]
+fn queued_pushes_are_applied_together_and_answered_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut core, handle, mut queue) = core_in(dir.path());
+    let mut outgoing = handle.subscribe();
+    let now = wall_ms();
+    let pushes = [
+        ("c", vec![reject("web01", now - 10, "c"), accept("web03", now, "c")]),
+        ("a", vec![accept("web01", now, "a"), accept("web02", now, "a")]),
+        // Held by then: nothing new.
+        ("a", vec![accept("web02", now, "a")]),
+    ];
+    let mut replies = Vec::new();
+    let mut requests = Vec::new();
+    for (from, decisions) in pushes {
+        let (reply, rx) = oneshot::channel();
+        replies.push(rx);
+        requests.push(Request::Remote { from: from.into(), decisions, reply });
+    }
+    let mut requests = requests.into_iter();
+    let first = requests.next().unwrap();
+    for request in requests {
+        handle.requests.try_send(request).map_err(|_| "queue full").unwrap();
+    }
+    core.on_requests(first, &mut queue);
+    assert!(queue.try_recv().is_err(), "every queued request handled");
+
+    let counts: Vec<u32> = replies.into_iter().map(|mut rx| rx.try_recv().unwrap()).collect();
+    assert_eq!(counts, [2, 2, 0]);
+    assert_eq!(core.replica.entry(&MinionId::parse("web01").unwrap()).unwrap().version, Version::new(now, "a"));
+    assert_eq!(core.pki.list().unwrap().len(), 3);
+    let audit = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+    assert_eq!(audit.matches(r#""action":"conflict""#).count(), 1, "{audit}");
+    let mut sent = Vec::new();
+    while let Ok(out) = outgoing.try_recv() {
+        let ids: Vec<String> = out.decisions.iter().map(|d| d.id.to_string()).collect();
+        sent.push((out.from.clone().unwrap(), ids));
+    }
+    sent.sort();
+    let sent: Vec<(&str, Vec<&str>)> =
+        sent.iter().map(|(from, ids)| (from.as_str(), ids.iter().map(String::as_str).collect())).collect();
+    assert_eq!(sent, [("a", vec!["web01"]), ("a", vec!["web02"]), ("c", vec!["web01", "web03"])]);
+}
