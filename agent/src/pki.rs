@@ -86,11 +86,21 @@ pub struct Pki {
     /// A pending file could not be renamed into another key folder (EXDEV):
     /// pending keys are copied like any other from now on.
     no_adopt: AtomicBool,
+    /// Linking an open file by its /proc/self/fd name failed other than by
+    /// EEXIST (no /proc, a hard-link restriction): pending keys are adopted
+    /// by renaming from now on.
+    no_link: AtomicBool,
 }
 
 impl Pki {
     pub fn new(root: PathBuf, owner: Owner) -> Pki {
-        Pki { root, owner, stage_beside: Default::default(), no_adopt: AtomicBool::new(false) }
+        Pki {
+            root,
+            owner,
+            stage_beside: Default::default(),
+            no_adopt: AtomicBool::new(false),
+            no_link: AtomicBool::new(false),
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -277,17 +287,14 @@ impl Pki {
     }
 
     /// Moves the pending key file, which holds exactly the decided key, into
-    /// `folder` by renaming it, as `salt-key` itself does: no new file, and
-    /// none to remove from `minions_pre/`. The file is first renamed to a
-    /// private name in writer `lane`'s staging folder (outside the watched
-    /// folders, and a small folder: ext4 pays for every entry added to or
-    /// removed from a folder of thousands), and only moved on if that name is
-    /// the very inode that was read (a regular file with one link) still
-    /// holding exactly the key; whatever else was swapped in meanwhile is
-    /// removed there, never moved. Returns false, and the caller writes the
-    /// key, when anything differs or fails, and from then on when the folders
-    /// are separate mounts (systemd's `ReadWritePaths=` bind-mounts each:
-    /// EXDEV).
+    /// `folder`, as `salt-key` itself does: no new file is written. The very
+    /// inode that was read is hard-linked into place through its open file
+    /// (`/proc/self/fd/N`: nothing swapped in under its name can be linked
+    /// instead), checked to still hold exactly the key, and its pending name
+    /// removed. A link takes no file-system-wide lock, unlike a rename from
+    /// one folder to another, which every rename on the disk waits for.
+    /// When the name is taken in `folder` (a link never replaces), or links
+    /// cannot be made, see [`Pki::adopt_by_renaming`].
     fn adopt_pending(
         &self,
         file: File,
@@ -297,10 +304,74 @@ impl Pki {
         lane: usize,
         changes: &mut Vec<(Folder, FsChange)>,
     ) -> bool {
-        use std::os::unix::fs::FileExt;
         if self.no_adopt.load(Ordering::Relaxed) {
             return false;
         }
+        if self.no_link.load(Ordering::Relaxed) {
+            return self.adopt_by_renaming(file, folder, id, key, lane, changes);
+        }
+        if self.fix_mode_and_owner(&file).is_err() {
+            return false;
+        }
+        use std::os::fd::AsRawFd;
+        let target = self.folder_path(folder).join(id);
+        let linked = rustix::fs::linkat(
+            rustix::fs::CWD,
+            format!("/proc/self/fd/{}", file.as_raw_fd()),
+            rustix::fs::CWD,
+            &target,
+            rustix::fs::AtFlags::SYMLINK_FOLLOW,
+        );
+        match linked {
+            Ok(()) => changes.push((folder, FsChange::Written)),
+            Err(rustix::io::Errno::EXIST) => return self.adopt_by_renaming(file, folder, id, key, lane, changes),
+            Err(rustix::io::Errno::XDEV) => {
+                self.stop_adopting();
+                return false;
+            }
+            // The file read has no name left: removed or replaced since.
+            Err(rustix::io::Errno::NOENT) => return false,
+            Err(e) => {
+                if !self.no_link.swap(true, Ordering::Relaxed) {
+                    tracing::info!(error = %e, "pending keys are adopted by renaming: an open file cannot be linked");
+                }
+                return self.adopt_by_renaming(file, folder, id, key, lane, changes);
+            }
+        }
+        // The inode now in place is the one read; its bytes are checked again
+        // through it (written since?). If they differ the caller writes the
+        // key over it, and removes the pending name itself.
+        if !holds_exactly(&file, key) {
+            return false;
+        }
+        match remove_if_present(&self.folder_path(Folder::Pending).join(id)) {
+            Ok(true) => changes.push((Folder::Pending, FsChange::Gone)),
+            Ok(false) => {}
+            // The key is in place; the pending name is the caller's to remove.
+            Err(_) => return false,
+        }
+        true
+    }
+
+    /// [`Pki::adopt_pending`] by renaming. The file is first renamed to a
+    /// private name in writer `lane`'s staging folder (outside the watched
+    /// folders, and a small folder: ext4 pays for every entry added to or
+    /// removed from a folder of thousands), and only moved on if that name is
+    /// the very inode that was read (a regular file with one link) still
+    /// holding exactly the key; whatever else was swapped in meanwhile is
+    /// removed there, never moved. Returns false, and the caller writes the
+    /// key, when anything differs or fails, and from then on when the folders
+    /// are separate mounts (systemd's `ReadWritePaths=` bind-mounts each:
+    /// EXDEV).
+    fn adopt_by_renaming(
+        &self,
+        file: File,
+        folder: Folder,
+        id: &str,
+        key: &PublicKey,
+        lane: usize,
+        changes: &mut Vec<(Folder, FsChange)>,
+    ) -> bool {
         let pending = self.folder_path(Folder::Pending).join(id);
         let staging = self.staging_dir(lane);
         let private = staging.join(format!(
@@ -329,17 +400,10 @@ impl Pki {
             {
                 return Ok(false);
             }
-            let mut bytes = vec![0; key.bytes().len() + 1];
-            let n = file.read_at(&mut bytes, 0)?;
-            if &bytes[..n] != key.bytes() {
+            if !holds_exactly(&file, key) {
                 return Ok(false);
             }
-            if moved.mode() & 0o7777 != KEY_MODE {
-                file.set_permissions(fs::Permissions::from_mode(KEY_MODE))?;
-            }
-            if (moved.uid(), moved.gid()) != (self.owner.uid, self.owner.gid) {
-                std::os::unix::fs::fchown(&file, Some(self.owner.uid), Some(self.owner.gid))?;
-            }
+            self.fix_mode_and_owner(&file)?;
             match fs::rename(&private, self.folder_path(folder).join(id)) {
                 Ok(()) => Ok(true),
                 Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
@@ -357,6 +421,18 @@ impl Pki {
         // leftover is removed by the next start's staging clean-up.
         let _ = fs::remove_file(&private);
         false
+    }
+
+    /// Gives an adopted file the mode and owner the agent writes keys with.
+    fn fix_mode_and_owner(&self, file: &File) -> io::Result<()> {
+        let meta = file.metadata()?;
+        if meta.mode() & 0o7777 != KEY_MODE {
+            file.set_permissions(fs::Permissions::from_mode(KEY_MODE))?;
+        }
+        if (meta.uid(), meta.gid()) != (self.owner.uid, self.owner.gid) {
+            std::os::unix::fs::fchown(file, Some(self.owner.uid), Some(self.owner.gid))?;
+        }
+        Ok(())
     }
 
     fn stop_adopting(&self) {
@@ -475,6 +551,13 @@ fn write_new(path: &Path, bytes: &[u8], mode: u32, owner: Owner) -> io::Result<(
     // The umask may have narrowed the mode given to open.
     file.set_permissions(fs::Permissions::from_mode(mode))?;
     std::os::unix::fs::fchown(&file, Some(owner.uid), Some(owner.gid))
+}
+
+/// True if `file` holds exactly the key's bytes, read through it.
+fn holds_exactly(file: &File, key: &PublicKey) -> bool {
+    use std::os::unix::fs::FileExt;
+    let mut bytes = vec![0; key.bytes().len() + 1];
+    file.read_at(&mut bytes, 0).is_ok_and(|n| &bytes[..n] == key.bytes())
 }
 
 /// A writer's private staging folder, if it is not there yet.

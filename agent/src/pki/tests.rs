@@ -52,9 +52,9 @@ fn a_pending_file_holding_the_decided_key_is_moved_not_copied() {
     let key = PublicKey::new(PUB.as_bytes());
     let applied = pki.apply(&decision(Verdict::Accepted(key.clone()))).unwrap();
     assert!(applied.discarded_pending.is_none());
-    assert_eq!(applied.changes, [(Folder::Pending, FsChange::Gone), (Folder::Accepted, FsChange::MovedIn)]);
+    assert_eq!(applied.changes, [(Folder::Accepted, FsChange::Written), (Folder::Pending, FsChange::Gone)]);
     let accepted = fs::metadata(dir.path().join("minions/web01")).unwrap();
-    assert_eq!(accepted.ino(), ino, "the pending file itself, renamed");
+    assert_eq!(accepted.ino(), ino, "the pending file itself, linked into place");
     assert_eq!(accepted.permissions().mode() & 0o777, KEY_MODE);
     assert!(!pending.exists());
 
@@ -66,12 +66,18 @@ fn a_pending_file_holding_the_decided_key_is_moved_not_copied() {
     assert_eq!(fs::metadata(dir.path().join("minions_rejected/web01")).unwrap().ino(), ino);
     assert_eq!(pki.list().unwrap(), vec![(Folder::Rejected, "web01".to_string())]);
 
-    // A writer of a large batch passes it through its own staging folder,
-    // made at its first use, and leaves nothing there.
+    let left: Vec<_> = fs::read_dir(dir.path().join(STAGING_DIR)).unwrap().collect();
+    assert!(left.is_empty(), "a link stages nothing: {left:?}");
+
+    // Where no link can be made it is renamed: a writer of a large batch
+    // passes it through its own staging folder, made at its first use, and
+    // leaves nothing there.
+    pki.no_link.store(true, Ordering::Relaxed);
     pki.apply(&decision(Verdict::Deleted)).unwrap();
     fs::write(&pending, PUB).unwrap();
     let ino = fs::metadata(&pending).unwrap().ino();
-    pki.apply_in(&decision(Verdict::Accepted(PublicKey::new(PUB.as_bytes()))), 2).unwrap();
+    let applied = pki.apply_in(&decision(Verdict::Accepted(PublicKey::new(PUB.as_bytes()))), 2).unwrap();
+    assert_eq!(applied.changes, [(Folder::Pending, FsChange::Gone), (Folder::Accepted, FsChange::MovedIn)]);
     assert_eq!(fs::metadata(dir.path().join("minions/web01")).unwrap().ino(), ino);
     let writer = dir.path().join(STAGING_DIR).join("writer-2");
     assert_eq!(fs::read_dir(&writer).unwrap().count(), 0, "nothing left in {}", writer.display());
@@ -83,6 +89,7 @@ fn a_pending_file_swapped_after_it_was_read_is_never_moved_into_place() {
     let (dir, pki) = setup();
     let key = PublicKey::new(PUB.as_bytes());
     let pending = dir.path().join("minions_pre/web01");
+    let accepted = dir.path().join("minions/web01");
     fs::write(dir.path().join("master.pem"), "-----BEGIN RSA PRIVATE KEY-----\n").unwrap();
     let swaps: [&dyn Fn(); 2] = [
         // Another file with the same bytes: not the inode that was read.
@@ -96,6 +103,39 @@ fn a_pending_file_swapped_after_it_was_read_is_never_moved_into_place() {
             std::os::unix::fs::symlink("../master.pem", &pending).unwrap();
         },
     ];
+    // Adopted by a link: only the inode that was read can be linked, and it
+    // has no name left once swapped out; nothing is adopted (the caller
+    // writes the key and removes the pending name).
+    for swap in swaps {
+        fs::write(&pending, PUB).unwrap();
+        let (slot, file) = pki.open_slot(Folder::Pending, "web01");
+        assert!(matches!(slot, Slot::Key(_)));
+        swap();
+        let mut changes = Vec::new();
+        assert!(!pki.adopt_pending(file.unwrap(), Folder::Accepted, "web01", &key, 0, &mut changes));
+        assert_eq!(changes, []);
+        assert!(!accepted.exists(), "nothing linked into minions/");
+        fs::remove_file(&pending).unwrap();
+    }
+    assert!(!pki.no_link.load(Ordering::Relaxed), "a swap is no reason to stop linking");
+    // Read while still linked elsewhere too: that inode, the one read, is
+    // what lands in minions/, and the file swapped in under its name is
+    // removed.
+    fs::write(&pending, PUB).unwrap();
+    let read = fs::metadata(&pending).unwrap().ino();
+    let (_, file) = pki.open_slot(Folder::Pending, "web01");
+    fs::hard_link(&pending, dir.path().join("elsewhere")).unwrap();
+    swaps[1]();
+    let mut changes = Vec::new();
+    assert!(pki.adopt_pending(file.unwrap(), Folder::Accepted, "web01", &key, 0, &mut changes));
+    assert_eq!(changes, [(Folder::Accepted, FsChange::Written), (Folder::Pending, FsChange::Gone)]);
+    assert_eq!(accepted.symlink_metadata().unwrap().ino(), read);
+    assert_eq!(fs::read(&accepted).unwrap(), PUB.as_bytes());
+    assert!(pending.symlink_metadata().is_err(), "the swapped-in link is removed");
+    fs::remove_file(&accepted).unwrap();
+    // Adopted by renaming (no link possible): the file under the pending
+    // name is checked after the rename, and never moved on if swapped.
+    pki.no_link.store(true, Ordering::Relaxed);
     for swap in swaps {
         fs::write(&pending, PUB).unwrap();
         let (slot, file) = pki.open_slot(Folder::Pending, "web01");
@@ -104,7 +144,7 @@ fn a_pending_file_swapped_after_it_was_read_is_never_moved_into_place() {
         let mut changes = Vec::new();
         assert!(!pki.adopt_pending(file.unwrap(), Folder::Accepted, "web01", &key, 0, &mut changes));
         assert_eq!(changes, [(Folder::Pending, FsChange::Gone)], "it left minions_pre/, never arrived");
-        assert!(!dir.path().join("minions/web01").exists(), "nothing moved into minions/");
+        assert!(!accepted.exists(), "nothing moved into minions/");
         let left: Vec<_> = fs::read_dir(dir.path().join("minions_pre")).unwrap().collect();
         assert!(left.is_empty(), "the swapped-in file is gone from minions_pre/: {left:?}");
         let staged: Vec<_> = fs::read_dir(dir.path().join(STAGING_DIR)).unwrap().collect();
