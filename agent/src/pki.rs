@@ -66,7 +66,17 @@ impl Owner {
     }
 }
 
-/// What applying a decision changed besides the target file.
+/// How a pending file holding the decided key was moved into place, if it was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Adoption {
+    No,
+    /// Hard-linked into place and its pending name removed.
+    Linked,
+    /// Renamed into place through the staging folder.
+    Renamed,
+}
+
+/// What applying a decision did.
 #[derive(Debug, Default)]
 pub struct Applied {
     /// A pending key that differed from the decided one and was discarded.
@@ -83,8 +93,8 @@ pub struct Pki {
     /// folder failed with EXDEV (another file system, or a bind mount of its
     /// own as systemd's ReadWritePaths= makes), so stage beside the key.
     stage_beside: [AtomicBool; 3],
-    /// A pending file could not be renamed into another key folder (EXDEV):
-    /// pending keys are copied like any other from now on.
+    /// A pending file could not be linked or renamed into another key folder
+    /// (EXDEV): pending keys are copied like any other from now on.
     no_adopt: AtomicBool,
     /// Linking an open file by its /proc/self/fd name failed other than by
     /// EEXIST (no /proc, a hard-link restriction): pending keys are adopted
@@ -257,7 +267,7 @@ impl Pki {
             Verdict::Deleted => (None, None),
         };
         let mut applied = Applied::default();
-        let mut adopted = false;
+        let mut adopted = Adoption::No;
         if let (Some(folder), Some(key)) = (target, key) {
             adopted = match self.open_slot(Folder::Pending, id) {
                 (Slot::Key(pending), Some(file)) if pending.fingerprint() == key.fingerprint() => {
@@ -265,19 +275,21 @@ impl Pki {
                 }
                 (Slot::Key(pending), _) => {
                     applied.discarded_pending = Some(pending);
-                    false
+                    Adoption::No
                 }
-                _ => false,
+                _ => Adoption::No,
             };
-            if !adopted {
+            if adopted == Adoption::No {
                 self.write_key(folder, id, key.bytes(), lane)?;
                 applied.changes.push((folder, FsChange::MovedIn));
             }
         }
         for folder in Folder::ALL {
-            // An adopted pending file left minions_pre/ with its rename.
+            // A linked pending file's name was removed already. After a rename
+            // the name is removed again: the master may have written a new
+            // pending key while the id was in no folder.
             if Some(folder) != target
-                && !(adopted && folder == Folder::Pending)
+                && !(adopted == Adoption::Linked && folder == Folder::Pending)
                 && remove_if_present(&self.folder_path(folder).join(id))?
             {
                 applied.changes.push((folder, FsChange::Gone));
@@ -303,15 +315,25 @@ impl Pki {
         key: &PublicKey,
         lane: usize,
         changes: &mut Vec<(Folder, FsChange)>,
-    ) -> bool {
+    ) -> Adoption {
         if self.no_adopt.load(Ordering::Relaxed) {
-            return false;
+            return Adoption::No;
         }
+        let renamed = |changes: &mut Vec<(Folder, FsChange)>| {
+            if self.adopt_by_renaming(&file, folder, id, key, lane, changes) {
+                Adoption::Renamed
+            } else {
+                Adoption::No
+            }
+        };
         if self.no_link.load(Ordering::Relaxed) {
-            return self.adopt_by_renaming(file, folder, id, key, lane, changes);
+            return renamed(changes);
         }
-        if self.fix_mode_and_owner(&file).is_err() {
-            return false;
+        // Only a file with no other name, still holding exactly the key, is
+        // linked; its mode and owner are made the agent's first.
+        let one_name = |file: &File| file.metadata().is_ok_and(|meta| meta.nlink() == 1);
+        if !one_name(&file) || !holds_exactly(&file, key) || self.fix_mode_and_owner(&file).is_err() {
+            return Adoption::No;
         }
         use std::os::fd::AsRawFd;
         let target = self.folder_path(folder).join(id);
@@ -324,33 +346,44 @@ impl Pki {
         );
         match linked {
             Ok(()) => changes.push((folder, FsChange::Written)),
-            Err(rustix::io::Errno::EXIST) => return self.adopt_by_renaming(file, folder, id, key, lane, changes),
+            Err(rustix::io::Errno::EXIST) => return renamed(changes),
             Err(rustix::io::Errno::XDEV) => {
                 self.stop_adopting();
-                return false;
+                return Adoption::No;
             }
-            // The file read has no name left: removed or replaced since.
-            Err(rustix::io::Errno::NOENT) => return false,
-            Err(e) => {
+            // The file read has no name left (removed or replaced since): the
+            // caller writes the key. With a name left, /proc is unusable.
+            Err(rustix::io::Errno::NOENT) if file.metadata().is_ok_and(|meta| meta.nlink() == 0) => {
+                return Adoption::No
+            }
+            Err(
+                e @ (rustix::io::Errno::NOENT
+                | rustix::io::Errno::PERM
+                | rustix::io::Errno::ACCESS
+                | rustix::io::Errno::INVAL
+                | rustix::io::Errno::OPNOTSUPP),
+            ) => {
                 if !self.no_link.swap(true, Ordering::Relaxed) {
                     tracing::info!(error = %e, "pending keys are adopted by renaming: an open file cannot be linked");
                 }
-                return self.adopt_by_renaming(file, folder, id, key, lane, changes);
+                return renamed(changes);
             }
+            // Out of space, I/O errors: the caller writes the key, and its
+            // failure is retried.
+            Err(_) => return Adoption::No,
         }
-        // The inode now in place is the one read; its bytes are checked again
-        // through it (written since?). If they differ the caller writes the
-        // key over it, and removes the pending name itself.
-        if !holds_exactly(&file, key) {
-            return false;
+        let pending = remove_if_present(&self.folder_path(Folder::Pending).join(id));
+        if matches!(pending, Ok(true)) {
+            changes.push((Folder::Pending, FsChange::Gone));
         }
-        match remove_if_present(&self.folder_path(Folder::Pending).join(id)) {
-            Ok(true) => changes.push((Folder::Pending, FsChange::Gone)),
-            Ok(false) => {}
-            // The key is in place; the pending name is the caller's to remove.
-            Err(_) => return false,
+        // Now in place under that one name, holding the key (written to, or
+        // linked elsewhere, meanwhile?); otherwise the caller writes the key
+        // over it, and removes the pending name if still there.
+        if pending.is_ok() && one_name(&file) && holds_exactly(&file, key) {
+            Adoption::Linked
+        } else {
+            Adoption::No
         }
-        true
     }
 
     /// [`Pki::adopt_pending`] by renaming. The file is first renamed to a
@@ -365,7 +398,7 @@ impl Pki {
     /// EXDEV).
     fn adopt_by_renaming(
         &self,
-        file: File,
+        file: &File,
         folder: Folder,
         id: &str,
         key: &PublicKey,
@@ -400,10 +433,10 @@ impl Pki {
             {
                 return Ok(false);
             }
-            if !holds_exactly(&file, key) {
+            if !holds_exactly(file, key) {
                 return Ok(false);
             }
-            self.fix_mode_and_owner(&file)?;
+            self.fix_mode_and_owner(file)?;
             match fs::rename(&private, self.folder_path(folder).join(id)) {
                 Ok(()) => Ok(true),
                 Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {

@@ -22,10 +22,16 @@ pub enum WatchEvent {
 }
 
 /// What the kernel reports: names created, written, renamed and removed, and
-/// files closed after writing. Not opens and reads: every key the agent reads
-/// (and every read by Salt or a backup) would wake the watcher for nothing,
-/// and a `salt-key -A` burst means tens of thousands of them.
-const WATCHED: EventKindMask = EventKindMask::CORE.union(EventKindMask::ACCESS_CLOSE);
+/// files closed after writing. Not opens and reads, nor mode and owner
+/// changes: every key the agent reads or adopts (and every read by Salt or a
+/// backup) would wake the watcher for nothing, and a `salt-key -A` burst
+/// means tens of thousands of them. (MODIFY_NAME: notify reports renames as
+/// name changes.)
+const WATCHED: EventKindMask = EventKindMask::CREATE
+    .union(EventKindMask::REMOVE)
+    .union(EventKindMask::MODIFY_DATA)
+    .union(EventKindMask::MODIFY_NAME)
+    .union(EventKindMask::ACCESS_CLOSE);
 
 /// Keeps the inotify watches alive; dropping it stops them.
 pub struct FolderWatch {

@@ -80,5 +80,10 @@ pub fn run(settings: &Settings) -> anyhow::Result<Report> {
 /// benchmark to be woken for each, it would take CPU from the agents it times).
 pub(crate) fn watch_config() -> notify::Config {
     use notify::event::EventKindMask;
-    notify::Config::default().with_event_kinds(EventKindMask::CORE.union(EventKindMask::ACCESS_CLOSE))
+    let kinds = EventKindMask::CREATE
+        .union(EventKindMask::REMOVE)
+        .union(EventKindMask::MODIFY_DATA)
+        .union(EventKindMask::MODIFY_NAME)
+        .union(EventKindMask::ACCESS_CLOSE);
+    notify::Config::default().with_event_kinds(kinds)
 }

@@ -15,6 +15,11 @@
 //! events have been lost (a queue overflow, a failed watch), the folders
 //! are rescanned and the list forgotten; a change whose event has not come
 //! within [`ECHO_TTL`] is forgotten too.
+//!
+//! A pending file hard-linked into place is heard as IN_CREATE (`Written`)
+//! with no close after it: should that event not be taken as an echo (the
+//! list was just forgotten), the settler holds the id for its longest wait,
+//! `max_hold`, before reading it. Slower, never wrong.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -43,9 +48,14 @@ impl Echoes {
     }
 
     /// True if this event is the echo of a change the agent made (consumed:
-    /// each listed change matches one event).
-    pub fn is_echo(&mut self, folder: Folder, name: &str, change: FsChange) -> bool {
-        let Some((_, changes)) = self.expected.get_mut(name) else { return false };
+    /// each listed change matches one event). Changes listed longer than
+    /// [`ECHO_TTL`] ago match nothing.
+    pub fn is_echo(&mut self, folder: Folder, name: &str, change: FsChange, now: Instant) -> bool {
+        let Some((listed, changes)) = self.expected.get_mut(name) else { return false };
+        if now.duration_since(*listed) >= ECHO_TTL {
+            self.expected.remove(name);
+            return false;
+        }
         let Some(at) = changes.iter().position(|&c| c == (folder, change)) else { return false };
         changes.swap_remove(at);
         if changes.is_empty() {
@@ -96,12 +106,12 @@ mod tests {
         let mut echoes = Echoes::default();
         let now = Instant::now();
         echoes.expect("web01", &ADOPTED, now);
-        assert!(!echoes.is_echo(Folder::Accepted, "web02", FsChange::MovedIn), "another name");
-        assert!(!echoes.is_echo(Folder::Rejected, "web01", FsChange::MovedIn), "another folder");
-        assert!(!echoes.is_echo(Folder::Accepted, "web01", FsChange::Gone), "another change");
-        assert!(echoes.is_echo(Folder::Pending, "web01", FsChange::Gone));
-        assert!(echoes.is_echo(Folder::Accepted, "web01", FsChange::MovedIn));
-        assert!(!echoes.is_echo(Folder::Accepted, "web01", FsChange::MovedIn), "heard once only");
+        assert!(!echoes.is_echo(Folder::Accepted, "web02", FsChange::MovedIn, now), "another name");
+        assert!(!echoes.is_echo(Folder::Rejected, "web01", FsChange::MovedIn, now), "another folder");
+        assert!(!echoes.is_echo(Folder::Accepted, "web01", FsChange::Gone, now), "another change");
+        assert!(echoes.is_echo(Folder::Pending, "web01", FsChange::Gone, now));
+        assert!(echoes.is_echo(Folder::Accepted, "web01", FsChange::MovedIn, now));
+        assert!(!echoes.is_echo(Folder::Accepted, "web01", FsChange::MovedIn, now), "heard once only");
         assert!(echoes.is_empty());
     }
 
@@ -111,9 +121,10 @@ mod tests {
         // the operator's events come first and are taken as the echo; the
         // agent's own, after them, are then read like any other.
         let mut echoes = Echoes::default();
-        echoes.expect("web01", &ADOPTED, Instant::now());
+        let now = Instant::now();
+        echoes.expect("web01", &ADOPTED, now);
         let events = ADOPTED.iter().chain(ADOPTED.iter());
-        let heard: Vec<bool> = events.map(|&(folder, change)| echoes.is_echo(folder, "web01", change)).collect();
+        let heard: Vec<bool> = events.map(|&(folder, change)| echoes.is_echo(folder, "web01", change, now)).collect();
         assert_eq!(heard, [true, true, false, false]);
     }
 
@@ -123,11 +134,14 @@ mod tests {
         let now = Instant::now();
         echoes.expect("web01", &ADOPTED, now);
         echoes.expect("web02", &ADOPTED, now + ECHO_TTL / 2);
+        // An event heard too late is not taken for an echo, swept or not.
+        assert!(!echoes.is_echo(Folder::Pending, "web01", FsChange::Gone, now + ECHO_TTL), "expired");
+        echoes.expect("web01", &ADOPTED, now);
         echoes.expire(now + ECHO_TTL);
         assert_eq!(echoes.len(), 1);
-        assert!(!echoes.is_echo(Folder::Pending, "web01", FsChange::Gone), "expired");
-        assert!(echoes.is_echo(Folder::Pending, "web02", FsChange::Gone));
+        assert!(!echoes.is_echo(Folder::Pending, "web01", FsChange::Gone, now), "swept");
+        assert!(echoes.is_echo(Folder::Pending, "web02", FsChange::Gone, now));
         echoes.clear();
-        assert!(!echoes.is_echo(Folder::Accepted, "web02", FsChange::MovedIn), "cleared");
+        assert!(!echoes.is_echo(Folder::Accepted, "web02", FsChange::MovedIn, now), "cleared");
     }
 }

@@ -19,8 +19,9 @@ impl Core {
         match event {
             WatchEvent::Change { folder, name, change } => {
                 // The agent's own writes need no reading back.
-                if !self.echoes.is_echo(folder, &name, change) {
-                    self.settler.on_event(folder, &name, change, Instant::now());
+                let now = Instant::now();
+                if !self.echoes.is_echo(folder, &name, change, now) {
+                    self.settler.on_event(folder, &name, change, now);
                 }
             }
             WatchEvent::Rescan(reason) => {

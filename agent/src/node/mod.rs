@@ -214,6 +214,7 @@ impl Core {
                 }
                 other => {
                     self.apply_queued(std::mem::take(&mut arrivals));
+                    n_decisions = 0;
                     self.on_request(other);
                 }
             }
@@ -237,10 +238,7 @@ impl Core {
 
     fn on_request(&mut self, request: Request) {
         match request {
-            Request::Remote { from, decisions, reply } => {
-                let applied = self.apply_remote(&from, decisions);
-                let _ = reply.send(applied);
-            }
+            Request::Remote { from, decisions, reply } => self.apply_queued(vec![(from, decisions, reply)]),
             Request::Diff { theirs, reply } => {
                 let buckets = self.replica.digests().differing(&theirs);
                 let summaries = self.replica.summaries_in(&buckets);

@@ -21,12 +21,6 @@ struct Accepted {
 }
 
 impl Core {
-    /// Merges decisions from `from`, applies the newer ones, and returns how
-    /// many were applied.
-    pub(super) fn apply_remote(&mut self, from: &str, decisions: Vec<Decision>) -> u32 {
-        self.apply_arrivals(vec![(from.to_string(), decisions)])[0]
-    }
-
     /// Merges several peers' arrivals of decisions and applies the newer
     /// ones as one batch: one journal commit, one syncfs, one store commit
     /// and one audit flush for all of them. Returns, per arrival, how many of
@@ -125,7 +119,16 @@ impl Core {
         self.echoes.expire(now);
         for (accepted, result) in batch.iter().zip(&results) {
             if let Ok(applied) = result {
-                self.echoes.expect(accepted.decision.id.as_str(), &applied.changes, now);
+                let id = &accepted.decision.id;
+                self.echoes.expect(id.as_str(), &applied.changes, now);
+                // What reading the echo would have noted: no pending key left,
+                // and nothing refused in the folders now written.
+                self.pending.remove(id);
+                if !self.refused.is_empty() {
+                    for folder in Folder::ALL {
+                        self.refused.remove(&(folder, id.to_string()));
+                    }
+                }
             }
         }
         let mut written = Vec::new();

@@ -112,27 +112,24 @@ fn a_pending_file_swapped_after_it_was_read_is_never_moved_into_place() {
         assert!(matches!(slot, Slot::Key(_)));
         swap();
         let mut changes = Vec::new();
-        assert!(!pki.adopt_pending(file.unwrap(), Folder::Accepted, "web01", &key, 0, &mut changes));
+        let adopted = pki.adopt_pending(file.unwrap(), Folder::Accepted, "web01", &key, 0, &mut changes);
+        assert_eq!(adopted, Adoption::No);
         assert_eq!(changes, []);
         assert!(!accepted.exists(), "nothing linked into minions/");
         fs::remove_file(&pending).unwrap();
     }
     assert!(!pki.no_link.load(Ordering::Relaxed), "a swap is no reason to stop linking");
-    // Read while still linked elsewhere too: that inode, the one read, is
-    // what lands in minions/, and the file swapped in under its name is
-    // removed.
+    // A file with another name too is not linked (the agent's reads refuse
+    // hard-linked keys).
     fs::write(&pending, PUB).unwrap();
-    let read = fs::metadata(&pending).unwrap().ino();
     let (_, file) = pki.open_slot(Folder::Pending, "web01");
     fs::hard_link(&pending, dir.path().join("elsewhere")).unwrap();
-    swaps[1]();
     let mut changes = Vec::new();
-    assert!(pki.adopt_pending(file.unwrap(), Folder::Accepted, "web01", &key, 0, &mut changes));
-    assert_eq!(changes, [(Folder::Accepted, FsChange::Written), (Folder::Pending, FsChange::Gone)]);
-    assert_eq!(accepted.symlink_metadata().unwrap().ino(), read);
-    assert_eq!(fs::read(&accepted).unwrap(), PUB.as_bytes());
-    assert!(pending.symlink_metadata().is_err(), "the swapped-in link is removed");
-    fs::remove_file(&accepted).unwrap();
+    assert_eq!(pki.adopt_pending(file.unwrap(), Folder::Accepted, "web01", &key, 0, &mut changes), Adoption::No);
+    assert_eq!(changes, []);
+    assert!(!accepted.exists());
+    fs::remove_file(&pending).unwrap();
+
     // Adopted by renaming (no link possible): the file under the pending
     // name is checked after the rename, and never moved on if swapped.
     pki.no_link.store(true, Ordering::Relaxed);
@@ -142,7 +139,8 @@ fn a_pending_file_swapped_after_it_was_read_is_never_moved_into_place() {
         assert!(matches!(slot, Slot::Key(_)));
         swap();
         let mut changes = Vec::new();
-        assert!(!pki.adopt_pending(file.unwrap(), Folder::Accepted, "web01", &key, 0, &mut changes));
+        let adopted = pki.adopt_pending(file.unwrap(), Folder::Accepted, "web01", &key, 0, &mut changes);
+        assert_eq!(adopted, Adoption::No);
         assert_eq!(changes, [(Folder::Pending, FsChange::Gone)], "it left minions_pre/, never arrived");
         assert!(!accepted.exists(), "nothing moved into minions/");
         let left: Vec<_> = fs::read_dir(dir.path().join("minions_pre")).unwrap().collect();
@@ -229,4 +227,47 @@ fn dfn_is_dropped_once_with_salts_mode() {
     assert_eq!(fs::read(dir.path().join(".dfn")).unwrap(), b"m1_master");
     assert_eq!(meta.nlink(), 1, "the staging name is gone");
     assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+}
+
+/// What an apply says it changed is exactly what the watcher then hears
+/// (dot files aside, which the settler ignores): the echo list depends on it.
+#[test]
+fn the_changes_an_apply_reports_are_the_events_the_watcher_hears() {
+    let (dir, pki) = setup();
+    let (_watch, mut events) = crate::watcher::watch(dir.path()).unwrap();
+    let pending = dir.path().join("minions_pre/web01");
+    let key = PublicKey::new(PUB.as_bytes());
+    let other = PUB.replace("mwIDAQAB", "mwIDAQAC");
+    let cases: [(&str, &dyn Fn(), Verdict); 6] = [
+        ("linked", &|| fs::write(&pending, PUB).unwrap(), Verdict::Accepted(key.clone())),
+        ("another key pending", &|| fs::write(&pending, &other).unwrap(), Verdict::Rejected(key.clone())),
+        ("moved", &|| {}, Verdict::Accepted(key.clone())),
+        ("deleted", &|| {}, Verdict::Deleted),
+        ("renamed", &|| pki.no_link.store(true, Ordering::Relaxed), Verdict::Accepted(key.clone())),
+        ("staged beside", &|| pki.stage_beside[2].store(true, Ordering::Relaxed), Verdict::Rejected(key.clone())),
+    ];
+    for (case, prepare, verdict) in cases {
+        prepare();
+        if case == "renamed" {
+            pki.apply(&decision(Verdict::Deleted)).unwrap();
+            fs::write(&pending, PUB).unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        while events.try_recv().is_ok() {}
+        let applied = pki.apply(&decision(verdict)).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let (mut heard, mut dot_files) = (Vec::new(), false);
+        while let Ok(event) = events.try_recv() {
+            match event {
+                crate::watcher::WatchEvent::Change { name, .. } if name.starts_with('.') => dot_files = true,
+                crate::watcher::WatchEvent::Change { folder, change, .. } => heard.push((folder, change)),
+                crate::watcher::WatchEvent::Rescan(reason) => panic!("{case}: rescan: {reason}"),
+            }
+        }
+        assert_eq!(heard, applied.changes, "{case}");
+        assert!(!applied.changes.is_empty(), "{case}");
+        // Staged in the watched folder only when staging beside the key (as
+        // under the packaged unit).
+        assert_eq!(dot_files, case == "staged beside", "{case}");
+    }
 }
