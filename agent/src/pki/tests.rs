@@ -103,16 +103,21 @@ fn a_pending_file_swapped_after_it_was_read_is_never_moved_into_place() {
             std::os::unix::fs::symlink("../master.pem", &pending).unwrap();
         },
     ];
-    // Adopted by a link: only the inode that was read can be linked, and it
-    // has no name left once swapped out; nothing is adopted (the caller
-    // writes the key and removes the pending name).
-    for swap in swaps {
+    // Reads the pending key, swaps something in under its name, adopts.
+    let swapped_then_adopted = |swap: &dyn Fn()| {
         fs::write(&pending, PUB).unwrap();
         let (slot, file) = pki.open_slot(Folder::Pending, "web01");
         assert!(matches!(slot, Slot::Key(_)));
         swap();
         let mut changes = Vec::new();
         let adopted = pki.adopt_pending(file.unwrap(), Folder::Accepted, "web01", &key, 0, &mut changes);
+        (adopted, changes)
+    };
+    // Adopted by a link: only the inode that was read can be linked, and it
+    // has no name left once swapped out; nothing is adopted (the caller
+    // writes the key and removes the pending name).
+    for swap in swaps {
+        let (adopted, changes) = swapped_then_adopted(swap);
         assert_eq!(adopted, Adoption::No);
         assert_eq!(changes, []);
         assert!(!accepted.exists(), "nothing linked into minions/");
@@ -121,12 +126,8 @@ fn a_pending_file_swapped_after_it_was_read_is_never_moved_into_place() {
     assert!(!pki.no_link.load(Ordering::Relaxed), "a swap is no reason to stop linking");
     // A file with another name too is not linked (the agent's reads refuse
     // hard-linked keys).
-    fs::write(&pending, PUB).unwrap();
-    let (_, file) = pki.open_slot(Folder::Pending, "web01");
-    fs::hard_link(&pending, dir.path().join("elsewhere")).unwrap();
-    let mut changes = Vec::new();
-    assert_eq!(pki.adopt_pending(file.unwrap(), Folder::Accepted, "web01", &key, 0, &mut changes), Adoption::No);
-    assert_eq!(changes, []);
+    let (adopted, changes) = swapped_then_adopted(&|| fs::hard_link(&pending, dir.path().join("elsewhere")).unwrap());
+    assert_eq!((adopted, changes), (Adoption::No, vec![]));
     assert!(!accepted.exists());
     fs::remove_file(&pending).unwrap();
 
@@ -134,12 +135,7 @@ fn a_pending_file_swapped_after_it_was_read_is_never_moved_into_place() {
     // name is checked after the rename, and never moved on if swapped.
     pki.no_link.store(true, Ordering::Relaxed);
     for swap in swaps {
-        fs::write(&pending, PUB).unwrap();
-        let (slot, file) = pki.open_slot(Folder::Pending, "web01");
-        assert!(matches!(slot, Slot::Key(_)));
-        swap();
-        let mut changes = Vec::new();
-        let adopted = pki.adopt_pending(file.unwrap(), Folder::Accepted, "web01", &key, 0, &mut changes);
+        let (adopted, changes) = swapped_then_adopted(swap);
         assert_eq!(adopted, Adoption::No);
         assert_eq!(changes, [(Folder::Pending, FsChange::Gone)], "it left minions_pre/, never arrived");
         assert!(!accepted.exists(), "nothing moved into minions/");
