@@ -149,6 +149,8 @@ const EVENT_BURST: usize = 8192;
 /// Peers' decisions queued together are applied as one batch up to about
 /// this many (a join's fetches come 5,000 at a time).
 const MAX_GROUPED_DECISIONS: usize = 10_000;
+/// Requests handled in one turn of the core loop, at most.
+const REQUEST_BURST: usize = 64;
 /// How often failed writes are looked at; the backoff decides whether they are retried.
 const RETRY_INTERVAL: Duration = Duration::from_millis(250);
 
@@ -204,9 +206,10 @@ impl Core {
     /// instead of paying them again for every small batch.
     fn on_requests(&mut self, first: Request, queue: &mut mpsc::Receiver<Request>) {
         let mut arrivals: Vec<(String, Vec<Decision>, oneshot::Sender<u32>)> = Vec::new();
-        let mut n_decisions = 0;
+        let (mut n_decisions, mut n_requests) = (0, 0);
         let mut next = Some(first);
         while let Some(request) = next.take() {
+            n_requests += 1;
             match request {
                 Request::Remote { from, decisions, reply } => {
                     n_decisions += decisions.len();
@@ -218,7 +221,8 @@ impl Core {
                     self.on_request(other);
                 }
             }
-            if n_decisions < MAX_GROUPED_DECISIONS {
+            // Bounded, so folder events are not kept waiting behind a long queue.
+            if n_decisions < MAX_GROUPED_DECISIONS && n_requests < REQUEST_BURST {
                 next = queue.try_recv().ok();
             }
         }
