@@ -12,6 +12,9 @@ use crate::core::observe::Refusal;
 use crate::core::settle::FsChange;
 use crate::core::{Decision, Folder, MinionId, PublicKey, Slot, Slots, Verdict};
 
+mod adopt;
+use adopt::Adoption;
+
 /// Mode of the key files the agent writes, as Salt leaves accepted keys.
 pub const KEY_MODE: u32 = 0o644;
 /// Mode Salt gives `.dfn`; exactly this, or the master ignores it.
@@ -64,16 +67,6 @@ impl Owner {
         let meta = fs::metadata(path)?;
         Ok(Owner { uid: meta.uid(), gid: meta.gid() })
     }
-}
-
-/// How a pending file holding the decided key was moved into place, if it was.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Adoption {
-    No,
-    /// Hard-linked into place and its pending name removed.
-    Linked,
-    /// Renamed into place through the staging folder.
-    Renamed,
 }
 
 /// What applying a decision did.
@@ -298,182 +291,6 @@ impl Pki {
         Ok(applied)
     }
 
-    /// Moves the pending key file, which holds exactly the decided key, into
-    /// `folder`, as `salt-key` itself does: no new file is written. The very
-    /// inode that was read is hard-linked into place through its open file
-    /// (`/proc/self/fd/N`: nothing swapped in under its name can be linked
-    /// instead), checked to still hold exactly the key, and its pending name
-    /// removed. A link takes no file-system-wide lock, unlike a rename from
-    /// one folder to another, which every rename on the disk waits for.
-    /// When the name is taken in `folder` (a link never replaces), or links
-    /// cannot be made, see [`Pki::adopt_by_renaming`].
-    fn adopt_pending(
-        &self,
-        file: File,
-        folder: Folder,
-        id: &str,
-        key: &PublicKey,
-        lane: usize,
-        changes: &mut Vec<(Folder, FsChange)>,
-    ) -> Adoption {
-        if self.no_adopt.load(Ordering::Relaxed) {
-            return Adoption::No;
-        }
-        let renamed = |changes: &mut Vec<(Folder, FsChange)>| {
-            if self.adopt_by_renaming(&file, folder, id, key, lane, changes) {
-                Adoption::Renamed
-            } else {
-                Adoption::No
-            }
-        };
-        if self.no_link.load(Ordering::Relaxed) {
-            return renamed(changes);
-        }
-        // Only a file with no other name, still holding exactly the key, is
-        // linked; its mode and owner are made the agent's first.
-        let one_name = |file: &File| file.metadata().is_ok_and(|meta| meta.nlink() == 1);
-        if !one_name(&file) || !holds_exactly(&file, key) || self.fix_mode_and_owner(&file).is_err() {
-            return Adoption::No;
-        }
-        use std::os::fd::AsRawFd;
-        let target = self.folder_path(folder).join(id);
-        let linked = rustix::fs::linkat(
-            rustix::fs::CWD,
-            format!("/proc/self/fd/{}", file.as_raw_fd()),
-            rustix::fs::CWD,
-            &target,
-            rustix::fs::AtFlags::SYMLINK_FOLLOW,
-        );
-        match linked {
-            Ok(()) => changes.push((folder, FsChange::Written)),
-            Err(rustix::io::Errno::EXIST) => return renamed(changes),
-            Err(rustix::io::Errno::XDEV) => {
-                self.stop_adopting();
-                return Adoption::No;
-            }
-            // The file read has no name left (removed or replaced since): the
-            // caller writes the key. With a name left, /proc is unusable.
-            Err(rustix::io::Errno::NOENT) if file.metadata().is_ok_and(|meta| meta.nlink() == 0) => {
-                return Adoption::No
-            }
-            Err(
-                e @ (rustix::io::Errno::NOENT
-                | rustix::io::Errno::PERM
-                | rustix::io::Errno::ACCESS
-                | rustix::io::Errno::INVAL
-                | rustix::io::Errno::OPNOTSUPP),
-            ) => {
-                if !self.no_link.swap(true, Ordering::Relaxed) {
-                    tracing::info!(error = %e, "pending keys are adopted by renaming: an open file cannot be linked");
-                }
-                return renamed(changes);
-            }
-            // Out of space, I/O errors: the caller writes the key, and its
-            // failure is retried.
-            Err(_) => return Adoption::No,
-        }
-        let pending = remove_if_present(&self.folder_path(Folder::Pending).join(id));
-        if matches!(pending, Ok(true)) {
-            changes.push((Folder::Pending, FsChange::Gone));
-        }
-        // Now in place under that one name, holding the key (written to, or
-        // linked elsewhere, meanwhile?); otherwise the caller writes the key
-        // over it, and removes the pending name if still there.
-        if pending.is_ok() && one_name(&file) && holds_exactly(&file, key) {
-            Adoption::Linked
-        } else {
-            Adoption::No
-        }
-    }
-
-    /// [`Pki::adopt_pending`] by renaming. The file is first renamed to a
-    /// private name in writer `lane`'s staging folder (outside the watched
-    /// folders, and a small folder: ext4 pays for every entry added to or
-    /// removed from a folder of thousands), and only moved on if that name is
-    /// the very inode that was read (a regular file with one link) still
-    /// holding exactly the key; whatever else was swapped in meanwhile is
-    /// removed there, never moved. Returns false, and the caller writes the
-    /// key, when anything differs or fails, and from then on when the folders
-    /// are separate mounts (systemd's `ReadWritePaths=` bind-mounts each:
-    /// EXDEV).
-    fn adopt_by_renaming(
-        &self,
-        file: &File,
-        folder: Folder,
-        id: &str,
-        key: &PublicKey,
-        lane: usize,
-        changes: &mut Vec<(Folder, FsChange)>,
-    ) -> bool {
-        let pending = self.folder_path(Folder::Pending).join(id);
-        let staging = self.staging_dir(lane);
-        let private = staging.join(format!(
-            ".keysync-adopt-{}-{}",
-            std::process::id(),
-            STAGING_SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
-        let mut moved = fs::rename(&pending, &private);
-        if lane > 0 && moved.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::NotFound) && pending.exists() {
-            // This writer's folder is made at its first use.
-            moved = make_writer_dir(&staging).and_then(|()| fs::rename(&pending, &private));
-        }
-        if let Err(e) = moved {
-            if e.raw_os_error() == Some(libc::EXDEV) {
-                self.stop_adopting();
-            }
-            return false;
-        }
-        changes.push((Folder::Pending, FsChange::Gone));
-        let adopted = (|| -> io::Result<bool> {
-            let read = file.metadata()?;
-            let moved = private.symlink_metadata()?;
-            if !moved.file_type().is_file()
-                || (moved.dev(), moved.ino()) != (read.dev(), read.ino())
-                || moved.nlink() != 1
-            {
-                return Ok(false);
-            }
-            if !holds_exactly(file, key) {
-                return Ok(false);
-            }
-            self.fix_mode_and_owner(file)?;
-            match fs::rename(&private, self.folder_path(folder).join(id)) {
-                Ok(()) => Ok(true),
-                Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
-                    self.stop_adopting();
-                    Ok(false)
-                }
-                Err(e) => Err(e),
-            }
-        })();
-        if matches!(adopted, Ok(true)) {
-            changes.push((folder, FsChange::MovedIn));
-            return true;
-        }
-        // The pending copy is superseded by the decision either way; a
-        // leftover is removed by the next start's staging clean-up.
-        let _ = fs::remove_file(&private);
-        false
-    }
-
-    /// Gives an adopted file the mode and owner the agent writes keys with.
-    fn fix_mode_and_owner(&self, file: &File) -> io::Result<()> {
-        let meta = file.metadata()?;
-        if meta.mode() & 0o7777 != KEY_MODE {
-            file.set_permissions(fs::Permissions::from_mode(KEY_MODE))?;
-        }
-        if (meta.uid(), meta.gid()) != (self.owner.uid, self.owner.gid) {
-            std::os::unix::fs::fchown(file, Some(self.owner.uid), Some(self.owner.gid))?;
-        }
-        Ok(())
-    }
-
-    fn stop_adopting(&self) {
-        if !self.no_adopt.swap(true, Ordering::Relaxed) {
-            tracing::info!(pki_dir = %self.root.display(), "pending keys are copied: the key folders are mounts of their own");
-        }
-    }
-
     /// Writer `lane`'s staging folder (writer 0 uses the staging folder itself).
     fn staging_dir(&self, lane: usize) -> PathBuf {
         let mut staging = self.root.join(STAGING_DIR);
@@ -483,6 +300,20 @@ impl Pki {
         staging
     }
 
+    /// Runs `op` on writer `lane`'s staging folder, which is made at its
+    /// first use (writer 0's, the staging folder itself, at start).
+    fn in_staging<T>(&self, lane: usize, op: impl Fn(&Path) -> io::Result<T>) -> io::Result<T> {
+        let staging = self.staging_dir(lane);
+        let result = op(&staging);
+        if lane > 0 && result.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::NotFound) && !staging.is_dir() {
+            match fs::DirBuilder::new().mode(0o700).create(&staging) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+                _ => return op(&staging),
+            }
+        }
+        result
+    }
+
     fn write_key(&self, folder: Folder, id: &str, bytes: &[u8], lane: usize) -> io::Result<()> {
         let dir = self.folder_path(folder);
         let name = format!(".keysync-{}-{}", std::process::id(), STAGING_SEQ.fetch_add(1, Ordering::Relaxed));
@@ -490,13 +321,7 @@ impl Pki {
         if beside.load(Ordering::Relaxed) {
             return self.stage(&dir.join(&name), &dir.join(id), bytes);
         }
-        let staging = self.staging_dir(lane);
-        let mut staged = self.stage(&staging.join(&name), &dir.join(id), bytes);
-        if lane > 0 && staged.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::NotFound) {
-            // This writer's folder is made at its first use.
-            make_writer_dir(&staging)?;
-            staged = self.stage(&staging.join(&name), &dir.join(id), bytes);
-        }
+        let staged = self.in_staging(lane, |staging| self.stage(&staging.join(&name), &dir.join(id), bytes));
         match staged {
             // Not the staging folder's mount: stage beside the key, from now on.
             Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
@@ -584,21 +409,6 @@ fn write_new(path: &Path, bytes: &[u8], mode: u32, owner: Owner) -> io::Result<(
     // The umask may have narrowed the mode given to open.
     file.set_permissions(fs::Permissions::from_mode(mode))?;
     std::os::unix::fs::fchown(&file, Some(owner.uid), Some(owner.gid))
-}
-
-/// True if `file` holds exactly the key's bytes, read through it.
-fn holds_exactly(file: &File, key: &PublicKey) -> bool {
-    use std::os::unix::fs::FileExt;
-    let mut bytes = vec![0; key.bytes().len() + 1];
-    file.read_at(&mut bytes, 0).is_ok_and(|n| &bytes[..n] == key.bytes())
-}
-
-/// A writer's private staging folder, if it is not there yet.
-fn make_writer_dir(path: &Path) -> io::Result<()> {
-    match fs::DirBuilder::new().mode(0o700).create(path) {
-        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
-        _ => Ok(()),
-    }
 }
 
 /// Removes a file; true if there was one.
