@@ -117,26 +117,23 @@ impl Core {
         let results = self.pki.apply_all(&batch.iter().map(|accepted| &accepted.decision).collect::<Vec<_>>());
         let now = std::time::Instant::now();
         self.echoes.expire(now);
-        for (accepted, result) in batch.iter().zip(&results) {
-            if let Ok(applied) = result {
-                let id = &accepted.decision.id;
-                self.echoes.expect(id.as_str(), &applied.changes, now);
-                // What reading the echo would have noted: no pending key left,
-                // and nothing refused in the folders now written.
-                self.pending.remove(id);
-                if !self.refused.is_empty() {
-                    for folder in Folder::ALL {
-                        self.refused.remove(&(folder, id.to_string()));
-                    }
-                }
-            }
-        }
         let mut written = Vec::new();
         let mut revoked = false;
         for ((accepted, had_accepted), result) in batch.into_iter().zip(had_accepted).zip(results) {
             let decision = &accepted.decision;
             match result {
                 Ok(applied) => {
+                    self.echoes.expect(decision.id.as_str(), &applied.changes, now);
+                    // What reading the echo would have noted: no pending key
+                    // left, and nothing refused in the folders now written.
+                    self.pending.remove(&decision.id);
+                    if !self.refused.is_empty() {
+                        let mut refused = (Folder::Accepted, decision.id.to_string());
+                        for folder in Folder::ALL {
+                            refused.0 = folder;
+                            self.refused.remove(&refused);
+                        }
+                    }
                     revoked |= had_accepted;
                     written.push((accepted, applied));
                 }
