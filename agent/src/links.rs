@@ -26,7 +26,7 @@ pub struct LinkContext {
     pub reconnect_max: Duration,
     pub board: Arc<crate::board::Board>,
     /// Ids being fetched in a large repair (see [`PeerLink::in_flight`]).
-    pub in_flight: Arc<std::sync::Mutex<std::collections::HashSet<crate::core::MinionId>>>,
+    pub in_flight: crate::peers::InFlight,
     pub tasks: TaskTracker,
     pub shutdown: CancellationToken,
 }

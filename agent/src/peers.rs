@@ -61,13 +61,16 @@ pub struct PeerLink {
     /// Ids some link is fetching in a large repair (a joining master): the
     /// other links skip them instead of fetching the same 100,000 keys again
     /// from every peer at once.
-    pub in_flight: Arc<std::sync::Mutex<std::collections::HashSet<MinionId>>>,
+    pub in_flight: InFlight,
 }
+
+/// The ids the links of one agent are fetching right now.
+pub type InFlight = Arc<std::sync::Mutex<std::collections::HashSet<MinionId>>>;
 
 /// Ids claimed in [`PeerLink::in_flight`], released when dropped (applied, or
 /// the fetch failed and a later anti-entropy round repairs them).
 struct Claim {
-    set: Arc<std::sync::Mutex<std::collections::HashSet<MinionId>>>,
+    set: InFlight,
     ids: Vec<MinionId>,
 }
 
@@ -319,17 +322,15 @@ impl PeerLink {
     ) -> Result<Option<(Vec<Decision>, usize, usize, Claim)>, SessionError> {
         for ids in chunks.by_ref() {
             let mut claim = Claim { set: self.in_flight.clone(), ids: Vec::new() };
-            let ids = if versions.is_empty() {
-                ids.to_vec()
-            } else {
+            if !versions.is_empty() {
                 let summaries = ids.iter().filter_map(|id| Some((id.clone(), versions.get(id)?.clone()))).collect();
                 let newer = self.core.ask(|reply| Request::NewerOnPeer { summaries, reply }).await?;
                 let mut in_flight = self.in_flight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 claim.ids = newer.into_iter().filter(|id| in_flight.insert(id.clone())).collect();
-                claim.ids.clone()
-            };
+            }
+            let ids = if versions.is_empty() { ids } else { &claim.ids };
             if !ids.is_empty() {
-                let (decisions, sent, received) = self.fetch(client, &ids).await?;
+                let (decisions, sent, received) = self.fetch(client, ids).await?;
                 return Ok(Some((decisions, sent, received, claim)));
             }
         }
