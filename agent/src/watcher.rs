@@ -27,7 +27,7 @@ pub enum WatchEvent {
 /// backup) would wake the watcher for nothing, and a `salt-key -A` burst
 /// means tens of thousands of them. (MODIFY_NAME: notify reports renames as
 /// name changes.)
-const WATCHED: EventKindMask = EventKindMask::CREATE
+pub const WATCHED: EventKindMask = EventKindMask::CREATE
     .union(EventKindMask::REMOVE)
     .union(EventKindMask::MODIFY_DATA)
     .union(EventKindMask::MODIFY_NAME)

@@ -93,6 +93,7 @@ fn join_one(cluster: &mut BenchCluster, idx: usize, want: (usize, usize)) -> any
     for folder in ["minions", "minions_rejected"] {
         watcher.watch(&pki.join(folder), RecursiveMode::NonRecursive)?;
     }
+    let held = || (count_keys(&pki, "minions"), count_keys(&pki, "minions_rejected"));
     let t0 = Instant::now();
     cluster.start(idx)?;
     let mut last_event = t0;
@@ -119,14 +120,13 @@ fn join_one(cluster: &mut BenchCluster, idx: usize, want: (usize, usize)) -> any
         if listed_at == 0 || events >= want.0 + want.1 && events != listed_at {
             listed_at = events.max(1);
             let listed = Instant::now();
-            let have = (count_keys(&pki, "minions"), count_keys(&pki, "minions_rejected"));
-            if have == want {
+            if held() == want {
                 let done = if lost { listed } else { last_event };
                 return Ok(done.saturating_duration_since(t0).as_secs_f64());
             }
         }
         if t0.elapsed() > JOIN_TIMEOUT {
-            let have = (count_keys(&pki, "minions"), count_keys(&pki, "minions_rejected"));
+            let have = held();
             bail!("{} holds {have:?} keys after {JOIN_TIMEOUT:?}, not {want:?}", cluster.files[idx].name);
         }
     }
