@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use salt_keysync::audit::{verify_files, AuditLog, Record};
+use salt_keysync::disk::audit::{verify_files, AuditLog, Record};
 
 const N_RECORDS: usize = 100_000;
 const N_SYNCS: usize = 200;

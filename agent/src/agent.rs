@@ -4,77 +4,23 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use keysync_server::{ListenerControl, ServeOptions, TlsMaterial, TlsSetup};
+use keysync_server::{ListenerControl, ServeOptions};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::audit::{AuditLog, Record};
 use crate::config::Config;
 use crate::core::settle::SettleTimings;
-use crate::links::{LinkContext, PeerLinks};
+use crate::disk::audit::{AuditLog, Record};
+use crate::disk::pki::Pki;
+use crate::disk::store::Store;
+use crate::net::links::{LinkContext, PeerLinks};
+use crate::net::peers::MAX_MESSAGE_BYTES;
+use crate::net::rpc::{audit_transport, RpcHandler};
 use crate::node::{self, CoreParts, CoreSettings};
-use crate::notify::Notifier;
-use crate::peers::MAX_MESSAGE_BYTES;
-use crate::pki::{Owner, Pki};
-use crate::rpc::{audit_transport, RpcHandler};
-use crate::store::Store;
-
-/// Loads the TLS material the config names.
-pub fn load_tls(config: &Config) -> Result<TlsSetup> {
-    tls_setup(config, &load_tls_material(config)?)
-}
-
-/// Reads the three PEM files the config names.
-pub fn load_tls_material(config: &Config) -> Result<TlsMaterial> {
-    let read = |path: &std::path::Path, what: &str| {
-        std::fs::read(path).with_context(|| format!("cannot read {what} {}", path.display()))
-    };
-    Ok(TlsMaterial {
-        ca_pem: read(&config.tls.ca, "tls.ca")?,
-        cert_pem: read(&config.tls.cert, "tls.cert")?,
-        key_pem: read(&config.tls.key, "tls.key")?,
-    })
-}
-
-/// Builds the TLS setup and checks that it names this node.
-pub fn tls_setup(config: &Config, material: &TlsMaterial) -> Result<TlsSetup> {
-    let tls = TlsSetup::new(material).with_context(|| {
-        format!(
-            "tls.ca {}, tls.cert {}, tls.key {}",
-            config.tls.ca.display(),
-            config.tls.cert.display(),
-            config.tls.key.display()
-        )
-    })?;
-    if !tls.own_dns_names().contains(&config.node) {
-        anyhow::bail!(
-            "node {:?} is not a DNS name of tls.cert {} (it names {:?})",
-            config.node,
-            config.tls.cert.display(),
-            tls.own_dns_names()
-        );
-    }
-    Ok(tls)
-}
-
-/// The owner for files the agent writes: `salt.user`, else pki_dir's owner.
-pub fn salt_owner(config: &Config) -> Result<Owner> {
-    match &config.salt.user {
-        Some(user) => Owner::from_user(user).with_context(|| format!("salt.user {user:?}")),
-        None => Owner::of_path(&config.pki_dir).with_context(|| format!("pki_dir {}", config.pki_dir.display())),
-    }
-}
-
-/// The master id Salt 3008 writes into `.dfn`: `salt.master_id`, else
-/// `<hostname>_master` as Salt derives it.
-pub fn master_id(config: &Config) -> String {
-    config.salt.master_id.clone().unwrap_or_else(|| {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        format!("{}_master", host.trim())
-    })
-}
+use crate::ops::sd_notify::Notifier;
+use crate::setup::{load_tls_material, master_id, salt_owner, tls_setup};
 
 /// What the binary adds to [`run`]: where the config came from and a
 /// channel of reload requests (SIGHUP), and systemd notifications.
@@ -82,7 +28,7 @@ pub fn master_id(config: &Config) -> String {
 pub struct RunOptions {
     /// Re-read on every reload request; without it requests are ignored.
     pub config_path: Option<std::path::PathBuf>,
-    pub reload: Option<mpsc::Receiver<Option<crate::reload::ReloadReply>>>,
+    pub reload: Option<mpsc::Receiver<Option<crate::ops::reload::ReloadReply>>>,
     pub notifier: Notifier,
 }
 
@@ -102,8 +48,8 @@ pub async fn run_with(
     crate::fault::announce();
     // Refused before anything is read or written: too-open paths, or a
     // master whose key folders are not the truth.
-    crate::perms::enforce(&config)?;
-    crate::salt_master::check_master_config(&config.salt.master_config).map_err(anyhow::Error::msg)?;
+    crate::disk::perms::enforce(&config)?;
+    crate::disk::salt_master::check_master_config(&config.salt.master_config).map_err(anyhow::Error::msg)?;
     let material = load_tls_material(&config)?;
     let tls = tls_setup(&config, &material)?;
     let owner = salt_owner(&config)?;
@@ -111,9 +57,9 @@ pub async fn run_with(
         .with_context(|| format!("cannot create state_dir {}", config.state_dir.display()))?;
     // Bound before the store, the audit log or the folders are touched: another agent on this state
     // folder, or a metrics port in use, stops the start while nothing changed.
-    let control_socket = crate::control::bind(&config.control_socket, &config.state_dir).await?;
+    let control_socket = crate::ops::control::bind(&config.control_socket, &config.state_dir).await?;
     let metrics_listener = match config.metrics_listen {
-        Some(address) => Some(crate::metrics::bind(address).await?),
+        Some(address) => Some(crate::ops::metrics::bind(address).await?),
         None => None,
     };
 
@@ -121,11 +67,11 @@ pub async fn run_with(
     let store = Store::open(&config.state_dir, &config.node).with_context(|| {
         format!(
             "cannot open the state store; if it is corrupt, rebuild it with `{} --config FILE` (docs/recovery.md)",
-            crate::state_guard::RECOVER_COMMAND
+            crate::disk::state_guard::RECOVER_COMMAND
         )
     })?;
     // A lost or replaced state folder is refused, not taken for a first start.
-    crate::state_guard::check(&config.pki_dir, &store, &config.state_dir)?;
+    crate::disk::state_guard::check(&config.pki_dir, &store, &config.state_dir)?;
     let store_id = store.id().to_string();
     let pki = Pki::new(config.pki_dir.clone(), owner);
     pki.ensure_folders().with_context(|| format!("cannot create the key folders in {}", config.pki_dir.display()))?;
@@ -141,7 +87,7 @@ pub async fn run_with(
     };
 
     // Watching starts before the start-up scan, so nothing changed during it is missed.
-    let (watch, events) = crate::watcher::watch(&config.pki_dir)
+    let (watch, events) = crate::disk::watcher::watch(&config.pki_dir)
         .with_context(|| format!("cannot watch the key folders in {}", config.pki_dir.display()))?;
     let settings = CoreSettings {
         node: config.node.clone(),
@@ -151,18 +97,18 @@ pub async fn run_with(
         rescan_interval: config.timings.rescan_interval,
     };
     let settle = SettleTimings { absent_grace: config.timings.absent_grace, ..SettleTimings::default() };
-    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let metrics = Arc::new(crate::ops::metrics::Metrics::new());
     let (core, handle, requests) =
         node::start(CoreParts { settings, store, pki, owner, audit: audit.clone(), settle, metrics: metrics.clone() })
             .with_context(|| {
                 format!(
             "cannot load the state store; if it is corrupt, rebuild it with `{} --config FILE` (docs/recovery.md)",
-            crate::state_guard::RECOVER_COMMAND
+            crate::disk::state_guard::RECOVER_COMMAND
         )
             })?;
     // The store is initialized now: from here on its loss is detected.
-    crate::state_guard::mark(&config.pki_dir, &store_id, &config.node)?;
-    let board = Arc::new(crate::board::Board::new(&config, audit.clone(), metrics.clone()));
+    crate::disk::state_guard::mark(&config.pki_dir, &store_id, &config.node)?;
+    let board = Arc::new(crate::ops::board::Board::new(&config, audit.clone(), metrics.clone()));
     audit.record(Record {
         reason: Some(format!("listening on {}, {} peers", listener.local_addr()?, config.peers.len())),
         ..Record::new("start", "local", "started")
@@ -171,17 +117,22 @@ pub async fn run_with(
 
     let tasks = TaskTracker::new();
     tasks.spawn(core.run(events, requests, shutdown.clone()));
-    let control_ctx = Arc::new(crate::control::ControlContext {
+    let control_ctx = Arc::new(crate::ops::control::ControlContext {
         board: board.clone(),
         core: handle.clone(),
         pki_dir: config.pki_dir.clone(),
     });
-    tasks.spawn(crate::control::serve(control_socket, config.control_socket.clone(), control_ctx, shutdown.clone()));
+    tasks.spawn(crate::ops::control::serve(
+        control_socket,
+        config.control_socket.clone(),
+        control_ctx,
+        shutdown.clone(),
+    ));
     if let Some(listener) = metrics_listener {
         tracing::info!(address = %listener.local_addr()?, "serving Prometheus metrics on /metrics");
         let (metrics, shutdown) = (metrics.clone(), shutdown.clone());
         tasks.spawn(async move {
-            if let Err(e) = crate::metrics::serve(listener, metrics, shutdown).await {
+            if let Err(e) = crate::ops::metrics::serve(listener, metrics, shutdown).await {
                 tracing::error!(error = %e, "metrics listener failed");
             }
         });
@@ -204,7 +155,6 @@ pub async fn run_with(
             anti_entropy_interval: config.timings.anti_entropy_interval,
             reconnect_max: config.timings.reconnect_max,
             board: board.clone(),
-            in_flight: Arc::default(),
             tasks: tasks.clone(),
             shutdown: shutdown.clone(),
         },
@@ -213,7 +163,7 @@ pub async fn run_with(
     let notifier = options.notifier;
     let status = format!("listening on {}, {} peers", listener.local_addr()?, config.peers.len());
     if let (Some(config_path), Some(requests)) = (options.config_path, options.reload) {
-        let reloader = crate::reload::Reloader {
+        let reloader = crate::ops::reload::Reloader {
             config_path,
             current: config.clone(),
             material,

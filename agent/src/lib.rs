@@ -1,31 +1,21 @@
 //! salt-keysync: replicates salt-key decisions between SaltStack masters.
 //!
-//! `core` is the sans-IO replication core; everything else is the driver
-//! around it (see ARCHITECTURE.md for the data flow and the invariants).
+//! `core` (the `keysync-machine` crate) decides; this crate carries out what
+//! it decides against the world, grouped by what it touches: `disk`, `net`
+//! (peers), `ops` (the operator and systemd while running) and `cli` (the
+//! other subcommands). `node` is the task that owns the core; `agent` wires
+//! everything together. See ARCHITECTURE.md for the data flow and the
+//! invariants.
 #![forbid(unsafe_code)]
 
+pub use keysync_machine::core;
+
 pub mod agent;
-pub mod audit;
-pub mod board;
+pub mod cli;
 pub mod config;
-pub mod control;
-pub mod core;
+pub mod disk;
 pub mod fault;
-pub mod health;
-pub mod links;
-pub mod logging;
-pub mod metrics;
+pub mod net;
 pub mod node;
-pub mod notify;
-pub mod peers;
-pub mod perms;
-pub mod pki;
-pub mod recover;
-pub mod reload;
-pub mod rpc;
-pub mod salt_master;
-pub mod state_guard;
-pub mod status;
-pub mod store;
-pub mod watcher;
-pub mod wire;
+pub mod ops;
+pub mod setup;

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{CommandFactory, Parser, Subcommand};
+use salt_keysync::cli::{audit_cmd, certs, check, demo, generate};
 use salt_keysync::config::{Config, LogFormat, DEFAULT_CONFIG};
 use tokio_util::sync::CancellationToken;
 
@@ -47,12 +48,6 @@ fn no_transparent_huge_pages() {
     // SAFETY: PR_SET_THP_DISABLE takes no pointers; it sets a flag of this process.
     let _ = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
 }
-
-mod audit_cmd;
-mod certs;
-mod check;
-mod demo;
-mod generate;
 
 #[derive(Parser)]
 #[command(name = "salt-keysync", version, about = "Replicates salt-key decisions between SaltStack masters")]
@@ -192,7 +187,7 @@ fn main() {
 }
 
 fn run(path: &std::path::Path) -> Result<()> {
-    salt_keysync::perms::check_config_file(path)?;
+    salt_keysync::disk::perms::check_config_file(path)?;
     let config = Config::load(path)?;
     init_logging(&config.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -209,7 +204,7 @@ fn run(path: &std::path::Path) -> Result<()> {
         let options = salt_keysync::agent::RunOptions {
             config_path: Some(path.to_path_buf()),
             reload: Some(reload_rx),
-            notifier: salt_keysync::notify::Notifier::from_env(),
+            notifier: salt_keysync::ops::sd_notify::Notifier::from_env(),
         };
         // On a worker, not this thread: memory the start-up allocates (a first
         // start reads every key) is then returned by `collect_freed_memory`.
@@ -221,11 +216,11 @@ fn run(path: &std::path::Path) -> Result<()> {
 
 fn status(path: &std::path::Path, args: &StatusArgs) -> Result<()> {
     let config = Config::load(path)?;
-    let report = salt_keysync::status::query(&config.control_socket)?;
+    let report = salt_keysync::cli::status::query(&config.control_socket)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", salt_keysync::status::render(&report));
+        print!("{}", salt_keysync::cli::status::render(&report));
     }
     Ok(())
 }
@@ -236,7 +231,7 @@ fn recover(path: &std::path::Path, args: &RecoverArgs) -> Result<()> {
     init_logging(&config.log_format);
     let runtime =
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")?;
-    let done = runtime.block_on(salt_keysync::recover::recover_from_peers(&config, args.force))?;
+    let done = runtime.block_on(salt_keysync::cli::recover::recover_from_peers(&config, args.force))?;
     for (peer, n) in &done.answered {
         println!("{peer}: {n} decisions");
     }
@@ -257,7 +252,7 @@ fn recover(path: &std::path::Path, args: &RecoverArgs) -> Result<()> {
 /// SIGTERM and SIGINT stop the agent; SIGHUP asks for a config reload.
 async fn on_signals(
     shutdown: CancellationToken,
-    reload: tokio::sync::mpsc::Sender<Option<salt_keysync::reload::ReloadReply>>,
+    reload: tokio::sync::mpsc::Sender<Option<salt_keysync::ops::reload::ReloadReply>>,
 ) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int), Ok(mut hup)) =
@@ -290,7 +285,7 @@ fn init_logging(format: &LogFormat) {
         (LogFormat::Json, _) => builder.json().init(),
         (LogFormat::Text, true) => {
             let plain = tracing_subscriber::fmt::format().without_time().with_ansi(false);
-            builder.with_ansi(false).event_format(salt_keysync::logging::JournaldPriority(plain)).init()
+            builder.with_ansi(false).event_format(salt_keysync::ops::logging::JournaldPriority(plain)).init()
         }
         (LogFormat::Text, false) => builder.with_ansi(ansi).init(),
     }

@@ -14,21 +14,9 @@ use proptest::prelude::*;
 use prost::Message;
 use salt_keysync::core::keyfile::{check_public_key, KeyError, MAX_KEY_BYTES};
 use salt_keysync::core::{MinionId, Verdict};
-use salt_keysync::wire::{decision_from_wire, decision_to_wire};
+use salt_keysync::net::wire::{decision_from_wire, decision_to_wire};
 
-const PUB: &str = "-----BEGIN PUBLIC KEY-----
-MIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8AMIIBCgKCAQEAu1SU1LfVLPHCozMxH2Mo
-4lgOEePzNm0tRgeLezV6ffAt0gunVTLw7onLRnrq0/IzW7yWR7QkrmBL7jTKEn5u
-+qKhbwKfBstIs+bMY2Zkp18gnTxKLxoS2tFczGkPLPgizskuemMghRniWaoLcyeh
-kd3qqGElvW/VDL5AaWTg0nLVkjRo9z+40RQzuVaE8AkAFmxZzow3x+VJYKdjykkJ
-0iT9wCS0DRTXu269V264Vf/3jvredZiKRkgwlL9xNAwxXFg0x/XFw005UWVRIkdg
-cKWTjpBP2dPwVZ4WWC+9aGVd+Gyn1o0CLelf4rEjGoXbAAEgAqeGUxrcIlbjXfbc
-mwIDAQAB
------END PUBLIC KEY-----
-";
-
-const PRIVATE: &str =
-    "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg\n-----END PRIVATE KEY-----\n";
+use keysync_machine::testkit::{PRIVATE, PUB};
 
 /// An accepted id must name a file directly inside the folder: one normal
 /// path component, not hidden, within NAME_MAX.

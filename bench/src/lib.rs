@@ -80,5 +80,5 @@ pub fn run(settings: &Settings) -> anyhow::Result<Report> {
 /// key they are told of; had the benchmark to be woken for each, it would
 /// take CPU from the agents it times).
 pub(crate) fn watch_config() -> notify::Config {
-    notify::Config::default().with_event_kinds(salt_keysync::watcher::WATCHED)
+    notify::Config::default().with_event_kinds(salt_keysync::disk::watcher::WATCHED)
 }

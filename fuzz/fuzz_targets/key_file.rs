@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use salt_keysync::core::keyfile::check_public_key;
+use keysync_machine::core::keyfile::check_public_key;
 
 fuzz_target!(|data: &[u8]| {
     if check_public_key(data).is_ok() {

@@ -9,7 +9,7 @@ use prost::Message;
 fuzz_target!(|data: &[u8]| {
     let Ok(batch) = v1::DecisionBatch::decode(data) else { return };
     for msg in batch.decisions {
-        let Ok(decision) = salt_keysync::wire::decision_from_wire(msg) else { continue };
+        let Ok(decision) = salt_keysync::net::wire::decision_from_wire(msg) else { continue };
         let id = decision.id.as_str();
         assert!(!id.is_empty() && !id.starts_with('.') && !id.contains(['/', '\\', '\0']) && id.len() <= 255);
         if let Some(key) = decision.verdict.key() {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::service::PeerName;
+use crate::identity::PeerName;
 use crate::tls::TlsSetup;
 
 /// A cloneable handle on what a listener admits. Give it to [`serve_with`](crate::serve_with),

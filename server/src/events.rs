@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::service::PeerName;
+use crate::identity::PeerName;
 
 /// Something worth auditing that happened at the transport level.
 #[derive(Clone, Debug, PartialEq, Eq)]

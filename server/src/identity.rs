@@ -1,4 +1,7 @@
-//! What a certificate says about its holder: DNS names, subject CN and expiry, read with x509-parser.
+//! Who a peer is: what a certificate says about its holder (DNS names, subject CN and expiry,
+//! read with x509-parser), and the authenticated name every call of a connection carries.
+
+use std::fmt;
 
 use rustls::pki_types::CertificateDer;
 use x509_parser::extensions::GeneralName;
@@ -47,4 +50,21 @@ pub(crate) fn validity(der: &CertificateDer<'_>) -> Option<(i64, i64)> {
     let cert = parse(der)?;
     let validity = cert.validity();
     Some((validity.not_before.timestamp(), validity.not_after.timestamp()))
+}
+
+/// Name of an authenticated peer: the DNS SAN of its verified client certificate that equals
+/// one of the allowed peer names.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PeerName(pub String);
+
+impl fmt::Display for PeerName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Per-connection facts, attached by the listener to every request of the connection.
+#[derive(Clone, Debug)]
+pub(crate) struct PeerInfo {
+    pub(crate) peer: PeerName,
 }

@@ -12,13 +12,13 @@
 
 #![forbid(unsafe_code)]
 
-mod audit;
 pub mod certgen;
 mod client;
 mod control;
 mod events;
 mod identity;
 mod listener;
+mod refusals;
 mod service;
 pub mod tls;
 mod verifier;
@@ -27,6 +27,7 @@ pub use certgen::{CertAuthority, CertError, IssuedCert};
 pub use client::{connect, ConnectError};
 pub use control::ListenerControl;
 pub use events::{EventFn, TransportEvent};
+pub use identity::PeerName;
 pub use listener::{serve, serve_with, ServeError, ServeOptions};
-pub use service::{Handler, PeerName};
+pub use service::Handler;
 pub use tls::{PemInput, TlsError, TlsMaterial, TlsSetup};

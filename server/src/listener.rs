@@ -23,10 +23,11 @@ use tokio_util::task::TaskTracker;
 use tonic::transport::server::Connected;
 use tonic::transport::Server;
 
-use crate::audit::RefusalAudit;
 use crate::control::ListenerControl;
 use crate::events::{EventFn, EventSink, TransportEvent};
-use crate::service::{Handler, KeySyncService, PeerInfo};
+use crate::identity::PeerInfo;
+use crate::refusals::RefusalAudit;
+use crate::service::{Handler, KeySyncService};
 use crate::tls::TlsSetup;
 use crate::verifier::HandshakeRecord;
 

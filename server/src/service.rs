@@ -1,7 +1,6 @@
 //! The KeySync gRPC service: binds every call to the caller's certificate name, checks Hello,
 //! and hands the rest to the caller's [`Handler`].
 
-use std::fmt;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -13,19 +12,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
 use tonic::{Code, Request, Response, Status, Streaming};
 
-use crate::audit::ReachedService;
 use crate::events::{EventSink, TransportEvent};
-
-/// Name of an authenticated peer: the DNS SAN of its verified client certificate that equals
-/// one of the allowed peer names.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct PeerName(pub String);
-
-impl fmt::Display for PeerName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+use crate::identity::{PeerInfo, PeerName};
+use crate::refusals::ReachedService;
 
 /// What the agent does with the calls of an authenticated peer. `peer` is always the name from
 /// the peer's certificate; Hello has already been checked against it.
@@ -36,12 +25,6 @@ pub trait Handler: Send + Sync + 'static {
     async fn push(&self, peer: &PeerName, batch: DecisionBatch) -> Result<PushAck, Status>;
     async fn diff(&self, peer: &PeerName, req: DiffRequest) -> Result<Vec<DiffChunk>, Status>;
     async fn fetch(&self, peer: &PeerName, req: FetchRequest) -> Result<Vec<DecisionBatch>, Status>;
-}
-
-/// Per-connection facts, attached by the listener to every request of the connection.
-#[derive(Clone, Debug)]
-pub(crate) struct PeerInfo {
-    pub(crate) peer: PeerName,
 }
 
 /// Acks buffered per Push stream before the handler waits for the client to read them.

@@ -8,7 +8,7 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, SignatureScheme};
 
 use crate::identity;
-use crate::service::PeerName;
+use crate::identity::PeerName;
 
 /// What the client of one connection presented, filled in during its handshake.
 #[derive(Debug, Default)]

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use keysync_server::CertAuthority;
-use salt_keysync::audit::{read_verified, Record};
 use salt_keysync::config::Config;
+use salt_keysync::disk::audit::{read_verified, Record};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;

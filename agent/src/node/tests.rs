@@ -1,8 +1,8 @@
 //! The core task's handling of queued requests.
 
 use super::*;
-use crate::core::keyfile::tests::PUB;
-use crate::core::{PublicKey, Verdict};
+use crate::core::{PublicKey, Verdict, Version};
+use keysync_machine::testkit::PUB;
 
 fn core_in(dir: &std::path::Path) -> (Core, CoreHandle, mpsc::Receiver<Request>) {
     let pki_dir = dir.join("pki");
@@ -26,7 +26,7 @@ fn core_in(dir: &std::path::Path) -> (Core, CoreHandle, mpsc::Receiver<Request>)
         owner,
         audit: Arc::new(AuditLog::open(&dir.join("audit.jsonl"), "b").unwrap()),
         settle: crate::core::settle::SettleTimings::default(),
-        metrics: Arc::new(crate::metrics::Metrics::new()),
+        metrics: Arc::new(crate::ops::metrics::Metrics::new()),
     };
     start(parts).unwrap()
 }
@@ -79,8 +79,8 @@ fn queued_pushes_are_applied_together_and_answered_each() {
 
     let counts: Vec<u32> = replies.into_iter().map(|mut rx| rx.try_recv().unwrap()).collect();
     assert_eq!(counts, [2, 2, 0]);
-    assert_eq!(core.replica.entry(&MinionId::parse("web01").unwrap()).unwrap().version, Version::new(now, "a"));
-    assert_eq!(core.pki.list().unwrap().len(), 3);
+    assert_eq!(core.node.entry(&MinionId::parse("web01").unwrap()).unwrap().version, Version::new(now, "a"));
+    assert_eq!(core.effects.pki.list().unwrap().len(), 3);
     let audit = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
     assert_eq!(audit.matches(r#""action":"conflict""#).count(), 1, "{audit}");
     let mut sent = Vec::new();

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use keysync_tests::binary::FaultCluster;
-use salt_keysync::audit::{read_verified, Record};
+use salt_keysync::disk::audit::{read_verified, Record};
 
 /// One fault test at a time: each runs three agents and some (the 5,000-key
 /// burst, the soak) load the disk enough that a neighbour's `syncfs` takes

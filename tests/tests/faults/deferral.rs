@@ -20,7 +20,7 @@ async fn a_peer_decision_waits_for_a_salt_key_run_in_progress() {
     let keys = key_pool(1);
     let mut cluster =
         FaultCluster::create(root.path(), 3, |_, f| write_pending(&f.pki, ["web01".to_string()], &keys)).await;
-    cluster.env[1] = vec![("SALT_KEYSYNC_LOG".into(), "info,salt_keysync::node::remote=debug".into())];
+    cluster.env[1] = vec![("SALT_KEYSYNC_LOG".into(), "info,salt_keysync::node=debug".into())];
     cluster.start_all().await;
     let (a, b) = (cluster.files[0].pki.clone(), cluster.files[1].pki.clone());
 

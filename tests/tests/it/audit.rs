@@ -11,7 +11,7 @@ use std::time::Duration;
 use keysync_server::CertAuthority;
 use keysync_tests::binary::{binary, free_addr, run_cli, AgentProcess};
 use keysync_tests::cluster::write_agent_files;
-use salt_keysync::audit::{line_hash, AuditLog, Record, GENESIS};
+use salt_keysync::disk::audit::{line_hash, AuditLog, Record, GENESIS};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
@@ -273,7 +273,7 @@ fn the_agent_logs_json_when_configured() {
     let (code, out) = verify(&[&audit_log]);
     assert_eq!(code, 0, "{out}");
     let actions: Vec<String> =
-        salt_keysync::audit::read_all(&audit_log).unwrap().into_iter().map(|r| r.action).collect();
+        salt_keysync::disk::audit::read_all(&audit_log).unwrap().into_iter().map(|r| r.action).collect();
     assert_eq!(actions, ["start", "stop"]);
 }
 
@@ -346,7 +346,7 @@ async fn the_chain_survives_kill_9_and_a_torn_line() {
     keysync_tests::wait_until(Duration::from_secs(20), "agent started", || started(&first_log)).await;
     master_writes_pending(&files.pki, "web01", &new_public_key());
     keysync_tests::wait_until(Duration::from_secs(20), "pending key audited", || {
-        salt_keysync::audit::read_all(&files.audit_log).unwrap().iter().any(|r| r.action == "pending")
+        salt_keysync::disk::audit::read_all(&files.audit_log).unwrap().iter().any(|r| r.action == "pending")
     })
     .await;
     drop(agent); // SIGKILL
@@ -364,7 +364,7 @@ async fn the_chain_survives_kill_9_and_a_torn_line() {
     assert!(agent.stop().success());
     let (code, out) = verify(&[&files.audit_log]);
     assert_eq!(code, 0, "{out}");
-    let records = salt_keysync::audit::read_all(&files.audit_log).unwrap();
+    let records = salt_keysync::disk::audit::read_all(&files.audit_log).unwrap();
     let actions: Vec<&str> = records.iter().map(|r| r.action.as_str()).collect();
     // No stop after the kill; the repair comes first after the restart.
     assert_eq!(actions[..3], ["start", "pending", "repair"], "{actions:?}");

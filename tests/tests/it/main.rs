@@ -28,3 +28,6 @@ mod startup;
 /// `salt-keysync status` and the metrics endpoint: a stopped peer, key counts,
 /// master.pub and settings drift between masters.
 mod status;
+/// The repository's own tidiness: `//!` lines, an I/O-free machine crate,
+/// documents that stand on their own.
+mod tidy;

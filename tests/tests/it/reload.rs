@@ -13,7 +13,7 @@ use keysync_tests::binary::ProcessCluster;
 use keysync_tests::cluster::AgentFiles;
 use keysync_tests::salt_ops::{master_writes_pending, move_key, new_public_key, path, SaltLine};
 use keysync_tests::{eventually, wait_until};
-use salt_keysync::audit::{read_verified, Record};
+use salt_keysync::disk::audit::{read_verified, Record};
 
 const WAIT: Duration = Duration::from_secs(30);
 

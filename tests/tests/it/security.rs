@@ -14,9 +14,9 @@ use keysync_server::{TlsMaterial, TlsSetup};
 use keysync_tests::cluster::{TestCluster, NAMES};
 use keysync_tests::salt_ops::{find, master_writes_pending, move_key, new_public_key, path, SaltLine};
 use keysync_tests::wait_until;
-use salt_keysync::audit::Record;
 use salt_keysync::core::MinionId;
-use salt_keysync::store::Store;
+use salt_keysync::disk::audit::Record;
+use salt_keysync::disk::store::Store;
 
 const SETTLE: Duration = Duration::from_secs(15);
 
@@ -412,7 +412,7 @@ async fn strangers_at_the_door_are_refused_audited_and_peers_still_served() {
     let config = salt_keysync::config::Config::load(&files.config_path).unwrap();
     let shutdown = tokio_util::sync::CancellationToken::new();
     let dialer = tokio::spawn(salt_keysync::agent::run(config, None, shutdown.clone()));
-    let d_audit = || salt_keysync::audit::read_verified(&files.audit_log).unwrap_or_default();
+    let d_audit = || salt_keysync::disk::audit::read_verified(&files.audit_log).unwrap_or_default();
     let wrong_name = |r: &Record| {
         r.action == "refuse"
             && r.peer.as_deref() == Some("master-b")

@@ -11,7 +11,7 @@ use keysync_tests::cluster::TestCluster;
 use keysync_tests::probe::{metrics_text, write_private};
 use keysync_tests::salt_ops::{master_writes_pending, move_key, new_public_key, path, SaltLine};
 use keysync_tests::wait_until;
-use salt_keysync::board::{LinkState, StatusReport};
+use salt_keysync::ops::board::{LinkState, StatusReport};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -39,7 +39,7 @@ async fn status_until(config: &Path, what: &str, check: impl Fn(&StatusReport) -
     }
 }
 
-fn peer<'a>(report: &'a StatusReport, name: &str) -> &'a salt_keysync::board::PeerStatus {
+fn peer<'a>(report: &'a StatusReport, name: &str) -> &'a salt_keysync::ops::board::PeerStatus {
     report.peers.iter().find(|p| p.name == name).unwrap_or_else(|| panic!("{name} missing from {report:?}"))
 }
 

@@ -1,0 +1,135 @@
+//! What the three key folders say about one minion id, read after its
+//! changes have settled.
+
+use super::decision::{PublicKey, Verdict};
+use super::keyfile::KeyError;
+
+/// The Salt key folders the agent watches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Folder {
+    Accepted,
+    Pending,
+    Rejected,
+}
+
+impl Folder {
+    pub const ALL: [Folder; 3] = [Folder::Accepted, Folder::Pending, Folder::Rejected];
+
+    /// The folder's name under pki_dir.
+    pub fn dir_name(self) -> &'static str {
+        match self {
+            Folder::Accepted => "minions",
+            Folder::Pending => "minions_pre",
+            Folder::Rejected => "minions_rejected",
+        }
+    }
+}
+
+/// One folder's file for one id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Slot {
+    Absent,
+    Key(PublicKey),
+    /// Present but refused: not a regular file, or not a single public key.
+    Refused(Refusal),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("not a regular file ({0})")]
+    NotRegular(&'static str),
+    #[error("a hard link with {0} names (could be another key file)")]
+    HardLinked(u64),
+    #[error(transparent)]
+    Content(#[from] KeyError),
+    #[error("cannot read: {0}")]
+    Unreadable(String),
+}
+
+/// The three folders' files for one id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Slots {
+    pub accepted: Slot,
+    pub pending: Slot,
+    pub rejected: Slot,
+}
+
+impl Slots {
+    pub const EMPTY: Slots = Slots { accepted: Slot::Absent, pending: Slot::Absent, rejected: Slot::Absent };
+
+    pub fn get(&self, folder: Folder) -> &Slot {
+        match folder {
+            Folder::Accepted => &self.accepted,
+            Folder::Pending => &self.pending,
+            Folder::Rejected => &self.rejected,
+        }
+    }
+
+    pub fn get_mut(&mut self, folder: Folder) -> &mut Slot {
+        match folder {
+            Folder::Accepted => &mut self.accepted,
+            Folder::Pending => &mut self.pending,
+            Folder::Rejected => &mut self.rejected,
+        }
+    }
+}
+
+/// The decision-relevant reading of [`Slots`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// Accepted or rejected: a decision an operator made.
+    Decided(Verdict),
+    /// In no folder, or only pending: no decision (a tombstone if one was held).
+    Undecided,
+    /// A refused file where the decision would be: no conclusion can be drawn,
+    /// the held decision stands.
+    Unknown,
+}
+
+/// Reads slots the way Salt does: a rejected key wins over everything
+/// (both 3006 and 3008 check `minions_rejected` first), then an accepted one.
+pub fn interpret(slots: &Slots) -> Seen {
+    match &slots.rejected {
+        Slot::Key(key) => return Seen::Decided(Verdict::Rejected(key.clone())),
+        Slot::Refused(_) => return Seen::Unknown,
+        Slot::Absent => {}
+    }
+    match &slots.accepted {
+        Slot::Key(key) => Seen::Decided(Verdict::Accepted(key.clone())),
+        Slot::Refused(_) => Seen::Unknown,
+        Slot::Absent => Seen::Undecided,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::PUB;
+
+    fn key() -> Slot {
+        Slot::Key(PublicKey::new(PUB.as_bytes()))
+    }
+
+    fn refused() -> Slot {
+        Slot::Refused(Refusal::Content(KeyError::PrivateKey))
+    }
+
+    #[test]
+    fn interprets_like_salt() {
+        let k = PublicKey::new(PUB.as_bytes());
+        let cases = [
+            (Slots::EMPTY, Seen::Undecided),
+            (Slots { pending: key(), ..Slots::EMPTY }, Seen::Undecided),
+            (Slots { pending: refused(), ..Slots::EMPTY }, Seen::Undecided),
+            (Slots { accepted: key(), ..Slots::EMPTY }, Seen::Decided(Verdict::Accepted(k.clone()))),
+            (Slots { rejected: key(), ..Slots::EMPTY }, Seen::Decided(Verdict::Rejected(k.clone()))),
+            (Slots { accepted: key(), rejected: key(), pending: key() }, Seen::Decided(Verdict::Rejected(k.clone()))),
+            (Slots { accepted: key(), pending: key(), ..Slots::EMPTY }, Seen::Decided(Verdict::Accepted(k))),
+            (Slots { accepted: refused(), ..Slots::EMPTY }, Seen::Unknown),
+            (Slots { accepted: key(), rejected: refused(), ..Slots::EMPTY }, Seen::Unknown),
+        ];
+        for (slots, want) in cases {
+            assert_eq!(interpret(&slots), want, "{slots:?}");
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! The node state machine: everything one agent decides, as plain code
+//! driven by inputs, with every effect asked of a [`Runtime`].
+//!
+//! Inputs: folder events ([`Node::on_fs`]), lost events ([`Node::on_lost`]),
+//! the passing of time ([`Node::on_tick`] at [`Node::poll_at`]), peers'
+//! decisions ([`Node::on_batches`]), peers' anti-entropy requests
+//! (`repair.rs`) and links coming and going. Time comes in with the inputs
+//! ([`Now`]); the machine reads no clock, no file and no socket. The agent's
+//! executor and the simulation drive this same code.
+
+pub mod event;
+mod local;
+mod remote;
+mod repair;
+pub mod runtime;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testing;
+mod trouble;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::core::echo::Echoes;
+use crate::core::replica::Replica;
+use crate::core::settle::{FsChange, SettleTimings, Settler};
+use crate::core::version::Hlc;
+use crate::core::{Decision, Entry, Fingerprint, Folder, MinionId, VerdictKind, Version};
+
+pub use event::{Event, Found, Side};
+pub use repair::{Summaries, FETCH_CHUNK};
+pub use runtime::{Applied, Failure, Runtime, StoreWrite};
+
+/// The node's settings, from the agent's config.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// This node's name (a DNS SAN of its certificate).
+    pub node: Arc<str>,
+    pub max_clock_skew: Duration,
+    /// How often every name is compared with the store anyway.
+    pub rescan_interval: Duration,
+    pub settle: SettleTimings,
+}
+
+/// The time an input happens at: monotonic for timers, wall-clock
+/// milliseconds for versions.
+#[derive(Clone, Copy, Debug)]
+pub struct Now {
+    pub mono: Instant,
+    pub wall_ms: u64,
+}
+
+/// What the store held when the node started.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub entries: Vec<(MinionId, Entry)>,
+    /// Decisions journalled and not recorded: a stop interrupted their apply.
+    pub journal: Vec<Decision>,
+    pub clock: u64,
+    /// False on the agent's very first start with this store.
+    pub initialized: bool,
+}
+
+/// A file event in one of the three key folders.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FsEvent {
+    pub folder: Folder,
+    pub name: String,
+    pub change: FsChange,
+}
+
+/// Where the start-up is: a first start is recorded in steps, and the
+/// store is initialized only after the last step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Start {
+    /// A restart, or a first start fully recorded.
+    Done,
+    /// A first start's steps are being recorded: not initialized yet.
+    FirstInSteps,
+    /// A first start's files could not all be recorded: rescans observe as a
+    /// first start (bootstrap versions) until one records them.
+    FirstUnrecorded,
+}
+
+/// A peer's decision waiting, and who brought it.
+type FromPeer = (Arc<str>, Decision);
+
+pub struct Node {
+    settings: Settings,
+    replica: Replica,
+    settler: Settler,
+    /// Changes the agent made in the watched folders, to be heard back.
+    echoes: Echoes,
+    /// Pending keys seen, to audit each new one once.
+    pending: HashMap<MinionId, Fingerprint>,
+    /// Refused files already audited, to audit each once per reason.
+    refused: HashMap<(Folder, String), String>,
+    /// Peers' decisions whose files could not be written; retried.
+    retry: Vec<FromPeer>,
+    /// Peers' decisions for ids whose own events were still settling (a
+    /// salt-key run in progress); merged once the id has settled.
+    deferred: Vec<FromPeer>,
+    /// Local decisions could not be made durable: the folders are scanned
+    /// again when the backoff allows.
+    rescan_pending: bool,
+    start: Start,
+    trouble: trouble::WriteTrouble,
+    /// Losing versions of conflicts already audited, and peers' versions
+    /// already refused for clock skew: each is told once, however often it
+    /// arrives again.
+    reported: HashSet<(MinionId, Version)>,
+    next_rescan: Instant,
+    /// The latest time an input came with (a retry with no backoff pending is due then).
+    seen: Instant,
+    repairs: repair::Repairs,
+}
+
+impl Node {
+    /// Loads what the store held, finishes decisions a stop interrupted,
+    /// and reconciles the folders with the store.
+    pub fn start(settings: Settings, loaded: Loaded, now: Now, rt: &mut impl Runtime) -> Node {
+        let mut replica = Replica::new(&settings.node, Hlc::resume(loaded.clock));
+        for (id, entry) in loaded.entries {
+            replica.load(id, entry);
+        }
+        let mut node = Node {
+            settler: Settler::new(settings.settle.clone()),
+            next_rescan: now.mono + settings.rescan_interval,
+            seen: now.mono,
+            settings,
+            replica,
+            echoes: Echoes::default(),
+            pending: HashMap::new(),
+            refused: HashMap::new(),
+            retry: Vec::new(),
+            deferred: Vec::new(),
+            rescan_pending: false,
+            start: Start::Done,
+            trouble: trouble::WriteTrouble::default(),
+            reported: HashSet::new(),
+            repairs: repair::Repairs::default(),
+        };
+        node.finish_journal(loaded.journal, now, rt);
+        node.reconcile(loaded.initialized, now, rt);
+        node
+    }
+
+    pub fn name(&self) -> &str {
+        &self.settings.node
+    }
+
+    /// Folder events, as inotify reported them: the agent's own echoes are
+    /// dropped, the others collected until their id settles. Read at the
+    /// next [`Node::on_tick`] (call it when [`Node::poll_at`] says).
+    pub fn on_fs(&mut self, event: &FsEvent, now: Now) {
+        self.seen = now.mono;
+        if !self.echoes.is_echo(event.folder, &event.name, event.change, now.mono) {
+            self.settler.on_event(event.folder, &event.name, event.change, now.mono);
+        }
+    }
+
+    /// Events were lost (a queue overflow): nothing listed as an echo is
+    /// awaited any more, and every name is read again once it has settled.
+    pub fn on_lost(&mut self, why: &str, now: Now, rt: &mut impl Runtime) {
+        self.seen = now.mono;
+        self.echoes.clear();
+        self.recheck_all(why, now, rt);
+    }
+
+    /// Does what is due at `now`: reads settled names, retries failed writes
+    /// once the backoff allows, and the periodic rescan.
+    pub fn on_tick(&mut self, now: Now, rt: &mut impl Runtime) {
+        self.seen = now.mono;
+        self.process_due(now, rt);
+        if (!self.retry.is_empty() || self.rescan_pending) && self.trouble.retry_due(now.mono) {
+            self.retry_failed(now, rt);
+        }
+        if now.mono >= self.next_rescan {
+            self.next_rescan = now.mono + self.settings.rescan_interval;
+            self.echoes.expire(now.mono);
+            self.rescan("periodic safety net", now, rt);
+        }
+    }
+
+    /// When [`Node::on_tick`] next has something to do.
+    pub fn poll_at(&self) -> Option<Instant> {
+        let retry =
+            (!self.retry.is_empty() || self.rescan_pending).then(|| self.trouble.next_try().unwrap_or(self.seen));
+        [self.settler.next_due(), retry, Some(self.next_rescan)].into_iter().flatten().min()
+    }
+
+    /// Number of decisions held.
+    pub fn len(&self) -> usize {
+        self.replica.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.replica.is_empty()
+    }
+
+    /// Decisions held per verdict: (accepted, rejected, deleted).
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let mut counts = (0, 0, 0);
+        for (_, entry) in self.replica.entries() {
+            match entry.kind {
+                VerdictKind::Accepted => counts.0 += 1,
+                VerdictKind::Rejected => counts.1 += 1,
+                VerdictKind::Deleted => counts.2 += 1,
+            }
+        }
+        counts
+    }
+
+    /// The entry held for `id`.
+    pub fn entry(&self, id: &MinionId) -> Option<&Entry> {
+        self.replica.entry(id)
+    }
+
+    /// Every entry held (for checks and `status`).
+    pub fn entries(&self) -> impl Iterator<Item = (&MinionId, &Entry)> {
+        self.replica.entries()
+    }
+
+    /// Whether writes are failing right now.
+    pub fn is_failing(&self) -> bool {
+        self.trouble.is_failing()
+    }
+
+    /// Whether nothing waits: no unsettled name, no retry, no deferred decision.
+    pub fn is_quiet(&self) -> bool {
+        self.settler.is_idle() && self.retry.is_empty() && self.deferred.is_empty() && !self.rescan_pending
+    }
+}

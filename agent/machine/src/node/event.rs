@@ -1,0 +1,89 @@
+//! What happened, as the node machine tells it: one typed event per thing an
+//! operator, a log reader or a metric may care about. The executor turns
+//! each into its audit record, log line and metric in one place, instead of
+//! every decision point building records by hand.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::core::version::SkewError;
+use crate::core::{Decision, Fingerprint, Folder, MinionId, VerdictKind, Version};
+
+/// Why a local decision was found other than by a folder event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Found {
+    /// By a rescan (periodic, or after lost events or a failed write).
+    Rescan,
+    /// At start-up: changed while the agent was stopped.
+    WhileStopped,
+    /// At the agent's very first start.
+    FirstStart,
+}
+
+impl Found {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Found::Rescan => "found by rescan",
+            Found::WhileStopped => "changed while the agent was stopped",
+            Found::FirstStart => "found at first start",
+        }
+    }
+}
+
+/// One side of a conflict: a decision's version and what it said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Side {
+    pub version: Version,
+    /// `None` when nothing was held (cannot happen for a real conflict, kept total).
+    pub kind: Option<VerdictKind>,
+    pub fingerprint: Option<Fingerprint>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A file in a key folder that is not a usable key (audited once per reason).
+    Refused { folder: Folder, name: String, id: Option<MinionId>, reason: String },
+    /// A new pending key (or a pending key that changed).
+    PendingSeen { id: MinionId, fingerprint: Fingerprint },
+    /// An operator's decision on this master, durable and about to be sent.
+    Decided { decision: Decision, found: Option<Found> },
+    /// A peer's decision applied here (`from`: the peer, or "journal").
+    Applied { decision: Decision, from: Arc<str> },
+    /// A peer's decision for an id whose own events are still settling (a
+    /// salt-key run in progress here): merged once they have settled.
+    Deferred { id: MinionId, from: Arc<str> },
+    /// A peer's decision older than the one held.
+    Superseded { decision: Decision, from: Arc<str>, held: Version },
+    /// A peer's decision whose version is beyond the clock-skew bound (audited once).
+    FromTheFuture { decision: Decision, from: Arc<str>, error: SkewError },
+    /// Two decisions about one id made without knowledge of each other, that disagree.
+    Conflict { id: MinionId, from: Arc<str>, winner: Side, loser: Side },
+    /// A different pending key discarded for the decided one.
+    PendingDiscarded {
+        id: MinionId,
+        from: Arc<str>,
+        origin: Arc<str>,
+        pending: Fingerprint,
+        decided: Option<Fingerprint>,
+    },
+    /// `.dfn` dropped: the master rotates its AES key (revoked minions are cut off).
+    Rotated,
+    /// `.dfn` could not be dropped: revoked minions stay connected until the next rotation.
+    RotateFailed { error: String },
+    /// A write failed; nothing recorded, retried with backoff (once per episode).
+    WriteFailed { what: String, error: String },
+    /// Writes succeed again after an episode of failures.
+    WriteRecovered { lasted: Duration, first_error: String },
+    /// Inotify events were lost: every name is read again once settled.
+    EventsLost { why: String, n_names: usize },
+    /// A rescan found changes no event reported.
+    RescanFound { n: usize, why: String },
+    /// The folders could not be listed for a scan.
+    ListFailed { error: String },
+    /// Start-up reconciliation finished.
+    Reconciled { n_held: usize, n_found: usize, found: Found },
+    /// Decisions journalled before a stop are being finished.
+    FinishingJournal { n: usize },
+    /// Decisions a peer asked for could not be read from the store.
+    LoadFailed { error: String },
+}

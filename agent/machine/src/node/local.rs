@@ -1,0 +1,229 @@
+//! Local side of the node: folder events and scans turned into decisions,
+//! made durable, told and sent to the peers.
+
+use crate::core::observe::{interpret, Slot, Slots};
+use crate::core::replica::ObserveMode;
+use crate::core::settle::looks_like_salt_tmp;
+use crate::core::{Decision, Folder, MinionId};
+
+use super::event::{Event, Found};
+use super::runtime::{Runtime, StoreWrite};
+use super::{Node, Now, Start};
+
+/// Every file in the three folders.
+type Listed = Vec<(Folder, String)>;
+
+/// Names read and recorded per step of the start-up reconciliation: a first
+/// start on 100,000 keys never holds them all (with their key bytes) at once.
+const RECONCILE_CHUNK: usize = 5000;
+
+impl Node {
+    /// Reads the names whose events have settled.
+    pub(super) fn process_due(&mut self, now: Now, rt: &mut impl Runtime) {
+        let due = self.settler.take_due(now.mono);
+        if due.is_empty() {
+            return;
+        }
+        let decisions: Vec<Decision> =
+            due.iter().filter_map(|name| self.observe_name(name, ObserveMode::Live, now, rt)).collect();
+        self.record_local(decisions, None, now, rt);
+        if self.pending.capacity() > 4 * self.pending.len() + 1024 {
+            // A burst of pending keys was decided: hand the map's memory back.
+            self.pending.shrink_to_fit();
+        }
+        // Not over a local change that could not be recorded: the retry finds it first.
+        if !self.rescan_pending {
+            self.apply_deferred(now, rt);
+        }
+    }
+
+    /// Reads one name's three files and returns the decision they amount to.
+    fn observe_name(&mut self, name: &str, mode: ObserveMode, now: Now, rt: &mut impl Runtime) -> Option<Decision> {
+        let id = match MinionId::parse(name) {
+            Ok(id) => id,
+            Err(e) => {
+                self.refuse_once(Folder::Accepted, name, None, &e.to_string(), rt);
+                return None;
+            }
+        };
+        let slots = rt.read_slots(&id);
+        self.note_slots(&id, &slots, rt);
+        let decision = self.replica.observe(&id, interpret(&slots), now.wall_ms, mode)?;
+        // The agent's own write of a peer's decision whose recording failed is
+        // not an operator's decision: the retry records it with its version.
+        let own_write = self.retry.iter().any(|(_, d)| d.id == decision.id && d.verdict == decision.verdict);
+        (!own_write).then_some(decision)
+    }
+
+    /// Tells refused files and new pending keys, each once.
+    fn note_slots(&mut self, id: &MinionId, slots: &Slots, rt: &mut impl Runtime) {
+        for folder in Folder::ALL {
+            match slots.get(folder) {
+                Slot::Refused(reason) => self.refuse_once(folder, id.as_str(), Some(id), &reason.to_string(), rt),
+                _ => {
+                    self.refused.remove(&(folder, id.to_string()));
+                }
+            }
+        }
+        match &slots.pending {
+            Slot::Key(key) => {
+                let known = self.pending.insert(id.clone(), key.fingerprint());
+                if known != Some(key.fingerprint()) {
+                    rt.audit(Event::PendingSeen { id: id.clone(), fingerprint: key.fingerprint() });
+                }
+            }
+            _ => {
+                self.pending.remove(id);
+            }
+        }
+    }
+
+    /// Tells a refused file once per reason (a rescan finds it again).
+    fn refuse_once(&mut self, folder: Folder, name: &str, id: Option<&MinionId>, reason: &str, rt: &mut impl Runtime) {
+        let key = (folder, name.to_string());
+        if self.refused.get(&key).is_some_and(|seen| seen == reason) {
+            return;
+        }
+        rt.audit(Event::Refused { folder, name: name.to_string(), id: id.cloned(), reason: reason.to_string() });
+        self.refused.insert(key, reason.to_string());
+    }
+
+    /// Makes local decisions durable, holds them, tells and sends them.
+    pub(super) fn record_local(
+        &mut self,
+        decisions: Vec<Decision>,
+        found: Option<Found>,
+        now: Now,
+        rt: &mut impl Runtime,
+    ) {
+        if decisions.is_empty() {
+            return;
+        }
+        // The files were written by salt-key, which does not fsync: flush
+        // them first, or a crash could lose a file whose decision was sent.
+        // On failure nothing is held or sent: a scan after the backoff finds
+        // the same changes again.
+        if let Err(e) = rt.sync_folders() {
+            self.trouble.failed(rt, now.mono, "syncfs of the key folders", &e);
+            self.rescan_pending = true;
+            return;
+        }
+        let write = StoreWrite {
+            decisions: &decisions,
+            done: &[],
+            clock: self.replica.clock(),
+            initialize: self.start != Start::FirstInSteps,
+        };
+        if let Err(e) = rt.record(&write) {
+            self.trouble.failed(rt, now.mono, "state store", &e);
+            self.rescan_pending = true;
+            return;
+        }
+        if self.retry.is_empty() {
+            self.trouble.succeeded(rt, now.mono);
+        }
+        for decision in &decisions {
+            self.replica.commit(decision);
+            rt.audit(Event::Decided { decision: decision.clone(), found });
+        }
+        rt.send(None, decisions);
+        // Flushed after sending: the audit lines are written already, and
+        // their fsync need not delay the peers (the store holds the decision).
+        rt.flush_audit();
+    }
+
+    /// Compares every name in the folders, and every id held, with the store.
+    /// Ids whose events are still settling are left to the settler.
+    pub(super) fn rescan(&mut self, why: &str, now: Now, rt: &mut impl Runtime) {
+        let Some((_, names)) = self.all_names(rt) else { return };
+        // Until a first start's files are recorded they keep bootstrap
+        // versions: a stale master must not turn them into live decisions.
+        let mode = if self.start == Start::FirstUnrecorded { ObserveMode::FirstStart } else { ObserveMode::Live };
+        let names: Vec<String> = names.into_iter().filter(|name| !self.settler.is_unsettled(name)).collect();
+        let decisions: Vec<Decision> = names.iter().filter_map(|name| self.observe_name(name, mode, now, rt)).collect();
+        if !decisions.is_empty() {
+            rt.audit(Event::RescanFound { n: decisions.len(), why: why.to_string() });
+        }
+        let found = if mode == ObserveMode::FirstStart { Found::FirstStart } else { Found::Rescan };
+        self.record_local(decisions, Some(found), now, rt);
+        if !self.rescan_pending && self.start == Start::FirstUnrecorded && self.mark_initialized(now, rt) {
+            self.start = Start::Done;
+        }
+    }
+
+    /// Marks the store initialized: the next start is not a first start.
+    /// False (told, retried by a rescan) when the store cannot commit.
+    fn mark_initialized(&mut self, now: Now, rt: &mut impl Runtime) -> bool {
+        let write = StoreWrite { decisions: &[], done: &[], clock: self.replica.clock(), initialize: true };
+        match rt.record(&write) {
+            Ok(()) => true,
+            Err(e) => {
+                self.trouble.failed(rt, now.mono, "state store", &e);
+                self.rescan_pending = true;
+                false
+            }
+        }
+    }
+
+    /// Every file in the three folders, and every name in them or held,
+    /// sorted; `None` when the folders cannot be listed (told).
+    fn all_names(&self, rt: &mut impl Runtime) -> Option<(Listed, Vec<String>)> {
+        let listed = match rt.list() {
+            Ok(listed) => listed,
+            Err(error) => {
+                rt.audit(Event::ListFailed { error });
+                return None;
+            }
+        };
+        let mut names: Vec<String> = listed.iter().map(|(_, name)| name.clone()).collect();
+        names.extend(self.replica.entries().map(|(id, _)| id.to_string()));
+        names.sort_unstable();
+        names.dedup();
+        Some((listed, names))
+    }
+
+    /// Events were lost: every name is read again once it has settled (see
+    /// [`crate::core::settle::Settler::recheck`]), not at once.
+    pub(super) fn recheck_all(&mut self, why: &str, now: Now, rt: &mut impl Runtime) {
+        let Some((listed, names)) = self.all_names(rt) else { return };
+        rt.audit(Event::EventsLost { why: why.to_string(), n_names: names.len() });
+        self.settler.recheck(&listed, names.iter().map(String::as_str), now.mono);
+    }
+
+    /// Start-up: finds what changed while the agent was stopped. On the very
+    /// first start, what the folders hold gets the bootstrap version.
+    pub(super) fn reconcile(&mut self, initialized: bool, now: Now, rt: &mut impl Runtime) {
+        let (mode, found) = if initialized {
+            (ObserveMode::Live, Found::WhileStopped)
+        } else {
+            (ObserveMode::FirstStart, Found::FirstStart)
+        };
+        let (listed, names) = self.all_names(rt).unwrap_or_default();
+        // A salt-key run caught half-way at start-up (a Salt 3008 tmp file in
+        // a folder): an id held but in no folder may be between its removal
+        // and its rename into place; it is read once settled, like a
+        // disappearance heard, never taken for a delete now.
+        let (names, recheck): (Vec<String>, Vec<String>) = if listed.iter().any(|(_, n)| looks_like_salt_tmp(n)) {
+            let present: std::collections::HashSet<&str> = listed.iter().map(|(_, n)| n.as_str()).collect();
+            names.into_iter().partition(|name| present.contains(name.as_str()))
+        } else {
+            (names, Vec::new())
+        };
+        if !recheck.is_empty() {
+            self.settler.recheck(&listed, recheck.iter().map(String::as_str), now.mono);
+        }
+        let mut n_found = 0;
+        for chunk in names.chunks(RECONCILE_CHUNK) {
+            let decisions: Vec<Decision> =
+                chunk.iter().filter_map(|name| self.observe_name(name, mode, now, rt)).collect();
+            n_found += decisions.len();
+            self.record_local(decisions, Some(found), now, rt);
+        }
+        rt.audit(Event::Reconciled { n_held: self.replica.len(), n_found, found });
+        self.start = Start::Done;
+        // When a step failed, the retry's rescan records the rest and marks it.
+        if !initialized && (self.rescan_pending || !self.mark_initialized(now, rt)) {
+            self.start = Start::FirstUnrecorded;
+        }
+    }
+}

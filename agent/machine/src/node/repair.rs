@@ -1,0 +1,165 @@
+//! Anti-entropy, both sides of it: what this node answers a peer's Diff and
+//! Fetch, and, on this node's own link to a peer, what to push and what to
+//! fetch after comparing digests. The links only carry the messages.
+//!
+//! A link's round: send this node's [`Node::digests`]; the peer answers its
+//! [`Node::diff`] (the differing buckets and its summaries in them);
+//! [`Node::repair_compare`] says what to push (decisions newer here) and
+//! plans what to fetch; [`Node::repair_next`] hands out the next chunk of ids
+//! to fetch and [`Node::repair_fetched`] applies what came back. In a large
+//! repair (a joining master) every chunk is first cut to the ids still newer
+//! on that peer and not being fetched by another link right now, so a
+//! joining master's links share the work instead of each fetching
+//! everything.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use crate::core::{Decision, MinionId, Version};
+
+use super::event::Event;
+use super::runtime::Runtime;
+use super::{Node, Now};
+
+/// `(id, version)` pairs: what anti-entropy compares.
+pub type Summaries = Vec<(MinionId, Version)>;
+
+/// Most ids one Fetch asks for (and a peer answers).
+pub const FETCH_CHUNK: usize = 5000;
+
+/// The fetches planned on each link, and the ids claimed by a link's fetch.
+#[derive(Debug, Default)]
+pub(super) struct Repairs {
+    plans: HashMap<Arc<str>, Plan>,
+    /// Id → the link fetching it now (large repairs only).
+    in_flight: HashMap<MinionId, Arc<str>>,
+}
+
+#[derive(Debug, Default)]
+struct Plan {
+    /// Ids newer on the peer, with the peer's version, not fetched yet.
+    todo: VecDeque<(MinionId, Version)>,
+    /// Larger than one fetch: chunks are cut and claimed (see the module doc).
+    large: bool,
+}
+
+impl Node {
+    /// This node's bucket digests, for its own anti-entropy round.
+    pub fn digests(&self) -> Vec<u64> {
+        self.replica.digests().as_slice().to_vec()
+    }
+
+    /// A peer's Diff: the buckets whose digests differ from `theirs`, and
+    /// this node's summaries of the entries in them.
+    pub fn diff(&self, theirs: &[u64]) -> (Vec<u32>, Summaries) {
+        let buckets = self.replica.digests().differing(theirs);
+        let summaries = self.replica.summaries_in(&buckets);
+        (buckets, summaries)
+    }
+
+    /// A peer's Fetch: the full decisions held for `ids`.
+    pub fn fetch(&self, ids: &[MinionId], rt: &mut impl Runtime) -> Vec<Decision> {
+        match rt.load(ids) {
+            Ok(decisions) => decisions,
+            Err(error) => {
+                rt.audit(Event::LoadFailed { error });
+                Vec::new()
+            }
+        }
+    }
+
+    /// On this node's link to `peer`, after the peer's Diff answer: returns
+    /// how many ids the peer holds newer (planned for [`Node::repair_next`])
+    /// and the decisions newer here (or unknown there), to push.
+    pub fn repair_compare(
+        &mut self,
+        peer: &str,
+        buckets: &[u32],
+        summaries: Summaries,
+        rt: &mut impl Runtime,
+    ) -> (usize, Vec<Decision>) {
+        let theirs: HashMap<&MinionId, &Version> = summaries.iter().map(|(id, v)| (id, v)).collect();
+        let newer_here: Vec<MinionId> = self
+            .replica
+            .summaries_in(buckets)
+            .into_iter()
+            .filter(|(id, version)| theirs.get(id).is_none_or(|their| *their < version))
+            .map(|(id, _)| id)
+            .collect();
+        drop(theirs);
+        let todo: VecDeque<(MinionId, Version)> = summaries
+            .into_iter()
+            .filter(|(id, version)| self.replica.entry(id).is_none_or(|entry| entry.version < *version))
+            .collect();
+        let n_newer_there = todo.len();
+        self.repairs.plans.insert(peer.into(), Plan { large: todo.len() > FETCH_CHUNK, todo });
+        (n_newer_there, self.fetch(&newer_here, rt))
+    }
+
+    /// The next ids to fetch from `peer` (at most [`FETCH_CHUNK`]); `None`
+    /// when the plan is done. In a large repair the ids are claimed for this
+    /// link until [`Node::repair_fetched`] (or the link goes down).
+    pub fn repair_next(&mut self, peer: &str) -> Option<Vec<MinionId>> {
+        let plan = self.repairs.plans.get_mut(peer)?;
+        let link: Arc<str> = peer.into();
+        while !plan.todo.is_empty() {
+            let n = plan.todo.len().min(FETCH_CHUNK);
+            let chunk: Vec<(MinionId, Version)> = plan.todo.drain(..n).collect();
+            let ids: Vec<MinionId> = if plan.large {
+                let in_flight = &mut self.repairs.in_flight;
+                chunk
+                    .into_iter()
+                    .filter(|(id, version)| self.replica.entry(id).is_none_or(|entry| entry.version < *version))
+                    .filter_map(|(id, _)| match in_flight.entry(id.clone()) {
+                        std::collections::hash_map::Entry::Occupied(_) => None,
+                        std::collections::hash_map::Entry::Vacant(slot) => {
+                            slot.insert(link.clone());
+                            Some(id)
+                        }
+                    })
+                    .collect()
+            } else {
+                chunk.into_iter().map(|(id, _)| id).collect()
+            };
+            if !ids.is_empty() {
+                return Some(ids);
+            }
+        }
+        self.repairs.plans.remove(peer);
+        None
+    }
+
+    /// Applies what a fetch of `ids` from `peer` brought, and releases the
+    /// ids' claims; returns how many were applied.
+    pub fn repair_fetched(
+        &mut self,
+        peer: &str,
+        ids: &[MinionId],
+        decisions: Vec<Decision>,
+        now: Now,
+        rt: &mut impl Runtime,
+    ) -> u32 {
+        let n_applied = self.on_batches(vec![(peer.into(), decisions)], now, rt).first().copied().unwrap_or(0);
+        self.release(peer, ids);
+        n_applied
+    }
+
+    /// A fetch from `peer` failed: its ids are released for other links (a
+    /// later round repairs what is still missing).
+    pub fn release(&mut self, peer: &str, ids: &[MinionId]) {
+        for id in ids {
+            if self.repairs.in_flight.get(id).is_some_and(|link| &**link == peer) {
+                self.repairs.in_flight.remove(id);
+            }
+        }
+        if self.repairs.in_flight.is_empty() && self.repairs.in_flight.capacity() > 1024 {
+            self.repairs.in_flight.shrink_to_fit();
+        }
+    }
+
+    /// The link to `peer` is down: its plan is dropped and its claims released.
+    pub fn link_down(&mut self, peer: &str) {
+        self.repairs.plans.remove(peer);
+        self.repairs.in_flight.retain(|_, link| &**link != peer);
+    }
+}

@@ -1,0 +1,77 @@
+//! What the node machine asks of the world: the effects it needs carried
+//! out, each answered at once with its result (corrosion's plum-foca shape).
+//! The agent's executor (`salt-keysync`'s `node/`) implements it against the
+//! real key folders, redb store, audit log and peer links; the simulation
+//! implements it against a simulated world, which can fail or kill the node
+//! at any of these calls.
+
+use crate::core::observe::Slots;
+use crate::core::settle::FsChange;
+use crate::core::{Decision, Folder, MinionId, PublicKey};
+
+use super::event::Event;
+
+/// Why an effect failed, as the executor words it (an OS error, a store
+/// error): only logged and audited, never parsed.
+pub type Failure = String;
+
+/// What applying a decision to the key folders did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// A pending key that differed from the decided one and was discarded.
+    pub discarded_pending: Option<PublicKey>,
+    /// The changes made to the id's names in the watched folders, as the
+    /// watcher reports them (their events are the agent's own echo).
+    pub changes: Vec<(Folder, FsChange)>,
+}
+
+impl Applied {
+    /// Whether the apply removed a key from `minions/`: a revocation the
+    /// master must act on (`.dfn`).
+    pub fn removed_accepted(&self) -> bool {
+        self.changes.contains(&(Folder::Accepted, FsChange::Gone))
+    }
+}
+
+/// One durable commit of the state store.
+#[derive(Debug)]
+pub struct StoreWrite<'a> {
+    /// Decisions whose files are durable: held from now on.
+    pub decisions: &'a [Decision],
+    /// Ids whose journal entries are finished.
+    pub done: &'a [MinionId],
+    /// The clock to resume from after a restart.
+    pub clock: u64,
+    /// Marks the store initialized: the next start is not a first start.
+    pub initialize: bool,
+}
+
+/// The effects of the node machine.
+pub trait Runtime {
+    /// Reads an id's file in each of the three folders, trusting nothing.
+    fn read_slots(&mut self, id: &MinionId) -> Slots;
+    /// Every file in the three folders (dot files left out, as Salt does).
+    fn list(&mut self) -> Result<Vec<(Folder, String)>, Failure>;
+    /// Makes the folders say each decision (staged, atomic); not durable
+    /// until [`Runtime::sync_folders`]. One result per decision, in order.
+    fn apply(&mut self, decisions: &[&Decision]) -> Vec<Result<Applied, Failure>>;
+    /// Flushes the file system holding the key folders.
+    fn sync_folders(&mut self) -> Result<(), Failure>;
+    /// Drops `.dfn` so the master rotates its AES key; `Ok(false)` when one
+    /// is there already.
+    fn drop_dfn(&mut self) -> Result<bool, Failure>;
+    /// Durably notes decisions about to be applied (finished at the next
+    /// start if the node dies before recording them).
+    fn journal(&mut self, decisions: &[Decision]) -> Result<(), Failure>;
+    /// Durably records decisions (one transaction).
+    fn record(&mut self, write: &StoreWrite<'_>) -> Result<(), Failure>;
+    /// The full decisions (keys included) held for `ids`; unknown ids are skipped.
+    fn load(&mut self, ids: &[MinionId]) -> Result<Vec<Decision>, Failure>;
+    /// Something happened that the audit log, the log or the metrics want.
+    fn audit(&mut self, event: Event);
+    /// Makes the audit records so far durable (after a batch, off the
+    /// replication path).
+    fn flush_audit(&mut self);
+    /// Sends decisions to every peer but `except` (the one they came from).
+    fn send(&mut self, except: Option<&str>, decisions: Vec<Decision>);
+}

@@ -1,0 +1,188 @@
+//! An in-memory [`Runtime`] for tests (feature `testkit`): three folders of
+//! files, a store, the journal, and everything told and sent, recorded.
+//! Effects can be made to fail. The simulation builds on it.
+
+use std::collections::BTreeMap;
+
+use crate::core::keyfile::check_public_key;
+use crate::core::observe::{Refusal, Slot, Slots};
+use crate::core::settle::FsChange;
+use crate::core::{Decision, Folder, MinionId, PublicKey, Verdict};
+
+use super::event::Event;
+use super::runtime::{Applied, Failure, Runtime, StoreWrite};
+
+/// A master's three key folders: `(folder, name)` → file bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Folders {
+    pub files: BTreeMap<(Folder, String), Vec<u8>>,
+}
+
+impl Folders {
+    pub fn put(&mut self, folder: Folder, name: &str, bytes: &[u8]) {
+        self.files.insert((folder, name.to_string()), bytes.to_vec());
+    }
+
+    pub fn remove(&mut self, folder: Folder, name: &str) -> bool {
+        self.files.remove(&(folder, name.to_string())).is_some()
+    }
+
+    pub fn get(&self, folder: Folder, name: &str) -> Option<&Vec<u8>> {
+        self.files.get(&(folder, name.to_string()))
+    }
+
+    /// What the agent reads for one id.
+    pub fn slots(&self, name: &str) -> Slots {
+        let slot = |folder| match self.get(folder, name) {
+            None => Slot::Absent,
+            Some(bytes) => match check_public_key(bytes) {
+                Ok(()) => Slot::Key(PublicKey::new(bytes.as_slice())),
+                Err(e) => Slot::Refused(Refusal::Content(e)),
+            },
+        };
+        Slots { accepted: slot(Folder::Accepted), pending: slot(Folder::Pending), rejected: slot(Folder::Rejected) }
+    }
+
+    /// Every file in the folders (dot files left out).
+    pub fn list(&self) -> Vec<(Folder, String)> {
+        self.files.keys().filter(|(_, name)| !name.starts_with('.')).cloned().collect()
+    }
+
+    /// Makes the folders say `decision`, as the agent's pki does; returns
+    /// what it changed.
+    pub fn apply(&mut self, decision: &Decision) -> Applied {
+        let id = decision.id.as_str();
+        let mut applied = Applied::default();
+        let target = match &decision.verdict {
+            Verdict::Accepted(_) => Some(Folder::Accepted),
+            Verdict::Rejected(_) => Some(Folder::Rejected),
+            Verdict::Deleted => None,
+        };
+        if let (Some(folder), Some(key)) = (target, decision.verdict.key()) {
+            match self.get(Folder::Pending, id).cloned() {
+                // The pending file holding the decided key is moved into place.
+                Some(bytes) if bytes == key.bytes() => {
+                    self.remove(Folder::Pending, id);
+                    applied.changes.push((Folder::Pending, FsChange::Gone));
+                }
+                Some(bytes) if check_public_key(&bytes).is_ok() => {
+                    applied.discarded_pending = Some(PublicKey::new(bytes.as_slice()));
+                }
+                _ => {}
+            }
+            self.put(folder, id, key.bytes());
+            applied.changes.push((folder, FsChange::MovedIn));
+        }
+        for folder in Folder::ALL {
+            if Some(folder) != target && self.remove(folder, id) {
+                applied.changes.push((folder, FsChange::Gone));
+            }
+        }
+        applied
+    }
+}
+
+/// Which effect fails next (each `true` fails every call until cleared).
+#[derive(Clone, Debug, Default)]
+pub struct Faults {
+    pub apply: bool,
+    pub sync: bool,
+    pub journal: bool,
+    pub record: bool,
+}
+
+/// A runtime that keeps everything in memory and records what it was asked.
+#[derive(Debug, Default)]
+pub struct Recorder {
+    pub folders: Folders,
+    /// The store: the full decision held per id.
+    pub store: BTreeMap<MinionId, Decision>,
+    pub journal: BTreeMap<MinionId, Decision>,
+    pub clock: u64,
+    pub initialized: bool,
+    pub events: Vec<Event>,
+    /// What was sent, and to whom not.
+    pub sent: Vec<(Option<String>, Vec<Decision>)>,
+    pub dfn_dropped: u32,
+    pub faults: Faults,
+}
+
+impl Recorder {
+    /// What a restart would load from this store.
+    pub fn loaded(&self) -> super::Loaded {
+        super::Loaded {
+            entries: self.store.iter().map(|(id, d)| (id.clone(), d.entry())).collect(),
+            journal: self.journal.values().cloned().collect(),
+            clock: self.clock,
+            initialized: self.initialized,
+        }
+    }
+}
+
+impl Runtime for Recorder {
+    fn read_slots(&mut self, id: &MinionId) -> Slots {
+        self.folders.slots(id.as_str())
+    }
+
+    fn list(&mut self) -> Result<Vec<(Folder, String)>, Failure> {
+        Ok(self.folders.list())
+    }
+
+    fn apply(&mut self, decisions: &[&Decision]) -> Vec<Result<Applied, Failure>> {
+        decisions
+            .iter()
+            .map(|d| if self.faults.apply { Err("No space left on device".into()) } else { Ok(self.folders.apply(d)) })
+            .collect()
+    }
+
+    fn sync_folders(&mut self) -> Result<(), Failure> {
+        if self.faults.sync {
+            return Err("syncfs: Input/output error".into());
+        }
+        Ok(())
+    }
+
+    fn drop_dfn(&mut self) -> Result<bool, Failure> {
+        self.dfn_dropped += 1;
+        Ok(true)
+    }
+
+    fn journal(&mut self, decisions: &[Decision]) -> Result<(), Failure> {
+        if self.faults.journal {
+            return Err("journal: No space left on device".into());
+        }
+        for d in decisions {
+            self.journal.insert(d.id.clone(), d.clone());
+        }
+        Ok(())
+    }
+
+    fn record(&mut self, write: &StoreWrite<'_>) -> Result<(), Failure> {
+        if self.faults.record {
+            return Err("store: No space left on device".into());
+        }
+        for d in write.decisions {
+            self.store.insert(d.id.clone(), d.clone());
+        }
+        for id in write.done {
+            self.journal.remove(id);
+        }
+        self.clock = write.clock;
+        self.initialized |= write.initialize;
+        Ok(())
+    }
+
+    fn load(&mut self, ids: &[MinionId]) -> Result<Vec<Decision>, Failure> {
+        Ok(ids.iter().filter_map(|id| self.store.get(id).cloned()).collect())
+    }
+
+    fn audit(&mut self, event: Event) {
+        self.events.push(event);
+    }
+
+    fn flush_audit(&mut self) {}
+
+    fn send(&mut self, except: Option<&str>, decisions: Vec<Decision>) {
+        self.sent.push((except.map(str::to_string), decisions));
+    }
+}

@@ -1,0 +1,94 @@
+//! Write trouble (a full disk, an I/O error, a store that cannot commit):
+//! what failed is retried with exponential backoff, nothing is recorded that
+//! is not on disk, and the episode is told once when it starts and once when
+//! it ends, not once per retry.
+
+use std::time::{Duration, Instant};
+
+use super::event::Event;
+use super::runtime::Runtime;
+
+const FIRST_DELAY: Duration = Duration::from_millis(250);
+const MAX_DELAY: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Default)]
+pub(super) struct WriteTrouble {
+    /// Set while writes fail: since when, and the first error.
+    failing: Option<(Instant, String)>,
+    next_try: Option<Instant>,
+    delay: Duration,
+}
+
+impl WriteTrouble {
+    /// Notes a failed write of `what`; the first failure of an episode is
+    /// told, later ones only lengthen the backoff.
+    pub(super) fn failed(&mut self, rt: &mut impl Runtime, now: Instant, what: &str, error: &str) {
+        self.delay = if self.failing.is_some() { (self.delay * 2).min(MAX_DELAY) } else { FIRST_DELAY };
+        self.next_try = Some(now + self.delay);
+        if self.failing.is_some() {
+            return;
+        }
+        rt.audit(Event::WriteFailed { what: what.to_string(), error: error.to_string() });
+        rt.flush_audit();
+        self.failing = Some((now, format!("{what}: {error}")));
+    }
+
+    /// Notes a write that succeeded: ends an episode.
+    pub(super) fn succeeded(&mut self, rt: &mut impl Runtime, now: Instant) {
+        self.next_try = None;
+        if let Some((since, first_error)) = self.failing.take() {
+            rt.audit(Event::WriteRecovered { lasted: now.saturating_duration_since(since), first_error });
+        }
+    }
+
+    /// When the next retry may run (`None`: no backoff pending).
+    pub(super) fn next_try(&self) -> Option<Instant> {
+        self.next_try
+    }
+
+    /// Whether a retry is due at `now`.
+    pub(super) fn retry_due(&self, now: Instant) -> bool {
+        self.next_try.is_none_or(|at| now >= at)
+    }
+
+    pub(super) fn is_failing(&self) -> bool {
+        self.failing.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::testing::Recorder;
+
+    #[test]
+    fn an_episode_is_told_once_and_backs_off() {
+        let mut rt = Recorder::default();
+        let mut trouble = WriteTrouble::default();
+        let now = Instant::now();
+        assert!(trouble.retry_due(now));
+        trouble.failed(&mut rt, now, "pki", "No space left on device (os error 28)");
+        assert!(!trouble.retry_due(now), "the first retry waits {FIRST_DELAY:?}");
+        assert!(trouble.retry_due(now + FIRST_DELAY));
+        for _ in 0..10 {
+            trouble.failed(&mut rt, now, "pki", "No space left on device (os error 28)");
+        }
+        assert_eq!(trouble.delay, MAX_DELAY);
+        trouble.succeeded(&mut rt, now + Duration::from_secs(3));
+        trouble.succeeded(&mut rt, now + Duration::from_secs(4));
+        assert!(trouble.retry_due(now));
+        let told: Vec<&str> = rt
+            .events
+            .iter()
+            .map(|e| match e {
+                Event::WriteFailed { .. } => "failed",
+                Event::WriteRecovered { lasted, .. } => {
+                    assert_eq!(*lasted, Duration::from_secs(3));
+                    "recovered"
+                }
+                _ => "other",
+            })
+            .collect();
+        assert_eq!(told, ["failed", "recovered"]);
+    }
+}

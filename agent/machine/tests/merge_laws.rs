@@ -1,0 +1,307 @@
+//! Property tests of the merge rule and `Replica::commit`: whatever the order, grouping and
+//! duplication of deliveries, every node ends with the same entries and digests.
+
+use std::collections::BTreeMap;
+
+use keysync_machine::core::digest::{bucket_of, Digests};
+use keysync_machine::core::merge::{merge, Conflict, MergeOutcome};
+use keysync_machine::core::observe::Seen;
+use keysync_machine::core::replica::{ObserveMode, Replica};
+use keysync_machine::core::version::{Hlc, Version};
+use keysync_machine::core::{Decision, Entry, MinionId, PublicKey, Verdict};
+use proptest::prelude::*;
+
+/// `tmpab12cd34` is a valid minion id too (Salt 3008's temporary names look like it).
+const IDS: [&str; 3] = ["web01", "db01", "tmpab12cd34"];
+const NODES: [&str; 3] = ["a", "b", "c"];
+
+/// Around when the generated decisions are made.
+const BASE_MS: u64 = 1_700_000_000_000;
+/// Ahead of every generated live version, so the skew bound never refuses one.
+const WALL_MS: u64 = BASE_MS + 1_000;
+const MAX_SKEW_MS: u64 = 0;
+
+/// Two keys, plus the first without its trailing newline: a different fingerprint.
+fn key(variant: u8) -> PublicKey {
+    let body = [
+        "MIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8AMIIBCgKCAQEAu1SU1LfVLPHCozMxH2Mo",
+        "4lgOEePzNm0tRgeLezV6ffAt0gunVTLw7onLRnrq0/IzW7yWR7QkrmBL7jTKEn5u",
+    ];
+    let pem =
+        format!("-----BEGIN PUBLIC KEY-----\n{}\nmwIDAQAB\n-----END PUBLIC KEY-----\n", body[usize::from(variant % 2)]);
+    let bytes = if variant == 2 { pem.trim_end().as_bytes().to_vec() } else { pem.into_bytes() };
+    PublicKey::new(bytes)
+}
+
+fn verdict(choice: u8) -> Verdict {
+    match choice {
+        0..=2 => Verdict::Accepted(key(choice)),
+        3..=5 => Verdict::Rejected(key(choice - 3)),
+        _ => Verdict::Deleted,
+    }
+}
+
+/// `at` 0 to 2: found at a first start at one of three moments (a bootstrap version);
+/// above: issued by a running node's clock at that millisecond.
+fn version(at: u64, node: usize) -> Version {
+    if at < 3 {
+        Version::bootstrap(NODES[node], BASE_MS + 1_000 * at)
+    } else {
+        Version::new(Hlc::default().tick(BASE_MS + at), NODES[node])
+    }
+}
+
+/// One decision. `supersedes` is strictly below the decision's own version, as
+/// `Replica::observe` makes it; a bootstrap decision supersedes nothing.
+fn decision() -> impl Strategy<Value = Decision> {
+    let at = (0u64..=10, 0..NODES.len());
+    (0..IDS.len(), at.clone(), 0u8..7, proptest::option::of(at)).prop_map(|(id, (at, node), choice, sup)| {
+        let version = version(at, node);
+        let supersedes =
+            sup.map(|(at, node)| self::version(at, node)).filter(|sup| *sup < version && !version.is_bootstrap());
+        Decision { id: MinionId::parse(IDS[id]).unwrap(), verdict: verdict(choice), version, supersedes }
+    })
+}
+
+/// Distinct decisions: a version names one decision, so a later draw with the
+/// same id and version as an earlier one is dropped.
+fn pool() -> impl Strategy<Value = Vec<Decision>> {
+    prop::collection::vec(decision(), 1..14).prop_map(|raw| {
+        let mut seen = BTreeMap::new();
+        for d in raw {
+            seen.entry((d.id.clone(), d.version.clone())).or_insert(d);
+        }
+        seen.into_values().collect()
+    })
+}
+
+/// A pool and a delivery schedule: every decision at least once, some twice or more, shuffled.
+fn pool_and_schedule() -> impl Strategy<Value = (Vec<Decision>, Vec<usize>)> {
+    pool().prop_flat_map(|pool| {
+        let n = pool.len();
+        let extra = prop::collection::vec(0..n, 0..2 * n);
+        let schedule = extra.prop_map(move |extra| (0..n).chain(extra).collect::<Vec<_>>()).prop_shuffle();
+        (Just(pool), schedule)
+    })
+}
+
+/// What a node holds, in a comparable form.
+#[derive(Debug, PartialEq)]
+struct State {
+    entries: BTreeMap<MinionId, Entry>,
+    digests: Digests,
+}
+
+fn state(replica: &Replica) -> State {
+    let entries = replica.entries().map(|(id, entry)| (id.clone(), entry.clone())).collect();
+    State { entries, digests: replica.digests().clone() }
+}
+
+/// The driver's path for a peer's decision: merge, and commit only what applies.
+fn deliver(replica: &mut Replica, decision: &Decision) -> MergeOutcome {
+    let outcome = replica.merge(decision, WALL_MS, MAX_SKEW_MS).expect("versions are within the skew bound");
+    if matches!(outcome, MergeOutcome::Apply { .. }) {
+        replica.commit(decision);
+    }
+    outcome
+}
+
+fn deliver_all<'a>(node: &str, decisions: impl IntoIterator<Item = &'a Decision>) -> Replica {
+    let mut replica = Replica::new(node, Hlc::default());
+    for decision in decisions {
+        deliver(&mut replica, decision);
+    }
+    replica
+}
+
+/// The expected result: per id, the decision with the highest version.
+fn expected(decisions: &[Decision]) -> State {
+    let mut winners: BTreeMap<MinionId, &Decision> = BTreeMap::new();
+    for d in decisions {
+        let slot = winners.entry(d.id.clone()).or_insert(d);
+        if d.version > slot.version {
+            *slot = d;
+        }
+    }
+    let mut replica = Replica::new("expected", Hlc::default());
+    for (id, d) in &winners {
+        replica.load(id.clone(), d.entry());
+    }
+    State { entries: winners.into_iter().map(|(id, d)| (id, d.entry())).collect(), digests: replica.digests().clone() }
+}
+
+/// The decisions of `pool` that `replica` holds: what it would send a peer.
+fn held<'a>(replica: &Replica, pool: &'a [Decision]) -> Vec<&'a Decision> {
+    pool.iter().filter(|d| replica.entry(&d.id).is_some_and(|entry| entry.version == d.version)).collect()
+}
+
+/// Concurrent per the rule merge implements: neither decision's origin held the other's version
+/// (or anything newer) when it decided.
+fn concurrent(a: &Decision, b: &Decision) -> bool {
+    let knew = |d: &Decision, other: &Decision| d.supersedes.as_ref().is_some_and(|sup| *sup >= other.version);
+    !knew(a, b) && !knew(b, a)
+}
+
+/// Pulls from `peer` exactly as a node does in anti-entropy: digests, differing buckets'
+/// summaries, the ids newer on the peer, then those full decisions through the merge path.
+fn pull(node: &mut Replica, peer: &Replica, peer_store: &[Decision]) {
+    let buckets = peer.digests().differing(node.digests().as_slice());
+    let summaries = peer.summaries_in(&buckets);
+    for id in node.newer_on_peer(&summaries) {
+        let on_peer = peer.entry(&id).expect("the peer summarised it");
+        let decision = peer_store.iter().find(|d| d.id == id && d.version == on_peer.version).expect("in the store");
+        deliver(node, decision);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Commutative and idempotent: any order, any duplicates, through merge or straight to
+    /// commit, gives the highest version per id and the digests of exactly those entries.
+    #[test]
+    fn any_delivery_order_gives_the_highest_versions((pool, schedule) in pool_and_schedule()) {
+        let want = expected(&pool);
+        let in_order = deliver_all("x", &pool);
+        let scheduled = deliver_all("y", schedule.iter().map(|&i| &pool[i]));
+        let mut committed = Replica::new("z", Hlc::default());
+        for &i in schedule.iter().rev() {
+            committed.commit(&pool[i]);
+        }
+        prop_assert_eq!(&state(&in_order), &want);
+        prop_assert_eq!(&state(&scheduled), &want);
+        prop_assert_eq!(&state(&committed), &want);
+    }
+
+    /// Delivering again what a node already holds changes nothing and merges as a duplicate.
+    #[test]
+    fn redelivery_is_a_duplicate((pool, schedule) in pool_and_schedule()) {
+        let mut replica = deliver_all("x", schedule.iter().map(|&i| &pool[i]));
+        let before = state(&replica);
+        for d in held(&replica, &pool) {
+            prop_assert_eq!(deliver(&mut replica, d), MergeOutcome::Duplicate);
+        }
+        for d in &pool {
+            replica.commit(d);
+        }
+        prop_assert_eq!(state(&replica), before);
+    }
+
+    /// Associative: merging the states of (A+B) then C equals A then (B+C), where a state
+    /// travels as the decisions it holds.
+    #[test]
+    fn grouping_does_not_matter(pool in pool(), groups in prop::collection::vec(0u8..3, 14)) {
+        let group = |g: u8| pool.iter().zip(&groups).filter(move |(_, &k)| k == g).map(|(d, _)| d);
+        let ab = deliver_all("ab", group(0).chain(group(1)));
+        let ab_c = deliver_all("ab_c", held(&ab, &pool).into_iter().chain(group(2)));
+        let bc = deliver_all("bc", group(1).chain(group(2)));
+        let a_bc = deliver_all("a_bc", group(0).chain(held(&bc, &pool)));
+        prop_assert_eq!(state(&ab_c), state(&a_bc));
+        prop_assert_eq!(state(&ab_c), expected(&pool));
+    }
+
+    /// The outcome follows the versions alone; a conflict is reported exactly when the two
+    /// decisions are concurrent and disagree, the same one from both sides, naming the higher
+    /// version the winner.
+    #[test]
+    fn conflicts_are_concurrent_disagreements(a in decision(), b in decision()) {
+        let b = Decision { id: a.id.clone(), ..b };
+        prop_assume!(a.version != b.version);
+        let want = (concurrent(&a, &b) && a.verdict != b.verdict).then(|| Conflict {
+            winner: a.version.clone().max(b.version.clone()),
+            loser: a.version.clone().min(b.version.clone()),
+        });
+        for (held, incoming) in [(&a, &b), (&b, &a)] {
+            let outcome = merge(Some(&held.entry()), incoming);
+            let expected = if incoming.version > held.version {
+                MergeOutcome::Apply { conflict: want.clone() }
+            } else {
+                MergeOutcome::Superseded { conflict: want.clone() }
+            };
+            prop_assert_eq!(outcome, expected);
+        }
+        prop_assert_eq!(merge(Some(&a.entry()), &a), MergeOutcome::Duplicate);
+        prop_assert_eq!(merge(None, &a), MergeOutcome::Apply { conflict: None });
+    }
+
+    /// A decision found on a first start never replaces a live one, in any order.
+    #[test]
+    fn bootstrap_never_beats_live((pool, schedule) in pool_and_schedule()) {
+        let replica = deliver_all("x", schedule.iter().map(|&i| &pool[i]));
+        for id in IDS.map(|id| MinionId::parse(id).unwrap()) {
+            let live = pool.iter().filter(|d| d.id == id).any(|d| !d.version.is_bootstrap());
+            if live {
+                prop_assert!(!replica.entry(&id).unwrap().version.is_bootstrap(), "{id}: a bootstrap version won");
+            }
+        }
+        for boot in pool.iter().filter(|d| d.version.is_bootstrap()) {
+            for live in pool.iter().filter(|d| d.id == boot.id && !d.version.is_bootstrap()) {
+                let kept = merge(Some(&live.entry()), boot);
+                prop_assert!(matches!(kept, MergeOutcome::Superseded { .. }), "{kept:?}");
+                let replaced = merge(Some(&boot.entry()), live);
+                prop_assert!(matches!(replaced, MergeOutcome::Apply { .. }), "{replaced:?}");
+            }
+        }
+    }
+
+    /// Files found at a later first start lose to those found at an earlier one (a late joiner
+    /// cannot override the cluster), and anything a running node decides beats both, whatever
+    /// the wall clocks say.
+    #[test]
+    fn a_later_first_start_never_overrides(
+        early_ms in 0u64..BASE_MS,
+        later_by in 1u64..10_000_000,
+        live_ms in any::<u64>().prop_map(|ms| ms % (2 * BASE_MS)),
+        nodes in (0..NODES.len(), 0..NODES.len(), 0..NODES.len()),
+        choices in (0u8..6, 0u8..6),
+    ) {
+        let id = MinionId::parse(IDS[0]).unwrap();
+        let first_start = |node: usize, choice: u8, wall_ms: u64| {
+            let mut replica = Replica::new(NODES[node], Hlc::default());
+            let seen = Seen::Decided(verdict(choice));
+            replica.observe(&id, seen, wall_ms, ObserveMode::FirstStart).expect("a key file is a decision")
+        };
+        let early = first_start(nodes.0, choices.0, early_ms);
+        let late = first_start(nodes.1, choices.1, early_ms + later_by);
+        prop_assert!(early.version.is_bootstrap() && late.version.is_bootstrap());
+        let outcome = merge(Some(&early.entry()), &late);
+        prop_assert!(matches!(outcome, MergeOutcome::Superseded { .. }), "{outcome:?}");
+
+        let mut running = Replica::new(NODES[nodes.2], Hlc::default());
+        let live = running.observe(&id, Seen::Decided(Verdict::Accepted(key(0))), live_ms, ObserveMode::Live).unwrap();
+        prop_assert!(!live.version.is_bootstrap());
+        for boot in [&early, &late] {
+            let outcome = merge(Some(&boot.entry()), &live);
+            prop_assert!(matches!(outcome, MergeOutcome::Apply { .. }), "{outcome:?}");
+        }
+    }
+
+    /// Digests differ exactly in the buckets where the entries differ, and one anti-entropy
+    /// pull each way leaves both nodes identical.
+    #[test]
+    fn anti_entropy_converges_in_one_exchange(pool in pool(), on_x in prop::collection::vec(any::<bool>(), 14), on_y in prop::collection::vec(any::<bool>(), 14)) {
+        let subset = |mask: &[bool]| pool.iter().zip(mask).filter(|(_, &keep)| keep).map(|(d, _)| d.clone()).collect::<Vec<_>>();
+        let (store_x, store_y) = (subset(&on_x), subset(&on_y));
+        let mut x = deliver_all("x", &store_x);
+        let mut y = deliver_all("y", &store_y);
+
+        let mut want_buckets: Vec<u32> = pool
+            .iter()
+            .map(|d| &d.id)
+            .filter(|id| x.entry(id) != y.entry(id))
+            .map(|id| bucket_of(id) as u32)
+            .collect();
+        want_buckets.sort();
+        want_buckets.dedup();
+        prop_assert_eq!(x.digests().differing(y.digests().as_slice()), want_buckets.clone());
+        prop_assert_eq!(y.digests().differing(x.digests().as_slice()), want_buckets);
+
+        pull(&mut x, &y, &store_y);
+        let x_store: Vec<Decision> = held(&x, &pool).into_iter().cloned().collect();
+        pull(&mut y, &x, &x_store);
+        prop_assert_eq!(state(&x), state(&y));
+        prop_assert!(x.digests().differing(y.digests().as_slice()).is_empty());
+        let union: Vec<Decision> = store_x.iter().chain(&store_y).cloned().collect();
+        prop_assert_eq!(state(&x), expected(&union));
+    }
+}

@@ -1,0 +1,225 @@
+//! The simulated world as the node machine sees it: a [`Runtime`] over one
+//! master's folders, store and audit log, which can kill the node at any
+//! effect (kill -9: what an effect completed stays, nothing after it runs)
+//! or fail writes as a full disk does.
+
+use keysync_machine::core::{Decision, MinionId, Slots};
+use keysync_machine::node::{Applied, Event, Failure, Runtime, StoreWrite};
+use std::collections::BTreeMap;
+
+use crate::model::{Change, Disk};
+use keysync_machine::core::settle::FsChange;
+use keysync_machine::core::Folder;
+
+/// A master's durable state store.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Store {
+    pub(crate) decisions: BTreeMap<MinionId, Decision>,
+    pub(crate) journal: BTreeMap<MinionId, Decision>,
+    pub(crate) clock: u64,
+    pub(crate) initialized: bool,
+}
+
+/// What one input made the node do that leaves the node: messages, echoes
+/// of its writes, and whether it died on the way.
+#[derive(Debug, Default)]
+pub(crate) struct Outbox {
+    pub(crate) sends: Vec<(Option<String>, Vec<Decision>)>,
+    /// The inotify events the node's own writes raise, in order.
+    pub(crate) echoes: Vec<(Folder, String, FsChange)>,
+    pub(crate) dfn_dropped: u32,
+    /// Killed at an effect: the node is gone, whatever it did after.
+    pub(crate) killed: bool,
+    /// Ids written while a salt-key run on them was in progress (must stay empty).
+    pub(crate) wrote_into_runs: Vec<MinionId>,
+}
+
+pub(crate) struct SimRuntime<'a> {
+    pub(crate) disk: &'a mut Disk,
+    pub(crate) store: &'a mut Store,
+    /// The audit log as written (a kill loses only what was buffered).
+    pub(crate) audit: &'a mut Vec<Event>,
+    /// Events told in this input, written at its end or at a flush.
+    pub(crate) buffered: Vec<Event>,
+    pub(crate) out: Outbox,
+    /// Effects left before the node is killed (`None`: no kill planned).
+    pub(crate) kill_after: &'a mut Option<u32>,
+    /// Writes fail as on a full disk: each write effect fails with this
+    /// percentage (the disk fills and frees between two of them).
+    pub(crate) disk_full: u64,
+    /// Draws for the failures, from the run's seed.
+    pub(crate) rng: &'a mut crate::model::Rng,
+    /// Ids a salt-key run is still working on: the agent must not write them.
+    pub(crate) in_flight: &'a std::collections::BTreeSet<MinionId>,
+}
+
+const KILLED: &str = "killed";
+
+impl SimRuntime<'_> {
+    /// Counts one effect; true if the node is dead by now (the effect does nothing).
+    fn dead(&mut self) -> bool {
+        if self.out.killed {
+            return true;
+        }
+        match self.kill_after {
+            Some(0) => {
+                *self.kill_after = None;
+                self.out.killed = true;
+                self.buffered.clear();
+                true
+            }
+            Some(n) => {
+                *n -= 1;
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn full(&mut self) -> bool {
+        self.disk_full > 0 && self.rng.percent(self.disk_full)
+    }
+
+    /// The end of the input: what was told is written (a write(), no fsync, survives a kill).
+    pub(crate) fn finish(mut self) -> Outbox {
+        if !self.out.killed {
+            self.audit.append(&mut self.buffered);
+        }
+        self.out
+    }
+}
+
+impl Runtime for SimRuntime<'_> {
+    fn read_slots(&mut self, id: &MinionId) -> Slots {
+        if self.dead() {
+            return Slots::EMPTY;
+        }
+        self.disk.slots(id.as_str())
+    }
+
+    fn list(&mut self) -> Result<Vec<(Folder, String)>, Failure> {
+        if self.dead() {
+            return Err(KILLED.into());
+        }
+        Ok(self.disk.files.keys().map(|(name, folder)| (*folder, name.clone())).collect())
+    }
+
+    fn apply(&mut self, decisions: &[&Decision]) -> Vec<Result<Applied, Failure>> {
+        decisions
+            .iter()
+            .map(|decision| {
+                if self.dead() {
+                    return Err(KILLED.into());
+                }
+                if self.full() {
+                    return Err("No space left on device".into());
+                }
+                if self.in_flight.contains(&decision.id) {
+                    self.out.wrote_into_runs.push(decision.id.clone());
+                }
+                let applied = self.disk.apply(decision);
+                for (folder, change) in &applied.changes {
+                    self.out.echoes.push((*folder, decision.id.to_string(), *change));
+                }
+                Ok(applied)
+            })
+            .collect()
+    }
+
+    fn sync_folders(&mut self) -> Result<(), Failure> {
+        if self.dead() {
+            return Err(KILLED.into());
+        }
+        if self.full() {
+            return Err("syncfs: Input/output error".into());
+        }
+        Ok(())
+    }
+
+    fn drop_dfn(&mut self) -> Result<bool, Failure> {
+        if self.dead() {
+            return Err(KILLED.into());
+        }
+        self.out.dfn_dropped += 1;
+        Ok(true)
+    }
+
+    fn journal(&mut self, decisions: &[Decision]) -> Result<(), Failure> {
+        if self.dead() {
+            return Err(KILLED.into());
+        }
+        if self.full() {
+            return Err("journal: No space left on device".into());
+        }
+        for d in decisions {
+            self.store.journal.insert(d.id.clone(), d.clone());
+        }
+        Ok(())
+    }
+
+    fn record(&mut self, write: &StoreWrite<'_>) -> Result<(), Failure> {
+        if self.dead() {
+            return Err(KILLED.into());
+        }
+        if self.full() {
+            return Err("store: No space left on device".into());
+        }
+        for d in write.decisions {
+            self.store.decisions.insert(d.id.clone(), d.clone());
+        }
+        for id in write.done {
+            self.store.journal.remove(id);
+        }
+        self.store.clock = write.clock;
+        self.store.initialized |= write.initialize;
+        Ok(())
+    }
+
+    fn load(&mut self, ids: &[MinionId]) -> Result<Vec<Decision>, Failure> {
+        if self.dead() {
+            return Err(KILLED.into());
+        }
+        Ok(ids.iter().filter_map(|id| self.store.decisions.get(id).cloned()).collect())
+    }
+
+    fn audit(&mut self, event: Event) {
+        if !self.dead() {
+            self.buffered.push(event);
+        }
+    }
+
+    fn flush_audit(&mut self) {
+        if !self.dead() {
+            self.audit.append(&mut self.buffered);
+        }
+    }
+
+    fn send(&mut self, except: Option<&str>, decisions: Vec<Decision>) {
+        if !self.dead() {
+            self.out.sends.push((except.map(str::to_string), decisions));
+        }
+    }
+}
+
+/// The agent's apply on the simulated folders, as `disk::pki` does it: the
+/// pending file holding the key moved into place, or the key written;
+/// the id removed from the other folders.
+impl Disk {
+    pub(crate) fn apply(&mut self, decision: &Decision) -> Applied {
+        let mut folders = keysync_machine::node::testing::Folders::default();
+        for folder in Folder::ALL {
+            if let Some(bytes) = self.get(folder, decision.id.as_str()) {
+                folders.put(folder, decision.id.as_str(), bytes);
+            }
+        }
+        let applied = folders.apply(decision);
+        for folder in Folder::ALL {
+            let name = decision.id.as_str();
+            match folders.get(folder, name) {
+                Some(bytes) => self.change(&Change::Put(folder, name.to_string(), bytes.clone())),
+                None => self.change(&Change::Remove(folder, name.to_string())),
+            }
+        }
+        applied
+    }
+}

@@ -1,0 +1,719 @@
+//! The simulated cluster: masters whose agents are the real node machine,
+//! a network that drops, duplicates and reorders, and one event queue in
+//! virtual time. `links` runs anti-entropy as the agent's links do,
+//! `faults` kills, restarts, partitions and fills disks, `checker` judges.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::hash::{Hash, Hasher};
+use std::time::{Duration, Instant};
+
+use keysync_machine::core::settle::{FsChange, SettleTimings};
+use keysync_machine::core::{Decision, Folder, MinionId, Version};
+use keysync_machine::node::{self, FsEvent, Loaded, Node, Now, Settings, Summaries};
+
+use crate::model::*;
+use crate::runtime::{Outbox, SimRuntime, Store};
+use crate::*;
+
+mod checker;
+mod faults;
+mod links;
+
+pub(crate) use checker::Verdicts;
+
+#[derive(Clone, Debug)]
+pub(crate) enum Msg {
+    /// Decisions pushed as they are made or applied (the link's live stream).
+    Push(Vec<Decision>),
+    /// Anti-entropy on the sender's link to the receiver, as the agent's links run it.
+    DiffReq {
+        session: u64,
+        digests: Vec<u64>,
+    },
+    DiffResp {
+        session: u64,
+        buckets: Vec<u32>,
+        summaries: Summaries,
+    },
+    FetchReq {
+        session: u64,
+        ids: Vec<MinionId>,
+    },
+    FetchResp {
+        session: u64,
+        ids: Vec<MinionId>,
+        decisions: Vec<Decision>,
+    },
+}
+
+/// Everything that happens, run in order of virtual time, then of scheduling.
+#[derive(Debug)]
+pub(crate) enum Event {
+    Operator,
+    Step {
+        node: usize,
+        id: MinionId,
+        step: Step,
+        last: bool,
+    },
+    /// inotify events reaching a node's watcher (an operator's or the node's own writes).
+    Fs {
+        node: usize,
+        epoch: u64,
+        events: Vec<(Folder, String, FsChange)>,
+    },
+    Tick {
+        node: usize,
+        epoch: u64,
+    },
+    Deliver {
+        from: usize,
+        to: usize,
+        msg: Msg,
+    },
+    AntiEntropy {
+        node: usize,
+        epoch: u64,
+    },
+    Timeout {
+        node: usize,
+        peer: usize,
+        session: u64,
+    },
+    Fault,
+    Restart {
+        node: usize,
+        epoch: u64,
+    },
+    Join {
+        node: usize,
+    },
+    Heal {
+        partition: u64,
+    },
+    DiskHeals {
+        node: usize,
+    },
+    Calm,
+    Final,
+    FinalRound,
+}
+
+pub(crate) struct Queued {
+    at: u64,
+    seq: u64,
+    event: Event,
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+
+impl Eq for Queued {}
+
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Queued {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+
+/// One master: its folders, store and audit log, and its agent when running.
+pub(crate) struct SimNode {
+    pub(crate) name: String,
+    salt: Salt,
+    clock_offset_ms: u64,
+    /// The agent, while it runs.
+    pub(crate) machine: Option<Node>,
+    joined: bool,
+    /// Bumped on every kill and start: timers of an older life are ignored.
+    epoch: u64,
+    pub(crate) disk: Disk,
+    pub(crate) store: Store,
+    pub(crate) audit: Vec<node::Event>,
+    next_tick: Option<u64>,
+    /// Ids with operator steps still to come.
+    in_flight: BTreeSet<MinionId>,
+    /// Ids the operator changed that the agent has not decided on since.
+    touched: BTreeMap<MinionId, Expect>,
+    /// This node's link to each peer (anti-entropy sessions).
+    links: Vec<links::Link>,
+    /// Percentage of write effects failing (0: the disk is fine).
+    disk_full: u64,
+    /// Ids the operator changed since the agent last decided them: only
+    /// these may become local decisions (anything else is the agent's own
+    /// write taken for an operator's).
+    undecided_changes: BTreeSet<MinionId>,
+    /// Killed at the n-th effect of its next input.
+    kill_after: Option<u32>,
+}
+
+impl SimNode {
+    pub(crate) fn up(&self) -> bool {
+        self.machine.is_some()
+    }
+
+    fn wall_ms(&self, now: u64) -> u64 {
+        EPOCH_MS + now + self.clock_offset_ms
+    }
+}
+
+/// A decision made durable on its origin, and when.
+#[derive(Clone, Debug)]
+pub(crate) struct Made {
+    pub(crate) decision: Decision,
+    pub(crate) at: u64,
+}
+
+pub(crate) struct Sim {
+    pub(crate) rng: Rng,
+    pub(crate) now: u64,
+    base: Instant,
+    queue: BinaryHeap<Reverse<Queued>>,
+    seq: u64,
+    pub(crate) nodes: Vec<SimNode>,
+    pub(crate) ids: Vec<MinionId>,
+    chaos: bool,
+    reliable: bool,
+    /// The active partition: its number and each node's side.
+    partition: Option<(u64, Vec<bool>)>,
+    n_partitions: u64,
+    final_at: Option<u64>,
+    /// Every decision made durable on its origin, per id.
+    pub(crate) made: BTreeMap<MinionId, Vec<Made>>,
+    /// When each node first applied each version: (node, id, version) → time.
+    pub(crate) applied_at: BTreeMap<(usize, MinionId, Version), u64>,
+    /// Ids some node held when the late joiner first started.
+    held_at_join: BTreeMap<MinionId, Decision>,
+    joiner: Option<usize>,
+    pub(crate) stats: Stats,
+    /// A hash of everything that happened, to compare two runs of one seed.
+    trace_hash: std::collections::hash_map::DefaultHasher,
+    /// Print every event (when one seed is rerun).
+    pub(crate) trace: bool,
+}
+
+impl Sim {
+    pub(crate) fn new(seed: u64, trace: bool) -> Sim {
+        let mut rng = Rng(seed);
+        let n_nodes = rng.between(3, 7) as usize;
+        let ids: Vec<MinionId> = (0..N_IDS).map(|i| MinionId::parse(&format!("m{i:02}")).unwrap()).collect();
+        let mut nodes = Vec::new();
+        for idx in 0..n_nodes {
+            let salt = if rng.percent(50) { Salt::V3006 } else { Salt::V3008 };
+            let mut disk = Disk::default();
+            for id in &ids[..N_PREEXISTING] {
+                // Masters that were kept in step by hand, not quite perfectly.
+                let (folder, variant) = match rng.below(100) {
+                    0..=74 => (Folder::Accepted, 0),
+                    75..=79 => (Folder::Accepted, 1),
+                    80..=84 => (Folder::Rejected, 0),
+                    85..=89 => (Folder::Pending, 2),
+                    _ => continue,
+                };
+                disk.change(&Change::Put(folder, id.to_string(), key_bytes(id.as_str(), variant)));
+            }
+            nodes.push(SimNode {
+                name: format!("n{idx}"),
+                salt,
+                clock_offset_ms: rng.between(0, 1500),
+                machine: None,
+                joined: false,
+                epoch: 0,
+                disk,
+                store: Store::default(),
+                audit: Vec::new(),
+                next_tick: None,
+                in_flight: BTreeSet::new(),
+                touched: BTreeMap::new(),
+                links: (0..n_nodes).map(|_| links::Link::default()).collect(),
+                disk_full: 0,
+                undecided_changes: BTreeSet::new(),
+                kill_after: None,
+            });
+        }
+        // Sometimes the highest-named master joins late with the folders it had at the start.
+        let joiner = (n_nodes >= 4 && rng.percent(50)).then_some(n_nodes - 1);
+        let mut sim = Sim {
+            rng,
+            now: 0,
+            base: Instant::now(),
+            queue: BinaryHeap::new(),
+            seq: 0,
+            nodes,
+            ids,
+            chaos: true,
+            reliable: false,
+            partition: None,
+            n_partitions: 0,
+            final_at: None,
+            made: BTreeMap::new(),
+            applied_at: BTreeMap::new(),
+            held_at_join: BTreeMap::new(),
+            joiner,
+            stats: Stats::default(),
+            trace_hash: Default::default(),
+            trace,
+        };
+        for node in 0..n_nodes {
+            let at = if Some(node) == joiner { sim.rng.between(5_000, 20_000) } else { sim.rng.between(0, 50) };
+            sim.schedule(at, Event::Join { node });
+        }
+        trace!(sim, "seed {seed}: {n_nodes} masters {:?}", sim.nodes.iter().map(|n| n.salt).collect::<Vec<_>>());
+        sim.schedule(100, Event::Operator);
+        sim.schedule(1_000, Event::Fault);
+        sim.schedule(CHAOS_MS, Event::Calm);
+        sim
+    }
+
+    /// Runs to quiescence and judges; returns the run's figures and its trace hash.
+    pub(crate) fn run(mut self) -> (Stats, u64) {
+        let mut n_events = 0u64;
+        while let Some(Reverse(Queued { at, seq, event })) = self.queue.pop() {
+            self.now = at;
+            n_events += 1;
+            if n_events > 3_000_000 || self.final_at.is_some_and(|t| at > t + 120_000) {
+                self.fail(format!("no quiescence after {n_events} events"));
+            }
+            (at, seq, event_kind(&event)).hash(&mut self.trace_hash);
+            self.handle(event);
+        }
+        self.judge();
+        for n in &self.nodes {
+            if let Some(machine) = &n.machine {
+                let mut entries: Vec<_> =
+                    machine.entries().map(|(id, e)| (id.to_string(), e.version.to_string())).collect();
+                entries.sort();
+                entries.hash(&mut self.trace_hash);
+            }
+            n.audit.len().hash(&mut self.trace_hash);
+        }
+        (self.stats, self.trace_hash.finish())
+    }
+
+    pub(crate) fn schedule(&mut self, at: u64, event: Event) {
+        self.seq += 1;
+        self.queue.push(Reverse(Queued { at, seq: self.seq, event }));
+    }
+
+    fn instant(&self, ms: u64) -> Instant {
+        self.base + Duration::from_millis(ms)
+    }
+
+    fn ms_of(&self, instant: Instant) -> u64 {
+        instant.saturating_duration_since(self.base).as_millis() as u64
+    }
+
+    pub(crate) fn settings(&self, node: usize) -> Settings {
+        Settings {
+            node: self.nodes[node].name.as_str().into(),
+            max_clock_skew: Duration::from_millis(MAX_SKEW_MS),
+            rescan_interval: Duration::from_millis(RESCAN_MS),
+            settle: SettleTimings::default(),
+        }
+    }
+
+    #[track_caller]
+    pub(crate) fn fail(&self, msg: String) -> ! {
+        panic!("at t={}ms: {msg}", self.now);
+    }
+
+    fn handle(&mut self, event: Event) {
+        match event {
+            Event::Operator => self.operator(),
+            Event::Step { node, id, step, last } => self.step(node, id, step, last),
+            Event::Fs { node, epoch, events } => {
+                if self.nodes[node].epoch == epoch && self.nodes[node].up() {
+                    self.inotify(node, events);
+                }
+            }
+            Event::Tick { node, epoch } => {
+                if self.nodes[node].epoch == epoch && self.nodes[node].up() {
+                    self.nodes[node].next_tick = None;
+                    self.input(node, |machine, rt, now| machine.on_tick(now, rt));
+                }
+            }
+            Event::Deliver { from, to, msg } => self.deliver(from, to, msg),
+            Event::AntiEntropy { node, epoch } => {
+                if self.nodes[node].epoch == epoch && self.nodes[node].up() {
+                    self.anti_entropy(node);
+                    let until = self.final_at.map_or(u64::MAX, |t| t + FINAL_ROUNDS * 1_000);
+                    let next = self.now + self.rng.between(4_000, 8_000);
+                    if next < until {
+                        self.schedule(next, Event::AntiEntropy { node, epoch });
+                    }
+                }
+            }
+            Event::Timeout { node, peer, session } => self.timeout(node, peer, session),
+            Event::Fault => self.fault(),
+            Event::Restart { node, epoch } => {
+                let n = &self.nodes[node];
+                if n.up() || n.epoch != epoch {
+                    return;
+                }
+                self.start(node);
+            }
+            Event::Join { node } => self.first_start(node),
+            Event::Heal { partition } => {
+                if self.partition.as_ref().is_some_and(|(p, _)| *p == partition) {
+                    self.heal();
+                }
+            }
+            Event::DiskHeals { node } => {
+                trace!(self, "{} disk has room again", self.nodes[node].name);
+                self.nodes[node].disk_full = 0;
+            }
+            Event::Calm => {
+                self.chaos = false;
+                self.schedule(self.now + CALM_MS, Event::Final);
+            }
+            Event::Final => self.final_restart(),
+            Event::FinalRound => {
+                for node in 0..self.nodes.len() {
+                    self.anti_entropy(node);
+                }
+            }
+        }
+    }
+
+    // ---- inputs to a node's machine ----
+
+    /// Runs one input on a running node's machine against its world, then
+    /// carries what left the node: messages, the echoes of its writes, its death.
+    pub(crate) fn input<T>(
+        &mut self,
+        node: usize,
+        f: impl FnOnce(&mut Node, &mut SimRuntime<'_>, Now) -> T,
+    ) -> Option<T> {
+        let now = Now { mono: self.instant(self.now), wall_ms: self.nodes[node].wall_ms(self.now) };
+        let n = &mut self.nodes[node];
+        let mut machine = n.machine.take()?;
+        let before = n.store.decisions.clone();
+        let mut rt = SimRuntime {
+            disk: &mut n.disk,
+            store: &mut n.store,
+            audit: &mut n.audit,
+            buffered: Vec::new(),
+            out: Outbox::default(),
+            kill_after: &mut n.kill_after,
+            disk_full: n.disk_full,
+            rng: &mut self.rng,
+            in_flight: &n.in_flight,
+        };
+        let result = f(&mut machine, &mut rt, now);
+        let out = rt.finish();
+        if !out.killed {
+            self.nodes[node].machine = Some(machine);
+        }
+        self.after_input(node, &before, out);
+        Some(result)
+    }
+
+    /// Starts a node's agent from its store (a first start when the store is new).
+    pub(crate) fn boot(&mut self, node: usize) {
+        let settings = self.settings(node);
+        let now = Now { mono: self.instant(self.now), wall_ms: self.nodes[node].wall_ms(self.now) };
+        let n = &mut self.nodes[node];
+        n.epoch += 1;
+        n.next_tick = None;
+        n.links = (0..n.links.len()).map(|_| links::Link::default()).collect();
+        let loaded = Loaded {
+            entries: n.store.decisions.iter().map(|(id, d)| (id.clone(), d.entry())).collect(),
+            journal: n.store.journal.values().cloned().collect(),
+            clock: n.store.clock,
+            initialized: n.store.initialized,
+        };
+        let before = n.store.decisions.clone();
+        let mut rt = SimRuntime {
+            disk: &mut n.disk,
+            store: &mut n.store,
+            audit: &mut n.audit,
+            buffered: Vec::new(),
+            out: Outbox::default(),
+            kill_after: &mut n.kill_after,
+            disk_full: n.disk_full,
+            rng: &mut self.rng,
+            in_flight: &n.in_flight,
+        };
+        let machine = Node::start(settings, loaded, now, &mut rt);
+        let out = rt.finish();
+        if !out.killed {
+            self.nodes[node].machine = Some(machine);
+        }
+        self.after_input(node, &before, out);
+        // Whatever start-up did not decide needed no decision; a salt-key run
+        // still going on is judged as it finishes.
+        let n = &mut self.nodes[node];
+        let in_flight = n.in_flight.clone();
+        n.touched.retain(|id, _| in_flight.contains(id));
+    }
+
+    fn after_input(&mut self, node: usize, before: &BTreeMap<MinionId, Decision>, out: Outbox) {
+        if let Some(id) = out.wrote_into_runs.first() {
+            self.fail(format!("{} wrote {id} while a salt-key run on it was in progress", self.nodes[node].name));
+        }
+        self.note_recorded(node, before);
+        let n = &self.nodes[node];
+        let name = n.name.clone();
+        self.stats.dfn += u64::from(out.dfn_dropped);
+        for (except, decisions) in out.sends {
+            for peer in 0..self.nodes.len() {
+                if peer != node && except.as_deref() != Some(self.nodes[peer].name.as_str()) {
+                    self.send(node, peer, Msg::Push(decisions.clone()));
+                }
+            }
+        }
+        if out.killed {
+            trace!(self, "{name} killed mid-input");
+            self.stats.kills_mid_input += 1;
+            self.crash(node);
+            return;
+        }
+        if !out.echoes.is_empty() {
+            let at = self.now + self.rng.between(0, 2);
+            let epoch = self.nodes[node].epoch;
+            self.schedule(at, Event::Fs { node, epoch, events: out.echoes });
+        }
+        self.schedule_tick(node);
+    }
+
+    /// What the node's store gained in an input: its own new decisions (checked
+    /// against what the operator did) and peers' decisions it applied.
+    fn note_recorded(&mut self, node: usize, before: &BTreeMap<MinionId, Decision>) {
+        let name = self.nodes[node].name.clone();
+        let changed: Vec<Decision> = self.nodes[node]
+            .store
+            .decisions
+            .iter()
+            .filter(|(id, d)| before.get(*id).is_none_or(|b| b.version != d.version))
+            .map(|(_, d)| d.clone())
+            .collect();
+        for decision in changed {
+            let id = decision.id.clone();
+            if *decision.version.node == *name
+                && !self.applied_at.contains_key(&(node, id.clone(), decision.version.clone()))
+            {
+                self.check_local(node, &decision);
+                self.made.entry(id.clone()).or_default().push(Made { decision: decision.clone(), at: self.now });
+                self.stats.decisions += 1;
+            }
+            self.applied_at.entry((node, id, decision.version.clone())).or_insert(self.now);
+        }
+    }
+
+    /// A local decision must be what the operator did, never an echo or an intermediate state.
+    fn check_local(&mut self, node: usize, decision: &Decision) {
+        let n = &mut self.nodes[node];
+        let id = &decision.id;
+        let verdict = &decision.verdict;
+        let expect = n.touched.remove(id);
+        let name = n.name.clone();
+        if !self.ids.contains(id) {
+            self.fail(format!("{name} decided {verdict:?} for a file that is no minion: {id}"));
+        }
+        if decision.version.is_bootstrap() {
+            self.stats.startup_decisions += 1;
+            return;
+        }
+        let changed = self.nodes[node].undecided_changes.remove(id);
+        match &expect {
+            // Found by a rescan or at a start-up: whatever the operator left there.
+            None if changed => {}
+            None => self.fail(format!(
+                "{name} decided {verdict:?} for {id} that no operator changed since (its own write taken for an \
+                 operator's?), slots {:?}",
+                self.nodes[node].disk.slots(id.as_str())
+            )),
+            Some(Expect::Nothing) => self.fail(format!("{name} decided {verdict:?} for {id} on a new pending key")),
+            Some(Expect::AtMost(want)) if want != verdict => {
+                self.fail(format!("{name} decided {verdict:?} for {id}, the operator's change was {want:?}"))
+            }
+            _ => self.stats.operator_decisions += 1,
+        }
+        trace!(self, "{name} decides {id} {verdict:?} {}", decision.version);
+    }
+
+    fn schedule_tick(&mut self, node: usize) {
+        let Some(due) = self.nodes[node].machine.as_ref().and_then(Node::poll_at) else { return };
+        let at = self.ms_of(due).max(self.now);
+        // After the final rounds only what is due soon matters (the periodic rescan never ends).
+        if self.final_at.is_some_and(|t| at > t + QUIET_AFTER_FINAL_MS) {
+            return;
+        }
+        let n = &self.nodes[node];
+        if n.next_tick.is_none_or(|t| at < t) {
+            let epoch = n.epoch;
+            self.nodes[node].next_tick = Some(at);
+            self.schedule(at, Event::Tick { node, epoch });
+        }
+    }
+
+    fn inotify(&mut self, node: usize, events: Vec<(Folder, String, FsChange)>) {
+        // Sometimes the kernel queue overflows: the events are lost, the agent rescans.
+        if !self.reliable && self.rng.percent(OVERFLOW_PCT) {
+            trace!(self, "{} inotify overflow", self.nodes[node].name);
+            self.stats.overflows += 1;
+            self.input(node, |machine, rt, now| machine.on_lost("inotify queue overflow", now, rt));
+            return;
+        }
+        self.input(node, |machine, _, now| {
+            for (folder, name, change) in events {
+                machine.on_fs(&FsEvent { folder, name, change }, now);
+            }
+        });
+    }
+
+    // ---- operators and folders ----
+
+    fn operator(&mut self) {
+        if !self.chaos {
+            return;
+        }
+        let next = self.now + self.rng.between(30, 400);
+        self.schedule(next, Event::Operator);
+        let up: Vec<usize> = (0..self.nodes.len()).filter(|&n| self.nodes[n].up()).collect();
+        let down: Vec<usize> = (0..self.nodes.len()).filter(|&n| !self.nodes[n].up() && self.nodes[n].joined).collect();
+        // Mostly on a running master; sometimes on one whose agent is down (found at its restart).
+        let node = if !down.is_empty() && (up.is_empty() || self.rng.percent(15)) {
+            down[self.rng.index(down.len())]
+        } else if !up.is_empty() {
+            up[self.rng.index(up.len())]
+        } else {
+            return;
+        };
+        let id = self.ids[self.rng.index(N_IDS)].clone();
+        let n = &self.nodes[node];
+        if n.in_flight.contains(&id) || (n.up() && n.touched.contains_key(&id)) {
+            return;
+        }
+        let salt = n.salt;
+        let Some((what, steps, expect)) = plan_operator(&n.disk, id.as_str(), salt, &mut self.rng) else {
+            return;
+        };
+        let running = if n.up() { "" } else { " (agent down)" };
+        trace!(self, "{} operator: {what} {id} ({salt:?}, {} steps){running}", n.name, steps.len());
+        let n = &mut self.nodes[node];
+        if !n.up() {
+            for change in steps.iter().flat_map(|s| &s.changes) {
+                n.disk.change(change);
+            }
+            // Whatever the folders say at the next start is the operator's now.
+            n.touched.remove(&id);
+            n.undecided_changes.insert(id);
+            return;
+        }
+        n.in_flight.insert(id.clone());
+        n.undecided_changes.insert(id.clone());
+        n.touched.insert(id.clone(), expect);
+        // The first system call happens now, the others as planned.
+        let mut at = self.now;
+        let n_steps = steps.len();
+        for (i, step) in steps.into_iter().enumerate() {
+            let last = i + 1 == n_steps;
+            if i == 0 {
+                self.step(node, id.clone(), step, last);
+            } else {
+                at += step.after_ms;
+                self.schedule(at, Event::Step { node, id: id.clone(), step, last });
+            }
+        }
+    }
+
+    /// One system call on a master's folders, heard by its agent if it is running.
+    fn step(&mut self, node: usize, id: MinionId, step: Step, last: bool) {
+        let n = &mut self.nodes[node];
+        for change in &step.changes {
+            n.disk.change(change);
+        }
+        if last {
+            n.in_flight.remove(&id);
+        }
+        if n.up() && !step.events.is_empty() {
+            self.inotify(node, step.events);
+        }
+    }
+
+    // ---- the network ----
+
+    pub(crate) fn send(&mut self, from: usize, to: usize, msg: Msg) {
+        if self.partition.as_ref().is_some_and(|(_, side)| side[from] != side[to]) {
+            self.stats.lost += 1;
+            return;
+        }
+        if !self.reliable && self.rng.percent(DROP_PCT) {
+            self.stats.dropped += 1;
+            return;
+        }
+        let at = self.now + self.rng.between(1, 30);
+        if !self.reliable && self.rng.percent(DUP_PCT) {
+            self.stats.duplicated += 1;
+            let again = at + self.rng.between(0, 200);
+            self.schedule(again, Event::Deliver { from, to, msg: msg.clone() });
+        }
+        self.schedule(at, Event::Deliver { from, to, msg });
+    }
+
+    fn deliver(&mut self, from: usize, to: usize, msg: Msg) {
+        if !self.nodes[to].up() || self.partition.as_ref().is_some_and(|(_, side)| side[from] != side[to]) {
+            self.stats.lost += 1;
+            return;
+        }
+        let peer: std::sync::Arc<str> = self.nodes[from].name.as_str().into();
+        match msg {
+            Msg::Push(decisions) => {
+                self.input(to, |machine, rt, now| machine.on_batches(vec![(peer, decisions)], now, rt));
+            }
+            Msg::DiffReq { session, digests } => {
+                if let Some((buckets, summaries)) = self.input(to, |machine, _, _| machine.diff(&digests)) {
+                    self.send(to, from, Msg::DiffResp { session, buckets, summaries });
+                }
+            }
+            Msg::FetchReq { session, ids } => {
+                if let Some(decisions) = self.input(to, |machine, rt, _| machine.fetch(&ids, rt)) {
+                    self.send(to, from, Msg::FetchResp { session, ids, decisions });
+                }
+            }
+            Msg::DiffResp { session, buckets, summaries } => self.on_diff(to, from, session, buckets, summaries),
+            Msg::FetchResp { session, ids, decisions } => self.on_fetched(to, from, session, ids, decisions),
+        }
+    }
+}
+
+/// A cheap signature of an event for the trace hash.
+fn event_kind(event: &Event) -> (u8, usize, usize) {
+    match event {
+        Event::Operator => (0, 0, 0),
+        Event::Step { node, .. } => (1, *node, 0),
+        Event::Fs { node, events, .. } => (2, *node, events.len()),
+        Event::Tick { node, .. } => (3, *node, 0),
+        Event::Deliver { from, to, msg } => (
+            4 + match msg {
+                Msg::Push(_) => 0,
+                Msg::DiffReq { .. } => 1,
+                Msg::DiffResp { .. } => 2,
+                Msg::FetchReq { .. } => 3,
+                Msg::FetchResp { .. } => 4,
+            },
+            *from,
+            *to,
+        ),
+        Event::AntiEntropy { node, .. } => (10, *node, 0),
+        Event::Timeout { node, peer, .. } => (11, *node, *peer),
+        Event::Fault => (12, 0, 0),
+        Event::Restart { node, .. } => (13, *node, 0),
+        Event::Join { node } => (14, *node, 0),
+        Event::Heal { .. } => (15, 0, 0),
+        Event::DiskHeals { node } => (16, *node, 0),
+        Event::Calm => (17, 0, 0),
+        Event::Final => (18, 0, 0),
+        Event::FinalRound => (19, 0, 0),
+    }
+}

@@ -1,0 +1,154 @@
+//! The end of a run, judged in Jepsen's set-full terms over every decision
+//! made durable anywhere: lost (the newest decision is held nowhere), stale
+//! (a master left on an older version), resurrected (a master trusting a
+//! key the final decision deleted or rejected), never applied (a master
+//! whose folders do not say what it holds); plus propagation latency in
+//! virtual time, and the late joiner's files never overriding the cluster.
+
+use super::*;
+use keysync_machine::core::Verdict;
+
+/// What a run found; every count but the latencies must be 0.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Verdicts {
+    pub(crate) lost: u64,
+    pub(crate) stale: u64,
+    pub(crate) resurrected: u64,
+    pub(crate) never_applied: u64,
+    /// Milliseconds from a live decision's durability on its origin to its
+    /// application on each other master.
+    pub(crate) latencies_ms: Vec<u64>,
+}
+
+impl Sim {
+    pub(crate) fn judge(&mut self) {
+        let winners: BTreeMap<MinionId, Decision> = self
+            .made
+            .iter()
+            .map(|(id, ds)| {
+                (id.clone(), ds.iter().map(|m| &m.decision).max_by(|a, b| a.version.cmp(&b.version)).unwrap().clone())
+            })
+            .collect();
+        let mut verdicts = Verdicts::default();
+        let mut problems = Vec::new();
+        for (idx, n) in self.nodes.iter().enumerate() {
+            let Some(machine) = &n.machine else {
+                self.fail(format!("{} is not running at the end", n.name));
+            };
+            if !machine.is_quiet() || !n.touched.is_empty() || !n.in_flight.is_empty() {
+                self.fail(format!("{} did not come to rest", n.name));
+            }
+            for id in &self.ids {
+                let held = machine.entry(id);
+                let winner = winners.get(id);
+                match (held, winner) {
+                    (None, None) => {}
+                    (Some(held), Some(winner)) if held.version == winner.version => {}
+                    (Some(held), Some(winner)) if held.version < winner.version => {
+                        verdicts.stale += 1;
+                        problems.push(format!(
+                            "{}: {id} stale at {}, the newest is {}",
+                            n.name, held.version, winner.version
+                        ));
+                    }
+                    (held, winner) => {
+                        verdicts.lost += 1;
+                        problems.push(format!(
+                            "{}: {id} holds {:?}, the newest made anywhere is {:?}",
+                            n.name,
+                            held.map(|h| &h.version),
+                            winner.map(|w| &w.version)
+                        ));
+                    }
+                }
+                // The folders say what the node holds, byte for byte.
+                let name = id.as_str();
+                let (accepted, rejected) = (n.disk.get(Folder::Accepted, name), n.disk.get(Folder::Rejected, name));
+                let verdict = n.store.decisions.get(id).map(|d| &d.verdict);
+                let ok = match verdict {
+                    Some(Verdict::Accepted(key)) => {
+                        accepted.map(Vec::as_slice) == Some(key.bytes()) && rejected.is_none()
+                    }
+                    Some(Verdict::Rejected(key)) => {
+                        rejected.map(Vec::as_slice) == Some(key.bytes()) && accepted.is_none()
+                    }
+                    Some(Verdict::Deleted) | None => accepted.is_none() && rejected.is_none(),
+                };
+                if !ok {
+                    let trusts = accepted.is_some() && !matches!(verdict, Some(Verdict::Accepted(_)));
+                    if trusts
+                        && matches!(winners.get(id).map(|w| &w.verdict), Some(Verdict::Deleted | Verdict::Rejected(_)))
+                    {
+                        verdicts.resurrected += 1;
+                    } else {
+                        verdicts.never_applied += 1;
+                    }
+                    problems.push(format!(
+                        "{}: folders for {id} are {:?}, it holds {verdict:?}",
+                        n.name,
+                        n.disk.slots(name)
+                    ));
+                }
+            }
+            for name in n.disk.names() {
+                if !self.ids.iter().any(|id| id.as_str() == name) {
+                    problems.push(format!("{} has a stray file {name}", n.name));
+                }
+            }
+            if n.store
+                .decisions
+                .values()
+                .map(|d| (&d.id, &d.version))
+                .ne(machine_versions(machine).iter().map(|(i, v)| (i, v)))
+            {
+                problems.push(format!("{}: the store does not hold what the node holds", n.name));
+            }
+            let _ = idx;
+        }
+        // Every master computes the same digests from the same entries.
+        let digests: BTreeSet<Vec<u64>> =
+            self.nodes.iter().filter_map(|n| n.machine.as_ref()).map(|m| m.digests()).collect();
+        if digests.len() > 1 {
+            problems.push(format!("{} different digest sets at the end", digests.len()));
+        }
+        // A master's first-start files never override what the cluster held when it joined.
+        let joiner = self.joiner.map(|j| self.nodes[j].name.clone());
+        for (id, held) in &self.held_at_join {
+            let winner = &winners[id];
+            let by_joiner = winner.version.is_bootstrap() && Some(&*winner.version.node) == joiner.as_deref();
+            if winner.verdict != held.verdict && by_joiner {
+                problems
+                    .push(format!("the late joiner's files overrode {id}: {:?} {}", winner.verdict, winner.version));
+            }
+        }
+        // Propagation: each live decision, from durable at its origin to applied on each other master.
+        for made in self.made.values().flatten() {
+            let d = &made.decision;
+            if d.version.is_bootstrap() {
+                continue;
+            }
+            for node in 0..self.nodes.len() {
+                if *self.nodes[node].name == *d.version.node {
+                    continue;
+                }
+                if let Some(at) = self.applied_at.get(&(node, d.id.clone(), d.version.clone())) {
+                    verdicts.latencies_ms.push(at.saturating_sub(made.at));
+                }
+            }
+        }
+        if !problems.is_empty() {
+            self.fail(format!(
+                "lost {}, stale {}, resurrected {}, never applied {}: {problems:#?}",
+                verdicts.lost, verdicts.stale, verdicts.resurrected, verdicts.never_applied
+            ));
+        }
+        self.stats.verdicts = verdicts;
+    }
+}
+
+fn machine_versions(machine: &Node) -> Vec<(MinionId, Version)> {
+    let mut versions: Vec<(MinionId, Version)> =
+        machine.entries().map(|(id, e)| (id.clone(), e.version.clone())).collect();
+    versions.sort();
+    versions
+}

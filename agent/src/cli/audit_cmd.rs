@@ -1,0 +1,306 @@
+//! `salt-keysync audit`: review the audit log (table or JSON lines, filters,
+//! `--follow`) and `audit verify` its hash chain. Exit status: 0 fine, 1 the
+//! chain is broken, 2 the log cannot be read or the arguments are wrong.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::disk::audit::{each_line, parse_time_bound, verify_files, Filter, Follower, Line, Record};
+use clap::{Args, Subcommand};
+
+const EXIT_BROKEN: i32 = 1;
+const EXIT_UNREADABLE: i32 = 2;
+/// How often `--follow` looks for new lines.
+const FOLLOW_POLL: Duration = Duration::from_millis(250);
+
+const EXAMPLES: &str = "\
+Examples:
+  salt-keysync audit                                  every record, as a table
+  salt-keysync audit --minion 'web*' --since 2h       web* minions, last two hours
+  salt-keysync audit --action accept,reject --origin master-b
+  salt-keysync audit --since 2026-11-21T08:00:00Z --until 2026-11-21T12:00:00Z --json
+  salt-keysync audit --follow --action refuse,conflict
+  salt-keysync audit --file audit.jsonl.1 --file audit.jsonl   rotated files too, oldest first
+  salt-keysync audit verify
+  salt-keysync audit verify audit.jsonl.2 audit.jsonl.1 audit.jsonl
+
+Filters combine (all must match); --action and --origin take several values,
+comma-separated or repeated. Times are RFC 3339, a date (midnight UTC), or a
+duration ago (2h, 30m, 1day).
+
+Exit status: 0 success (verify: chain intact), 1 verify found the chain
+broken (the first bad record is named), 2 the log cannot be read.";
+
+const VERIFY_EXAMPLES: &str = "\
+Examples:
+  salt-keysync audit verify                      the config's audit_log
+  salt-keysync audit verify --config /etc/salt-keysync/config.toml
+  salt-keysync audit verify audit.jsonl.1 audit.jsonl    rotated files, oldest first
+
+Each record holds the sha256 of the line before it (prev) and a sequence
+number (seq). verify names the first bad record and why: edited, removed
+(a gap in seq) or reordered. A file that continues a rotated one starts with
+a `continue` record: alone it verifies with a note; give the older files
+first to check the link. A torn last line (crash during a write) is a
+warning. Exit status: 0 intact, 1 broken, 2 unreadable.";
+
+#[derive(Args)]
+#[command(after_help = EXAMPLES, args_conflicts_with_subcommands = true)]
+pub struct AuditArgs {
+    #[command(subcommand)]
+    command: Option<AuditCommand>,
+    /// Read this audit file instead of the config's `audit_log`; repeat for
+    /// rotated files, oldest first (--follow follows the last).
+    #[arg(long, value_name = "PATH")]
+    file: Vec<PathBuf>,
+    /// Print the matching records as they are in the log, one JSON object per line.
+    #[arg(long)]
+    json: bool,
+    /// Only records for minion ids matching this glob (`web*`, `db-[0-9]?`).
+    #[arg(long, value_name = "GLOB")]
+    minion: Option<String>,
+    /// Only these actions (accept, reject, delete, pending, conflict, refuse, connect, ...).
+    #[arg(long, value_name = "ACTION", value_delimiter = ',')]
+    action: Vec<String>,
+    /// Only decisions made on these nodes.
+    #[arg(long, value_name = "NODE", value_delimiter = ',')]
+    origin: Vec<String>,
+    /// Only records at or after TIME (RFC 3339, a date, or a duration ago: 2h, 30m).
+    #[arg(long, value_name = "TIME")]
+    since: Option<String>,
+    /// Only records at or before TIME (same forms as --since).
+    #[arg(long, value_name = "TIME")]
+    until: Option<String>,
+    /// Keep printing records as they are appended (follows log rotation).
+    #[arg(short, long)]
+    follow: bool,
+}
+
+#[derive(Subcommand)]
+enum AuditCommand {
+    /// Check the hash chain and name the first bad record.
+    #[command(after_help = VERIFY_EXAMPLES)]
+    Verify {
+        /// Audit files in chain order, oldest first (default: the config's audit_log).
+        files: Vec<PathBuf>,
+    },
+}
+
+/// Runs `audit`; returns the exit status.
+pub fn audit(config: &Path, args: &AuditArgs) -> i32 {
+    match run(config, args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("salt-keysync: {e:#}");
+            EXIT_UNREADABLE
+        }
+    }
+}
+
+fn run(config: &Path, args: &AuditArgs) -> anyhow::Result<i32> {
+    let configured = || -> anyhow::Result<PathBuf> { Ok(Config::load(config)?.audit_log) };
+    match &args.command {
+        Some(AuditCommand::Verify { files }) => {
+            let files = if files.is_empty() { vec![configured()?] } else { files.clone() };
+            verify(&files)
+        }
+        None => {
+            let paths = if args.file.is_empty() { vec![configured()?] } else { args.file.clone() };
+            let filter = filter(args)?;
+            let mut out = Output::new(args.json);
+            for (idx, path) in paths.iter().enumerate() {
+                let follow = args.follow && idx + 1 == paths.len();
+                match list(path, &filter, &mut out, follow) {
+                    Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(0),
+                    Err(e) => anyhow::bail!("cannot read audit log {}: {e}", path.display()),
+                    Ok(()) => {}
+                }
+            }
+            Ok(0)
+        }
+    }
+}
+
+fn filter(args: &AuditArgs) -> anyhow::Result<Filter> {
+    let now = time::OffsetDateTime::now_utc();
+    let bound = |flag: &str, text: &Option<String>| -> anyhow::Result<_> {
+        text.as_deref().map(|t| parse_time_bound(t, now)).transpose().map_err(|e| anyhow::anyhow!("{flag}: {e}"))
+    };
+    let minion = match &args.minion {
+        Some(glob) => {
+            Some(glob::Pattern::new(glob).map_err(|e| anyhow::anyhow!("--minion: {glob:?} is not a glob: {e}"))?)
+        }
+        None => None,
+    };
+    Ok(Filter {
+        minion,
+        actions: args.action.clone(),
+        origins: args.origin.clone(),
+        since: bound("--since", &args.since)?,
+        until: bound("--until", &args.until)?,
+    })
+}
+
+fn verify(files: &[PathBuf]) -> anyhow::Result<i32> {
+    let report = verify_files(files)?;
+    let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    for note in &report.notes {
+        println!("note: {note}");
+    }
+    for warning in &report.warnings {
+        eprintln!("warning: {warning}");
+    }
+    match report.broken {
+        None => {
+            println!("ok: {} records in {}, chain intact", report.n_records, names.join(", "));
+            Ok(0)
+        }
+        Some(bad) => {
+            println!("BROKEN: {} line {}: {}", bad.file.display(), bad.line, bad.why);
+            Ok(EXIT_BROKEN)
+        }
+    }
+}
+
+/// Prints the records of `path` that match; with `follow`, then waits for more.
+fn list(path: &Path, filter: &Filter, out: &mut Output, follow: bool) -> io::Result<()> {
+    if !follow {
+        let file = std::fs::File::open(path)?;
+        let mut rows = Vec::new();
+        let torn = each_line(io::BufReader::new(file), 1, |line| {
+            if let Some(record) = keep(path, line, filter) {
+                rows.push(record);
+            }
+        })?;
+        if let Some(torn) = torn {
+            eprintln!("warning: {}", torn.warning(path));
+        }
+        return out.print(&rows);
+    }
+    let mut follower = Follower::new(path);
+    loop {
+        let polled = follower.poll()?;
+        if let Some(how) = polled.rotated {
+            eprintln!("note: {} was {how} (log rotation); following the new file", path.display());
+        }
+        let rows: Vec<(String, Record)> = polled.lines.into_iter().filter_map(|l| keep(path, l, filter)).collect();
+        out.print(&rows)?;
+        std::thread::sleep(FOLLOW_POLL);
+    }
+}
+
+/// The line and its record when it matches; warns about lines that are not records.
+fn keep(path: &Path, line: Line, filter: &Filter) -> Option<(String, Record)> {
+    match line.record {
+        Ok(record) => filter.matches(&record).then_some((line.raw, record)),
+        Err(why) => {
+            eprintln!("warning: {} line {}: {why}; skipped", path.display(), line.number);
+            None
+        }
+    }
+}
+
+/// Table or JSON lines on stdout.
+struct Output {
+    json: bool,
+    header_done: bool,
+}
+
+const HEADERS: [&str; 9] = ["TIME", "NODE", "ACTION", "OUTCOME", "MINION", "ORIGIN", "VIA", "FINGERPRINT", "DETAIL"];
+/// Minimum widths, so `--follow` batches line up in the common case.
+const MIN_WIDTHS: [usize; 9] = [20, 8, 8, 10, 16, 8, 8, 23, 0];
+
+impl Output {
+    fn new(json: bool) -> Output {
+        Output { json, header_done: false }
+    }
+
+    fn print(&mut self, rows: &[(String, Record)]) -> io::Result<()> {
+        let stdout = io::stdout();
+        let mut w = stdout.lock();
+        if self.json {
+            for (raw, _) in rows {
+                writeln!(w, "{raw}")?;
+            }
+            return w.flush();
+        }
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let cells: Vec<[String; 9]> = rows.iter().map(|(_, r)| cells(r)).collect();
+        let mut widths = MIN_WIDTHS;
+        for (i, header) in HEADERS.iter().enumerate() {
+            widths[i] = widths[i].max(header.len());
+        }
+        for row in &cells {
+            for (i, cell) in row.iter().enumerate() {
+                widths[i] = widths[i].max(cell.chars().count());
+            }
+        }
+        let line = |w: &mut io::StdoutLock, row: &[&str]| -> io::Result<()> {
+            let mut text = String::new();
+            for (i, cell) in row.iter().enumerate() {
+                if i + 1 == row.len() {
+                    text.push_str(cell);
+                } else {
+                    text.push_str(&format!("{cell:<width$}  ", width = widths[i]));
+                }
+            }
+            writeln!(w, "{}", text.trim_end())
+        };
+        if !self.header_done {
+            line(&mut w, &HEADERS)?;
+            self.header_done = true;
+        }
+        for row in &cells {
+            line(&mut w, &row.each_ref().map(String::as_str))?;
+        }
+        w.flush()
+    }
+}
+
+fn cells(r: &Record) -> [String; 9] {
+    let time = time::OffsetDateTime::parse(&r.time, &time::format_description::well_known::Rfc3339)
+        .ok()
+        .and_then(|t| {
+            t.format(time::macros::format_description!("[year]-[month]-[day] [hour]:[minute]:[second]Z")).ok()
+        })
+        .unwrap_or_else(|| r.time.clone());
+    let mut detail: Vec<String> = Vec::new();
+    if let Some(reason) = &r.reason {
+        detail.push(reason.clone());
+    }
+    if let Some(other) = &r.other_fingerprint {
+        detail.push(format!("other key {}", short_fingerprint(other)));
+    }
+    if let Some(peer) = &r.peer {
+        detail.push(format!("peer {peer}"));
+    }
+    if let Some(remote) = &r.remote {
+        detail.push(format!("from {remote}"));
+    }
+    let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+    [
+        time,
+        r.node.clone(),
+        r.action.clone(),
+        r.outcome.clone(),
+        dash(&r.minion),
+        dash(&r.origin),
+        r.via.clone(),
+        r.fingerprint.as_deref().map_or_else(|| "-".into(), short_fingerprint),
+        detail.join("; "),
+    ]
+}
+
+/// The first eight bytes of a colon-hex fingerprint, enough to tell keys apart
+/// in a table (`--json` has the whole).
+fn short_fingerprint(fp: &str) -> String {
+    if fp.chars().count() > 23 {
+        format!("{}…", fp.chars().take(23).collect::<String>())
+    } else {
+        fp.to_string()
+    }
+}

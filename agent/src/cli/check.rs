@@ -1,0 +1,56 @@
+//! `salt-keysync check`: validates a set-up without starting the agent and
+//! says plainly what is wrong.
+
+use std::path::Path;
+
+use crate::config::Config;
+use crate::core::Folder;
+use crate::setup::{load_tls, salt_owner};
+use anyhow::{bail, Result};
+
+pub fn check(path: &Path) -> Result<()> {
+    let config = Config::load(path)?;
+    let mut problems = Vec::new();
+    let ok = |what: String| println!("ok   {what}");
+    ok(format!("config {} ({} peers)", path.display(), config.peers.len()));
+    let mut too_open: Vec<String> =
+        crate::disk::perms::check_config_file(path).err().map(|e| e.to_string()).into_iter().collect();
+    too_open.extend(crate::disk::perms::check_config_paths(&config).iter().map(ToString::to_string));
+    if too_open.is_empty() {
+        ok("permissions of the config, TLS files, state_dir and pki_dir".into());
+    }
+    problems.extend(too_open);
+    match load_tls(&config) {
+        Ok(tls) => {
+            let days_left = (tls.own_not_after() - time::OffsetDateTime::now_utc().unix_timestamp()) / 86_400;
+            if days_left < 0 {
+                problems.push(format!("tls.cert {} has expired", config.tls.cert.display()));
+            } else {
+                ok(format!("certificate for {:?}, expires in {days_left} days", config.node));
+            }
+        }
+        Err(e) => problems.push(format!("{e:#}")),
+    }
+    for folder in Folder::ALL {
+        let dir = config.pki_dir.join(folder.dir_name());
+        if !dir.is_dir() {
+            problems.push(format!("{} is missing (has the salt-master run once?)", dir.display()));
+        }
+    }
+    if let Err(e) = salt_owner(&config) {
+        problems.push(format!("{e:#}"));
+    }
+    match crate::disk::salt_master::check_master_config(&config.salt.master_config) {
+        Ok(Some(note)) => ok(note),
+        Ok(None) => ok(format!("no master config at {} (defaults assumed)", config.salt.master_config.display())),
+        Err(e) => problems.push(e),
+    }
+    if problems.is_empty() {
+        println!("all checks passed");
+        return Ok(());
+    }
+    for problem in &problems {
+        println!("FAIL {problem}");
+    }
+    bail!("{} problem(s) found", problems.len())
+}

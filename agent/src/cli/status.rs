@@ -1,0 +1,196 @@
+//! `salt-keysync status`: asks the running agent over its control socket
+//! and prints what it knows, as a table or as JSON.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::disk::health::UNSET;
+use crate::ops::board::{LinkState, PeerStatus, StatusReport};
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    #[error("salt-keysync is not running (no control socket at {0}): start it with `systemctl start salt-keysync`")]
+    NotRunning(String),
+    #[error("salt-keysync is not running (nothing answers on {0}, left by an agent that was killed): start it with `systemctl start salt-keysync`")]
+    Stale(String),
+    #[error("cannot reach the agent at {path}: {source} (run status as the agent's user, usually root)")]
+    Denied { path: String, source: std::io::Error },
+    #[error("the agent at {path} did not answer: {message}")]
+    NoAnswer { path: String, message: String },
+}
+
+/// Asks the agent listening on `socket` for its status.
+pub fn query(socket: &Path) -> Result<StatusReport, StatusError> {
+    let path = socket.display().to_string();
+    let mut stream = UnixStream::connect(socket).map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => StatusError::NotRunning(path.clone()),
+        std::io::ErrorKind::ConnectionRefused => StatusError::Stale(path.clone()),
+        _ => StatusError::Denied { path: path.clone(), source },
+    })?;
+    let no_answer = |message: String| StatusError::NoAnswer { path: path.clone(), message };
+    stream.set_read_timeout(Some(TIMEOUT)).map_err(|e| no_answer(e.to_string()))?;
+    stream.set_write_timeout(Some(TIMEOUT)).map_err(|e| no_answer(e.to_string()))?;
+    stream.write_all(b"status\n").map_err(|e| no_answer(e.to_string()))?;
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line).map_err(|e| no_answer(e.to_string()))?;
+    serde_json::from_str(&line).map_err(|e| no_answer(format!("unreadable reply ({e}): {}", line.trim())))
+}
+
+/// The human-readable form: summary lines, then one row per peer, then
+/// drift and anti-entropy details.
+pub fn render(report: &StatusReport) -> String {
+    let now = parse_time(&report.now);
+    let ago = |time: &Option<String>| match (time.as_deref().and_then(parse_time), now) {
+        (Some(t), Some(now)) => {
+            format!("{} ago", humantime::format_duration(Duration::from_secs((now - t).max(0) as u64)))
+        }
+        _ => "never".to_string(),
+    };
+    let mut out = String::new();
+    let k = &report.keys;
+    out.push_str(&format!("node      {} (salt-keysync {}, started {})\n", report.node, report.version, report.started));
+    out.push_str(&format!(
+        "keys      {} accepted, {} rejected, {} pending, {} deleted (tombstones)\n",
+        k.accepted, k.rejected, k.pending, k.deleted
+    ));
+    out.push_str(&format!("master    master.pub {}\n", report.health.master_pub.as_deref().unwrap_or("unknown")));
+    for error in &report.health.errors {
+        out.push_str(&format!("          ! {error}\n"));
+    }
+    out.push('\n');
+    let header = ["PEER", "STATE", "LAST CONTACT", "LACKS FROM US", "WE LACK", "MASTER.PUB", "SETTINGS"];
+    let mut rows: Vec<[String; 7]> = vec![header.map(String::from)];
+    for peer in &report.peers {
+        let (they_lack, we_lack) = match &peer.anti_entropy {
+            Some(run) => (run.peer_lacked.to_string(), run.we_lacked.to_string()),
+            None => ("?".into(), "?".into()),
+        };
+        rows.push([
+            peer.name.clone(),
+            peer.state.to_string(),
+            ago(&peer.last_contact),
+            they_lack,
+            we_lack,
+            master_pub_cell(peer),
+            settings_cell(peer),
+        ]);
+    }
+    let widths: Vec<usize> = (0..7).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
+    for row in &rows {
+        let line: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out.push_str("\n(lacks: counts from the last anti-entropy digest comparison with that peer)\n");
+    for peer in &report.peers {
+        if peer.state != LinkState::Up {
+            if let Some(error) = &peer.last_error {
+                out.push_str(&format!("{}: {} — {error}\n", peer.name, peer.state));
+            }
+        }
+        if let Some(run) = &peer.anti_entropy {
+            out.push_str(&format!(
+                "{}: anti-entropy {}: {} differing buckets, pushed {}, fetched {} ({} applied), {} B sent, {} B received\n",
+                peer.name,
+                ago(&Some(run.at.clone())),
+                run.differing_buckets,
+                run.peer_lacked,
+                run.we_lacked,
+                run.applied,
+                run.bytes_sent,
+                run.bytes_received
+            ));
+        }
+        if peer.drift.master_pub_mismatch {
+            let theirs = peer.health.as_ref().and_then(|h| h.master_pub.as_deref()).unwrap_or("?");
+            out.push_str(&format!(
+                "{}: MASTER KEY MISMATCH: its master.pub is {theirs}; every master must share one master.pem/master.pub\n",
+                peer.name
+            ));
+        }
+        if !peer.drift.settings.is_empty() {
+            out.push_str(&format!(
+                "{}: SETTINGS DRIFT: {} not the same as on this master (Salt's multi-master set-up needs them equal)\n",
+                peer.name,
+                peer.drift.settings.join(", ")
+            ));
+        }
+    }
+    out
+}
+
+fn master_pub_cell(peer: &PeerStatus) -> String {
+    match (&peer.health, peer.drift.master_pub_mismatch) {
+        (_, true) => "MISMATCH".into(),
+        (Some(health), false) if health.master_pub.is_some() => "same".into(),
+        _ => "unknown".into(),
+    }
+}
+
+fn settings_cell(peer: &PeerStatus) -> String {
+    match &peer.health {
+        _ if !peer.drift.settings.is_empty() => format!("DRIFT: {}", peer.drift.settings.join(",")),
+        Some(health) if !health.settings.is_empty() => {
+            let n_set = health.settings.values().filter(|v| *v != UNSET).count();
+            format!("same ({n_set} set)")
+        }
+        _ => "unknown".into(),
+    }
+}
+
+fn parse_time(text: &str) -> Option<i64> {
+    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok().map(|t| t.unix_timestamp())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::disk::health::{Drift, MasterHealth};
+    use crate::ops::board::{AntiEntropyRun, KeyCounts};
+
+    #[test]
+    fn table_shows_state_lag_and_drift() {
+        let peer = |name: &str, state: LinkState| PeerStatus {
+            name: name.into(),
+            address: "10.0.0.2:4515".into(),
+            state,
+            last_error: None,
+            last_contact: Some("2026-11-21T12:00:00Z".into()),
+            anti_entropy: None,
+            health: None,
+            drift: Drift::default(),
+        };
+        let report = StatusReport {
+            node: "master-a".into(),
+            version: "0.1.0".into(),
+            now: "2026-11-21T12:00:05Z".into(),
+            started: "2026-11-21T11:00:00Z".into(),
+            keys: KeyCounts { accepted: 3, rejected: 1, pending: 2, deleted: 4 },
+            health: MasterHealth { master_pub: Some("aa:bb".into()), ..MasterHealth::default() },
+            peers: vec![
+                PeerStatus {
+                    anti_entropy: Some(AntiEntropyRun { peer_lacked: 7, we_lacked: 2, ..AntiEntropyRun::default() }),
+                    health: Some(MasterHealth { master_pub: Some("cc:dd".into()), ..MasterHealth::default() }),
+                    drift: Drift { master_pub_mismatch: true, settings: vec!["publisher_acl".into()] },
+                    ..peer("master-b", LinkState::Up)
+                },
+                PeerStatus { last_error: Some("connection refused".into()), ..peer("master-c", LinkState::Down) },
+            ],
+        };
+        let text = render(&report);
+        for want in [
+            "3 accepted, 1 rejected, 2 pending, 4 deleted",
+            "master-b  up     5s ago",
+            "7              2        MISMATCH    DRIFT: publisher_acl",
+            "master-c: down — connection refused",
+            "master-b: MASTER KEY MISMATCH: its master.pub is cc:dd",
+            "master-b: SETTINGS DRIFT: publisher_acl",
+        ] {
+            assert!(text.contains(want), "{want:?} missing from:\n{text}");
+        }
+    }
+}

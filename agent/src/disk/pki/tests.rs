@@ -1,0 +1,269 @@
+//! The key folders' contract: safe reads, staged and adopted writes,
+//! parallel writers, `.dfn`.
+
+use super::*;
+use crate::core::Version;
+use keysync_machine::testkit::PUB;
+
+fn setup() -> (tempfile::TempDir, Pki) {
+    let dir = tempfile::tempdir().unwrap();
+    let owner = Owner::of_path(dir.path()).unwrap();
+    let pki = Pki::new(dir.path().to_path_buf(), owner);
+    pki.ensure_folders().unwrap();
+    (dir, pki)
+}
+
+fn decision(verdict: Verdict) -> Decision {
+    Decision { id: MinionId::parse("web01").unwrap(), verdict, version: Version::new(1, "a"), supersedes: None }
+}
+
+#[test]
+fn apply_moves_the_id_between_folders() {
+    let (dir, pki) = setup();
+    let other = PUB.replace("mwIDAQAB", "mwIDAQAC");
+    fs::write(dir.path().join("minions_pre/web01"), &other).unwrap();
+    let key = PublicKey::new(PUB.as_bytes());
+    let applied = pki.apply(&decision(Verdict::Accepted(key.clone()))).unwrap();
+    assert_eq!(applied.discarded_pending.unwrap().bytes(), other.as_bytes());
+    assert_eq!(applied.changes, [(Folder::Accepted, FsChange::MovedIn), (Folder::Pending, FsChange::Gone)]);
+    assert_eq!(fs::read(dir.path().join("minions/web01")).unwrap(), PUB.as_bytes());
+    let mode = fs::metadata(dir.path().join("minions/web01")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, KEY_MODE);
+    assert_eq!(pki.read_slots(&decision(Verdict::Deleted).id).pending, Slot::Absent);
+
+    let applied = pki.apply(&decision(Verdict::Rejected(key))).unwrap();
+    assert_eq!(applied.changes, [(Folder::Rejected, FsChange::MovedIn), (Folder::Accepted, FsChange::Gone)]);
+    assert!(!dir.path().join("minions/web01").exists());
+    assert!(dir.path().join("minions_rejected/web01").exists());
+    let applied = pki.apply(&decision(Verdict::Deleted)).unwrap();
+    assert_eq!(applied.changes, [(Folder::Rejected, FsChange::Gone)], "only what was there is removed");
+    assert!(pki.list().unwrap().is_empty(), "no staging file or key left");
+    assert_eq!(fs::read_dir(dir.path().join(STAGING_DIR)).unwrap().count(), 0, "staging folder empty");
+    pki.sync().unwrap();
+}
+
+#[test]
+fn a_pending_file_holding_the_decided_key_is_moved_not_copied() {
+    let (dir, pki) = setup();
+    let pending = dir.path().join("minions_pre/web01");
+    fs::write(&pending, PUB).unwrap();
+    fs::set_permissions(&pending, fs::Permissions::from_mode(0o600)).unwrap();
+    let ino = fs::metadata(&pending).unwrap().ino();
+    let key = PublicKey::new(PUB.as_bytes());
+    let applied = pki.apply(&decision(Verdict::Accepted(key.clone()))).unwrap();
+    assert!(applied.discarded_pending.is_none());
+    assert_eq!(applied.changes, [(Folder::Accepted, FsChange::Written), (Folder::Pending, FsChange::Gone)]);
+    let accepted = fs::metadata(dir.path().join("minions/web01")).unwrap();
+    assert_eq!(accepted.ino(), ino, "the pending file itself, linked into place");
+    assert_eq!(accepted.permissions().mode() & 0o777, KEY_MODE);
+    assert!(!pending.exists());
+
+    // Rejecting moves it on the same way only from minions_pre/: from
+    // minions/ the key is written anew.
+    fs::write(&pending, PUB).unwrap();
+    let ino = fs::metadata(&pending).unwrap().ino();
+    pki.apply(&decision(Verdict::Rejected(key))).unwrap();
+    assert_eq!(fs::metadata(dir.path().join("minions_rejected/web01")).unwrap().ino(), ino);
+    assert_eq!(pki.list().unwrap(), vec![(Folder::Rejected, "web01".to_string())]);
+
+    let left: Vec<_> = fs::read_dir(dir.path().join(STAGING_DIR)).unwrap().collect();
+    assert!(left.is_empty(), "a link stages nothing: {left:?}");
+
+    // Where no link can be made it is renamed: a writer of a large batch
+    // passes it through its own staging folder, made at its first use, and
+    // leaves nothing there.
+    pki.no_link.store(true, Ordering::Relaxed);
+    pki.apply(&decision(Verdict::Deleted)).unwrap();
+    fs::write(&pending, PUB).unwrap();
+    let ino = fs::metadata(&pending).unwrap().ino();
+    let applied = pki.apply_in(&decision(Verdict::Accepted(PublicKey::new(PUB.as_bytes()))), 2).unwrap();
+    assert_eq!(applied.changes, [(Folder::Pending, FsChange::Gone), (Folder::Accepted, FsChange::MovedIn)]);
+    assert_eq!(fs::metadata(dir.path().join("minions/web01")).unwrap().ino(), ino);
+    let writer = dir.path().join(STAGING_DIR).join("writer-2");
+    assert_eq!(fs::read_dir(&writer).unwrap().count(), 0, "nothing left in {}", writer.display());
+    assert_eq!(pki.list().unwrap(), vec![(Folder::Accepted, "web01".to_string())]);
+}
+
+#[test]
+fn a_pending_file_swapped_after_it_was_read_is_never_moved_into_place() {
+    let (dir, pki) = setup();
+    let key = PublicKey::new(PUB.as_bytes());
+    let pending = dir.path().join("minions_pre/web01");
+    let accepted = dir.path().join("minions/web01");
+    fs::write(dir.path().join("master.pem"), "-----BEGIN RSA PRIVATE KEY-----\n").unwrap();
+    let swaps: [&dyn Fn(); 2] = [
+        // Another file with the same bytes: not the inode that was read.
+        &|| {
+            fs::write(dir.path().join("other"), PUB).unwrap();
+            fs::rename(dir.path().join("other"), &pending).unwrap();
+        },
+        // A symbolic link to the master's private key.
+        &|| {
+            fs::remove_file(&pending).unwrap();
+            std::os::unix::fs::symlink("../master.pem", &pending).unwrap();
+        },
+    ];
+    // Reads the pending key, swaps something in under its name, adopts.
+    let swapped_then_adopted = |swap: &dyn Fn()| {
+        fs::write(&pending, PUB).unwrap();
+        let (slot, file) = pki.open_slot(Folder::Pending, "web01");
+        assert!(matches!(slot, Slot::Key(_)));
+        swap();
+        let mut changes = Vec::new();
+        let adopted = pki.adopt_pending(file.unwrap(), Folder::Accepted, "web01", &key, 0, &mut changes);
+        (adopted, changes)
+    };
+    // Adopted by a link: only the inode that was read can be linked, and it
+    // has no name left once swapped out; nothing is adopted (the caller
+    // writes the key and removes the pending name).
+    for swap in swaps {
+        let (adopted, changes) = swapped_then_adopted(swap);
+        assert_eq!(adopted, Adoption::No);
+        assert_eq!(changes, []);
+        assert!(!accepted.exists(), "nothing linked into minions/");
+        fs::remove_file(&pending).unwrap();
+    }
+    assert!(!pki.no_link.load(Ordering::Relaxed), "a swap is no reason to stop linking");
+    // A file with another name too is not linked (the agent's reads refuse
+    // hard-linked keys).
+    let (adopted, changes) = swapped_then_adopted(&|| fs::hard_link(&pending, dir.path().join("elsewhere")).unwrap());
+    assert_eq!((adopted, changes), (Adoption::No, vec![]));
+    assert!(!accepted.exists());
+    fs::remove_file(&pending).unwrap();
+
+    // Adopted by renaming (no link possible): the file under the pending
+    // name is checked after the rename, and never moved on if swapped.
+    pki.no_link.store(true, Ordering::Relaxed);
+    for swap in swaps {
+        let (adopted, changes) = swapped_then_adopted(swap);
+        assert_eq!(adopted, Adoption::No);
+        assert_eq!(changes, [(Folder::Pending, FsChange::Gone)], "it left minions_pre/, never arrived");
+        assert!(!accepted.exists(), "nothing moved into minions/");
+        let left: Vec<_> = fs::read_dir(dir.path().join("minions_pre")).unwrap().collect();
+        assert!(left.is_empty(), "the swapped-in file is gone from minions_pre/: {left:?}");
+        let staged: Vec<_> = fs::read_dir(dir.path().join(STAGING_DIR)).unwrap().collect();
+        assert!(staged.is_empty(), "the swapped-in file is removed, no private name left: {staged:?}");
+    }
+    assert!(dir.path().join("master.pem").exists());
+    // The caller then writes the key itself.
+    pki.apply(&decision(Verdict::Accepted(key))).unwrap();
+    assert_eq!(fs::read(dir.path().join("minions/web01")).unwrap(), PUB.as_bytes());
+}
+
+#[test]
+fn a_large_batch_is_written_by_several_writers_in_order() {
+    let (dir, pki) = setup();
+    let key = PublicKey::new(PUB.as_bytes());
+    let n = PARALLEL_FROM * 2 + 3;
+    let decisions: Vec<Decision> = (0..n)
+        .map(|i| Decision {
+            id: MinionId::parse(&format!("m{i:04}")).unwrap(),
+            verdict: if i % 3 == 0 { Verdict::Rejected(key.clone()) } else { Verdict::Accepted(key.clone()) },
+            version: Version::new(1, "a"),
+            supersedes: None,
+        })
+        .collect();
+    // One of them finds a different key pending: reported at its own place.
+    let other = PUB.replace("mwIDAQAB", "mwIDAQAC");
+    fs::write(dir.path().join("minions_pre/m0101"), &other).unwrap();
+    let results = pki.apply_by(&decisions.iter().collect::<Vec<_>>(), 3);
+    assert_eq!(results.len(), n);
+    for (i, result) in results.iter().enumerate() {
+        let applied = result.as_ref().unwrap();
+        assert_eq!(applied.discarded_pending.is_some(), i == 101, "m{i:04}");
+    }
+    let listed = pki.list().unwrap();
+    assert_eq!(listed.len(), n);
+    assert_eq!(listed.iter().filter(|(folder, _)| *folder == Folder::Rejected).count(), n.div_ceil(3));
+    assert_eq!(fs::read(dir.path().join("minions/m0001")).unwrap(), PUB.as_bytes());
+    let staging = dir.path().join(STAGING_DIR);
+    let writer_dirs: Vec<_> = fs::read_dir(&staging).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(writer_dirs.len(), 2, "writers 1 and 2 staged in folders of their own");
+    for writer in &writer_dirs {
+        assert_eq!(fs::read_dir(writer).unwrap().count(), 0, "{} left files", writer.display());
+    }
+    // A crash's leftovers in a writer's folder are cleaned at start.
+    fs::write(writer_dirs[0].join(".keysync-1-1"), "x").unwrap();
+    assert_eq!(pki.clean_staging().unwrap(), 1);
+}
+
+#[test]
+fn reads_refuse_what_is_not_a_plain_public_key() {
+    let (dir, pki) = setup();
+    let accepted = dir.path().join("minions");
+    fs::write(dir.path().join("master.pem"), "-----BEGIN RSA PRIVATE KEY-----\n").unwrap();
+    std::os::unix::fs::symlink("../master.pem", accepted.join("link")).unwrap();
+    fs::hard_link(dir.path().join("master.pem"), accepted.join("hard")).unwrap();
+    fs::create_dir(accepted.join("dir")).unwrap();
+    fs::write(accepted.join("big"), vec![b'A'; MAX_KEY_BYTES + 10]).unwrap();
+    fs::write(accepted.join("master.pub"), PUB).unwrap();
+    fs::write(accepted.join("good"), PUB).unwrap();
+    let refused = |name: &str| match pki.read_slot(Folder::Accepted, name) {
+        Slot::Refused(reason) => reason.to_string(),
+        other => panic!("{name}: {other:?}"),
+    };
+    assert_eq!(refused("link"), "not a regular file (symbolic link)");
+    assert_eq!(refused("hard"), "a hard link with 2 names (could be another key file)");
+    assert_eq!(refused("dir"), "not a regular file (directory)");
+    assert!(refused("big").contains("more than the 16384 byte limit"));
+    assert!(refused("master.pub").contains("master key file"));
+    assert_eq!(pki.read_slot(Folder::Pending, "master.pub"), Slot::Absent, "refused only where it is");
+    assert!(matches!(pki.read_slot(Folder::Accepted, "good"), Slot::Key(_)));
+    assert_eq!(pki.read_slot(Folder::Accepted, "missing"), Slot::Absent);
+}
+
+#[test]
+fn dfn_is_dropped_once_with_salts_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let owner = Owner::of_path(dir.path()).unwrap();
+    assert!(drop_dfn(dir.path(), "m1_master", owner).unwrap());
+    assert!(!drop_dfn(dir.path(), "m1_master", owner).unwrap());
+    let meta = fs::metadata(dir.path().join(".dfn")).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o400);
+    assert_eq!(fs::read(dir.path().join(".dfn")).unwrap(), b"m1_master");
+    assert_eq!(meta.nlink(), 1, "the staging name is gone");
+    assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+}
+
+/// What an apply says it changed is exactly what the watcher then hears
+/// (dot files aside, which the settler ignores): the echo list depends on it.
+#[test]
+fn the_changes_an_apply_reports_are_the_events_the_watcher_hears() {
+    let (dir, pki) = setup();
+    let (_watch, mut events) = crate::disk::watcher::watch(dir.path()).unwrap();
+    let pending = dir.path().join("minions_pre/web01");
+    let key = PublicKey::new(PUB.as_bytes());
+    let other = PUB.replace("mwIDAQAB", "mwIDAQAC");
+    let cases: [(&str, &dyn Fn(), Verdict); 6] = [
+        ("linked", &|| fs::write(&pending, PUB).unwrap(), Verdict::Accepted(key.clone())),
+        ("another key pending", &|| fs::write(&pending, &other).unwrap(), Verdict::Rejected(key.clone())),
+        ("moved", &|| {}, Verdict::Accepted(key.clone())),
+        ("deleted", &|| {}, Verdict::Deleted),
+        ("renamed", &|| pki.no_link.store(true, Ordering::Relaxed), Verdict::Accepted(key.clone())),
+        ("staged beside", &|| pki.stage_beside[2].store(true, Ordering::Relaxed), Verdict::Rejected(key.clone())),
+    ];
+    for (case, prepare, verdict) in cases {
+        prepare();
+        if case == "renamed" {
+            pki.apply(&decision(Verdict::Deleted)).unwrap();
+            fs::write(&pending, PUB).unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        while events.try_recv().is_ok() {}
+        let applied = pki.apply(&decision(verdict)).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let (mut heard, mut dot_files) = (Vec::new(), false);
+        while let Ok(event) = events.try_recv() {
+            match event {
+                crate::disk::watcher::WatchEvent::Change { name, .. } if name.starts_with('.') => dot_files = true,
+                crate::disk::watcher::WatchEvent::Change { folder, change, .. } => heard.push((folder, change)),
+                crate::disk::watcher::WatchEvent::Rescan(reason) => panic!("{case}: rescan: {reason}"),
+            }
+        }
+        assert_eq!(heard, applied.changes, "{case}");
+        assert!(!applied.changes.is_empty(), "{case}");
+        // Staged in the watched folder only when staging beside the key (as
+        // under the packaged unit).
+        assert_eq!(dot_files, case == "staged beside", "{case}");
+    }
+}

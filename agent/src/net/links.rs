@@ -1,0 +1,140 @@
+//! The set of outbound peer links, changed live by a config reload: a link is
+//! started for each added peer, stopped for each removed one, restarted when
+//! its address changes (or when trust changed), and left alone otherwise.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use keysync_server::TlsSetup;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Peer;
+use crate::disk::audit::AuditLog;
+use crate::net::peers::PeerLink;
+use crate::node::CoreHandle;
+
+/// What every link shares.
+pub struct LinkContext {
+    pub node: String,
+    pub tls: watch::Receiver<Arc<TlsSetup>>,
+    pub core: CoreHandle,
+    pub audit: Arc<AuditLog>,
+    pub anti_entropy_interval: Duration,
+    pub reconnect_max: Duration,
+    pub board: Arc<crate::ops::board::Board>,
+    pub tasks: TaskTracker,
+    pub shutdown: CancellationToken,
+}
+
+/// The running links by peer name.
+pub struct PeerLinks {
+    ctx: LinkContext,
+    running: BTreeMap<String, (Peer, CancellationToken)>,
+}
+
+/// What [`PeerLinks::update`] changed, by peer name.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct LinkChanges {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    /// Restarted because the address changed.
+    pub readdressed: Vec<String>,
+    /// Restarted because `restart_all` was asked (new trust anchors).
+    pub restarted: Vec<String>,
+}
+
+impl LinkChanges {
+    pub fn is_empty(&self) -> bool {
+        *self == LinkChanges::default()
+    }
+}
+
+impl std::fmt::Display for LinkChanges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        for (sign, names) in [("+", &self.added), ("-", &self.removed), ("~", &self.readdressed)] {
+            parts.extend(names.iter().map(|name| format!("{sign}{name}")));
+        }
+        if !self.restarted.is_empty() {
+            parts.push(format!("reconnected {}", self.restarted.join(",")));
+        }
+        if parts.is_empty() {
+            return f.write_str("peers unchanged");
+        }
+        write!(f, "peers {}", parts.join(" "))
+    }
+}
+
+impl PeerLinks {
+    /// Starts one link per peer.
+    pub fn start(ctx: LinkContext, peers: &[Peer]) -> PeerLinks {
+        let mut links = PeerLinks { ctx, running: BTreeMap::new() };
+        links.update(peers, false);
+        links
+    }
+
+    /// Makes the running links match `peers`. `restart_all`: restart the
+    /// links that stay too, so each connection proves itself under new trust.
+    pub fn update(&mut self, peers: &[Peer], restart_all: bool) -> LinkChanges {
+        let mut changes = LinkChanges::default();
+        self.ctx.board.set_peers(peers);
+        let wanted: BTreeMap<&str, &Peer> = peers.iter().map(|p| (p.name.as_str(), p)).collect();
+        self.running.retain(|name, (_, stop)| {
+            let keep = wanted.contains_key(name.as_str());
+            if !keep {
+                stop.cancel();
+                changes.removed.push(name.clone());
+            }
+            keep
+        });
+        for peer in peers {
+            match self.running.get(&peer.name) {
+                None => changes.added.push(peer.name.clone()),
+                Some((old, _)) if old.address != peer.address => changes.readdressed.push(peer.name.clone()),
+                Some(_) if restart_all => changes.restarted.push(peer.name.clone()),
+                Some(_) => continue,
+            }
+            if let Some((_, stop)) = self.running.remove(&peer.name) {
+                stop.cancel();
+            }
+            self.spawn(peer.clone());
+        }
+        changes
+    }
+
+    fn spawn(&mut self, peer: Peer) {
+        let stop = self.ctx.shutdown.child_token();
+        let link = PeerLink {
+            peer: peer.clone(),
+            node: self.ctx.node.clone(),
+            tls: self.ctx.tls.clone(),
+            core: self.ctx.core.clone(),
+            audit: self.ctx.audit.clone(),
+            anti_entropy_interval: self.ctx.anti_entropy_interval,
+            reconnect_max: self.ctx.reconnect_max,
+            board: self.ctx.board.clone(),
+        };
+        self.ctx.tasks.spawn(link.run(stop.clone()));
+        self.running.insert(peer.name.clone(), (peer, stop));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn changes_read_as_a_diff() {
+        let changes = LinkChanges {
+            added: vec!["master-d".into()],
+            removed: vec!["master-b".into()],
+            readdressed: vec!["master-c".into()],
+            restarted: vec![],
+        };
+        assert_eq!(changes.to_string(), "peers +master-d -master-b ~master-c");
+        assert_eq!(LinkChanges::default().to_string(), "peers unchanged");
+    }
+}

@@ -1,0 +1,385 @@
+//! Outbound replication: one task per configured peer keeps a connection,
+//! pushes this node's decisions as they happen, and runs anti-entropy on
+//! connect and periodically (pulling what the peer holds newer, pushing what
+//! this node holds newer).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use keysync_proto::v1::{self, key_sync_client::KeySyncClient};
+use keysync_proto::PROTOCOL_VERSION;
+use keysync_server::TlsSetup;
+use prost::Message;
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio::time::MissedTickBehavior;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use tracing::Instrument;
+
+use crate::config::Peer;
+use crate::core::digest::N_BUCKETS;
+use crate::core::{Decision, MinionId};
+use crate::net::wire::{decision_from_wire, decision_to_wire, health_from_wire, health_to_wire};
+use crate::node::{CoreHandle, Request};
+use crate::ops::board::{AntiEntropyRun, Board, LinkState};
+
+pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+/// Encoded bytes per pushed batch: half the message cap.
+const PUSH_BATCH_BYTES: usize = MAX_MESSAGE_BYTES / 2;
+/// Decisions per pushed batch (10,000 keys of ~450 bytes is ~5 MiB).
+const PUSH_BATCH_DECISIONS: usize = 10_000;
+
+#[derive(Debug, thiserror::Error)]
+enum SessionError {
+    #[error(transparent)]
+    Connect(#[from] keysync_server::ConnectError),
+    #[error("{0}")]
+    Rpc(#[from] tonic::Status),
+    #[error("peer answered Hello as {0:?}")]
+    WrongName(String),
+    #[error("peer closed the push stream")]
+    PushClosed,
+    #[error(transparent)]
+    CoreGone(#[from] crate::node::CoreGone),
+}
+
+pub struct PeerLink {
+    pub peer: Peer,
+    pub node: String,
+    /// The current TLS material: each connection attempt takes the latest (a reload swaps it).
+    pub tls: watch::Receiver<Arc<TlsSetup>>,
+    pub core: CoreHandle,
+    pub audit: Arc<crate::disk::audit::AuditLog>,
+    pub anti_entropy_interval: Duration,
+    pub reconnect_max: Duration,
+    /// Link state, contact times and anti-entropy results, for `status`.
+    pub board: Arc<Board>,
+}
+
+impl PeerLink {
+    /// Keeps the link up until `shutdown`, reconnecting with backoff.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let span = tracing::info_span!("peer", peer = %self.peer.name, address = %self.peer.address);
+        async move {
+            let mut backoff = FIRST_BACKOFF;
+            let mut refused_name: Option<String> = None;
+            // Audited once per distinct refusal, not at every reconnect.
+            let mut last_refusal: Option<String> = None;
+            loop {
+                let (connected_tx, mut connected_rx) = mpsc::channel(1);
+                let session = tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    result = self.session(connected_tx, &shutdown) => result,
+                };
+                // Whatever this session planned to fetch is dropped, its claims released.
+                let _ = self.core.tell(Request::Release { peer: self.peer.name.clone(), ids: None }).await;
+                if connected_rx.try_recv().is_ok() {
+                    backoff = FIRST_BACKOFF;
+                    last_refusal = None;
+                }
+                match session {
+                    Ok(()) => return,
+                    Err(e) => {
+                        tracing::warn!(error = %e, retry_in = ?backoff, "sync failed");
+                        self.board.set_state(&self.peer.name, LinkState::Down, Some(error_chain(&e)));
+                        // A peer that answers as another node is refused; audited
+                        // once per name presented, not on every retry.
+                        if let SessionError::WrongName(name) = &e {
+                            if refused_name.as_deref() != Some(name.as_str()) {
+                                self.audit.record(crate::disk::audit::Record {
+                                    peer: Some(name.clone()),
+                                    remote: Some(self.peer.address.clone()),
+                                    reason: Some(format!("{e}; expected {:?}", self.peer.name)),
+                                    ..crate::disk::audit::Record::new("refuse", &self.peer.name, "refused")
+                                });
+                                refused_name = Some(name.clone());
+                            }
+                        }
+                        self.audit_tls_refusal(&e, &mut last_refusal);
+                    }
+                }
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(self.reconnect_max);
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// A peer whose certificate this node refused (wrong name, another CA,
+    /// expired) is audited with what it presented, as the listener does.
+    fn audit_tls_refusal(&self, error: &SessionError, last: &mut Option<String>) {
+        let SessionError::Connect(connect) = error else { return };
+        let Some(refusal) = connect.tls_refusal() else { return };
+        if last.as_deref() == Some(refusal.as_str()) {
+            return;
+        }
+        self.audit.record(crate::disk::audit::Record {
+            peer: Some(self.peer.name.clone()),
+            remote: Some(self.peer.address.clone()),
+            reason: Some(format!("refused the peer's certificate: {refusal}")),
+            ..crate::disk::audit::Record::new("refuse", "network", "refused")
+        });
+        *last = Some(refusal);
+    }
+
+    async fn session(&self, connected: mpsc::Sender<()>, shutdown: &CancellationToken) -> Result<(), SessionError> {
+        let tls = self.tls.borrow().clone();
+        let mut client =
+            keysync_server::connect(&self.peer.address, &self.peer.name, &tls, MAX_MESSAGE_BYTES, CONNECT_TIMEOUT)
+                .await?;
+        let hello = self.hello(&mut client).await?;
+        // Subscribed before anti-entropy, so nothing decided meanwhile is missed.
+        let mut outgoing = self.core.subscribe();
+        // Two batches in flight: more would only queue small batches the peer
+        // then applies one by one (see the coalescing below).
+        let (push_tx, push_rx) = mpsc::channel::<v1::DecisionBatch>(2);
+        let mut acks = client.push(ReceiverStream::new(push_rx)).await?.into_inner();
+        self.anti_entropy(&mut client, &push_tx).await?;
+        let _ = connected.try_send(());
+        self.board.set_state(&self.peer.name, LinkState::Up, None);
+        tracing::info!(n_decisions = hello.n_decisions, "connected");
+
+        let mut timer = tokio::time::interval(self.anti_entropy_interval);
+        timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        timer.tick().await;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                out = outgoing.recv() => match out {
+                    Ok(out) if out.from.as_deref() == Some(self.peer.name.as_str()) => {}
+                    Ok(out) => {
+                        // Everything else already queued goes in the same push: while
+                        // the peer is busy making the last batch durable, a burst
+                        // (salt-key -A) accumulates here and is sent as one batch
+                        // rather than as many small ones, each costing it its fsyncs.
+                        let mut queued = Vec::new();
+                        while let Ok(more) = outgoing.try_recv() {
+                            if more.from.as_deref() != Some(self.peer.name.as_str()) {
+                                queued.push(more);
+                            }
+                        }
+                        if queued.is_empty() {
+                            // The usual case: nothing to gather, nothing copied.
+                            send_decisions(&push_tx, &out.decisions).await?;
+                        } else {
+                            let decisions: Vec<Decision> = std::iter::once(&out)
+                                .chain(&queued)
+                                .flat_map(|o| o.decisions.iter().cloned())
+                                .collect();
+                            send_decisions(&push_tx, &decisions).await?;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::warn!(n_batches = n, "fell behind; repairing by anti-entropy");
+                        self.anti_entropy(&mut client, &push_tx).await?;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return Ok(()),
+                },
+                ack = acks.message() => match ack? {
+                    Some(ack) => {
+                        self.board.contact(&self.peer.name);
+                        tracing::trace!(n_received = ack.n_received, n_applied = ack.n_applied, "push acknowledged");
+                    }
+                    None => return Err(SessionError::PushClosed),
+                },
+                _ = timer.tick() => {
+                    // Hello again: exchanges the masters' health, which may have changed.
+                    self.hello(&mut client).await?;
+                    self.anti_entropy(&mut client, &push_tx).await?;
+                }
+            }
+        }
+    }
+
+    /// Names this node and its master's health; records the peer's.
+    async fn hello(&self, client: &mut KeySyncClient<Channel>) -> Result<v1::HelloResponse, SessionError> {
+        let request = v1::HelloRequest {
+            node: self.node.clone(),
+            protocol_version: PROTOCOL_VERSION,
+            health: Some(health_to_wire(&self.board.refresh_local())),
+        };
+        let hello = client.hello(request).await?.into_inner();
+        if hello.node != self.peer.name {
+            return Err(SessionError::WrongName(hello.node));
+        }
+        self.board.contact(&self.peer.name);
+        self.board.peer_health(&self.peer.name, health_from_wire(hello.health.clone()));
+        Ok(hello)
+    }
+
+    /// Digests first, then only what differs: fetch what the peer holds newer,
+    /// push what this node holds newer.
+    async fn anti_entropy(
+        &self,
+        client: &mut KeySyncClient<Channel>,
+        push_tx: &mpsc::Sender<v1::DecisionBatch>,
+    ) -> Result<(), SessionError> {
+        let digests = self.core.ask(|reply| Request::Digests { reply }).await?;
+        let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests };
+        let mut run = AntiEntropyRun { bytes_sent: request.encoded_len(), ..AntiEntropyRun::default() };
+        let mut stream = client.diff(request).await?.into_inner();
+        let mut buckets = Vec::new();
+        let mut summaries = Vec::new();
+        while let Some(chunk) = stream.message().await? {
+            run.bytes_received += chunk.encoded_len();
+            buckets.extend(chunk.buckets);
+            for summary in chunk.entries {
+                // A malformed summary only means that id is not fetched.
+                let Ok(id) = MinionId::parse(&summary.minion) else { continue };
+                let Some(version) = summary.version else { continue };
+                let Ok(version) = crate::net::wire::version_from_wire(version, id.as_str()) else { continue };
+                summaries.push((id, version));
+            }
+        }
+        self.board.contact(&self.peer.name);
+        if buckets.is_empty() {
+            run.at = crate::disk::audit::now_rfc3339();
+            self.board.anti_entropy(&self.peer.name, run);
+            return Ok(());
+        }
+        let n_buckets = buckets.len();
+        let peer = self.peer.name.clone();
+        let (n_newer_there, newer_here) =
+            self.core.ask(|reply| Request::RepairCompare { peer, buckets, summaries, reply }).await?;
+        tracing::debug!(n_buckets, n_fetch = n_newer_there, n_push = newer_here.len(), "anti-entropy");
+        run.differing_buckets = n_buckets;
+        run.we_lacked = n_newer_there;
+        run.peer_lacked = newer_here.len();
+        run.bytes_sent += send_decisions(push_tx, &newer_here).await?;
+        // What to fetch, chunk by chunk, is the node's choice (in a large
+        // repair each chunk is cut to what is still missing and not being
+        // fetched by another link); the next fetch travels while the last
+        // one is applied.
+        let mut n_applied = 0;
+        let mut fetched = self.fetch_next(client).await;
+        while let Some((ids, result)) = fetched.take() {
+            let (decisions, sent, received) = match result {
+                Ok(fetched) => fetched,
+                Err(e) => {
+                    self.release(ids).await;
+                    return Err(e);
+                }
+            };
+            run.bytes_sent += sent;
+            run.bytes_received += received;
+            let peer = self.peer.name.clone();
+            let apply = self.core.ask(|reply| Request::RepairFetched { peer, ids, decisions, reply });
+            let (applied, next) = tokio::join!(apply, self.fetch_next(client));
+            n_applied += applied?;
+            fetched = next;
+        }
+        if n_applied > 0 || !newer_here.is_empty() {
+            tracing::info!(n_pulled = n_applied, n_pushed = newer_here.len(), "anti-entropy repaired differences");
+        }
+        run.applied = n_applied;
+        run.at = crate::disk::audit::now_rfc3339();
+        self.board.anti_entropy(&self.peer.name, run);
+        Ok(())
+    }
+}
+
+impl PeerLink {
+    /// Asks the node for the next ids to fetch and fetches them; `None`
+    /// when the plan is done (or the core is gone).
+    async fn fetch_next(
+        &self,
+        client: &mut KeySyncClient<Channel>,
+    ) -> Option<(Vec<MinionId>, Result<(Vec<Decision>, usize, usize), SessionError>)> {
+        let peer = self.peer.name.clone();
+        let ids = self.core.ask(|reply| Request::RepairNext { peer, reply }).await.ok()??;
+        let result = self.fetch(client, &ids).await;
+        Some((ids, result))
+    }
+
+    /// Gives ids claimed for a fetch that failed back to the other links.
+    async fn release(&self, ids: Vec<MinionId>) {
+        let _ = self.core.tell(Request::Release { peer: self.peer.name.clone(), ids: Some(ids) }).await;
+    }
+
+    /// Fetches the decisions for `ids`; returns them with the bytes sent and
+    /// received. Invalid ones are audited and left out.
+    async fn fetch(
+        &self,
+        client: &mut KeySyncClient<Channel>,
+        ids: &[MinionId],
+    ) -> Result<(Vec<Decision>, usize, usize), SessionError> {
+        let request = v1::FetchRequest { minions: ids.iter().map(ToString::to_string).collect() };
+        let sent = request.encoded_len();
+        let mut received = 0;
+        let mut stream = client.fetch(request).await?.into_inner();
+        let mut decisions: Vec<Decision> = Vec::with_capacity(ids.len());
+        while let Some(batch) = stream.message().await? {
+            received += batch.encoded_len();
+            decisions.extend(batch.decisions.into_iter().filter_map(|msg| match decision_from_wire(msg) {
+                Ok(decision) => Some(decision),
+                Err(e) => {
+                    crate::net::rpc::audit_refused(&self.audit, self.board.metrics(), &self.peer.name, &e);
+                    None
+                }
+            }));
+        }
+        Ok((decisions, sent, received))
+    }
+}
+
+/// Pushes decisions in batches of at most [`PUSH_BATCH_BYTES`] (well under
+/// the message cap) and [`PUSH_BATCH_DECISIONS`]: the peer makes each batch
+/// durable with one syncfs and one store commit, so a burst (salt-key -A)
+/// costs a few of those, not one per thousand keys. Returns the bytes sent.
+async fn send_decisions(
+    push_tx: &mpsc::Sender<v1::DecisionBatch>,
+    decisions: &[Decision],
+) -> Result<usize, SessionError> {
+    let mut n_bytes = 0;
+    let mut batch = v1::DecisionBatch::default();
+    let mut batch_bytes = 0;
+    for decision in decisions {
+        let wire = decision_to_wire(decision);
+        let len = wire_size(decision);
+        if !batch.decisions.is_empty()
+            && (batch_bytes + len > PUSH_BATCH_BYTES || batch.decisions.len() >= PUSH_BATCH_DECISIONS)
+        {
+            n_bytes += batch.encoded_len();
+            push_tx.send(std::mem::take(&mut batch)).await.map_err(|_| SessionError::PushClosed)?;
+            batch_bytes = 0;
+        }
+        batch_bytes += len;
+        batch.decisions.push(wire);
+    }
+    if !batch.decisions.is_empty() {
+        n_bytes += batch.encoded_len();
+        push_tx.send(batch).await.map_err(|_| SessionError::PushClosed)?;
+    }
+    Ok(n_bytes)
+}
+
+/// `error: cause: cause`, for `status`: the transport's top-level message
+/// alone ("connecting to peer …") does not say why.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// An upper bound of a decision's encoded size: its key, id and two
+/// versions, plus generous room for tags and lengths.
+fn wire_size(decision: &Decision) -> usize {
+    let key = decision.verdict.key().map_or(0, |key| key.bytes().len());
+    let versions = decision.version.node.len() + decision.supersedes.as_ref().map_or(0, |v| v.node.len());
+    key + decision.id.as_str().len() + versions + 64
+}

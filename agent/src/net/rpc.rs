@@ -1,0 +1,176 @@
+//! The agent's side of the gRPC service: validates what peers send and hands
+//! it to the core task. Transport events become audit records here.
+
+use std::sync::Arc;
+
+use keysync_proto::v1;
+use keysync_proto::PROTOCOL_VERSION;
+use keysync_server::{Handler, PeerName, TransportEvent};
+use tonic::Status;
+
+use crate::core::digest::N_BUCKETS;
+use crate::core::MinionId;
+use crate::disk::audit::{AuditLog, Record};
+use crate::net::wire::{decision_from_wire, decision_to_wire, health_from_wire, health_to_wire, version_to_wire};
+use crate::node::{CoreHandle, Request};
+
+/// Most ids one Fetch may ask for.
+pub const MAX_FETCH_IDS: usize = keysync_machine::node::FETCH_CHUNK;
+/// Decisions per message of a Fetch or Push stream (~0.5 MB with RSA keys).
+pub const DECISIONS_PER_BATCH: usize = 1000;
+/// Summaries per Diff chunk.
+const SUMMARIES_PER_CHUNK: usize = 20_000;
+
+pub struct RpcHandler {
+    pub node: String,
+    pub core: CoreHandle,
+    pub audit: Arc<AuditLog>,
+    /// Peer contact times and their masters' health, for `status`.
+    pub board: Arc<crate::ops::board::Board>,
+}
+
+fn core_gone(_: crate::node::CoreGone) -> Status {
+    Status::unavailable("agent is shutting down")
+}
+
+#[tonic::async_trait]
+impl Handler for RpcHandler {
+    async fn hello(&self, peer: &PeerName, req: v1::HelloRequest) -> Result<v1::HelloResponse, Status> {
+        self.board.contact(&peer.0);
+        self.board.peer_health(&peer.0, health_from_wire(req.health));
+        let n_decisions = self.core.ask(|reply| Request::Count { reply }).await.map_err(core_gone)?;
+        Ok(v1::HelloResponse {
+            node: self.node.clone(),
+            protocol_version: PROTOCOL_VERSION,
+            n_decisions: n_decisions as u64,
+            health: Some(health_to_wire(&self.board.refresh_local())),
+        })
+    }
+
+    async fn push(&self, peer: &PeerName, batch: v1::DecisionBatch) -> Result<v1::PushAck, Status> {
+        self.board.contact(&peer.0);
+        let n_received = batch.decisions.len() as u32;
+        let mut decisions = Vec::with_capacity(batch.decisions.len());
+        for msg in batch.decisions {
+            match decision_from_wire(msg) {
+                Ok(decision) => decisions.push(decision),
+                Err(e) => audit_refused(&self.audit, self.board.metrics(), &peer.0, &e),
+            }
+        }
+        let from = peer.0.clone();
+        let n_applied = self.core.ask(|reply| Request::Remote { from, decisions, reply }).await.map_err(core_gone)?;
+        Ok(v1::PushAck { n_received, n_applied })
+    }
+
+    async fn diff(&self, peer: &PeerName, req: v1::DiffRequest) -> Result<Vec<v1::DiffChunk>, Status> {
+        self.board.contact(&peer.0);
+        if req.n_buckets as usize != N_BUCKETS || req.digests.len() != N_BUCKETS {
+            return Err(Status::invalid_argument(format!(
+                "expected {N_BUCKETS} bucket digests, got n_buckets={} with {} digests",
+                req.n_buckets,
+                req.digests.len()
+            )));
+        }
+        let theirs = req.digests;
+        let (buckets, summaries) = self.core.ask(|reply| Request::Diff { theirs, reply }).await.map_err(core_gone)?;
+        let mut chunks: Vec<v1::DiffChunk> = summaries
+            .chunks(SUMMARIES_PER_CHUNK)
+            .map(|chunk| v1::DiffChunk {
+                buckets: Vec::new(),
+                entries: chunk
+                    .iter()
+                    .map(|(id, version)| v1::Summary {
+                        minion: id.to_string(),
+                        version: Some(version_to_wire(version)),
+                    })
+                    .collect(),
+            })
+            .collect();
+        if chunks.is_empty() {
+            chunks.push(v1::DiffChunk::default());
+        }
+        chunks[0].buckets = buckets;
+        Ok(chunks)
+    }
+
+    async fn fetch(&self, peer: &PeerName, req: v1::FetchRequest) -> Result<Vec<v1::DecisionBatch>, Status> {
+        self.board.contact(&peer.0);
+        if req.minions.len() > MAX_FETCH_IDS {
+            return Err(Status::invalid_argument(format!(
+                "fetch of {} ids, more than {MAX_FETCH_IDS}",
+                req.minions.len()
+            )));
+        }
+        let mut ids = Vec::with_capacity(req.minions.len());
+        for raw in &req.minions {
+            match MinionId::parse(raw) {
+                Ok(id) => ids.push(id),
+                Err(e) => {
+                    self.audit.record(Record {
+                        reason: Some(format!("fetch: {e}")),
+                        ..Record::new("refuse", &peer.0, "refused")
+                    });
+                }
+            }
+        }
+        let decisions = self.core.ask(|reply| Request::Fetch { ids, reply }).await.map_err(core_gone)?;
+        Ok(decisions
+            .chunks(DECISIONS_PER_BATCH)
+            .map(|chunk| v1::DecisionBatch { decisions: chunk.iter().map(decision_to_wire).collect() })
+            .collect())
+    }
+}
+
+/// Audits a decision from `peer` that failed validation.
+pub fn audit_refused(
+    audit: &AuditLog,
+    metrics: &crate::ops::metrics::Metrics,
+    peer: &str,
+    error: &crate::net::wire::WireError,
+) {
+    metrics.decisions_refused.inc();
+    tracing::warn!(peer, error = %error, "refused decision from peer");
+    audit.record(Record {
+        minion: error.minion().map(|m| m.escape_debug().to_string()),
+        reason: Some(error.to_string()),
+        ..Record::new("refuse", peer, "refused")
+    });
+}
+
+/// Audits what the transport reports: refused handshakes with the identity
+/// they presented, refused requests, and peers connecting.
+pub fn audit_transport(audit: Arc<AuditLog>) -> keysync_server::EventFn {
+    Arc::new(move |event| {
+        let record = match event {
+            TransportEvent::HandshakeRefused { remote, presented, reason } => Record {
+                peer: presented_names(&presented),
+                remote: Some(remote.to_string()),
+                reason: Some(format!("TLS handshake refused: {reason}")),
+                ..Record::new("refuse", "network", "refused")
+            },
+            TransportEvent::UnknownPeer { remote, presented } => Record {
+                peer: presented_names(&presented),
+                remote: Some(remote.to_string()),
+                reason: Some("certificate is valid but names no configured peer".into()),
+                ..Record::new("refuse", "network", "refused")
+            },
+            TransportEvent::RequestRefused { peer, reason } => {
+                Record { peer: Some(peer.0.clone()), reason: Some(reason), ..Record::new("refuse", &peer.0, "refused") }
+            }
+            TransportEvent::Connected { remote, peer } => Record {
+                peer: Some(peer.0.clone()),
+                remote: Some(remote.to_string()),
+                ..Record::new("connect", &peer.0, "accepted")
+            },
+        };
+        audit.record(record);
+    })
+}
+
+fn presented_names(names: &[String]) -> Option<String> {
+    if names.is_empty() {
+        Some("(no certificate)".into())
+    } else {
+        Some(names.join(","))
+    }
+}

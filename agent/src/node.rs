@@ -1,0 +1,308 @@
+//! The core task: one task owns the node machine (`keysync_machine::node`)
+//! and its effects, and serialises everything that reaches it — folder
+//! events, peers' decisions and anti-entropy requests — so the agent's own
+//! writes are always committed before their inotify echo is read. It makes
+//! no decision itself: it feeds the machine inputs and the time, and carries
+//! out its effects (`effects.rs`); what each event becomes in the audit log,
+//! the log and the metrics is `tell.rs`.
+
+mod effects;
+mod tell;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use keysync_machine::node::{FsEvent, Loaded, Node, Now, Runtime, Settings, Summaries};
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::core::settle::SettleTimings;
+use crate::core::{Decision, MinionId};
+use crate::disk::audit::AuditLog;
+use crate::disk::pki::{Owner, Pki};
+use crate::disk::store::Store;
+use crate::disk::watcher::WatchEvent;
+pub use effects::Effects;
+
+/// Decisions leaving this node for its peers. `from`: the peer they came
+/// from, which need not get them back.
+#[derive(Debug)]
+pub struct Outgoing {
+    pub from: Option<String>,
+    pub decisions: Vec<Decision>,
+}
+
+/// Requests the rest of the agent makes of the core task.
+pub enum Request {
+    /// Decisions pushed by `from` (already validated); replies with how
+    /// many were newer and applied.
+    Remote { from: String, decisions: Vec<Decision>, reply: oneshot::Sender<u32> },
+    /// A peer's bucket digests; replies with the differing buckets and this
+    /// node's summaries in them.
+    Diff { theirs: Vec<u64>, reply: oneshot::Sender<(Vec<u32>, Summaries)> },
+    /// Full decisions for ids.
+    Fetch { ids: Vec<MinionId>, reply: oneshot::Sender<Vec<Decision>> },
+    /// This node's digests, for its own anti-entropy round.
+    Digests { reply: oneshot::Sender<Vec<u64>> },
+    /// On the link to `peer`, the peer's Diff answer: replies with how many
+    /// ids it holds newer (planned for fetching) and the decisions newer here.
+    RepairCompare {
+        peer: String,
+        buckets: Vec<u32>,
+        summaries: Summaries,
+        reply: oneshot::Sender<(usize, Vec<Decision>)>,
+    },
+    /// The next ids to fetch from `peer`, `None` when its plan is done.
+    RepairNext { peer: String, reply: oneshot::Sender<Option<Vec<MinionId>>> },
+    /// What a fetch of `ids` from `peer` brought; replies with how many were applied.
+    RepairFetched { peer: String, ids: Vec<MinionId>, decisions: Vec<Decision>, reply: oneshot::Sender<u32> },
+    /// A fetch of `ids` from `peer` failed, or the link to it went down (`ids` None).
+    Release { peer: String, ids: Option<Vec<MinionId>> },
+    /// Number of decisions held.
+    Count { reply: oneshot::Sender<usize> },
+    /// Decisions held per verdict: (accepted, rejected, deleted), for `status`.
+    Counts { reply: oneshot::Sender<(usize, usize, usize)> },
+}
+
+/// A cloneable handle on the core task.
+#[derive(Clone)]
+pub struct CoreHandle {
+    requests: mpsc::Sender<Request>,
+    outgoing: broadcast::Sender<Arc<Outgoing>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the agent's core task has stopped")]
+pub struct CoreGone;
+
+impl CoreHandle {
+    pub async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Request) -> Result<T, CoreGone> {
+        let (tx, rx) = oneshot::channel();
+        self.requests.send(make(tx)).await.map_err(|_| CoreGone)?;
+        rx.await.map_err(|_| CoreGone)
+    }
+
+    /// Sends a request that wants no answer.
+    pub async fn tell(&self, request: Request) -> Result<(), CoreGone> {
+        self.requests.send(request).await.map_err(|_| CoreGone)
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Outgoing>> {
+        self.outgoing.subscribe()
+    }
+}
+
+/// Settings of the core task, from the config.
+#[derive(Clone, Debug)]
+pub struct CoreSettings {
+    pub node: String,
+    pub cachedir: std::path::PathBuf,
+    pub master_id: String,
+    pub max_clock_skew: Duration,
+    pub rescan_interval: Duration,
+}
+
+pub struct Core {
+    node: Node,
+    effects: Effects,
+}
+
+/// Wall-clock milliseconds for the HLC.
+pub fn wall_ms() -> u64 {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    now.saturating_add_signed(crate::fault::clock_offset_ms())
+}
+
+/// The time now, as the node machine takes it.
+fn now() -> Now {
+    Now { mono: std::time::Instant::now(), wall_ms: wall_ms() }
+}
+
+const REQUEST_QUEUE: usize = 256;
+/// Outgoing batches buffered per peer before a slow peer falls behind and is
+/// repaired by anti-entropy instead.
+const OUTGOING_QUEUE: usize = 4096;
+/// Events handled before the due names are read, so a burst (salt-key -A)
+/// becomes a few large batches.
+const EVENT_BURST: usize = 8192;
+/// Peers' decisions queued together are applied as one batch up to about
+/// this many (a join's fetches come 5,000 at a time).
+const MAX_GROUPED_DECISIONS: usize = 10_000;
+/// Requests handled in one turn of the core loop, at most.
+const REQUEST_BURST: usize = 64;
+
+impl Core {
+    /// Runs the core task until `shutdown`.
+    pub async fn run(
+        mut self,
+        mut events: mpsc::UnboundedReceiver<WatchEvent>,
+        mut requests: mpsc::Receiver<Request>,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            let due = self.node.poll_at().map(Instant::from_std);
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                event = events.recv() => {
+                    let Some(event) = event else { break };
+                    self.on_watch_event(event);
+                    for _ in 0..EVENT_BURST {
+                        match events.try_recv() {
+                            Ok(event) => self.on_watch_event(event),
+                            Err(_) => break,
+                        }
+                    }
+                    self.node.on_tick(now(), &mut self.effects);
+                }
+                () = sleep_until(due), if due.is_some() => self.node.on_tick(now(), &mut self.effects),
+                request = requests.recv() => {
+                    let Some(request) = request else { break };
+                    self.on_requests(request, &mut requests);
+                }
+            }
+            self.effects.write_told();
+        }
+        self.effects.flush_audit();
+    }
+
+    fn on_watch_event(&mut self, event: WatchEvent) {
+        match event {
+            WatchEvent::Change { folder, name, change } => self.node.on_fs(&FsEvent { folder, name, change }, now()),
+            WatchEvent::Rescan(reason) => self.node.on_lost(&reason, now(), &mut self.effects),
+        }
+    }
+
+    /// Handles `first` and the requests already queued behind it, in order.
+    /// Peers' decisions queued together (several peers pushing, or one
+    /// pushing while the last batch was being written) are applied as one
+    /// batch: the journal commit, syncfs, store commit and audit flush are
+    /// paid once for all of them, so a node that falls behind catches up
+    /// instead of paying them again for every small batch.
+    fn on_requests(&mut self, first: Request, queue: &mut mpsc::Receiver<Request>) {
+        let mut arrivals: Vec<(String, Vec<Decision>, oneshot::Sender<u32>)> = Vec::new();
+        let (mut n_decisions, mut n_requests) = (0, 0);
+        let mut next = Some(first);
+        while let Some(request) = next.take() {
+            n_requests += 1;
+            match request {
+                Request::Remote { from, decisions, reply } => {
+                    n_decisions += decisions.len();
+                    arrivals.push((from, decisions, reply));
+                }
+                other => {
+                    self.apply_queued(std::mem::take(&mut arrivals));
+                    n_decisions = 0;
+                    self.on_request(other);
+                }
+            }
+            // Bounded, so folder events are not kept waiting behind a long queue.
+            if n_decisions < MAX_GROUPED_DECISIONS && n_requests < REQUEST_BURST {
+                next = queue.try_recv().ok();
+            }
+        }
+        self.apply_queued(arrivals);
+    }
+
+    fn apply_queued(&mut self, arrivals: Vec<(String, Vec<Decision>, oneshot::Sender<u32>)>) {
+        if arrivals.is_empty() {
+            return;
+        }
+        let (batches, replies): (Vec<_>, Vec<_>) =
+            arrivals.into_iter().map(|(from, decisions, reply)| ((from.into(), decisions), reply)).unzip();
+        let n_applied = self.node.on_batches(batches, now(), &mut self.effects);
+        for (reply, n_applied) in replies.into_iter().zip(n_applied) {
+            let _ = reply.send(n_applied);
+        }
+    }
+
+    fn on_request(&mut self, request: Request) {
+        match request {
+            Request::Remote { from, decisions, reply } => self.apply_queued(vec![(from, decisions, reply)]),
+            Request::Diff { theirs, reply } => {
+                let _ = reply.send(self.node.diff(&theirs));
+            }
+            Request::Fetch { ids, reply } => {
+                let _ = reply.send(self.node.fetch(&ids, &mut self.effects));
+            }
+            Request::Digests { reply } => {
+                let _ = reply.send(self.node.digests());
+            }
+            Request::RepairCompare { peer, buckets, summaries, reply } => {
+                let _ = reply.send(self.node.repair_compare(&peer, &buckets, summaries, &mut self.effects));
+            }
+            Request::RepairNext { peer, reply } => {
+                let _ = reply.send(self.node.repair_next(&peer));
+            }
+            Request::RepairFetched { peer, ids, decisions, reply } => {
+                let _ = reply.send(self.node.repair_fetched(&peer, &ids, decisions, now(), &mut self.effects));
+            }
+            Request::Release { peer, ids: Some(ids) } => self.node.release(&peer, &ids),
+            Request::Release { peer, ids: None } => self.node.link_down(&peer),
+            Request::Count { reply } => {
+                let _ = reply.send(self.node.len());
+            }
+            Request::Counts { reply } => {
+                let _ = reply.send(self.node.counts());
+            }
+        }
+    }
+}
+
+async fn sleep_until(due: Option<Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Everything [`start`] needs that is opened outside the core.
+pub struct CoreParts {
+    pub settings: CoreSettings,
+    pub store: Store,
+    pub pki: Pki,
+    pub owner: Owner,
+    pub audit: Arc<AuditLog>,
+    pub settle: SettleTimings,
+    /// Counts applied, refused and conflicted decisions.
+    pub metrics: Arc<crate::ops::metrics::Metrics>,
+}
+
+/// Loads the store, finishes an interrupted apply, reconciles the folders
+/// with the store, and returns the core ready to run with its handle.
+pub fn start(parts: CoreParts) -> Result<(Core, CoreHandle, mpsc::Receiver<Request>), crate::disk::store::StoreError> {
+    let loaded = parts.store.load()?;
+    let (outgoing, _) = broadcast::channel(OUTGOING_QUEUE);
+    let (tx, rx) = mpsc::channel(REQUEST_QUEUE);
+    let settings = Settings {
+        node: parts.settings.node.as_str().into(),
+        max_clock_skew: parts.settings.max_clock_skew,
+        rescan_interval: parts.settings.rescan_interval,
+        settle: parts.settle,
+    };
+    let mut effects = Effects {
+        node: parts.settings.node,
+        pki: parts.pki,
+        store: parts.store,
+        owner: parts.owner,
+        cachedir: parts.settings.cachedir,
+        master_id: parts.settings.master_id,
+        audit: parts.audit,
+        metrics: parts.metrics,
+        outgoing: outgoing.clone(),
+        buffered: Vec::new(),
+    };
+    let loaded = Loaded {
+        entries: loaded.entries,
+        journal: loaded.journal,
+        clock: loaded.clock,
+        initialized: loaded.initialized,
+    };
+    let node = Node::start(settings, loaded, now(), &mut effects);
+    effects.write_told();
+    Ok((Core { node, effects }, CoreHandle { requests: tx, outgoing }, rx))
+}
+
+#[cfg(test)]
+mod tests;

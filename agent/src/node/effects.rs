@@ -1,0 +1,102 @@
+//! The node machine's effects against the real world: the key folders
+//! (`disk::pki`), the redb store, the audit log and the peer links.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use keysync_machine::node::{Applied, Event, Failure, Runtime, StoreWrite};
+use tokio::sync::broadcast;
+
+use super::Outgoing;
+use crate::core::{Decision, Folder, MinionId, Slots};
+use crate::disk::audit::{AuditLog, Record};
+use crate::disk::pki::{drop_dfn, Owner, Pki};
+use crate::disk::store::Store;
+use crate::ops::metrics::Metrics;
+
+/// Audit records written with one `write()` once this many are buffered.
+const AUDIT_BATCH: usize = 1024;
+
+pub struct Effects {
+    pub(super) node: String,
+    pub(super) pki: Pki,
+    pub(super) store: Store,
+    pub(super) owner: Owner,
+    pub(super) cachedir: PathBuf,
+    pub(super) master_id: String,
+    pub(super) audit: Arc<AuditLog>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) outgoing: broadcast::Sender<Arc<Outgoing>>,
+    /// Records told and not written yet: written together at the end of
+    /// each input (or every [`AUDIT_BATCH`]), not one `write()` each.
+    pub(super) buffered: Vec<Record>,
+}
+
+impl Effects {
+    /// Writes the records told so far (the core loop calls it after every input).
+    pub fn write_told(&mut self) {
+        if !self.buffered.is_empty() {
+            self.audit.record_all(std::mem::take(&mut self.buffered));
+        }
+    }
+}
+
+impl Runtime for Effects {
+    fn read_slots(&mut self, id: &MinionId) -> Slots {
+        self.pki.read_slots(id)
+    }
+
+    fn list(&mut self) -> Result<Vec<(Folder, String)>, Failure> {
+        self.pki.list().map_err(|e| format!("cannot list the key folders: {e}"))
+    }
+
+    fn apply(&mut self, decisions: &[&Decision]) -> Vec<Result<Applied, Failure>> {
+        self.pki.apply_all(decisions).into_iter().map(|result| result.map_err(|e| e.to_string())).collect()
+    }
+
+    fn sync_folders(&mut self) -> Result<(), Failure> {
+        self.pki.sync().map_err(|e| format!("syncfs {}: {e}", self.pki.root().display()))
+    }
+
+    fn drop_dfn(&mut self) -> Result<bool, Failure> {
+        drop_dfn(&self.cachedir, &self.master_id, self.owner)
+            .map_err(|e| format!("cannot drop {}/.dfn: {e}", self.cachedir.display()))
+    }
+
+    fn journal(&mut self, decisions: &[Decision]) -> Result<(), Failure> {
+        self.store.journal(decisions).map_err(|e| e.to_string())
+    }
+
+    fn record(&mut self, write: &StoreWrite<'_>) -> Result<(), Failure> {
+        self.store
+            .record_with(write.decisions, write.done, &self.node, write.clock, write.initialize)
+            .map_err(|e| e.to_string())
+    }
+
+    fn load(&mut self, ids: &[MinionId]) -> Result<Vec<Decision>, Failure> {
+        self.store.get(ids).map_err(|e| e.to_string())
+    }
+
+    fn audit(&mut self, event: Event) {
+        super::tell::log_and_count(&event, &self.metrics);
+        if let Some(record) = super::tell::record(&event, &self.node) {
+            self.buffered.push(record);
+            if self.buffered.len() >= AUDIT_BATCH {
+                self.write_told();
+            }
+        }
+    }
+
+    fn flush_audit(&mut self) {
+        self.write_told();
+        self.audit.sync();
+    }
+
+    fn send(&mut self, except: Option<&str>, decisions: Vec<Decision>) {
+        if decisions.is_empty() {
+            return;
+        }
+        // No receiver just means no peer is connected right now.
+        let _ = self.outgoing.send(Arc::new(Outgoing { from: except.map(str::to_string), decisions }));
+    }
+}

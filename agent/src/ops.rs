@@ -1,0 +1,10 @@
+//! What the agent shows and takes from the operator and the service
+//! manager while it runs: the control socket, what it knows of its peers,
+//! metrics, systemd's notify protocol, config reloads and log format.
+
+pub mod board;
+pub mod control;
+pub mod logging;
+pub mod metrics;
+pub mod reload;
+pub mod sd_notify;

@@ -1,0 +1,379 @@
+//! What the agent knows about its peers right now — link state, last
+//! contact, the last anti-entropy round, their master's health — kept up to
+//! date by the peer links and the RPC handler, read by the control socket
+//! (`salt-keysync status`) and mirrored into the metrics.
+//!
+//! Drift between masters is reported once per detection: a reconnect storm
+//! with the same fingerprints adds no audit records and no log lines.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use crate::disk::audit::{AuditLog, Record};
+use crate::disk::health::{compare, local_health, Drift, MasterHealth};
+use crate::ops::metrics::{Metrics, PeerLabel, SettingLabel};
+
+/// The state of this node's outbound link to a peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LinkState {
+    Connecting,
+    Up,
+    Down,
+}
+
+impl std::fmt::Display for LinkState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LinkState::Connecting => "connecting",
+            LinkState::Up => "up",
+            LinkState::Down => "down",
+        })
+    }
+}
+
+/// One anti-entropy round with a peer and what it found.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AntiEntropyRun {
+    /// When it finished (RFC 3339).
+    pub at: String,
+    /// Digest buckets that differed.
+    pub differing_buckets: usize,
+    /// Decisions the peer lacked (or held older): pushed to it.
+    pub peer_lacked: usize,
+    /// Decisions this node lacked (or held older): fetched from the peer.
+    pub we_lacked: usize,
+    /// Of those fetched, how many were newer here once merged and applied.
+    pub applied: u32,
+    pub bytes_sent: usize,
+    pub bytes_received: usize,
+}
+
+/// One peer as `status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerStatus {
+    pub name: String,
+    pub address: String,
+    pub state: LinkState,
+    /// Why the link last failed, kept while it is not up.
+    pub last_error: Option<String>,
+    /// Last message from the peer on either direction (RFC 3339).
+    pub last_contact: Option<String>,
+    /// The last anti-entropy round (counts of what each side lacked then).
+    pub anti_entropy: Option<AntiEntropyRun>,
+    /// The peer's own report, once it sent one in Hello.
+    pub health: Option<MasterHealth>,
+    /// What differs from this master (empty while the peer's report is unknown).
+    pub drift: Drift,
+}
+
+/// Decision and key counts of this master.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyCounts {
+    pub accepted: usize,
+    pub rejected: usize,
+    /// Files in `minions_pre/` now (pending keys are per master).
+    pub pending: usize,
+    /// Delete decisions held (tombstones).
+    pub deleted: usize,
+}
+
+/// Everything `salt-keysync status` prints.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusReport {
+    pub node: String,
+    pub version: String,
+    pub now: String,
+    pub started: String,
+    pub keys: KeyCounts,
+    pub health: MasterHealth,
+    pub peers: Vec<PeerStatus>,
+}
+
+struct PeerEntry {
+    status: PeerStatus,
+    /// The drift last reported (audited and logged), to report each once.
+    reported: Option<(Drift, Option<String>)>,
+}
+
+/// Shared by every task of one agent.
+pub struct Board {
+    node: String,
+    pki_dir: PathBuf,
+    master_config: PathBuf,
+    started: String,
+    audit: Arc<AuditLog>,
+    metrics: Arc<Metrics>,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    local: MasterHealth,
+    peers: BTreeMap<String, PeerEntry>,
+}
+
+impl Board {
+    pub fn new(config: &crate::config::Config, audit: Arc<AuditLog>, metrics: Arc<Metrics>) -> Board {
+        let local = local_health(&config.pki_dir, &config.salt.master_config);
+        for error in &local.errors {
+            tracing::warn!(error = %error, "cannot compare this master's key or settings with peers");
+        }
+        let board = Board {
+            node: config.node.clone(),
+            pki_dir: config.pki_dir.clone(),
+            master_config: config.salt.master_config.clone(),
+            started: crate::disk::audit::now_rfc3339(),
+            audit,
+            metrics,
+            inner: Mutex::new(Inner { local, peers: BTreeMap::new() }),
+        };
+        board.set_peers(&config.peers);
+        board
+    }
+
+    /// Makes the board list exactly `peers` (at start and after a reload): a new peer starts
+    /// as connecting, a removed one leaves the board and its up gauge, a readdressed one keeps
+    /// its history under the new address.
+    pub fn set_peers(&self, peers: &[crate::config::Peer]) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let wanted: BTreeMap<&str, &crate::config::Peer> = peers.iter().map(|p| (p.name.as_str(), p)).collect();
+        inner.peers.retain(|name, _| {
+            let keep = wanted.contains_key(name.as_str());
+            if !keep {
+                self.metrics.forget_peer(name);
+            }
+            keep
+        });
+        for peer in peers {
+            if let Some(entry) = inner.peers.get_mut(&peer.name) {
+                entry.status.address = peer.address.clone();
+                continue;
+            }
+            self.metrics.peer_up.get_or_create(&PeerLabel { peer: peer.name.clone() }).set(0);
+            let status = PeerStatus {
+                name: peer.name.clone(),
+                address: peer.address.clone(),
+                state: LinkState::Connecting,
+                last_error: None,
+                last_contact: None,
+                anti_entropy: None,
+                health: None,
+                drift: Drift::default(),
+            };
+            inner.peers.insert(peer.name.clone(), PeerEntry { status, reported: None });
+        }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    fn with_peer(&self, peer: &str, f: impl FnOnce(&mut PeerStatus)) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(entry) = inner.peers.get_mut(peer) {
+            f(&mut entry.status);
+        }
+    }
+
+    pub fn set_state(&self, peer: &str, state: LinkState, error: Option<String>) {
+        self.metrics.peer_up.get_or_create(&PeerLabel { peer: peer.into() }).set(i64::from(state == LinkState::Up));
+        self.with_peer(peer, |status| {
+            status.state = state;
+            if state == LinkState::Up {
+                status.last_error = None;
+            } else if error.is_some() {
+                status.last_error = error;
+            }
+        });
+    }
+
+    /// The peer answered or called: it is alive.
+    pub fn contact(&self, peer: &str) {
+        let now = crate::disk::audit::now_rfc3339();
+        self.with_peer(peer, |status| status.last_contact = Some(now));
+    }
+
+    pub fn anti_entropy(&self, peer: &str, run: AntiEntropyRun) {
+        self.metrics.anti_entropy_runs.get_or_create(&PeerLabel { peer: peer.into() }).inc();
+        self.metrics.anti_entropy_bytes(peer, "sent", run.bytes_sent);
+        self.metrics.anti_entropy_bytes(peer, "received", run.bytes_received);
+        self.with_peer(peer, |status| status.anti_entropy = Some(run));
+    }
+
+    /// Re-reads this master's master.pub and settings (they may have been
+    /// fixed or broken since start) and returns them, for a Hello.
+    pub fn refresh_local(&self) -> MasterHealth {
+        let fresh = local_health(&self.pki_dir, &self.master_config);
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if fresh != inner.local {
+            tracing::info!(master_pub = ?fresh.master_pub, "this master's key or settings changed; comparing again");
+            inner.local = fresh.clone();
+            let names: Vec<String> = inner.peers.keys().cloned().collect();
+            for name in names {
+                self.evaluate(&mut inner, &name);
+            }
+        }
+        fresh
+    }
+
+    /// Records what a peer reported about its master in Hello and reports
+    /// any new drift.
+    pub fn peer_health(&self, peer: &str, health: MasterHealth) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(entry) = inner.peers.get_mut(peer) else { return };
+        entry.status.health = Some(health);
+        self.evaluate(&mut inner, peer);
+    }
+
+    fn evaluate(&self, inner: &mut Inner, peer: &str) {
+        let local = inner.local.clone();
+        let Some(entry) = inner.peers.get_mut(peer) else { return };
+        let Some(theirs) = &entry.status.health else { return };
+        let drift = compare(&local, theirs);
+        let their_pub = theirs.master_pub.clone();
+        self.metrics
+            .master_key_mismatch
+            .get_or_create(&PeerLabel { peer: peer.into() })
+            .set(i64::from(drift.master_pub_mismatch));
+        for setting in crate::disk::health::SETTINGS {
+            let drifted = drift.settings.iter().any(|s| s == setting);
+            self.metrics
+                .settings_drift
+                .get_or_create(&SettingLabel { peer: peer.into(), setting: setting.into() })
+                .set(i64::from(drifted));
+        }
+        entry.status.drift = drift.clone();
+        let key = (drift.clone(), their_pub.clone());
+        let previous = entry.reported.as_ref().map(|(d, _)| d.clone()).unwrap_or_default();
+        if entry.reported.as_ref() == Some(&key) || (entry.reported.is_none() && drift.is_empty()) {
+            return;
+        }
+        entry.reported = Some(key);
+        self.report(peer, &local, their_pub.as_deref(), &previous, &drift);
+    }
+
+    /// Logs loudly and audits a change of drift with `peer`.
+    fn report(&self, peer: &str, local: &MasterHealth, their_pub: Option<&str>, previous: &Drift, drift: &Drift) {
+        if drift.master_pub_mismatch {
+            tracing::error!(
+                peer,
+                ours = local.master_pub.as_deref().unwrap_or("?"),
+                theirs = their_pub.unwrap_or("?"),
+                "master.pub differs from the peer's: minions of one master will not authenticate the other (\"The Salt Master server's public key did not authenticate!\"); give every master the same master.pem/master.pub. Key decisions keep replicating"
+            );
+            self.audit.record(Record {
+                peer: Some(peer.into()),
+                fingerprint: local.master_pub.clone(),
+                other_fingerprint: their_pub.map(str::to_string),
+                reason: Some("master.pub differs from this master's: masters must share one key pair".into()),
+                ..Record::new("master-key", peer, "mismatch")
+            });
+        } else if previous.master_pub_mismatch {
+            tracing::info!(peer, "master.pub now matches the peer's");
+            self.audit.record(Record {
+                peer: Some(peer.into()),
+                fingerprint: local.master_pub.clone(),
+                ..Record::new("master-key", peer, "resolved")
+            });
+        }
+        if !drift.settings.is_empty() && drift.settings != previous.settings {
+            let names = drift.settings.join(", ");
+            tracing::warn!(peer, settings = %names, "master settings differ from the peer's; Salt's multi-master set-up needs them equal on every master");
+            self.audit.record(Record {
+                peer: Some(peer.into()),
+                reason: Some(format!("settings differ from this master's: {names}")),
+                ..Record::new("settings", peer, "drift")
+            });
+        } else if drift.settings.is_empty() && !previous.settings.is_empty() {
+            tracing::info!(peer, "master settings now match the peer's");
+            self.audit.record(Record {
+                peer: Some(peer.into()),
+                reason: Some(format!("settings agree again: {}", previous.settings.join(", "))),
+                ..Record::new("settings", peer, "resolved")
+            });
+        }
+    }
+
+    /// A snapshot for `status`; `keys` come from the core task.
+    pub fn report_with(&self, keys: KeyCounts) -> StatusReport {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        StatusReport {
+            node: self.node.clone(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            now: crate::disk::audit::now_rfc3339(),
+            started: self.started.clone(),
+            keys,
+            health: inner.local.clone(),
+            peers: inner.peers.values().map(|e| e.status.clone()).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::disk::audit::read_all;
+
+    fn board(dir: &std::path::Path) -> (Board, PathBuf) {
+        let text = format!(
+            "node = \"master-a\"\nstate_dir = \"{d}/state\"\npki_dir = \"{d}/pki\"\n[salt]\nmaster_config = \"{d}/master\"\n[tls]\nca = \"x\"\ncert = \"x\"\nkey = \"x\"\n[[peer]]\nname = \"master-b\"\naddress = \"h:1\"\n",
+            d = dir.display()
+        );
+        let config = crate::config::Config::parse(&text, &dir.join("config.toml")).unwrap();
+        std::fs::create_dir_all(dir.join("pki")).unwrap();
+        std::fs::write(dir.join("pki/master.pub"), keysync_machine::testkit::PUB).unwrap();
+        let audit_path = dir.join("audit.jsonl");
+        let audit = Arc::new(AuditLog::open(&audit_path, "master-a").unwrap());
+        (Board::new(&config, audit, Arc::new(Metrics::new())), audit_path)
+    }
+
+    fn theirs(master_pub: &str) -> MasterHealth {
+        MasterHealth { master_pub: Some(master_pub.into()), ..MasterHealth::default() }
+    }
+
+    #[test]
+    fn drift_is_reported_once_per_detection_and_when_resolved() {
+        let dir = tempfile::tempdir().unwrap();
+        let (board, audit_path) = board(dir.path());
+        let ours = board.refresh_local().master_pub.unwrap();
+        let outcomes = || -> Vec<String> {
+            read_all(&audit_path).unwrap().into_iter().map(|r| format!("{}:{}", r.action, r.outcome)).collect()
+        };
+
+        board.peer_health("master-b", theirs(&ours));
+        assert!(outcomes().is_empty(), "agreement is not news");
+        for _ in 0..5 {
+            // A reconnect storm: the same report again and again.
+            board.peer_health("master-b", theirs("aa:bb"));
+        }
+        assert_eq!(outcomes(), ["master-key:mismatch"]);
+        board.peer_health("master-b", theirs("cc:dd"));
+        assert_eq!(outcomes(), ["master-key:mismatch", "master-key:mismatch"], "another wrong key is news");
+        board.peer_health("master-b", theirs(&ours));
+        board.peer_health("master-b", theirs(&ours));
+        assert_eq!(outcomes(), ["master-key:mismatch", "master-key:mismatch", "master-key:resolved"]);
+
+        let report = board.report_with(KeyCounts::default());
+        assert!(!report.peers[0].drift.master_pub_mismatch);
+        assert!(board.metrics().encode().contains("keysync_master_key_mismatch{peer=\"master-b\"} 0"));
+    }
+
+    #[test]
+    fn link_state_keeps_the_last_error_until_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let (board, _) = board(dir.path());
+        let state = |board: &Board| board.report_with(KeyCounts::default()).peers[0].clone();
+        assert_eq!(state(&board).state, LinkState::Connecting);
+        board.set_state("master-b", LinkState::Down, Some("connection refused".into()));
+        assert_eq!(state(&board).last_error.as_deref(), Some("connection refused"));
+        assert!(board.metrics().encode().contains("keysync_peer_up{peer=\"master-b\"} 0"));
+        board.set_state("master-b", LinkState::Up, None);
+        assert_eq!((state(&board).state, state(&board).last_error), (LinkState::Up, None));
+        assert!(board.metrics().encode().contains("keysync_peer_up{peer=\"master-b\"} 1"));
+        board.contact("nobody");
+        assert!(state(&board).last_contact.is_none(), "unknown peers are ignored");
+    }
+}

@@ -1,0 +1,169 @@
+//! The local control socket `salt-keysync status` talks to: a Unix socket,
+//! mode 0600 in a folder of mode 0700, so only the agent's own user (and
+//! root) can ask. One request line in (`status`), one JSON line out.
+
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio_util::sync::CancellationToken;
+
+use crate::node::{CoreHandle, Request};
+use crate::ops::board::{Board, KeyCounts};
+
+/// Unix socket paths longer than this do not fit `sockaddr_un`.
+const MAX_SOCKET_PATH: usize = 107;
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Binds the control socket at `path`. Its folder is created with mode 0700
+/// if missing; an existing folder other users can enter is refused (the
+/// agent's own `state_dir` is tightened to 0700 instead). A socket left by
+/// a killed agent is replaced; one that still answers means another agent
+/// runs with this state.
+pub async fn bind(path: &Path, state_dir: &Path) -> Result<UnixListener> {
+    if path.as_os_str().len() > MAX_SOCKET_PATH {
+        bail!("control_socket {}: longer than {MAX_SOCKET_PATH} bytes, which Unix sockets cannot use", path.display());
+    }
+    let folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !folder.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(folder)
+            .with_context(|| format!("cannot create control socket folder {}", folder.display()))?;
+    }
+    let mode = std::fs::metadata(folder).with_context(|| format!("control socket folder {}", folder.display()))?;
+    let mode = mode.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        if folder == state_dir {
+            std::fs::set_permissions(folder, std::fs::Permissions::from_mode(0o700))
+                .with_context(|| format!("cannot make state_dir {} private (mode 0700)", folder.display()))?;
+        } else {
+            bail!(
+                "control_socket {}: its folder {} has mode {mode:04o}; other users could reach the socket (use a folder with mode 0700)",
+                path.display(),
+                folder.display()
+            );
+        }
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if UnixStream::connect(path).await.is_ok() {
+                bail!(
+                    "control_socket {} answers: another salt-keysync agent is running with this state",
+                    path.display()
+                );
+            }
+            std::fs::remove_file(path)
+                .with_context(|| format!("cannot remove stale control socket {}", path.display()))?;
+        }
+        Ok(_) => bail!("control_socket {} exists and is not a socket; refusing to replace it", path.display()),
+        Err(_) => {}
+    }
+    let listener =
+        UnixListener::bind(path).with_context(|| format!("cannot bind control socket {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("cannot set mode 0600 on control socket {}", path.display()))?;
+    Ok(listener)
+}
+
+/// What a status request needs from the rest of the agent.
+pub struct ControlContext {
+    pub board: Arc<Board>,
+    pub core: CoreHandle,
+    pub pki_dir: PathBuf,
+}
+
+/// Answers requests until `shutdown`, then removes the socket.
+pub async fn serve(listener: UnixListener, path: PathBuf, ctx: Arc<ControlContext>, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let ctx = ctx.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = tokio::time::timeout(REQUEST_TIMEOUT, answer(stream, &ctx)).await.unwrap_or_else(|_| Err(anyhow::anyhow!("timed out"))) {
+                            tracing::debug!(error = %e, "control request failed");
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "control socket accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+async fn answer(stream: UnixStream, ctx: &ControlContext) -> Result<()> {
+    let (read, mut write) = stream.into_split();
+    let mut line = String::new();
+    // A request is one short word; cap what a client can make us buffer.
+    let mut reader = BufReader::new(tokio::io::AsyncReadExt::take(read, 1024));
+    reader.read_line(&mut line).await?;
+    let reply = match line.trim() {
+        "status" => {
+            let keys = key_counts(ctx).await;
+            serde_json::to_string(&ctx.board.report_with(keys))?
+        }
+        other => serde_json::json!({ "error": format!("unknown request {other:?}; expected \"status\"") }).to_string(),
+    };
+    write.write_all(reply.as_bytes()).await?;
+    write.write_all(b"\n").await?;
+    write.shutdown().await?;
+    Ok(())
+}
+
+async fn key_counts(ctx: &ControlContext) -> KeyCounts {
+    let (accepted, rejected, deleted) = ctx.core.ask(|reply| Request::Counts { reply }).await.unwrap_or_default();
+    let pending = std::fs::read_dir(ctx.pki_dir.join("minions_pre"))
+        .map(|entries| {
+            entries.filter_map(Result::ok).filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count()
+        })
+        .unwrap_or(0);
+    KeyCounts { accepted, rejected, pending, deleted }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[tokio::test]
+    async fn binds_owner_only_and_replaces_only_a_dead_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir(&state).unwrap();
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let socket = state.join("control.sock");
+
+        let listener = bind(&socket, &state).await.unwrap();
+        assert_eq!((mode(&state), mode(&socket)), (0o700, 0o600), "state_dir is tightened, the socket is 0600");
+        let err = bind(&socket, &state).await.unwrap_err().to_string();
+        assert!(err.contains("another salt-keysync agent is running"), "{err}");
+        drop(listener);
+        bind(&socket, &state).await.expect("a socket nobody answers on is stale and replaced");
+
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let err = bind(&open.join("c.sock"), &state).await.unwrap_err().to_string();
+        assert!(err.contains("has mode 0755"), "{err}");
+        std::fs::write(state.join("file"), "x").unwrap();
+        let err = bind(&state.join("file"), &state).await.unwrap_err().to_string();
+        assert!(err.contains("is not a socket"), "{err}");
+        let fresh = dir.path().join("new/sub/c.sock");
+        bind(&fresh, &state).await.unwrap();
+        assert_eq!(mode(fresh.parent().unwrap()), 0o700);
+    }
+}

@@ -1,0 +1,70 @@
+//! Tidy checks of the repository itself (rust-analyzer's tidy test): every
+//! Rust file says what it is for in a `//!` first line, the sans-IO crate
+//! depends on nothing that does I/O, and no document links outside the
+//! repository (a clone has nothing beside it).
+
+use std::path::{Path, PathBuf};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// Files under the repository with `extension`, skipping build output and VCS folders.
+fn files_with(extension: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![repo()];
+    while let Some(dir) = todo.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let entry = entry.unwrap();
+            let path = entry.path();
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if entry.file_type().unwrap().is_dir() {
+                if !matches!(&*name, "target" | ".git") && !name.starts_with('.') {
+                    todo.push(path);
+                }
+            } else if path.extension().is_some_and(|e| e == extension) {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn every_rust_file_opens_with_a_doc_line() {
+    let missing: Vec<String> = files_with("rs")
+        .into_iter()
+        .filter(|path| !std::fs::read_to_string(path).unwrap().starts_with("//!"))
+        .map(|path| path.strip_prefix(repo()).unwrap().display().to_string())
+        .collect();
+    assert!(missing.is_empty(), "these files do not open with a `//!` line saying what they are for: {missing:#?}");
+}
+
+#[test]
+fn the_sans_io_crate_depends_on_no_io_crate() {
+    let manifest = std::fs::read_to_string(repo().join("agent/machine/Cargo.toml")).unwrap();
+    let deps = manifest.split("[dependencies]").nth(1).expect("a [dependencies] table");
+    let deps = deps.split("\n[").next().unwrap();
+    for forbidden in ["tokio", "tonic", "notify", "redb", "rustix", "libc", "prost", "salt-keysync", "keysync-server"] {
+        assert!(
+            !deps.lines().any(|line| line.trim_start().starts_with(forbidden)),
+            "agent/machine depends on {forbidden}: the node machine must stay free of I/O"
+        );
+    }
+}
+
+#[test]
+fn no_document_links_outside_the_repository() {
+    let mut offenders = Vec::new();
+    for path in files_with("md") {
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            if line.contains("../shared") || line.contains("](../../") || line.contains("DESIGN.md") {
+                offenders.push(format!("{}:{}: {line}", path.strip_prefix(repo()).unwrap().display(), n + 1));
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "documents pointing outside the repository: {offenders:#?}");
+}
