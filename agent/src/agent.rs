@@ -13,14 +13,13 @@ use tokio_util::task::TaskTracker;
 use crate::config::Config;
 use crate::core::settle::SettleTimings;
 use crate::disk::audit::{AuditLog, Record};
-use crate::disk::pki::Pki;
 use crate::disk::store::Store;
 use crate::net::links::{LinkContext, PeerLinks};
 use crate::net::peers::MAX_MESSAGE_BYTES;
 use crate::net::rpc::{audit_transport, RpcHandler};
 use crate::node::{self, CoreParts, CoreSettings};
 use crate::ops::sd_notify::Notifier;
-use crate::setup::{load_tls_material, master_id, salt_owner, tls_setup};
+use crate::setup::{load_tls_material, master_id, open_pki, salt_owner, tls_setup};
 
 /// What the binary adds to [`run`]: where the config came from and a
 /// channel of reload requests (SIGHUP), and systemd notifications.
@@ -64,17 +63,25 @@ pub async fn run_with(
     };
 
     let audit = Arc::new(AuditLog::open(&config.audit_log, &config.node)?);
-    let store = Store::open(&config.state_dir, &config.node).with_context(|| {
+    let store = Arc::new(Store::open(&config.state_dir, &config.node).with_context(|| {
         format!(
             "cannot open the state store; if it is corrupt, rebuild it with `{} --config FILE` (docs/recovery.md)",
             crate::disk::state_guard::RECOVER_COMMAND
         )
-    })?;
+    })?);
+    // Records cut off the audit log while the agent was stopped are told.
+    crate::disk::audit_guard::check(&store, &audit);
+    let pki = Arc::new(open_pki(&config, true)?);
+    if let Some(refused) = pki.staging_refused() {
+        tracing::error!(what = %refused, "the agent's staging folder in pki_dir was not its own");
+        audit.record(Record {
+            reason: Some(format!("{}/{}: {refused}", config.pki_dir.display(), crate::disk::pki::STAGING_DIR)),
+            ..Record::new("refuse", "local", "refused")
+        });
+    }
     // A lost or replaced state folder is refused, not taken for a first start.
-    crate::disk::state_guard::check(&config.pki_dir, &store, &config.state_dir)?;
+    crate::disk::state_guard::check(&pki, &store, &config.state_dir)?;
     let store_id = store.id().to_string();
-    let pki = Pki::new(config.pki_dir.clone(), owner);
-    pki.ensure_folders().with_context(|| format!("cannot create the key folders in {}", config.pki_dir.display()))?;
     let n_stale = pki.clean_staging().context("cannot remove stale staging files")?;
     if n_stale > 0 {
         tracing::info!(n = n_stale, "removed staging files left by a crash");
@@ -88,6 +95,7 @@ pub async fn run_with(
 
     // Watching starts before the start-up scan, so nothing changed during it is missed.
     let (watch, events) = crate::disk::watcher::watch(&config.pki_dir)
+        .map(|(watch, events)| (Arc::new(watch), events))
         .with_context(|| format!("cannot watch the key folders in {}", config.pki_dir.display()))?;
     let settings = CoreSettings {
         node: config.node.clone(),
@@ -98,16 +106,24 @@ pub async fn run_with(
     };
     let settle = SettleTimings { absent_grace: config.timings.absent_grace, ..SettleTimings::default() };
     let metrics = Arc::new(crate::ops::metrics::Metrics::new());
-    let (core, handle, requests) =
-        node::start(CoreParts { settings, store, pki, owner, audit: audit.clone(), settle, metrics: metrics.clone() })
-            .with_context(|| {
-                format!(
+    let (core, handle, requests) = node::start(CoreParts {
+        settings,
+        store: store.clone(),
+        pki: pki.clone(),
+        owner,
+        audit: audit.clone(),
+        settle,
+        metrics: metrics.clone(),
+        watch: Some(watch.clone()),
+    })
+    .with_context(|| {
+        format!(
             "cannot load the state store; if it is corrupt, rebuild it with `{} --config FILE` (docs/recovery.md)",
             crate::disk::state_guard::RECOVER_COMMAND
         )
-            })?;
+    })?;
     // The store is initialized now: from here on its loss is detected.
-    crate::disk::state_guard::mark(&config.pki_dir, &store_id, &config.node)?;
+    crate::disk::state_guard::mark(&pki, &store_id, &config.node)?;
     let board = Arc::new(crate::ops::board::Board::new(&config, audit.clone(), metrics.clone()));
     audit.record(Record {
         reason: Some(format!("listening on {}, {} peers", listener.local_addr()?, config.peers.len())),
@@ -145,6 +161,7 @@ pub async fn run_with(
     });
     let opts = ServeOptions { max_message_bytes: MAX_MESSAGE_BYTES, ..ServeOptions::default() };
     let control = ListenerControl::new(tls.clone(), config.peers.iter().map(|p| p.name.clone()).collect());
+    control.set_peer_sources(crate::net::rpc::peer_sources(&config.peers).await);
     let (tls_tx, tls_rx) = watch::channel(Arc::new(tls));
     let links = PeerLinks::start(
         LinkContext {
@@ -194,5 +211,9 @@ pub async fn run_with(
     drop(watch);
     audit.record(Record::new("stop", "local", "stopped"));
     audit.sync();
+    // Where the chain ends at this clean stop: a cut tail is noticed at the next start.
+    if let Err(e) = store.set_audit_head(&audit.head()) {
+        tracing::error!(error = %e, "cannot note where the audit log ends");
+    }
     served.context("gRPC listener failed")
 }

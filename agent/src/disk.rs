@@ -3,6 +3,7 @@
 //! audit log, the inotify watcher, permission checks and the master's config.
 
 pub mod audit;
+pub mod audit_guard;
 pub mod health;
 pub mod perms;
 pub mod pki;

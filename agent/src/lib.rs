@@ -19,3 +19,4 @@ pub mod net;
 pub mod node;
 pub mod ops;
 pub mod setup;
+pub mod text;

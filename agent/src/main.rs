@@ -280,13 +280,16 @@ fn init_logging(format: &LogFormat) {
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     // journald stamps every line itself and reads a `<N>` priority prefix.
     let under_journald = std::env::var_os("JOURNAL_STREAM").is_some();
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    use salt_keysync::ops::logging::{Escaped, JournaldPriority};
     match (format, under_journald) {
         (LogFormat::Json, _) => builder.json().init(),
         (LogFormat::Text, true) => {
             let plain = tracing_subscriber::fmt::format().without_time().with_ansi(false);
-            builder.with_ansi(false).event_format(salt_keysync::ops::logging::JournaldPriority(plain)).init()
+            builder.with_ansi(false).event_format(JournaldPriority(Escaped(plain))).init()
         }
-        (LogFormat::Text, false) => builder.with_ansi(ansi).init(),
+        // No colours: escape sequences in ids are shown, never sent to the terminal.
+        (LogFormat::Text, false) => {
+            builder.with_ansi(false).event_format(Escaped(tracing_subscriber::fmt::format().with_ansi(false))).init()
+        }
     }
 }

@@ -12,7 +12,7 @@ mod tell;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use keysync_machine::node::{FsEvent, Loaded, Node, Now, Runtime, Settings, Summaries};
+use keysync_machine::node::{FsEvent, Node, Now, Runtime, Settings, Summaries};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -22,7 +22,7 @@ use crate::core::{Decision, MinionId};
 use crate::disk::audit::AuditLog;
 use crate::disk::pki::{Owner, Pki};
 use crate::disk::store::Store;
-use crate::disk::watcher::WatchEvent;
+use crate::disk::watcher::{FolderWatch, WatchEvent};
 pub use effects::Effects;
 
 /// Decisions leaving this node for its peers. `from`: the peer they came
@@ -106,6 +106,8 @@ pub struct CoreSettings {
 pub struct Core {
     node: Node,
     effects: Effects,
+    /// To watch a key folder again once it was replaced and reopened.
+    watch: Option<Arc<FolderWatch>>,
 }
 
 /// Wall-clock milliseconds for the HLC.
@@ -162,9 +164,50 @@ impl Core {
                     self.on_requests(request, &mut requests);
                 }
             }
+            self.folders_replaced();
             self.effects.write_told();
         }
         self.effects.flush_audit();
+    }
+
+    /// Key folders the pki noticed were replaced: told; one reopened is
+    /// watched again and every name read again.
+    fn folders_replaced(&mut self) {
+        let replaced = self.effects.pki.take_replaced();
+        if replaced.is_empty() {
+            return;
+        }
+        let mut reopened = false;
+        for change in replaced {
+            let folder = change.folder.dir_name();
+            match change.outcome {
+                Ok(()) => {
+                    tracing::warn!(folder, "a key folder was replaced by another folder; reopened");
+                    self.effects.buffered.push(crate::disk::audit::Record {
+                        reason: Some(format!(
+                            "{folder}/ was replaced by another folder: reopened, every name read again"
+                        )),
+                        ..crate::disk::audit::Record::new("folder", "local", "reopened")
+                    });
+                    if let Some(watch) = &self.watch {
+                        if let Err(e) = watch.rewatch(change.folder) {
+                            tracing::error!(folder, error = %e, "cannot watch the new folder; the periodic rescan still reads it");
+                        }
+                    }
+                    reopened = true;
+                }
+                Err(why) => {
+                    tracing::error!(folder, reason = %why, "a key folder was replaced by something the agent will not use");
+                    self.effects.buffered.push(crate::disk::audit::Record {
+                        reason: Some(why),
+                        ..crate::disk::audit::Record::new("refuse", "local", "refused")
+                    });
+                }
+            }
+        }
+        if reopened {
+            self.node.on_lost("a key folder was replaced", now(), &mut self.effects);
+        }
     }
 
     fn on_watch_event(&mut self, event: WatchEvent) {
@@ -260,13 +303,15 @@ async fn sleep_until(due: Option<Instant>) {
 /// Everything [`start`] needs that is opened outside the core.
 pub struct CoreParts {
     pub settings: CoreSettings,
-    pub store: Store,
-    pub pki: Pki,
+    pub store: Arc<Store>,
+    pub pki: Arc<Pki>,
     pub owner: Owner,
     pub audit: Arc<AuditLog>,
     pub settle: SettleTimings,
     /// Counts applied, refused and conflicted decisions.
     pub metrics: Arc<crate::ops::metrics::Metrics>,
+    /// The watch on the key folders (none in unit tests).
+    pub watch: Option<Arc<FolderWatch>>,
 }
 
 /// Loads the store, finishes an interrupted apply, reconciles the folders
@@ -293,15 +338,9 @@ pub fn start(parts: CoreParts) -> Result<(Core, CoreHandle, mpsc::Receiver<Reque
         outgoing: outgoing.clone(),
         buffered: Vec::new(),
     };
-    let loaded = Loaded {
-        entries: loaded.entries,
-        journal: loaded.journal,
-        clock: loaded.clock,
-        initialized: loaded.initialized,
-    };
     let node = Node::start(settings, loaded, now(), &mut effects);
     effects.write_told();
-    Ok((Core { node, effects }, CoreHandle { requests: tx, outgoing }, rx))
+    Ok((Core { node, effects, watch: parts.watch }, CoreHandle { requests: tx, outgoing }, rx))
 }
 
 #[cfg(test)]

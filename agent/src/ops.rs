@@ -7,4 +7,5 @@ pub mod control;
 pub mod logging;
 pub mod metrics;
 pub mod reload;
+pub mod scrape_listener;
 pub mod sd_notify;

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use keysync_server::{TlsMaterial, TlsSetup};
 
 use crate::config::Config;
-use crate::disk::pki::Owner;
+use crate::disk::pki::{Owner, Pki, PkiOptions, Trust, KEY_MODE};
 
 /// Loads the TLS material the config names.
 pub fn load_tls(config: &Config) -> Result<TlsSetup> {
@@ -52,6 +52,19 @@ pub fn salt_owner(config: &Config) -> Result<Owner> {
         Some(user) => Owner::from_user(user).with_context(|| format!("salt.user {user:?}")),
         None => Owner::of_path(&config.pki_dir).with_context(|| format!("pki_dir {}", config.pki_dir.display())),
     }
+}
+
+/// How the agent opens the key folders: files owned as Salt owns them, and
+/// folders trusted if owned by root, the agent's user or that owner.
+pub fn pki_options(config: &Config, create: bool) -> Result<PkiOptions> {
+    let owner = salt_owner(config)?;
+    Ok(PkiOptions { owner, trust: Trust::of(owner.uid, owner.gid), key_mode: KEY_MODE, create })
+}
+
+/// Opens pki_dir, its key folders and the agent's staging folder (see `disk::pki`).
+pub fn open_pki(config: &Config, create: bool) -> Result<Pki> {
+    let options = pki_options(config, create)?;
+    Pki::open(&config.pki_dir, options).with_context(|| "cannot use the key folders".to_string())
 }
 
 /// The master id Salt 3008 writes into `.dfn`: `salt.master_id`, else

@@ -74,12 +74,18 @@ fn hostile_key() -> impl Strategy<Value = Vec<u8>> {
 
 fn wire_decision() -> impl Strategy<Value = v1::Decision> {
     (hostile_id(), 0i32..5, hostile_key(), any::<u64>(), "[a-z.-]{0,6}|\\PC{0,4}", any::<bool>()).prop_map(
-        |(minion, verdict, public_key, hlc, node, with_version)| v1::Decision {
-            minion,
-            verdict,
-            public_key,
-            version: with_version.then_some(v1::Version { hlc, node }),
-            supersedes: None,
+        |(minion, verdict, public_key, hlc, node, with_version)| {
+            // What it knew: a version of the same node, maybe not older than itself;
+            // `supersedes` is its highest, as this agent writes it for protocol-1 peers.
+            let known = with_version.then(|| v1::Version { hlc: hlc.wrapping_sub(1), node: node.clone() });
+            v1::Decision {
+                minion,
+                verdict,
+                public_key,
+                version: with_version.then_some(v1::Version { hlc, node }),
+                supersedes: known.clone(),
+                context: known.into_iter().collect(),
+            }
         },
     )
 }

@@ -26,6 +26,9 @@ struct Shared {
     // std locks: held only to copy or swap a few Arcs, never across an await.
     current: RwLock<Current>,
     connections: Mutex<Vec<Connection>>,
+    /// The configured peers' addresses: their handshakes have a share of
+    /// their own (see `limits.rs`).
+    peer_sources: RwLock<Arc<[std::net::IpAddr]>>,
 }
 
 /// The TLS setup and peer names one handshake uses, taken together at its start.
@@ -48,6 +51,7 @@ impl ListenerControl {
             shared: Arc::new(Shared {
                 current: RwLock::new(Current { tls, allowed_peers: allowed_peers.into() }),
                 connections: Mutex::new(Vec::new()),
+                peer_sources: RwLock::new(Arc::from(Vec::new())),
             }),
         }
     }
@@ -65,6 +69,16 @@ impl ListenerControl {
     /// TLS material (after the CA changed, say). Returns how many were closed.
     pub fn close_connections(&self) -> usize {
         self.close_where(|_| true).len()
+    }
+
+    /// The addresses the configured peers connect from (their handshakes
+    /// keep a share strangers cannot use).
+    pub fn set_peer_sources(&self, sources: Vec<std::net::IpAddr>) {
+        *self.shared.peer_sources.write().unwrap_or_else(|p| p.into_inner()) = sources.into();
+    }
+
+    pub(crate) fn is_peer_source(&self, source: std::net::IpAddr) -> bool {
+        self.shared.peer_sources.read().unwrap_or_else(|p| p.into_inner()).contains(&source)
     }
 
     /// Peers admitted now.

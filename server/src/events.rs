@@ -1,7 +1,10 @@
 //! Transport events worth auditing, logged here once and handed to the caller's sink.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::limits::RefusalCounter;
 
 use crate::identity::PeerName;
 
@@ -20,23 +23,55 @@ pub enum TransportEvent {
     RequestRefused { peer: PeerName, reason: String },
     /// A peer completed the handshake and was identified.
     Connected { remote: SocketAddr, peer: PeerName },
+    /// More refusals from one source address after the first one of a
+    /// window, which alone was told: how many, and the last reason.
+    RefusedAgain { source: IpAddr, count: u64, window: Duration, last_reason: String },
 }
 
 /// The caller's event callback.
 pub type EventFn = Arc<dyn Fn(TransportEvent) + Send + Sync>;
 
-/// Logs every event with structured fields, then passes it on.
+/// How long refusals from one source are counted before a summary (the default).
+pub(crate) const REFUSAL_WINDOW: Duration = Duration::from_secs(60);
+
+/// Logs every event with structured fields, then passes it on; refusals
+/// only once per source per [`REFUSAL_WINDOW`], then a count.
 #[derive(Clone)]
 pub(crate) struct EventSink {
     callback: EventFn,
+    refusals: Arc<Mutex<RefusalCounter>>,
 }
 
 impl EventSink {
-    pub(crate) fn new(callback: EventFn) -> Self {
-        Self { callback }
+    pub(crate) fn new(callback: EventFn, refusal_window: Duration) -> Self {
+        Self { callback, refusals: Arc::new(Mutex::new(RefusalCounter::new(refusal_window))) }
+    }
+
+    /// Tells the counts of refusal windows that ended.
+    pub(crate) fn flush_refusals(&self) {
+        let due = self.refusals.lock().unwrap_or_else(std::sync::PoisonError::into_inner).due(Instant::now());
+        for repeated in due {
+            self.emit(TransportEvent::RefusedAgain {
+                source: repeated.source,
+                count: repeated.count,
+                window: repeated.window,
+                last_reason: repeated.last_reason,
+            });
+        }
     }
 
     pub(crate) fn emit(&self, event: TransportEvent) {
+        let refused = match &event {
+            TransportEvent::HandshakeRefused { remote, reason, .. } => Some((remote.ip(), reason.as_str())),
+            TransportEvent::UnknownPeer { remote, .. } => Some((remote.ip(), "names no configured peer")),
+            _ => None,
+        };
+        if let Some((source, reason)) = refused {
+            let mut refusals = self.refusals.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !refusals.note(source, reason, Instant::now()) {
+                return;
+            }
+        }
         match &event {
             TransportEvent::HandshakeRefused { remote, presented, reason } => {
                 tracing::warn!(%remote, ?presented, %reason, "TLS handshake refused")
@@ -49,6 +84,9 @@ impl EventSink {
             }
             TransportEvent::Connected { remote, peer } => {
                 tracing::info!(peer = %peer, %remote, "peer connected")
+            }
+            TransportEvent::RefusedAgain { source, count, window, last_reason } => {
+                tracing::warn!(%source, count, ?window, %last_reason, "more connections refused from this address")
             }
         }
         (self.callback)(event);

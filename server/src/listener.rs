@@ -13,7 +13,7 @@ use std::time::Duration;
 use keysync_proto::v1::key_sync_server::KeySyncServer;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
@@ -31,11 +31,12 @@ use crate::service::{Handler, KeySyncService};
 use crate::tls::TlsSetup;
 use crate::verifier::HandshakeRecord;
 
-/// How long open connections may finish their calls once shutdown is requested.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
-/// Handshakes in progress at once; beyond this a new connection is dropped at once, so that a
-/// flood of idle connections cannot exhaust memory while each waits for its timeout.
-const MAX_PENDING_HANDSHAKES: usize = 256;
+/// How long open connections may finish their calls once shutdown is requested: a peer's push
+/// stream never ends by itself, and the agent is stopping anyway (its peers repair what a cut
+/// call leaves by anti-entropy), so a stop does not wait on it.
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(100);
+/// How often the counts of refusals whose window ended are told.
+const REFUSAL_FLUSH: Duration = Duration::from_secs(5);
 /// Pause after a failed `accept` (e.g. out of file descriptors) so the loop does not spin.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
 /// HTTP/2 pings that detect a vanished peer on an otherwise idle connection.
@@ -51,6 +52,12 @@ pub struct ServeOptions {
     pub max_message_bytes: usize,
     /// Longest a client may take to complete its TLS handshake.
     pub handshake_timeout: Duration,
+    /// Handshakes in progress, per source and in all (beyond them a new connection is closed at
+    /// once, so that idle connections cannot starve the peers).
+    pub limits: crate::limits::ConnectionLimits,
+    /// Refusals from one source address are reported once per window, then counted (zero:
+    /// each one reported).
+    pub refusal_window: Duration,
 }
 
 impl Default for ServeOptions {
@@ -58,7 +65,9 @@ impl Default for ServeOptions {
         Self {
             allowed_peers: Vec::new(),
             max_message_bytes: 8 * 1024 * 1024,
-            handshake_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(5),
+            limits: crate::limits::ConnectionLimits::default(),
+            refusal_window: crate::events::REFUSAL_WINDOW,
         }
     }
 }
@@ -103,7 +112,7 @@ pub async fn serve_with<H: Handler>(
     events: EventFn,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
-    let events = EventSink::new(events);
+    let events = EventSink::new(events, opts.refusal_window);
     // Stops accepting on shutdown, and also if the gRPC server fails on its own.
     let stop = shutdown.child_token();
     let (conn_tx, conn_rx) = mpsc::channel::<PeerIo>(16);
@@ -124,8 +133,22 @@ pub async fn serve_with<H: Handler>(
             shutdown.clone().cancelled_owned(),
         );
 
+    let flushing = {
+        let (events, stop) = (events.clone(), stop.clone());
+        async move {
+            let mut tick = tokio::time::interval(REFUSAL_FLUSH);
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => break,
+                    _ = tick.tick() => events.flush_refusals(),
+                }
+            }
+            events.flush_refusals();
+        }
+    };
     let accepting = accept_loop(
         listener,
+        opts.limits,
         AcceptContext {
             control,
             handshake_timeout: opts.handshake_timeout,
@@ -149,7 +172,7 @@ pub async fn serve_with<H: Handler>(
         stop.cancel();
         served
     };
-    let (served, ()) = tokio::join!(serving, accepting);
+    let (served, (), ()) = tokio::join!(serving, accepting, flushing);
     handshakes.close();
     handshakes.wait().await;
     served.map_err(ServeError::Transport)
@@ -167,27 +190,27 @@ struct AcceptContext {
     stop: CancellationToken,
 }
 
-async fn accept_loop(listener: TcpListener, ctx: AcceptContext) {
-    let pending = Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES));
+async fn accept_loop(listener: TcpListener, limits: crate::limits::ConnectionLimits, ctx: AcceptContext) {
+    let gate = crate::limits::Gate::new(limits);
     loop {
         let accepted = tokio::select! {
             () = ctx.stop.cancelled() => return,
             accepted = listener.accept() => accepted,
         };
         match accepted {
-            Ok((tcp, remote)) => match pending.clone().try_acquire_owned() {
-                Ok(permit) => {
+            Ok((tcp, remote)) => match gate.admit(remote.ip(), ctx.control.is_peer_source(remote.ip())) {
+                Ok(place) => {
                     let ctx = ctx.clone();
                     ctx.handshakes.clone().spawn(async move {
                         handshake(ctx, tcp, remote).await;
-                        drop(permit);
+                        drop(place);
                     });
                 }
-                Err(_) => ctx.events.emit(TransportEvent::HandshakeRefused {
-                    remote,
-                    presented: Vec::new(),
-                    reason: format!("more than {MAX_PENDING_HANDSHAKES} handshakes in progress"),
-                }),
+                // Closed at once (dropped): a flood holds no descriptor.
+                Err(reason) => {
+                    drop(tcp);
+                    ctx.events.emit(TransportEvent::HandshakeRefused { remote, presented: Vec::new(), reason })
+                }
             },
             Err(error) => {
                 tracing::warn!(%error, "accepting a TCP connection failed");

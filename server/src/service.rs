@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use keysync_proto::v1::key_sync_server::KeySync;
 use keysync_proto::v1::{DecisionBatch, DiffChunk, DiffRequest, FetchRequest, HelloRequest, HelloResponse, PushAck};
-use keysync_proto::PROTOCOL_VERSION;
+use keysync_proto::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
@@ -85,12 +85,15 @@ impl<H: Handler> KeySync for KeySyncService<H> {
                 )),
             ));
         }
-        if hello.protocol_version != PROTOCOL_VERSION {
+        // Any version from the oldest this build speaks up: a newer caller
+        // reads this server's answer and speaks down to it.
+        if hello.protocol_version < MIN_PROTOCOL_VERSION {
             return Err(self.refuse(
                 &peer,
                 Status::failed_precondition(format!(
-                    "protocol version {} is not supported (this server speaks {PROTOCOL_VERSION})",
-                    hello.protocol_version
+                    "protocol version {} is too old (this server speaks {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION}); \
+                     upgrade salt-keysync on {}",
+                    hello.protocol_version, peer.0
                 )),
             ));
         }

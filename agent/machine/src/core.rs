@@ -5,6 +5,7 @@
 //! and carries out what it returns, which is what makes the seeded
 //! simulation in `tests/sim.rs` possible.
 
+pub mod causal;
 pub mod decision;
 pub mod digest;
 pub mod echo;
@@ -16,7 +17,8 @@ pub mod replica;
 pub mod settle;
 pub mod version;
 
+pub use causal::{Context, Seen};
 pub use decision::{Decision, Entry, Fingerprint, PublicKey, Verdict, VerdictKind};
 pub use id::MinionId;
-pub use observe::{Folder, Seen, Slot, Slots};
+pub use observe::{Folder, Reading, Slot, Slots};
 pub use version::Version;

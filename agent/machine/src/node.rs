@@ -27,7 +27,7 @@ use crate::core::settle::{FsChange, SettleTimings, Settler};
 use crate::core::version::Hlc;
 use crate::core::{Decision, Entry, Fingerprint, Folder, MinionId, VerdictKind, Version};
 
-pub use event::{Event, Found, Side};
+pub use event::{Event, Found};
 pub use repair::{Summaries, FETCH_CHUNK};
 pub use runtime::{Applied, Failure, Runtime, StoreWrite};
 
@@ -59,6 +59,8 @@ pub struct Loaded {
     pub clock: u64,
     /// False on the agent's very first start with this store.
     pub initialized: bool,
+    /// Conflicts kept in the store that may not have been told (see [`StoreWrite::conflicts`]).
+    pub untold: Vec<(Arc<str>, crate::core::merge::Conflict)>,
 }
 
 /// A file event in one of the three key folders.
@@ -140,6 +142,7 @@ impl Node {
             reported: HashSet::new(),
             repairs: repair::Repairs::default(),
         };
+        node.tell_untold(loaded.untold, now, rt);
         node.finish_journal(loaded.journal, now, rt);
         node.reconcile(loaded.initialized, now, rt);
         node

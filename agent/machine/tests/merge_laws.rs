@@ -1,14 +1,15 @@
 //! Property tests of the merge rule and `Replica::commit`: whatever the order, grouping and
-//! duplication of deliveries, every node ends with the same entries and digests.
+//! duplication of deliveries, every node ends holding the same decisions and digests, and
+//! every pair of concurrent, disagreeing decisions it saw is told as a conflict exactly once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use keysync_machine::core::digest::{bucket_of, Digests};
-use keysync_machine::core::merge::{merge, Conflict, MergeOutcome};
-use keysync_machine::core::observe::Seen;
+use keysync_machine::core::merge::{merge, MergeOutcome};
+use keysync_machine::core::observe::Reading;
 use keysync_machine::core::replica::{ObserveMode, Replica};
 use keysync_machine::core::version::{Hlc, Version};
-use keysync_machine::core::{Decision, Entry, MinionId, PublicKey, Verdict};
+use keysync_machine::core::{Context, Decision, MinionId, PublicKey, Seen, Verdict};
 use proptest::prelude::*;
 
 /// `tmpab12cd34` is a valid minion id too (Salt 3008's temporary names look like it).
@@ -51,15 +52,18 @@ fn version(at: u64, node: usize) -> Version {
     }
 }
 
-/// One decision. `supersedes` is strictly below the decision's own version, as
-/// `Replica::observe` makes it; a bootstrap decision supersedes nothing.
+/// One decision. What it knew is strictly below its own version, as the clock makes it
+/// (every version seen is witnessed); a bootstrap decision knew nothing.
 fn decision() -> impl Strategy<Value = Decision> {
     let at = (0u64..=10, 0..NODES.len());
-    (0..IDS.len(), at.clone(), 0u8..7, proptest::option::of(at)).prop_map(|(id, (at, node), choice, sup)| {
+    (0..IDS.len(), at.clone(), 0u8..7, prop::collection::vec(at, 0..3)).prop_map(|(id, (at, node), choice, knew)| {
         let version = version(at, node);
-        let supersedes =
-            sup.map(|(at, node)| self::version(at, node)).filter(|sup| *sup < version && !version.is_bootstrap());
-        Decision { id: MinionId::parse(IDS[id]).unwrap(), verdict: verdict(choice), version, supersedes }
+        let context = if version.is_bootstrap() {
+            Context::default()
+        } else {
+            Context::new(knew.into_iter().map(|(at, node)| self::version(at, node)).filter(|v| *v < version))
+        };
+        Decision { id: MinionId::parse(IDS[id]).unwrap(), verdict: verdict(choice), version, context }
     })
 }
 
@@ -85,25 +89,34 @@ fn pool_and_schedule() -> impl Strategy<Value = (Vec<Decision>, Vec<usize>)> {
     })
 }
 
-/// What a node holds, in a comparable form.
+/// What a node holds, in a comparable form: per id the decision held, and the digests.
 #[derive(Debug, PartialEq)]
 struct State {
-    entries: BTreeMap<MinionId, Entry>,
+    entries: BTreeMap<MinionId, Seen>,
     digests: Digests,
 }
 
 fn state(replica: &Replica) -> State {
-    let entries = replica.entries().map(|(id, entry)| (id.clone(), entry.clone())).collect();
+    let entries = replica.entries().map(|(id, entry)| (id.clone(), entry.held())).collect();
     State { entries, digests: replica.digests().clone() }
 }
 
-/// The driver's path for a peer's decision: merge, and commit only what applies.
-fn deliver(replica: &mut Replica, decision: &Decision) -> MergeOutcome {
-    let outcome = replica.merge(decision, WALL_MS, MAX_SKEW_MS).expect("versions are within the skew bound");
-    if matches!(outcome, MergeOutcome::Apply { .. }) {
+/// Conflicts as told: (id, winner version, loser version).
+type Told = BTreeSet<(MinionId, Version, Version)>;
+
+/// The node's path for a peer's decision: merge, then commit what is not a
+/// duplicate (applied, or remembered); returns the outcome and what it told.
+fn deliver_telling(replica: &mut Replica, decision: &Decision) -> (MergeOutcome, Told) {
+    let merged = replica.merge(decision, WALL_MS, MAX_SKEW_MS).expect("versions are within the skew bound");
+    if merged.outcome != MergeOutcome::Duplicate {
         replica.commit(decision);
     }
-    outcome
+    let told = merged.conflicts.into_iter().map(|c| (c.id, c.winner.version, c.loser.version)).collect();
+    (merged.outcome, told)
+}
+
+fn deliver(replica: &mut Replica, decision: &Decision) -> MergeOutcome {
+    deliver_telling(replica, decision).0
 }
 
 fn deliver_all<'a>(node: &str, decisions: impl IntoIterator<Item = &'a Decision>) -> Replica {
@@ -127,7 +140,21 @@ fn expected(decisions: &[Decision]) -> State {
     for (id, d) in &winners {
         replica.load(id.clone(), d.entry());
     }
-    State { entries: winners.into_iter().map(|(id, d)| (id, d.entry())).collect(), digests: replica.digests().clone() }
+    State { entries: winners.into_iter().map(|(id, d)| (id, d.seen())).collect(), digests: replica.digests().clone() }
+}
+
+/// Every pair of distinct decisions of `decisions` that were made concurrently and disagree.
+fn conflicting_pairs(decisions: &[&Decision]) -> Told {
+    let mut pairs = Told::new();
+    for (i, a) in decisions.iter().enumerate() {
+        for b in &decisions[i + 1..] {
+            if a.id == b.id && a.version != b.version && concurrent(a, b) && a.verdict != b.verdict {
+                let (winner, loser) = if a.version > b.version { (a, b) } else { (b, a) };
+                pairs.insert((a.id.clone(), winner.version.clone(), loser.version.clone()));
+            }
+        }
+    }
+    pairs
 }
 
 /// The decisions of `pool` that `replica` holds: what it would send a peer.
@@ -135,10 +162,10 @@ fn held<'a>(replica: &Replica, pool: &'a [Decision]) -> Vec<&'a Decision> {
     pool.iter().filter(|d| replica.entry(&d.id).is_some_and(|entry| entry.version == d.version)).collect()
 }
 
-/// Concurrent per the rule merge implements: neither decision's origin held the other's version
-/// (or anything newer) when it decided.
+/// Concurrent: neither decision's origin had seen the other's version (or a later one of the
+/// same node) when it decided.
 fn concurrent(a: &Decision, b: &Decision) -> bool {
-    let knew = |d: &Decision, other: &Decision| d.supersedes.as_ref().is_some_and(|sup| *sup >= other.version);
+    let knew = |d: &Decision, other: &Decision| d.context.knows(&other.version);
     !knew(a, b) && !knew(b, a)
 }
 
@@ -147,7 +174,9 @@ fn concurrent(a: &Decision, b: &Decision) -> bool {
 fn pull(node: &mut Replica, peer: &Replica, peer_store: &[Decision]) {
     let buckets = peer.digests().differing(node.digests().as_slice());
     let summaries = peer.summaries_in(&buckets);
-    for id in node.newer_on_peer(&summaries) {
+    let newer: Vec<MinionId> =
+        summaries.iter().filter(|(id, theirs)| node.is_newer_on_peer(id, theirs)).map(|(id, _)| id.clone()).collect();
+    for id in newer {
         let on_peer = peer.entry(&id).expect("the peer summarised it");
         let decision = peer_store.iter().find(|d| d.id == id && d.version == on_peer.version).expect("in the store");
         deliver(node, decision);
@@ -200,28 +229,42 @@ proptest! {
         prop_assert_eq!(state(&ab_c), expected(&pool));
     }
 
-    /// The outcome follows the versions alone; a conflict is reported exactly when the two
+    /// The outcome follows the versions alone; a conflict is told exactly when the two
     /// decisions are concurrent and disagree, the same one from both sides, naming the higher
     /// version the winner.
     #[test]
     fn conflicts_are_concurrent_disagreements(a in decision(), b in decision()) {
         let b = Decision { id: a.id.clone(), ..b };
         prop_assume!(a.version != b.version);
-        let want = (concurrent(&a, &b) && a.verdict != b.verdict).then(|| Conflict {
-            winner: a.version.clone().max(b.version.clone()),
-            loser: a.version.clone().min(b.version.clone()),
-        });
+        let want: Vec<(Version, Version)> = (concurrent(&a, &b) && a.verdict != b.verdict)
+            .then(|| (a.version.clone().max(b.version.clone()), a.version.clone().min(b.version.clone())))
+            .into_iter()
+            .collect();
         for (held, incoming) in [(&a, &b), (&b, &a)] {
-            let outcome = merge(Some(&held.entry()), incoming);
-            let expected = if incoming.version > held.version {
-                MergeOutcome::Apply { conflict: want.clone() }
-            } else {
-                MergeOutcome::Superseded { conflict: want.clone() }
-            };
-            prop_assert_eq!(outcome, expected);
+            let merged = merge(Some(&held.entry()), incoming);
+            let outcome = if incoming.version > held.version { MergeOutcome::Apply } else { MergeOutcome::Superseded };
+            prop_assert_eq!(merged.outcome, outcome);
+            let told: Vec<(Version, Version)> =
+                merged.conflicts.into_iter().map(|c| (c.winner.version, c.loser.version)).collect();
+            prop_assert_eq!(&told, &want);
         }
-        prop_assert_eq!(merge(Some(&a.entry()), &a), MergeOutcome::Duplicate);
-        prop_assert_eq!(merge(None, &a), MergeOutcome::Apply { conflict: None });
+        prop_assert_eq!(merge(Some(&a.entry()), &a).outcome, MergeOutcome::Duplicate);
+        prop_assert_eq!(merge(None, &a).outcome, MergeOutcome::Apply);
+    }
+
+    /// Exactly once: whatever the order and the repeats, a node that saw a set of decisions
+    /// has told every pair of them that conflicts, each once, and nothing else.
+    #[test]
+    fn every_conflicting_pair_seen_is_told_once((pool, schedule) in pool_and_schedule()) {
+        let mut replica = Replica::new("x", Hlc::default());
+        let mut told: Vec<(MinionId, Version, Version)> = Vec::new();
+        for &i in &schedule {
+            told.extend(deliver_telling(&mut replica, &pool[i]).1);
+        }
+        let distinct: Told = told.iter().cloned().collect();
+        prop_assert_eq!(told.len(), distinct.len(), "a conflict told twice: {:?}", told);
+        let seen: Vec<&Decision> = pool.iter().collect();
+        prop_assert_eq!(distinct, conflicting_pairs(&seen));
     }
 
     /// A decision found on a first start never replaces a live one, in any order.
@@ -237,9 +280,9 @@ proptest! {
         for boot in pool.iter().filter(|d| d.version.is_bootstrap()) {
             for live in pool.iter().filter(|d| d.id == boot.id && !d.version.is_bootstrap()) {
                 let kept = merge(Some(&live.entry()), boot);
-                prop_assert!(matches!(kept, MergeOutcome::Superseded { .. }), "{kept:?}");
+                prop_assert_eq!(kept.outcome, MergeOutcome::Superseded);
                 let replaced = merge(Some(&boot.entry()), live);
-                prop_assert!(matches!(replaced, MergeOutcome::Apply { .. }), "{replaced:?}");
+                prop_assert_eq!(replaced.outcome, MergeOutcome::Apply);
             }
         }
     }
@@ -258,21 +301,20 @@ proptest! {
         let id = MinionId::parse(IDS[0]).unwrap();
         let first_start = |node: usize, choice: u8, wall_ms: u64| {
             let mut replica = Replica::new(NODES[node], Hlc::default());
-            let seen = Seen::Decided(verdict(choice));
+            let seen = Reading::Decided(verdict(choice));
             replica.observe(&id, seen, wall_ms, ObserveMode::FirstStart).expect("a key file is a decision")
         };
         let early = first_start(nodes.0, choices.0, early_ms);
         let late = first_start(nodes.1, choices.1, early_ms + later_by);
         prop_assert!(early.version.is_bootstrap() && late.version.is_bootstrap());
         let outcome = merge(Some(&early.entry()), &late);
-        prop_assert!(matches!(outcome, MergeOutcome::Superseded { .. }), "{outcome:?}");
+        prop_assert_eq!(outcome.outcome, MergeOutcome::Superseded);
 
         let mut running = Replica::new(NODES[nodes.2], Hlc::default());
-        let live = running.observe(&id, Seen::Decided(Verdict::Accepted(key(0))), live_ms, ObserveMode::Live).unwrap();
+        let live = running.observe(&id, Reading::Decided(Verdict::Accepted(key(0))), live_ms, ObserveMode::Live).unwrap();
         prop_assert!(!live.version.is_bootstrap());
         for boot in [&early, &late] {
-            let outcome = merge(Some(&boot.entry()), &live);
-            prop_assert!(matches!(outcome, MergeOutcome::Apply { .. }), "{outcome:?}");
+            prop_assert_eq!(merge(Some(&boot.entry()), &live).outcome, MergeOutcome::Apply);
         }
     }
 
@@ -288,7 +330,7 @@ proptest! {
         let mut want_buckets: Vec<u32> = pool
             .iter()
             .map(|d| &d.id)
-            .filter(|id| x.entry(id) != y.entry(id))
+            .filter(|id| x.entry(id).map(|e| e.held()) != y.entry(id).map(|e| e.held()))
             .map(|id| bucket_of(id) as u32)
             .collect();
         want_buckets.sort();

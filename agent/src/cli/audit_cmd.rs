@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::disk::audit::{each_line, parse_time_bound, verify_files, Filter, Follower, Line, Record};
+use crate::text::shown;
 use clap::{Args, Subcommand};
 
 const EXIT_BROKEN: i32 = 1;
@@ -38,6 +39,7 @@ Examples:
   salt-keysync audit verify                      the config's audit_log
   salt-keysync audit verify --config /etc/salt-keysync/config.toml
   salt-keysync audit verify audit.jsonl.1 audit.jsonl    rotated files, oldest first
+  salt-keysync audit verify --head SEQ:HASH              the chain must reach this record
 
 Each record holds the sha256 of the line before it (prev) and a sequence
 number (seq). verify names the first bad record and why: edited, removed
@@ -85,6 +87,11 @@ enum AuditCommand {
     Verify {
         /// Audit files in chain order, oldest first (default: the config's audit_log).
         files: Vec<PathBuf>,
+        /// The chain must reach this record: `SEQ:HASH`, as a `gap` record names
+        /// it or as noted elsewhere; a log cut before it fails (records cut off
+        /// the end leave a chain that is intact otherwise).
+        #[arg(long, value_name = "SEQ:HASH")]
+        head: Option<crate::disk::audit::AuditHead>,
     },
 }
 
@@ -102,9 +109,13 @@ pub fn audit(config: &Path, args: &AuditArgs) -> i32 {
 fn run(config: &Path, args: &AuditArgs) -> anyhow::Result<i32> {
     let configured = || -> anyhow::Result<PathBuf> { Ok(Config::load(config)?.audit_log) };
     match &args.command {
-        Some(AuditCommand::Verify { files }) => {
+        Some(AuditCommand::Verify { files, head }) => {
             let files = if files.is_empty() { vec![configured()?] } else { files.clone() };
-            verify(&files)
+            let code = verify(&files)?;
+            match head {
+                Some(head) if code == 0 => reaches(&files, head),
+                _ => Ok(code),
+            }
         }
         None => {
             let paths = if args.file.is_empty() { vec![configured()?] } else { args.file.clone() };
@@ -159,6 +170,42 @@ fn verify(files: &[PathBuf]) -> anyhow::Result<i32> {
         }
         Some(bad) => {
             println!("BROKEN: {} line {}: {}", bad.file.display(), bad.line, bad.why);
+            Ok(EXIT_BROKEN)
+        }
+    }
+}
+
+/// Whether the chain in `files` holds the record `head` names (its seq, with
+/// exactly that line): a log cut before it, or replaced at it, fails.
+fn reaches(files: &[PathBuf], head: &crate::disk::audit::AuditHead) -> anyhow::Result<i32> {
+    let mut found: Option<String> = None;
+    let mut last = 0;
+    for path in files {
+        let file = std::fs::File::open(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+        each_line(io::BufReader::new(file), 1, |line| {
+            if let Ok(record) = &line.record {
+                last = last.max(record.seq);
+                if record.seq == head.seq {
+                    found = Some(line.hash.clone());
+                }
+            }
+        })?;
+    }
+    match found {
+        Some(hash) if hash == head.hash => {
+            println!("ok: the chain reaches record {head}");
+            Ok(0)
+        }
+        Some(hash) => {
+            println!("BROKEN: record {} is {}:{hash}, not {head}: replaced", head.seq, head.seq);
+            Ok(EXIT_BROKEN)
+        }
+        None if last < head.seq => {
+            println!("BROKEN: the chain ends at record {last}, before {head}: records were cut off the end");
+            Ok(EXIT_BROKEN)
+        }
+        None => {
+            println!("BROKEN: record {} is not in these files (give the rotated files that hold it)", head.seq);
             Ok(EXIT_BROKEN)
         }
     }
@@ -282,6 +329,7 @@ fn cells(r: &Record) -> [String; 9] {
         detail.push(format!("from {remote}"));
     }
     let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+    // Every cell: ids, names and reasons are others' text (see `text.rs`).
     [
         time,
         r.node.clone(),
@@ -293,6 +341,7 @@ fn cells(r: &Record) -> [String; 9] {
         r.fingerprint.as_deref().map_or_else(|| "-".into(), short_fingerprint),
         detail.join("; "),
     ]
+    .map(|cell| shown(&cell).into_owned())
 }
 
 /// The first eight bytes of a colon-hex fingerprint, enough to tell keys apart

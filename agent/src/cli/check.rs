@@ -4,8 +4,7 @@
 use std::path::Path;
 
 use crate::config::Config;
-use crate::core::Folder;
-use crate::setup::{load_tls, salt_owner};
+use crate::setup::{load_tls, pki_options};
 use anyhow::{bail, Result};
 
 pub fn check(path: &Path) -> Result<()> {
@@ -31,14 +30,23 @@ pub fn check(path: &Path) -> Result<()> {
         }
         Err(e) => problems.push(format!("{e:#}")),
     }
-    for folder in Folder::ALL {
-        let dir = config.pki_dir.join(folder.dir_name());
-        if !dir.is_dir() {
-            problems.push(format!("{} is missing (has the salt-master run once?)", dir.display()));
+    match pki_options(&config, false) {
+        Ok(options) => {
+            // The folders as `run` opens them: no symlink anywhere, trusted owners, no
+            // mode others can write through.
+            let (found, notes) = crate::disk::pki::inspect(&config.pki_dir, &options.trust);
+            if found.is_empty() {
+                ok(format!("key folders in {} (owners, modes, no symlinks)", config.pki_dir.display()));
+            }
+            problems.extend(found);
+            notes.into_iter().for_each(|note| println!("note {note}"));
+            if config.salt.cachedir.exists() {
+                if let Err(e) = crate::disk::pki::dirs::open_path(&config.salt.cachedir, &options.trust) {
+                    problems.push(format!("salt.cachedir {e}"));
+                }
+            }
         }
-    }
-    if let Err(e) = salt_owner(&config) {
-        problems.push(format!("{e:#}"));
+        Err(e) => problems.push(format!("{e:#}")),
     }
     match crate::disk::salt_master::check_master_config(&config.salt.master_config) {
         Ok(Some(note)) => ok(note),

@@ -44,16 +44,17 @@ pub struct Recovered {
 /// current state looks healthy (it was restored from an old backup).
 pub async fn recover_from_peers(config: &Config, force: bool) -> Result<Recovered> {
     let state_file = config.state_dir.join("state.redb");
+    let pki = crate::setup::open_pki(config, true)?;
     if state_file.exists() {
         match Store::open(&config.state_dir, &config.node) {
             Err(StoreError::Db { source, .. }) if matches!(*source, redb::Error::DatabaseAlreadyOpen) => {
                 bail!("{} is in use: stop the agent before recovering", state_file.display())
             }
-            Ok(store) if !force && state_guard::check(&config.pki_dir, &store, &config.state_dir).is_ok() => bail!(
+            Ok(store) if !force && state_guard::check(&pki, &store, &config.state_dir).is_ok() => bail!(
                 "the state in {} matches {}; nothing is lost. If it was restored from an old backup, \
                  rebuild it anyway with --force",
                 state_file.display(),
-                state_guard::marker_path(&config.pki_dir).display()
+                pki.marker_path().display()
             ),
             _ => {}
         }
@@ -101,7 +102,7 @@ pub async fn recover_from_peers(config: &Config, force: bool) -> Result<Recovere
     // Journalled, not recorded: the store stays uninitialized, so the next
     // start applies these first and treats local files as a first start.
     store.journal(&decisions)?;
-    state_guard::write_marker(&config.pki_dir, store.id(), &config.node)?;
+    state_guard::write_marker(&pki, store.id(), &config.node)?;
     Ok(Recovered { n_decisions: decisions.len(), answered, unreachable, moved_aside, store_id: store.id().to_string() })
 }
 

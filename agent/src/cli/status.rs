@@ -43,6 +43,7 @@ pub fn query(socket: &Path) -> Result<StatusReport, StatusError> {
 /// The human-readable form: summary lines, then one row per peer, then
 /// drift and anti-entropy details.
 pub fn render(report: &StatusReport) -> String {
+    let report = &shown_report(report);
     let now = parse_time(&report.now);
     let ago = |time: &Option<String>| match (time.as_deref().and_then(parse_time), now) {
         (Some(t), Some(now)) => {
@@ -123,6 +124,23 @@ pub fn render(report: &StatusReport) -> String {
     out
 }
 
+/// The report with every text in it shown safely (`text.rs`): peer names,
+/// errors and health come from others. Every field, whatever the report
+/// holds, through its JSON form.
+fn shown_report(report: &StatusReport) -> StatusReport {
+    fn walk(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::String(text) => *text = crate::text::shown(text).into_owned(),
+            serde_json::Value::Array(items) => items.iter_mut().for_each(walk),
+            serde_json::Value::Object(fields) => fields.values_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let Ok(mut value) = serde_json::to_value(report) else { return report.clone() };
+    walk(&mut value);
+    serde_json::from_value(value).unwrap_or_else(|_| report.clone())
+}
+
 fn master_pub_cell(peer: &PeerStatus) -> String {
     match (&peer.health, peer.drift.master_pub_mismatch) {
         (_, true) => "MISMATCH".into(),
@@ -181,6 +199,11 @@ mod tests {
                 PeerStatus { last_error: Some("connection refused".into()), ..peer("master-c", LinkState::Down) },
             ],
         };
+        let mut forged = report.clone();
+        forged.peers[1].last_error = Some("refused\nmaster-x  up  1s ago\u{1b}[8m".into());
+        let forged = render(&forged);
+        assert!(forged.contains("refused\\u{a}master-x  up  1s ago\\u{1b}[8m"), "{forged}");
+        assert!(!forged.chars().any(|c| c.is_control() && c != '\n'), "{forged:?}");
         let text = render(&report);
         for want in [
             "3 accepted, 1 rejected, 2 pending, 4 deleted",

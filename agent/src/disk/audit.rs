@@ -25,7 +25,7 @@ use sha2::{Digest, Sha256};
 pub use filter::{parse_time_bound, Filter};
 pub use reader::{each_line, scan, Follower, Line, Polled, Scan, Torn};
 pub use verify::{verify_files, Break, VerifyReport};
-pub use writer::{AuditLog, Batch};
+pub use writer::{AuditHead, AuditLog, Batch};
 
 /// The `prev` of the first record of a chain.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";

@@ -11,7 +11,14 @@
 //!   certificate chooses whom the agent trusts;
 //! - the state folder holds the decisions store and usually the audit log;
 //! - pki_dir and its three key folders: whoever can write there can make the
-//!   agent replicate an accept to every master.
+//!   agent replicate an accept to every master (their owners, and symlinks,
+//!   are checked on their descriptors when they are opened: `pki/dirs.rs`);
+//! - the folders holding the TLS files, the config and the audit log: whoever
+//!   can write there can swap the file for another.
+//!
+//! Owners too, not only modes: each of these must belong to root or to the
+//! user the agent runs as (a file another user owns can be chmod-ed open by
+//! that user at any time).
 
 use std::fmt;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -33,6 +40,8 @@ pub enum Rule {
     StateDir,
     /// pki_dir and its key folders: not writable by group or others.
     KeyFolder,
+    /// A folder holding one of the files above: not writable by group or others.
+    TrustFolder,
 }
 
 impl Rule {
@@ -41,7 +50,7 @@ impl Rule {
         match self {
             Rule::PrivateKey => 0o077,
             Rule::ConfigFile | Rule::StateDir => 0o027,
-            Rule::TrustFile | Rule::KeyFolder => 0o022,
+            Rule::TrustFile | Rule::KeyFolder | Rule::TrustFolder => 0o022,
         }
     }
 
@@ -52,7 +61,14 @@ impl Rule {
             Rule::TrustFile => "it must not be writable by group or others",
             Rule::StateDir => "it must not be accessible by others nor writable by group",
             Rule::KeyFolder => "it must not be writable by group or others",
+            Rule::TrustFolder => "it holds a file the agent trusts: it must not be writable by group or others",
         }
+    }
+
+    /// Whether the owner matters here (pki_dir's owner is the salt user's:
+    /// checked where the folders are opened).
+    fn checks_owner(self) -> bool {
+        self != Rule::KeyFolder
     }
 }
 
@@ -60,6 +76,7 @@ impl Rule {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PermError {
     TooOpen { path: PathBuf, mode: u32, rule: Rule },
+    Owner { path: PathBuf, uid: u32, agent_uid: u32 },
     Stat { path: PathBuf, error: String },
 }
 
@@ -72,6 +89,12 @@ impl fmt::Display for PermError {
                 path.display(),
                 rule.requirement(),
                 mode & !rule.forbidden()
+            ),
+            PermError::Owner { path, uid, agent_uid } => write!(
+                f,
+                "'{}' is owned by uid {uid}, not root nor the agent's user (uid {agent_uid}): another user could \
+                 change it at any time (chown it to root or to uid {agent_uid})",
+                path.display()
             ),
             PermError::Stat { path, error } => {
                 write!(f, "cannot examine the permissions of '{}': {error}", path.display())
@@ -95,12 +118,23 @@ pub fn check_path(path: &Path, rule: Rule) -> Result<(), PermError> {
     if mode & rule.forbidden() != 0 {
         return Err(PermError::TooOpen { path: path.into(), mode, rule });
     }
+    let agent_uid = rustix::process::geteuid().as_raw();
+    let uid = std::os::unix::fs::MetadataExt::uid(&meta);
+    if rule.checks_owner() && uid != 0 && uid != agent_uid {
+        return Err(PermError::Owner { path: path.into(), uid, agent_uid });
+    }
     Ok(())
 }
 
-/// The config file itself (its path is not part of [`Config`]).
+/// The config file itself (its path is not part of [`Config`]) and its folder.
 pub fn check_config_file(path: &Path) -> Result<(), PermError> {
-    check_path(path, Rule::ConfigFile)
+    check_path(path, Rule::ConfigFile)?;
+    check_path(parent_of(path), Rule::TrustFolder)
+}
+
+/// The folder a file is in (`.` for a bare name).
+fn parent_of(path: &Path) -> &Path {
+    path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
 }
 
 /// Every path of `config` that the rules cover, in the order a reader would
@@ -114,9 +148,15 @@ pub fn check_config_paths(config: &Config) -> Vec<PermError> {
         (config.pki_dir.clone(), Rule::KeyFolder),
     ];
     paths.extend(Folder::ALL.map(|folder| (config.pki_dir.join(folder.dir_name()), Rule::KeyFolder)));
-    // The agent's own folder in pki_dir (staged key files, the state marker):
-    // whoever can write there can swap a staged key before it is renamed in.
-    paths.push((config.pki_dir.join(crate::disk::pki::STAGING_DIR), Rule::StateDir));
+    // The folders holding the files the agent trusts, and the audit log's.
+    for file in [&config.tls.key, &config.tls.cert, &config.tls.ca, &config.audit_log] {
+        let folder = (parent_of(file).to_path_buf(), Rule::TrustFolder);
+        if !paths.contains(&folder) {
+            paths.push(folder);
+        }
+    }
+    // (The agent's own folder in pki_dir is checked, and replaced when it is
+    // not its own, where it is opened: `pki/staging.rs`.)
     paths.into_iter().filter_map(|(path, rule)| check_path(&path, rule).err()).collect()
 }
 
@@ -176,12 +216,13 @@ mod tests {
     fn each_rule_refuses_what_it_should_and_only_that() {
         let dir = tempfile::tempdir().unwrap();
         // (rule, is a folder, modes refused, modes allowed)
-        let cases: [(Rule, bool, &[u32], &[u32]); 5] = [
+        let cases: [(Rule, bool, &[u32], &[u32]); 6] = [
             (Rule::PrivateKey, false, &[0o644, 0o640, 0o604, 0o660, 0o601], &[0o600, 0o400]),
             (Rule::ConfigFile, false, &[0o644, 0o604, 0o620, 0o602, 0o666], &[0o600, 0o640, 0o400]),
             (Rule::TrustFile, false, &[0o664, 0o646, 0o666], &[0o644, 0o600, 0o444]),
             (Rule::StateDir, true, &[0o755, 0o705, 0o770, 0o701], &[0o700, 0o750]),
             (Rule::KeyFolder, true, &[0o777, 0o775, 0o757, 0o1777], &[0o700, 0o755, 0o750]),
+            (Rule::TrustFolder, true, &[0o777, 0o775, 0o757], &[0o700, 0o755, 0o750]),
         ];
         let mut n = 0;
         for (rule, is_dir, refused, allowed) in cases {
@@ -198,5 +239,24 @@ mod tests {
             }
         }
         assert!(check_path(&dir.path().join("missing"), Rule::PrivateKey).is_ok());
+    }
+
+    /// Issue 14 item 3 (ssh StrictModes): a key another user owns is refused
+    /// even with mode 0600 (that user can open it again at any time); the
+    /// salt user may own pki_dir, never the agent's own files.
+    #[test]
+    fn another_users_file_is_refused_whatever_its_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = with_mode(dir.path(), "node.key", 0o600, false);
+        rustix::fs::chown(&key, Some(rustix::fs::Uid::from_raw(4242)), None).unwrap();
+        let err = check_path(&key, Rule::PrivateKey).unwrap_err();
+        assert!(matches!(err, PermError::Owner { uid: 4242, .. }), "{err}");
+        assert!(err.to_string().contains("owned by uid 4242"), "{err}");
+        let folder = with_mode(dir.path(), "tls", 0o755, true);
+        rustix::fs::chown(&folder, Some(rustix::fs::Uid::from_raw(4242)), None).unwrap();
+        assert!(matches!(check_path(&folder, Rule::TrustFolder), Err(PermError::Owner { .. })));
+        let pki = with_mode(dir.path(), "pki", 0o755, true);
+        rustix::fs::chown(&pki, Some(rustix::fs::Uid::from_raw(4242)), None).unwrap();
+        assert!(check_path(&pki, Rule::KeyFolder).is_ok(), "the salt user's pki_dir");
     }
 }

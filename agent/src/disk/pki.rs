@@ -1,11 +1,24 @@
 //! The master's key folders on disk: reading an id's three files without
 //! trusting them, and applying a decision with staged, atomic writes.
+//!
+//! Everything under pki_dir belongs to another user (salt-master runs as
+//! `salt`), so nothing here takes a path: pki_dir, each key folder and the
+//! agent's staging folder are opened once, never through a symlink, and
+//! checked on their descriptors (`dirs.rs`); every read, write, link,
+//! rename and unlink is an `*at()` call relative to those descriptors. A key
+//! folder replaced while the agent runs is noticed (its inode changed):
+//! reopened if the new one is a plain folder of a trusted owner, refused
+//! otherwise, and the others keep being served.
 
-use std::fs::{self, File, OpenOptions};
+use std::ffi::OsString;
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use rustix::fs::{AtFlags, Mode, OFlags};
 
 use crate::core::keyfile::{check_public_key, KeyError, MAX_KEY_BYTES};
 use crate::core::observe::Refusal;
@@ -14,12 +27,17 @@ use crate::core::{Decision, Folder, MinionId, PublicKey, Slot, Slots, Verdict};
 pub use keysync_machine::node::Applied;
 
 mod adopt;
-use adopt::Adoption;
+mod dfn;
+pub mod dirs;
+mod staging;
 
-/// Mode of the key files the agent writes, as Salt leaves accepted keys.
+use adopt::Adoption;
+pub use dfn::drop_dfn;
+pub use dirs::{DirError, Trust};
+
+/// Mode of the key files the agent writes when nothing says otherwise, as
+/// Salt 3006 leaves accepted keys (3008 leaves 0600: see `salt.key_mode`).
 pub const KEY_MODE: u32 = 0o644;
-/// Mode Salt gives `.dfn`; exactly this, or the master ignores it.
-const DFN_MODE: u32 = 0o400;
 
 /// Names Salt uses for the master's own keys; never read as minion keys even
 /// if someone puts one into a key folder.
@@ -31,13 +49,11 @@ static STAGING_SEQ: AtomicU64 = AtomicU64::new(0);
 const PARALLEL_FROM: usize = 256;
 /// At most this many writer threads (and no more than the machine's cores).
 const MAX_WRITERS: usize = 4;
-/// Writer `n > 0` stages in `.keysync-staging/writer-<n>/`.
-const WRITER_DIR_PREFIX: &str = "writer-";
 
-/// Where key files are staged before being renamed into their folder: a dot
-/// folder in pki_dir (same file system, ignored by Salt). Staging outside the
-/// key folders keeps the agent's own writes out of its inotify watch and off
-/// the folders' large directory indexes until the final rename.
+/// The agent's own folder in pki_dir (same file system as the keys, ignored
+/// by Salt): staged files are renamed from here into their folder, so the
+/// agent's own writes stay out of its inotify watch and off the folders'
+/// large directory indexes until the final rename. Private to the agent.
 pub const STAGING_DIR: &str = ".keysync-staging";
 
 /// A file owner: the salt master user.
@@ -50,7 +66,7 @@ pub struct Owner {
 impl Owner {
     /// Looks a user up in /etc/passwd (the salt user is a local system user).
     pub fn from_user(name: &str) -> io::Result<Owner> {
-        let passwd = fs::read_to_string("/etc/passwd")?;
+        let passwd = std::fs::read_to_string("/etc/passwd")?;
         passwd
             .lines()
             .filter_map(|line| {
@@ -64,19 +80,51 @@ impl Owner {
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no user {name:?} in /etc/passwd")))
     }
 
+    /// The owner of `path` itself (never of a symlink's target).
     pub fn of_path(path: &Path) -> io::Result<Owner> {
-        let meta = fs::metadata(path)?;
-        Ok(Owner { uid: meta.uid(), gid: meta.gid() })
+        let st = rustix::fs::lstat(path)?;
+        Ok(Owner { uid: st.st_uid, gid: st.st_gid })
     }
 }
 
+/// How to open the key folders.
+#[derive(Clone, Copy, Debug)]
+pub struct PkiOptions {
+    pub owner: Owner,
+    pub trust: Trust,
+    /// Mode of the key files written.
+    pub key_mode: u32,
+    /// Create missing key folders (the agent does; `check` does not).
+    pub create: bool,
+}
+
+/// One key folder, as opened.
+#[derive(Debug)]
+struct KeyFolder {
+    /// `None` while refused (replaced by something the agent will not use).
+    fd: Option<Arc<OwnedFd>>,
+    /// The (device, inode) opened: a replacement shows as another.
+    identity: (u64, u64),
+    /// Why it is refused, if it is.
+    refused: Option<String>,
+}
+
+/// A key folder that changed under the agent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replaced {
+    pub folder: Folder,
+    /// Reopened (a plain folder of a trusted owner), or why it is refused.
+    pub outcome: Result<(), String>,
+}
+
 pub struct Pki {
-    root: PathBuf,
-    owner: Owner,
-    /// Per key folder (in `Folder::ALL` order): a rename from the staging
-    /// folder failed with EXDEV (another file system, or a bind mount of its
-    /// own as systemd's ReadWritePaths= makes), so stage beside the key.
-    stage_beside: [AtomicBool; 3],
+    root_path: PathBuf,
+    root: OwnedFd,
+    options: PkiOptions,
+    folders: [RwLock<KeyFolder>; 3],
+    staging: staging::Staging,
+    /// Replacements noticed and not yet taken by the caller.
+    replaced: Mutex<Vec<Replaced>>,
     /// A pending file could not be linked or renamed into another key folder
     /// (EXDEV): pending keys are copied like any other from now on.
     no_adopt: AtomicBool,
@@ -86,42 +134,120 @@ pub struct Pki {
     no_link: AtomicBool,
 }
 
+/// Why the key folders cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PkiError {
+    #[error("pki_dir {0}")]
+    Dir(#[from] DirError),
+    #[error("the agent's staging folder {path}: {source}")]
+    Staging { path: String, source: io::Error },
+    #[error(
+        "{folder} is a mount of its own, apart from {staging}: keys staged there cannot be renamed into \
+         place atomically, and staging beside the keys would put the agent's files in a folder tools watch; \
+         keep pki_dir's key folders and {STAGING_DIR} on one mount (the packaged unit makes pki_dir writable \
+         as one, not each key folder)"
+    )]
+    Mounts { folder: String, staging: String },
+}
+
 impl Pki {
-    pub fn new(root: PathBuf, owner: Owner) -> Pki {
-        Pki {
+    /// Opens pki_dir, its three key folders (created when missing if
+    /// `options.create`) and the agent's staging folder, checking each.
+    pub fn open(root_path: &Path, options: PkiOptions) -> Result<Pki, PkiError> {
+        let root = dirs::open_path(root_path, &options.trust)?;
+        let mut opened = Vec::new();
+        for folder in Folder::ALL {
+            opened.push(open_folder(&root, root_path, folder, &options)?);
+        }
+        let staging = staging::Staging::open(&root, root_path, options.create)?;
+        if let Some(folder) = apart_from(&staging.fd, opened.iter().map(|f| f.fd.as_deref())) {
+            return Err(PkiError::Mounts {
+                folder: root_path.join(folder.dir_name()).display().to_string(),
+                staging: root_path.join(STAGING_DIR).display().to_string(),
+            });
+        }
+        let [accepted, pending, rejected]: [KeyFolder; 3] = opened.try_into().expect("three folders");
+        Ok(Pki {
+            root_path: root_path.to_path_buf(),
             root,
-            owner,
-            stage_beside: Default::default(),
+            options,
+            folders: [RwLock::new(accepted), RwLock::new(pending), RwLock::new(rejected)],
+            staging,
+            replaced: Mutex::new(Vec::new()),
             no_adopt: AtomicBool::new(false),
             no_link: AtomicBool::new(false),
-        }
+        })
     }
 
     pub fn root(&self) -> &Path {
-        &self.root
+        &self.root_path
     }
 
-    pub fn folder_path(&self, folder: Folder) -> PathBuf {
-        self.root.join(folder.dir_name())
+    /// Who may own the folders the agent works in.
+    pub fn trust(&self) -> Trust {
+        self.options.trust
     }
 
-    /// Creates missing key folders (Salt creates them when the master starts)
-    /// and the agent's private staging folder.
-    pub fn ensure_folders(&self) -> io::Result<()> {
+    /// What staging found at start that was not the agent's own (moved aside).
+    pub fn staging_refused(&self) -> Option<&str> {
+        self.staging.refused.as_deref()
+    }
+
+    fn slot_of(folder: Folder) -> usize {
+        Folder::ALL.iter().position(|&f| f == folder).unwrap_or(0)
+    }
+
+    /// The descriptor of a key folder, or why it is refused.
+    fn folder_fd(&self, folder: Folder) -> Result<Arc<OwnedFd>, String> {
+        let state = self.folders[Self::slot_of(folder)].read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match (&state.fd, &state.refused) {
+            (Some(fd), None) => Ok(fd.clone()),
+            (_, Some(why)) => Err(why.clone()),
+            (None, None) => Err(format!("{}/ is not open", folder.dir_name())),
+        }
+    }
+
+    /// Compares each key folder with what pki_dir names now: a folder
+    /// replaced by a plain folder of a trusted owner is reopened, one
+    /// replaced by anything else (a symlink, another owner) is refused.
+    /// Changes are kept for [`Pki::take_replaced`].
+    pub fn check_folders(&self) {
         for folder in Folder::ALL {
-            let path = self.folder_path(folder);
-            if !path.is_dir() {
-                fs::create_dir_all(&path)?;
-                fs::set_permissions(&path, fs::Permissions::from_mode(0o755))?;
-                std::os::unix::fs::chown(&path, Some(self.owner.uid), Some(self.owner.gid))?;
+            let slot = &self.folders[Self::slot_of(folder)];
+            let now = dirs::identity_at(&self.root, folder.dir_name());
+            let before = slot.read().unwrap_or_else(std::sync::PoisonError::into_inner).identity;
+            if now == Some(before) {
+                continue;
             }
+            let outcome =
+                match open_folder(&self.root, &self.root_path, folder, &PkiOptions { create: false, ..self.options }) {
+                    Ok(reopened) => {
+                        let mut state = slot.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+                        if state.refused.is_none() && state.identity == reopened.identity {
+                            continue;
+                        }
+                        *state = reopened;
+                        Ok(())
+                    }
+                    Err(e) => {
+                        let why = format!("{}/ was replaced and is refused: {e}", folder.dir_name());
+                        let mut state = slot.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+                        if state.refused.as_deref() == Some(why.as_str()) {
+                            continue;
+                        }
+                        state.fd = None;
+                        state.refused = Some(why.clone());
+                        state.identity = (0, 0);
+                        Err(why)
+                    }
+                };
+            self.replaced.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(Replaced { folder, outcome });
         }
-        let staging = self.root.join(STAGING_DIR);
-        match fs::create_dir(&staging) {
-            Ok(()) => fs::set_permissions(&staging, fs::Permissions::from_mode(0o700)),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-            Err(e) => Err(e),
-        }
+    }
+
+    /// Key folders replaced since the last call.
+    pub fn take_replaced(&self) -> Vec<Replaced> {
+        std::mem::take(&mut *self.replaced.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 
     pub fn read_slots(&self, id: &MinionId) -> Slots {
@@ -140,46 +266,46 @@ impl Pki {
     }
 
     /// [`Pki::read_slot`], also returning the file it read a key from.
-    fn open_slot(&self, folder: Folder, name: &str) -> (Slot, Option<File>) {
-        let path = self.folder_path(folder).join(name);
+    fn open_slot(&self, folder: Folder, name: &str) -> (Slot, Option<std::fs::File>) {
+        let dir = match self.folder_fd(folder) {
+            Ok(dir) => dir,
+            Err(why) => return (Slot::Refused(Refusal::Unreadable(why)), None),
+        };
         if MASTER_KEY_NAMES.contains(&name) {
             // Refused without being opened, and only where such a file is:
             // one refusal per file, not one per folder.
             return (
-                match path.symlink_metadata() {
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => Slot::Absent,
+                match rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+                    Err(rustix::io::Errno::NOENT) => Slot::Absent,
                     _ => Slot::Refused(Refusal::NotRegular("the name of a master key file")),
                 },
                 None,
             );
         }
-        let file = OpenOptions::new()
-            .read(true)
-            // NONBLOCK: opening a FIFO must not hang the agent.
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
-            .open(&path);
-        let mut file = match file {
-            Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return (Slot::Absent, None),
-            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-                return (Slot::Refused(Refusal::NotRegular("symbolic link")), None)
-            }
-            Err(e) => return (Slot::Refused(Refusal::Unreadable(e.to_string())), None),
+        // NONBLOCK: opening a FIFO must not hang the agent.
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+        let fd = match rustix::fs::openat(&*dir, name, flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::NOENT) => return (Slot::Absent, None),
+            Err(rustix::io::Errno::LOOP) => return (Slot::Refused(Refusal::NotRegular("symbolic link")), None),
+            Err(e) => return (Slot::Refused(Refusal::Unreadable(io::Error::from(e).to_string())), None),
         };
-        let meta = match file.metadata() {
-            Ok(meta) => meta,
-            Err(e) => return (Slot::Refused(Refusal::Unreadable(e.to_string())), None),
+        let mut file = std::fs::File::from(fd);
+        let st = match rustix::fs::fstat(&file) {
+            Ok(st) => st,
+            Err(e) => return (Slot::Refused(Refusal::Unreadable(io::Error::from(e).to_string())), None),
         };
-        if !meta.file_type().is_file() {
-            return (Slot::Refused(Refusal::NotRegular(file_type_name(&meta))), None);
+        let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
+        if kind != rustix::fs::FileType::RegularFile {
+            return (Slot::Refused(Refusal::NotRegular(file_type_name(kind))), None);
         }
-        if meta.nlink() > 1 {
-            return (Slot::Refused(Refusal::HardLinked(meta.nlink())), None);
+        if st.st_nlink > 1 {
+            return (Slot::Refused(Refusal::HardLinked(st.st_nlink)), None);
         }
-        if meta.len() > MAX_KEY_BYTES as u64 {
-            return (Slot::Refused(Refusal::Content(KeyError::TooLarge(meta.len()))), None);
+        if st.st_size as u64 > MAX_KEY_BYTES as u64 {
+            return (Slot::Refused(Refusal::Content(KeyError::TooLarge(st.st_size as u64))), None);
         }
-        let mut bytes = Vec::with_capacity(meta.len() as usize);
+        let mut bytes = Vec::with_capacity(st.st_size as usize);
         if let Err(e) = (&mut file).take(MAX_KEY_BYTES as u64 + 1).read_to_end(&mut bytes) {
             return (Slot::Refused(Refusal::Unreadable(e.to_string())), None);
         }
@@ -189,26 +315,28 @@ impl Pki {
         }
     }
 
-    /// Names present in each folder (dot files skipped, as Salt does).
+    /// Names present in each usable folder (dot files skipped, as Salt does).
     pub fn list(&self) -> io::Result<Vec<(Folder, String)>> {
+        self.check_folders();
         let mut out = Vec::new();
         for folder in Folder::ALL {
-            for dirent in fs::read_dir(self.folder_path(folder))? {
-                let name = dirent?.file_name();
-                match name.to_str() {
-                    Some(name) if !name.starts_with('.') => out.push((folder, name.to_string())),
-                    Some(_) => {}
-                    None => out.push((folder, name.to_string_lossy().into_owned())),
+            let Ok(dir) = self.folder_fd(folder) else { continue };
+            for name in read_names(&*dir)? {
+                match name.into_string() {
+                    Ok(name) if !name.starts_with('.') => out.push((folder, name)),
+                    Ok(_) => {}
+                    Err(name) => out.push((folder, name.to_string_lossy().into_owned())),
                 }
             }
         }
         Ok(out)
     }
 
-    /// Makes the folders say `decision`: the key staged in a dot file and
-    /// renamed into its folder, then the id removed from the other folders.
-    /// Not durable until [`Pki::sync`].
+    /// Makes the folders say `decision`: the key staged in the agent's
+    /// folder and renamed into its folder, then the id removed from the
+    /// other folders. Not durable until [`Pki::sync`].
     pub fn apply(&self, decision: &Decision) -> io::Result<Applied> {
+        self.check_folders();
         self.apply_in(decision, 0)
     }
 
@@ -218,6 +346,7 @@ impl Pki {
     /// staging folder's lock), so each writer stages in a folder of its own.
     /// Results are in the order of `decisions`.
     pub fn apply_all(&self, decisions: &[&Decision]) -> Vec<io::Result<Applied>> {
+        self.check_folders();
         let writers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_WRITERS);
         self.apply_by(decisions, writers)
     }
@@ -250,13 +379,25 @@ impl Pki {
             Verdict::Rejected(key) => (Some(Folder::Rejected), Some(key)),
             Verdict::Deleted => (None, None),
         };
+        // Every folder this decision touches must be usable: nothing is half-done.
+        let mut fds = Vec::with_capacity(3);
+        for folder in Folder::ALL {
+            fds.push(self.folder_fd(folder).map_err(|why| io::Error::new(io::ErrorKind::PermissionDenied, why))?);
+        }
+        let fd_of = |folder: Folder| &fds[Self::slot_of(folder)];
         let mut applied = Applied::default();
         let mut adopted = Adoption::No;
         if let (Some(folder), Some(key)) = (target, key) {
             adopted = match self.open_slot(Folder::Pending, id) {
-                (Slot::Key(pending), Some(file)) if pending.fingerprint() == key.fingerprint() => {
-                    self.adopt_pending(file, folder, id, key, lane, &mut applied.changes)
-                }
+                (Slot::Key(pending), Some(file)) if pending.fingerprint() == key.fingerprint() => self.adopt_pending(
+                    file,
+                    (folder, fd_of(folder)),
+                    fd_of(Folder::Pending),
+                    id,
+                    key,
+                    lane,
+                    &mut applied.changes,
+                ),
                 (Slot::Key(pending), _) => {
                     applied.discarded_pending = Some(pending);
                     Adoption::No
@@ -264,7 +405,7 @@ impl Pki {
                 _ => Adoption::No,
             };
             if adopted == Adoption::No {
-                self.write_key(folder, id, key.bytes(), lane)?;
+                self.write_key(fd_of(folder), folder, id, key.bytes(), lane)?;
                 applied.changes.push((folder, FsChange::MovedIn));
             }
         }
@@ -274,7 +415,7 @@ impl Pki {
             // pending key while the id was in no folder.
             if Some(folder) != target
                 && !(adopted == Adoption::Linked && folder == Folder::Pending)
-                && remove_if_present(&self.folder_path(folder).join(id))?
+                && remove_if_present(fd_of(folder), id)?
             {
                 applied.changes.push((folder, FsChange::Gone));
             }
@@ -282,150 +423,200 @@ impl Pki {
         Ok(applied)
     }
 
-    /// Writer `lane`'s staging folder (writer 0 uses the staging folder itself).
-    fn staging_dir(&self, lane: usize) -> PathBuf {
-        let mut staging = self.root.join(STAGING_DIR);
-        if lane > 0 {
-            staging.push(format!("{WRITER_DIR_PREFIX}{lane}"));
-        }
-        staging
-    }
-
-    /// Runs `op` on writer `lane`'s staging folder, which is made at its
-    /// first use (writer 0's, the staging folder itself, at start).
-    fn in_staging<T>(&self, lane: usize, op: impl Fn(&Path) -> io::Result<T>) -> io::Result<T> {
-        let staging = self.staging_dir(lane);
-        let result = op(&staging);
-        if lane > 0 && result.as_ref().is_err_and(|e| e.kind() == io::ErrorKind::NotFound) && !staging.is_dir() {
-            match fs::DirBuilder::new().mode(0o700).create(&staging) {
-                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
-                _ => return op(&staging),
+    fn write_key(&self, dir: &OwnedFd, folder: Folder, id: &str, bytes: &[u8], lane: usize) -> io::Result<()> {
+        let name = staged_name("keysync");
+        let staging = self.staging.lane(&self.root, lane)?;
+        let result = write_new(&*staging, &name, bytes, self.options.key_mode, self.options.owner)
+            .and_then(|()| rustix::fs::renameat(&*staging, &name, dir, id).map_err(io::Error::from));
+        if let Err(e) = &result {
+            let _ = rustix::fs::unlinkat(&*staging, &name, AtFlags::empty());
+            if e.raw_os_error() == Some(libc::EXDEV) {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "{}/{STAGING_DIR} and {}/{} are on different mounts (rename fails with EXDEV): keep the \
+                         key folders and the staging folder on one file system (see the packaged unit)",
+                        self.root_path.display(),
+                        self.root_path.display(),
+                        folder.dir_name()
+                    ),
+                ));
             }
-        }
-        result
-    }
-
-    fn write_key(&self, folder: Folder, id: &str, bytes: &[u8], lane: usize) -> io::Result<()> {
-        let dir = self.folder_path(folder);
-        let name = format!(".keysync-{}-{}", std::process::id(), STAGING_SEQ.fetch_add(1, Ordering::Relaxed));
-        let beside = &self.stage_beside[Folder::ALL.iter().position(|&f| f == folder).unwrap_or(0)];
-        if beside.load(Ordering::Relaxed) {
-            return self.stage(&dir.join(&name), &dir.join(id), bytes);
-        }
-        let staged = self.in_staging(lane, |staging| self.stage(&staging.join(&name), &dir.join(id), bytes));
-        match staged {
-            // Not the staging folder's mount: stage beside the key, from now on.
-            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
-                beside.store(true, Ordering::Relaxed);
-                tracing::info!(folder = %dir.display(), "staging beside the keys: the folder is a mount of its own");
-                self.stage(&dir.join(&name), &dir.join(id), bytes)
-            }
-            result => result,
-        }
-    }
-
-    fn stage(&self, staging: &Path, target: &Path, bytes: &[u8]) -> io::Result<()> {
-        let result = write_new(staging, bytes, KEY_MODE, self.owner).and_then(|()| fs::rename(staging, target));
-        if result.is_err() {
-            let _ = fs::remove_file(staging);
         }
         result
     }
 
     /// Flushes everything written to the file system holding pki_dir.
     pub fn sync(&self) -> io::Result<()> {
-        let dir = File::open(&self.root)?;
-        rustix::fs::syncfs(&dir)?;
+        rustix::fs::syncfs(&self.root)?;
         Ok(())
     }
 
     /// Removes staging files a crash left behind.
     pub fn clean_staging(&self) -> io::Result<usize> {
-        let mut removed = 0;
-        let staging = self.root.join(STAGING_DIR);
-        let mut dirs: Vec<PathBuf> = Folder::ALL.iter().map(|&f| self.folder_path(f)).collect();
-        if staging.is_dir() {
-            for dirent in fs::read_dir(&staging)? {
-                let dirent = dirent?;
-                if dirent.file_name().to_string_lossy().starts_with(WRITER_DIR_PREFIX) && dirent.file_type()?.is_dir() {
-                    dirs.push(dirent.path());
-                }
-            }
-            dirs.push(staging);
-        }
-        for dir in dirs {
-            for dirent in fs::read_dir(dir)? {
-                let dirent = dirent?;
-                if dirent.file_name().to_string_lossy().starts_with(".keysync-") {
-                    remove_if_present(&dirent.path())?;
-                    removed += 1;
-                }
-            }
-        }
-        Ok(removed)
+        self.staging.clean(&self.root)
+    }
+
+    /// The state marker's text, if there is one (in the staging folder).
+    pub fn read_marker(&self) -> io::Result<Option<String>> {
+        self.staging.read_marker()
+    }
+
+    /// Writes the state marker (staged under a fresh name, renamed, synced).
+    pub fn write_marker(&self, text: &str) -> io::Result<()> {
+        self.staging.write_marker(text)
+    }
+
+    /// Where the marker is, for messages.
+    pub fn marker_path(&self) -> PathBuf {
+        self.root_path.join(STAGING_DIR).join(staging::MARKER)
     }
 }
 
-/// Drops `<cachedir>/.dfn` so the master rotates its AES key at its next
-/// maintenance run, as `salt-key` does on a reject or delete; an existing one
-/// is left alone (a rotation is already due). Returns whether one was written.
-///
-/// Salt 3008 refuses (and never clears) a `.dfn` whose content is not its id,
-/// so the master must never see a half-written one: it is staged complete and
-/// hard-linked into place, which also fails if `.dfn` appeared meanwhile.
-pub fn drop_dfn(cachedir: &Path, master_id: &str, owner: Owner) -> io::Result<bool> {
-    let path = cachedir.join(".dfn");
-    if path.symlink_metadata().is_ok() {
-        return Ok(false);
-    }
-    let staging = cachedir.join(format!(".dfn-keysync-{}", std::process::id()));
-    remove_if_present(&staging)?;
-    let result = write_new(&staging, master_id.as_bytes(), DFN_MODE, owner).and_then(|()| {
-        match fs::hard_link(&staging, &path) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
-            Err(e) => Err(e),
-        }
-    });
-    let _ = fs::remove_file(&staging);
-    result
+/// The first key folder on another mount than the staging folder, if any
+/// (in `Folder::ALL` order; unknown mounts compare equal).
+fn apart_from<'a>(staging: &OwnedFd, folders: impl Iterator<Item = Option<&'a OwnedFd>>) -> Option<Folder> {
+    let staging = dirs::mount_of(staging)?;
+    Folder::ALL
+        .into_iter()
+        .zip(folders)
+        .find(|(_, fd)| fd.and_then(dirs::mount_of).is_some_and(|mount| mount != staging))
+        .map(|(folder, _)| folder)
 }
 
-/// Creates a staging file that must not exist yet (never through a symlink)
-/// holding `bytes`, with exactly `mode` and owned by `owner`.
-fn write_new(path: &Path, bytes: &[u8], mode: u32, owner: Owner) -> io::Result<()> {
-    let mut file =
-        OpenOptions::new().write(true).create_new(true).mode(mode).custom_flags(libc::O_NOFOLLOW).open(path)?;
+/// What `salt-keysync check` finds of the folders `run` would use, without
+/// changing anything: problems that stop `run`, and notes.
+pub fn inspect(root_path: &Path, trust: &Trust) -> (Vec<String>, Vec<String>) {
+    let (mut problems, mut notes) = (Vec::new(), Vec::new());
+    let root = match dirs::open_path(root_path, trust) {
+        Ok(root) => root,
+        Err(e) => {
+            problems.push(format!("pki_dir {e}"));
+            return (problems, notes);
+        }
+    };
+    let mut opened = Vec::new();
+    for folder in Folder::ALL {
+        let path = root_path.join(folder.dir_name());
+        let fd = dirs::open_dir_at(&root, folder.dir_name().as_bytes(), &path);
+        match fd.and_then(|fd| dirs::check_dir(&fd, &path, trust).map(|_| fd)) {
+            Ok(fd) => opened.push((folder, fd)),
+            Err(e) if e.is_not_found() => {
+                problems.push(format!("{} is missing (has the salt-master run once?)", path.display()))
+            }
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    // The staging folder is made in pki_dir itself: on pki_dir's mount.
+    if let Some(root_mount) = dirs::mount_of(&root) {
+        for (folder, fd) in &opened {
+            if dirs::mount_of(fd).is_some_and(|mount| mount != root_mount) {
+                problems.push(
+                    PkiError::Mounts {
+                        folder: root_path.join(folder.dir_name()).display().to_string(),
+                        staging: root_path.join(STAGING_DIR).display().to_string(),
+                    }
+                    .to_string(),
+                );
+            }
+        }
+    }
+    match staging::inspect(&root) {
+        Ok(None) => notes.push(format!("{}/{STAGING_DIR} is made at the first start", root_path.display())),
+        Ok(Some(())) => {}
+        Err(what) => notes.push(format!(
+            "{}/{STAGING_DIR}: {what}; the agent moves it aside and makes its own at start (audited)",
+            root_path.display()
+        )),
+    }
+    (problems, notes)
+}
+
+/// Opens (creating when asked and missing) one key folder of `root`.
+fn open_folder(root: &OwnedFd, root_path: &Path, folder: Folder, options: &PkiOptions) -> Result<KeyFolder, DirError> {
+    let name = folder.dir_name();
+    let path = root_path.join(name);
+    let fd = match dirs::open_dir_at(root, name.as_bytes(), &path) {
+        Err(e) if e.is_not_found() && options.create => {
+            // Salt makes them when the master first starts.
+            match rustix::fs::mkdirat(root, name, Mode::from_raw_mode(0o755)) {
+                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                Err(e) => return Err(DirError::Io { path: path.display().to_string(), source: e.into() }),
+            }
+            let fd = dirs::open_dir_at(root, name.as_bytes(), &path)?;
+            let chown = rustix::fs::fchown(
+                &fd,
+                Some(rustix::fs::Uid::from_raw(options.owner.uid)),
+                Some(rustix::fs::Gid::from_raw(options.owner.gid)),
+            );
+            chown
+                .and_then(|()| rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o755)))
+                .map_err(|e| DirError::Io { path: path.display().to_string(), source: e.into() })?;
+            fd
+        }
+        other => other?,
+    };
+    let identity = dirs::check_dir(&fd, &path, &options.trust)?;
+    Ok(KeyFolder { fd: Some(Arc::new(fd)), identity, refused: None })
+}
+
+/// A private name for a staged file: a dot file (Salt ignores it) unique in
+/// this process.
+fn staged_name(what: &str) -> String {
+    format!(".keysync-{what}-{}-{}", std::process::id(), STAGING_SEQ.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Every name in a folder (not `.` and `..`).
+fn read_names(dir: &impl AsFd) -> io::Result<Vec<OsString>> {
+    // A description of its own (opened as "." relative to the folder): its
+    // read offset is shared with no one.
+    let mut names = Vec::new();
+    let mut listing = rustix::fs::Dir::read_from(dir)?;
+    while let Some(entry) = listing.read() {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push(OsString::from_vec(name.to_vec()));
+        }
+    }
+    Ok(names)
+}
+
+/// Creates `name` in `dir`, which must not exist yet (never through a
+/// symlink: `O_EXCL|O_NOFOLLOW`), holding `bytes`, with exactly `mode` and
+/// owned by `owner`.
+fn write_new(dir: &impl AsFd, name: &str, bytes: &[u8], mode: u32, owner: Owner) -> io::Result<()> {
+    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(mode))?;
+    let mut file = std::fs::File::from(fd);
     file.write_all(bytes)?;
     // The umask may have narrowed the mode given to open.
-    file.set_permissions(fs::Permissions::from_mode(mode))?;
-    std::os::unix::fs::fchown(&file, Some(owner.uid), Some(owner.gid))
+    rustix::fs::fchmod(&file, Mode::from_raw_mode(mode))?;
+    rustix::fs::fchown(&file, Some(rustix::fs::Uid::from_raw(owner.uid)), Some(rustix::fs::Gid::from_raw(owner.gid)))?;
+    Ok(())
 }
 
-/// Removes a file; true if there was one.
-fn remove_if_present(path: &Path) -> io::Result<bool> {
-    match fs::remove_file(path) {
+/// Removes `name` from `dir` (a symlink itself, never its target); true if
+/// there was one.
+fn remove_if_present(dir: &impl AsFd, name: &str) -> io::Result<bool> {
+    match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
         Ok(()) => Ok(true),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(e),
+        Err(rustix::io::Errno::NOENT) => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 
-fn file_type_name(meta: &fs::Metadata) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    let kind = meta.file_type();
-    if kind.is_dir() {
-        "directory"
-    } else if kind.is_fifo() {
-        "FIFO"
-    } else if kind.is_socket() {
-        "socket"
-    } else if kind.is_block_device() || kind.is_char_device() {
-        "device"
-    } else {
-        "special file"
+fn file_type_name(kind: rustix::fs::FileType) -> &'static str {
+    use rustix::fs::FileType;
+    match kind {
+        FileType::Directory => "directory",
+        FileType::Fifo => "FIFO",
+        FileType::Socket => "socket",
+        FileType::BlockDevice | FileType::CharacterDevice => "device",
+        FileType::Symlink => "symbolic link",
+        _ => "special file",
     }
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

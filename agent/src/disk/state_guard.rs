@@ -13,13 +13,11 @@
 //! holds the store's random id and the node name. It is written once the
 //! store is initialized and checked at every start.
 
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::disk::pki::Pki;
 use crate::disk::store::Store;
 
-pub const MARKER: &str = ".salt-keysync-state";
 pub const RECOVER_COMMAND: &str = "salt-keysync recover --from-peers";
 
 #[derive(Debug, thiserror::Error)]
@@ -43,31 +41,26 @@ pub struct Marker {
     pub node: String,
 }
 
-/// In the agent's own folder in pki_dir (the staging folder, on the key
-/// folders' filesystem): the packaged unit lets the agent write there and in
-/// the three key folders only, never next to master.pem.
-pub fn marker_path(pki_dir: &Path) -> PathBuf {
-    pki_dir.join(crate::disk::pki::STAGING_DIR).join(MARKER)
-}
-
-pub fn read_marker(pki_dir: &Path) -> Result<Option<Marker>, GuardError> {
-    let path = marker_path(pki_dir);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => return Err(GuardError::Read { path, source }),
-    };
+/// Parses the marker's text.
+fn parse(text: &str) -> Marker {
     let field = |key: &str| {
         text.lines().find_map(|line| line.strip_prefix(key).map(|v| v.trim().to_string())).unwrap_or_default()
     };
-    Ok(Some(Marker { store_id: field("store "), node: field("node ") }))
+    Marker { store_id: field("store "), node: field("node ") }
 }
 
-/// Checks at start-up that `store` is the one that last synced `pki_dir`.
-/// A new store with no marker is a genuine first start; an initialized store
-/// with no marker was made before markers existed (the marker is written).
-pub fn check(pki_dir: &Path, store: &Store, state_dir: &Path) -> Result<(), GuardError> {
-    let Some(marker) = read_marker(pki_dir)? else { return Ok(()) };
+/// What the marker in `pki`'s staging folder says, if there is one.
+pub fn read_marker(pki: &Pki) -> Result<Option<Marker>, GuardError> {
+    let text = pki.read_marker().map_err(|source| GuardError::Read { path: pki.marker_path(), source })?;
+    Ok(text.as_deref().map(parse))
+}
+
+/// Checks at start-up that `store` is the one that last synced `pki`'s
+/// folders. A new store with no marker is a genuine first start; an
+/// initialized store with no marker was made before markers existed (the
+/// marker is written).
+pub fn check(pki: &Pki, store: &Store, state_dir: &Path) -> Result<(), GuardError> {
+    let Some(marker) = read_marker(pki)? else { return Ok(()) };
     if marker.store_id == store.id() {
         return Ok(());
     }
@@ -77,7 +70,7 @@ pub fn check(pki_dir: &Path, store: &Store, state_dir: &Path) -> Result<(), Guar
         Err(e) => format!("a store that cannot be read ({e})"),
     };
     Err(GuardError::Lost {
-        marker: marker_path(pki_dir),
+        marker: pki.marker_path(),
         expected: marker.store_id,
         node: marker.node,
         state: state_dir.to_path_buf(),
@@ -85,32 +78,20 @@ pub fn check(pki_dir: &Path, store: &Store, state_dir: &Path) -> Result<(), Guar
     })
 }
 
-/// Writes the marker naming `store_id` (staged and renamed, mode 0600).
-pub fn write_marker(pki_dir: &Path, store_id: &str, node: &str) -> Result<(), GuardError> {
-    let path = marker_path(pki_dir);
-    let folder = pki_dir.join(crate::disk::pki::STAGING_DIR);
-    let staging = folder.join(format!("{MARKER}.tmp"));
-    let write = || -> std::io::Result<()> {
-        match std::fs::DirBuilder::new().mode(0o700).create(&folder) {
-            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
-            _ => {}
-        }
-        let mut file =
-            std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&staging)?;
-        write!(file, "# salt-keysync: the state store that syncs this pki_dir; see docs/recovery.md\nstore {store_id}\nnode {node}\n")?;
-        file.sync_all()?;
-        std::fs::rename(&staging, &path)?;
-        std::fs::File::open(&folder)?.sync_all()
-    };
-    write().map_err(|source| GuardError::Write { path, source })
+/// Writes the marker naming `store_id`.
+pub fn write_marker(pki: &Pki, store_id: &str, node: &str) -> Result<(), GuardError> {
+    let text = format!(
+        "# salt-keysync: the state store that syncs this pki_dir; see docs/recovery.md\nstore {store_id}\nnode {node}\n"
+    );
+    pki.write_marker(&text).map_err(|source| GuardError::Write { path: pki.marker_path(), source })
 }
 
 /// Writes the marker unless it already names `store_id`.
-pub fn mark(pki_dir: &Path, store_id: &str, node: &str) -> Result<(), GuardError> {
-    if read_marker(pki_dir)?.is_some_and(|m| m.store_id == store_id) {
+pub fn mark(pki: &Pki, store_id: &str, node: &str) -> Result<(), GuardError> {
+    if read_marker(pki)?.is_some_and(|m| m.store_id == store_id) {
         return Ok(());
     }
-    write_marker(pki_dir, store_id, node)
+    write_marker(pki, store_id, node)
 }
 
 #[cfg(test)]
@@ -119,18 +100,19 @@ mod tests {
 
     #[test]
     fn first_start_passes_and_a_lost_store_is_refused() {
-        let pki = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let pki = crate::disk::pki::tests::open(dir.path());
         let state = tempfile::tempdir().unwrap();
         let store = Store::open(state.path(), "a").unwrap();
-        check(pki.path(), &store, state.path()).unwrap();
-        store.record(&[], &[], "a", 1).unwrap();
-        mark(pki.path(), store.id(), "a").unwrap();
-        check(pki.path(), &store, state.path()).unwrap();
+        check(&pki, &store, state.path()).unwrap();
+        store.record(&keysync_machine::node::StoreWrite { initialize: true, ..Default::default() }, "a").unwrap();
+        mark(&pki, store.id(), "a").unwrap();
+        check(&pki, &store, state.path()).unwrap();
         drop(store);
 
         let lost = tempfile::tempdir().unwrap();
         let fresh = Store::open(lost.path(), "a").unwrap();
-        let err = check(pki.path(), &fresh, lost.path()).unwrap_err().to_string();
+        let err = check(&pki, &fresh, lost.path()).unwrap_err().to_string();
         assert!(err.contains("state lost") && err.contains("no state") && err.contains(RECOVER_COMMAND), "{err}");
     }
 }

@@ -10,9 +10,16 @@ use std::path::{Path, PathBuf};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use crate::core::{Decision, Entry, MinionId, PublicKey, Verdict, Version};
+use keysync_machine::node::{Loaded, StoreWrite};
+
+use crate::core::{Decision, Entry, MinionId, Seen};
+use crate::disk::audit::AuditHead;
+
+mod codec;
 
 const DECISIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("decisions");
+/// Conflicts committed and maybe not told yet (see `StoreWrite::conflicts`).
+const UNTOLD: TableDefinition<&str, &[u8]> = TableDefinition::new("untold");
 const JOURNAL: TableDefinition<&str, &[u8]> = TableDefinition::new("journal");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
@@ -23,6 +30,8 @@ const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const CACHE_BYTES: usize = 4 * 1024 * 1024;
 
 const META_CLOCK: &str = "clock";
+/// The audit log's head when the store last committed (see `audit_guard.rs`).
+const META_AUDIT_HEAD: &str = "audit_head";
 const META_NODE: &str = "node";
 /// A random id made when the store is created; the marker in pki_dir names
 /// it, which ties the folders to this store (see `state_guard.rs`).
@@ -44,15 +53,6 @@ pub struct Store {
     id: String,
 }
 
-/// Everything the store holds, read at start-up.
-pub struct Loaded {
-    pub entries: Vec<(MinionId, Entry)>,
-    pub journal: Vec<Decision>,
-    pub clock: u64,
-    /// False on the agent's very first start with this state_dir.
-    pub initialized: bool,
-}
-
 impl Store {
     pub fn open(state_dir: &Path, node: &str) -> Result<Store, StoreError> {
         let path = state_dir.join("state.redb");
@@ -63,6 +63,7 @@ impl Store {
             // Creating the tables up front lets readers assume they exist.
             txn.open_table(DECISIONS).map_err(|e| store.err(e))?;
             txn.open_table(JOURNAL).map_err(|e| store.err(e))?;
+            txn.open_table(UNTOLD).map_err(|e| store.err(e))?;
             let meta = txn.open_table(META).map_err(|e| store.err(e))?;
             let found =
                 meta.get(META_NODE).map_err(|e| store.err(e))?.map(|v| String::from_utf8_lossy(v.value()).into_owned());
@@ -106,18 +107,26 @@ impl Store {
         db_error(&self.path, e)
     }
 
+    /// Everything the store holds, read at start-up.
     pub fn load(&self) -> Result<Loaded, StoreError> {
         let txn = self.db.begin_read().map_err(|e| self.err(e))?;
         let mut entries = Vec::new();
         for row in txn.open_table(DECISIONS).map_err(|e| self.err(e))?.iter().map_err(|e| self.err(e))? {
             let (id, value) = row.map_err(|e| self.err(e))?;
-            let decision = self.decode(id.value(), value.value())?;
-            entries.push((decision.id.clone(), decision.entry()));
+            let (decision, seen) = self.decode(id.value(), value.value())?;
+            entries.push((decision.id.clone(), Entry { seen: seen.into_boxed_slice(), ..decision.entry() }));
         }
         let mut journal = Vec::new();
         for row in txn.open_table(JOURNAL).map_err(|e| self.err(e))?.iter().map_err(|e| self.err(e))? {
             let (id, value) = row.map_err(|e| self.err(e))?;
-            journal.push(self.decode(id.value(), value.value())?);
+            journal.push(self.decode(id.value(), value.value())?.0);
+        }
+        let mut untold = Vec::new();
+        for row in txn.open_table(UNTOLD).map_err(|e| self.err(e))?.iter().map_err(|e| self.err(e))? {
+            let (key, value) = row.map_err(|e| self.err(e))?;
+            let conflict = codec::decode_conflict(value.value())
+                .ok_or_else(|| StoreError::Corrupt { path: self.path.clone(), id: key.value().replace('\0', " ") })?;
+            untold.push(conflict);
         }
         let meta = txn.open_table(META).map_err(|e| self.err(e))?;
         let clock = match meta.get(META_CLOCK).map_err(|e| self.err(e))? {
@@ -125,7 +134,7 @@ impl Store {
             None => 0,
         };
         let initialized = meta.get(META_NODE).map_err(|e| self.err(e))?.is_some();
-        Ok(Loaded { entries, journal, clock, initialized })
+        Ok(Loaded { entries, journal, clock, initialized, untold })
     }
 
     /// Full decisions (with keys) for the given ids; unknown ids are skipped.
@@ -135,7 +144,7 @@ impl Store {
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
             if let Some(value) = table.get(id.as_str()).map_err(|e| self.err(e))? {
-                out.push(self.decode(id.as_str(), value.value())?);
+                out.push(self.decode(id.as_str(), value.value())?.0);
             }
         }
         Ok(out)
@@ -151,50 +160,91 @@ impl Store {
         {
             let mut table = txn.open_table(JOURNAL).map_err(|e| self.err(e))?;
             for decision in decisions {
-                table.insert(decision.id.as_str(), encode(decision).as_slice()).map_err(|e| self.err(e))?;
+                table
+                    .insert(decision.id.as_str(), codec::encode_record(decision, &[]).as_slice())
+                    .map_err(|e| self.err(e))?;
             }
         }
         txn.commit().map_err(|e| self.err(e))
     }
 
-    /// Durably records decisions whose files are durable, clears them from the
-    /// journal, saves the clock and marks the store initialized.
-    pub fn record(&self, decisions: &[Decision], done: &[MinionId], node: &str, clock: u64) -> Result<(), StoreError> {
-        self.record_with(decisions, done, node, clock, true)
+    /// One durable commit (see [`StoreWrite`]): decisions held with the other
+    /// decisions seen for their ids, seen lists changed, journal entries
+    /// finished, conflicts kept until told (or forgotten once told), the
+    /// clock, and whether the store is initialized.
+    pub fn record(&self, write: &StoreWrite<'_>, node: &str) -> Result<(), StoreError> {
+        self.record_at(write, node, None)
     }
 
-    /// [`Store::record`]; `initialize` false leaves an uninitialized store so
-    /// (a first start recorded in steps: until the last step, a restart is
-    /// still a first start).
-    pub fn record_with(
-        &self,
-        decisions: &[Decision],
-        done: &[MinionId],
-        node: &str,
-        clock: u64,
-        initialize: bool,
-    ) -> Result<(), StoreError> {
+    /// [`Store::record`], noting in the same commit where the audit log's
+    /// chain ends now, so that records removed while the agent is stopped
+    /// are noticed at its next start.
+    pub fn record_at(&self, write: &StoreWrite<'_>, node: &str, head: Option<&AuditHead>) -> Result<(), StoreError> {
         let txn = self.db.begin_write().map_err(|e| self.err(e))?;
         {
             let mut table = txn.open_table(DECISIONS).map_err(|e| self.err(e))?;
-            for decision in decisions {
-                table.insert(decision.id.as_str(), encode(decision).as_slice()).map_err(|e| self.err(e))?;
+            let seen_of =
+                |id: &MinionId| write.seen.iter().find(|(seen_id, _)| seen_id == id).map(|(_, s)| s.as_slice());
+            for decision in write.decisions {
+                let record = codec::encode_record(decision, seen_of(&decision.id).unwrap_or_default());
+                table.insert(decision.id.as_str(), record.as_slice()).map_err(|e| self.err(e))?;
+            }
+            // Ids whose held decision stays and whose seen list grew.
+            for (id, seen) in write.seen.iter().filter(|(id, _)| !write.decisions.iter().any(|d| d.id == *id)) {
+                let held = table.get(id.as_str()).map_err(|e| self.err(e))?.map(|v| v.value().to_vec());
+                if let Some(held) = held {
+                    let (decision, _) = self.decode(id.as_str(), &held)?;
+                    table
+                        .insert(id.as_str(), codec::encode_record(&decision, seen).as_slice())
+                        .map_err(|e| self.err(e))?;
+                }
             }
             let mut journal = txn.open_table(JOURNAL).map_err(|e| self.err(e))?;
-            for id in done {
+            for id in write.done {
                 journal.remove(id.as_str()).map_err(|e| self.err(e))?;
             }
+            let mut untold = txn.open_table(UNTOLD).map_err(|e| self.err(e))?;
+            if write.conflicts_told {
+                untold.retain(|_, _| false).map_err(|e| self.err(e))?;
+            }
+            for (from, conflict) in write.conflicts {
+                let key = codec::conflict_key(conflict);
+                untold
+                    .insert(key.as_str(), codec::encode_conflict(from, conflict).as_slice())
+                    .map_err(|e| self.err(e))?;
+            }
             let mut meta = txn.open_table(META).map_err(|e| self.err(e))?;
-            meta.insert(META_CLOCK, clock.to_be_bytes().as_slice()).map_err(|e| self.err(e))?;
-            if initialize {
+            meta.insert(META_CLOCK, write.clock.to_be_bytes().as_slice()).map_err(|e| self.err(e))?;
+            if write.initialize {
                 meta.insert(META_NODE, node.as_bytes()).map_err(|e| self.err(e))?;
+            }
+            if let Some(head) = head {
+                meta.insert(META_AUDIT_HEAD, head.to_string().as_bytes()).map_err(|e| self.err(e))?;
             }
         }
         txn.commit().map_err(|e| self.err(e))
     }
 
-    fn decode(&self, id: &str, bytes: &[u8]) -> Result<Decision, StoreError> {
-        decode(id, bytes).ok_or_else(|| StoreError::Corrupt { path: self.path.clone(), id: id.into() })
+    /// Where the audit log's chain ended at the last commit that noted it.
+    pub fn audit_head(&self) -> Result<Option<AuditHead>, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let meta = txn.open_table(META).map_err(|e| self.err(e))?;
+        let head = meta.get(META_AUDIT_HEAD).map_err(|e| self.err(e))?;
+        Ok(head.and_then(|v| std::str::from_utf8(v.value()).ok()?.parse().ok()))
+    }
+
+    /// Notes where the audit log's chain ends (at a clean stop).
+    pub fn set_audit_head(&self, head: &AuditHead) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(|e| self.err(e))?;
+        {
+            let mut meta = txn.open_table(META).map_err(|e| self.err(e))?;
+            meta.insert(META_AUDIT_HEAD, head.to_string().as_bytes()).map_err(|e| self.err(e))?;
+        }
+        txn.commit().map_err(|e| self.err(e))
+    }
+
+    fn decode(&self, id: &str, bytes: &[u8]) -> Result<(Decision, Vec<Seen>), StoreError> {
+        codec::decode_record(id, bytes).ok_or_else(|| StoreError::Corrupt { path: self.path.clone(), id: id.into() })
     }
 }
 
@@ -210,70 +260,19 @@ fn db_error(path: &Path, e: impl Into<redb::Error>) -> StoreError {
     StoreError::Db { path: path.into(), source: Box::new(e.into()) }
 }
 
-// Record layout: kind u8, version, has_supersedes u8, [supersedes], key bytes.
-// A version is hlc u64 BE, node length u16 BE, node bytes.
-
-fn encode(decision: &Decision) -> Vec<u8> {
-    let key = decision.verdict.key().map(PublicKey::bytes).unwrap_or_default();
-    let mut out = Vec::with_capacity(64 + key.len());
-    out.push(match decision.verdict {
-        Verdict::Accepted(_) => 1,
-        Verdict::Rejected(_) => 2,
-        Verdict::Deleted => 3,
-    });
-    encode_version(&mut out, &decision.version);
-    match &decision.supersedes {
-        Some(version) => {
-            out.push(1);
-            encode_version(&mut out, version);
-        }
-        None => out.push(0),
-    }
-    out.extend_from_slice(key);
-    out
-}
-
-fn encode_version(out: &mut Vec<u8>, version: &Version) {
-    out.extend_from_slice(&version.hlc.to_be_bytes());
-    out.extend_from_slice(&(version.node.len() as u16).to_be_bytes());
-    out.extend_from_slice(version.node.as_bytes());
-}
-
-fn decode(id: &str, bytes: &[u8]) -> Option<Decision> {
-    let id = MinionId::parse(id).ok()?;
-    let (&kind, rest) = bytes.split_first()?;
-    let (version, rest) = decode_version(rest)?;
-    let (&has_supersedes, mut rest) = rest.split_first()?;
-    let supersedes = if has_supersedes == 1 {
-        let (version, after) = decode_version(rest)?;
-        rest = after;
-        Some(version)
-    } else {
-        None
-    };
-    let verdict = match kind {
-        1 => Verdict::Accepted(PublicKey::new(rest)),
-        2 => Verdict::Rejected(PublicKey::new(rest)),
-        3 => Verdict::Deleted,
-        _ => return None,
-    };
-    Some(Decision { id, verdict, version, supersedes })
-}
-
-fn decode_version(bytes: &[u8]) -> Option<(Version, &[u8])> {
-    let hlc = u64::from_be_bytes(bytes.get(..8)?.try_into().ok()?);
-    let len = usize::from(u16::from_be_bytes(bytes.get(8..10)?.try_into().ok()?));
-    let node = std::str::from_utf8(bytes.get(10..10 + len)?).ok()?;
-    Some((Version { hlc, node: crate::core::version::node_name(node) }, &bytes[10 + len..]))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::{Context, PublicKey, Verdict, Version};
     use keysync_machine::testkit::PUB;
 
-    fn decision(id: &str, verdict: Verdict, hlc: u64, supersedes: Option<Version>) -> Decision {
-        Decision { id: MinionId::parse(id).unwrap(), verdict, version: Version::new(hlc, "a"), supersedes }
+    fn decision(id: &str, verdict: Verdict, hlc: u64, knew: Option<Version>) -> Decision {
+        Decision {
+            id: MinionId::parse(id).unwrap(),
+            verdict,
+            version: Version::new(hlc, "a"),
+            context: Context::new(knew),
+        }
     }
 
     #[test]
@@ -282,18 +281,33 @@ mod tests {
         let key = PublicKey::new(PUB.as_bytes());
         let accepted = decision("web01", Verdict::Accepted(key.clone()), 7, None);
         let deleted = decision("web02", Verdict::Deleted, 9, Some(Version::new(3, "b")));
-        let pending = decision("web03", Verdict::Rejected(key), 11, None);
+        let pending = decision("web03", Verdict::Rejected(key.clone()), 11, None);
+        let older = decision("web01", Verdict::Rejected(key), 5, None);
+        let conflict =
+            crate::core::merge::Conflict { id: accepted.id.clone(), winner: accepted.seen(), loser: older.seen() };
         {
             let store = Store::open(dir.path(), "a").unwrap();
             assert!(!store.load().unwrap().initialized);
             // A step of a first start: recorded, but still a first start.
-            store.record_with(std::slice::from_ref(&deleted), &[], "a", 5, false).unwrap();
+            let step = StoreWrite { decisions: std::slice::from_ref(&deleted), clock: 5, ..StoreWrite::default() };
+            store.record(&step, "a").unwrap();
             let stepped = store.load().unwrap();
             assert!(!stepped.initialized);
             assert_eq!(stepped.entries.len(), 1);
             store.journal(std::slice::from_ref(&pending)).unwrap();
             store.journal(std::slice::from_ref(&accepted)).unwrap();
-            store.record(&[accepted.clone(), deleted.clone()], std::slice::from_ref(&accepted.id), "a", 99).unwrap();
+            let seen = vec![(accepted.id.clone(), vec![older.seen()])];
+            let conflicts = vec![(std::sync::Arc::from("b"), conflict.clone())];
+            let write = StoreWrite {
+                decisions: &[accepted.clone(), deleted.clone()],
+                seen: &seen,
+                conflicts: &conflicts,
+                done: std::slice::from_ref(&accepted.id),
+                clock: 99,
+                initialize: true,
+                ..StoreWrite::default()
+            };
+            store.record(&write, "a").unwrap();
         }
         let store = Store::open(dir.path(), "a").unwrap();
         let loaded = store.load().unwrap();
@@ -301,13 +315,21 @@ mod tests {
         assert_eq!(loaded.clock, 99);
         assert_eq!(loaded.journal, vec![pending]);
         assert_eq!(loaded.entries.len(), 2);
+        let web01 = loaded.entries.iter().find(|(id, _)| *id == accepted.id).unwrap();
+        assert_eq!(web01.1.seen.to_vec(), vec![older.seen()], "what was seen is kept with the decision");
+        assert_eq!(loaded.untold, vec![(std::sync::Arc::from("b"), conflict)]);
         assert_eq!(store.get(&[accepted.id.clone(), deleted.id.clone()]).unwrap(), vec![accepted, deleted]);
+        store.record(&StoreWrite { conflicts_told: true, clock: 99, ..StoreWrite::default() }, "a").unwrap();
+        assert!(store.load().unwrap().untold.is_empty(), "told conflicts are forgotten");
     }
 
     #[test]
     fn refuses_another_nodes_state() {
         let dir = tempfile::tempdir().unwrap();
-        Store::open(dir.path(), "a").unwrap().record(&[], &[], "a", 1).unwrap();
+        Store::open(dir.path(), "a")
+            .unwrap()
+            .record(&StoreWrite { initialize: true, ..StoreWrite::default() }, "a")
+            .unwrap();
         let err = Store::open(dir.path(), "b").err().unwrap();
         assert!(err.to_string().contains("belongs to node \"a\", not \"b\""), "{err}");
     }

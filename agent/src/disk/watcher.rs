@@ -35,7 +35,19 @@ pub const WATCHED: EventKindMask = EventKindMask::CREATE
 
 /// Keeps the inotify watches alive; dropping it stops them.
 pub struct FolderWatch {
-    _watcher: RecommendedWatcher,
+    watcher: std::sync::Mutex<RecommendedWatcher>,
+    pki_dir: PathBuf,
+}
+
+impl FolderWatch {
+    /// Watches a key folder anew after it was replaced by another folder
+    /// (the old watch followed the old folder's inode).
+    pub fn rewatch(&self, folder: Folder) -> notify::Result<()> {
+        let path = self.pki_dir.join(folder.dir_name());
+        let mut watcher = self.watcher.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _ = watcher.unwatch(&path);
+        watcher.watch(&path, RecursiveMode::NonRecursive)
+    }
 }
 
 pub fn watch(pki_dir: &Path) -> notify::Result<(FolderWatch, mpsc::UnboundedReceiver<WatchEvent>)> {
@@ -68,7 +80,7 @@ pub fn watch(pki_dir: &Path) -> notify::Result<(FolderWatch, mpsc::UnboundedRece
     for (_, path) in &folders {
         watcher.watch(path, RecursiveMode::NonRecursive)?;
     }
-    Ok((FolderWatch { _watcher: watcher }, rx))
+    Ok((FolderWatch { watcher: std::sync::Mutex::new(watcher), pki_dir: pki_dir.to_path_buf() }, rx))
 }
 
 fn translate(folders: &[(Folder, PathBuf)], event: &notify::Event) -> Vec<WatchEvent> {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keysync_proto::v1::{self, key_sync_client::KeySyncClient};
-use keysync_proto::PROTOCOL_VERSION;
+use keysync_proto::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
 use keysync_server::TlsSetup;
 use prost::Message;
 use tokio::sync::{broadcast, mpsc, watch};
@@ -40,6 +40,8 @@ enum SessionError {
     Rpc(#[from] tonic::Status),
     #[error("peer answered Hello as {0:?}")]
     WrongName(String),
+    #[error("peer speaks protocol {0}, this agent needs {MIN_PROTOCOL_VERSION} or later: upgrade salt-keysync there")]
+    OldProtocol(u32),
     #[error("peer closed the push stream")]
     PushClosed,
     #[error(transparent)]
@@ -209,6 +211,9 @@ impl PeerLink {
         if hello.node != self.peer.name {
             return Err(SessionError::WrongName(hello.node));
         }
+        if hello.protocol_version < MIN_PROTOCOL_VERSION {
+            return Err(SessionError::OldProtocol(hello.protocol_version));
+        }
         self.board.contact(&self.peer.name);
         self.board.peer_health(&self.peer.name, health_from_wire(hello.health.clone()));
         Ok(hello)
@@ -230,13 +235,8 @@ impl PeerLink {
         while let Some(chunk) = stream.message().await? {
             run.bytes_received += chunk.encoded_len();
             buckets.extend(chunk.buckets);
-            for summary in chunk.entries {
-                // A malformed summary only means that id is not fetched.
-                let Ok(id) = MinionId::parse(&summary.minion) else { continue };
-                let Some(version) = summary.version else { continue };
-                let Ok(version) = crate::net::wire::version_from_wire(version, id.as_str()) else { continue };
-                summaries.push((id, version));
-            }
+            // A malformed summary only means that id is not fetched.
+            summaries.extend(chunk.entries.into_iter().filter_map(crate::net::wire::summary_from_wire));
         }
         self.board.contact(&self.peer.name);
         if buckets.is_empty() {
@@ -380,6 +380,6 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 /// versions, plus generous room for tags and lengths.
 fn wire_size(decision: &Decision) -> usize {
     let key = decision.verdict.key().map_or(0, |key| key.bytes().len());
-    let versions = decision.version.node.len() + decision.supersedes.as_ref().map_or(0, |v| v.node.len());
+    let versions = decision.version.node.len() + decision.context.iter().map(|v| v.node.len() + 12).sum::<usize>();
     key + decision.id.as_str().len() + versions + 64
 }

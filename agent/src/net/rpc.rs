@@ -11,7 +11,7 @@ use tonic::Status;
 use crate::core::digest::N_BUCKETS;
 use crate::core::MinionId;
 use crate::disk::audit::{AuditLog, Record};
-use crate::net::wire::{decision_from_wire, decision_to_wire, health_from_wire, health_to_wire, version_to_wire};
+use crate::net::wire::{decision_from_wire, decision_to_wire, health_from_wire, health_to_wire, summary_to_wire};
 use crate::node::{CoreHandle, Request};
 
 /// Most ids one Fetch may ask for.
@@ -77,13 +77,7 @@ impl Handler for RpcHandler {
             .chunks(SUMMARIES_PER_CHUNK)
             .map(|chunk| v1::DiffChunk {
                 buckets: Vec::new(),
-                entries: chunk
-                    .iter()
-                    .map(|(id, version)| v1::Summary {
-                        minion: id.to_string(),
-                        version: Some(version_to_wire(version)),
-                    })
-                    .collect(),
+                entries: chunk.iter().map(|(id, summary)| summary_to_wire(id, summary)).collect(),
             })
             .collect();
         if chunks.is_empty() {
@@ -157,6 +151,14 @@ pub fn audit_transport(audit: Arc<AuditLog>) -> keysync_server::EventFn {
             TransportEvent::RequestRefused { peer, reason } => {
                 Record { peer: Some(peer.0.clone()), reason: Some(reason), ..Record::new("refuse", &peer.0, "refused") }
             }
+            TransportEvent::RefusedAgain { source, count, window, last_reason } => Record {
+                remote: Some(source.to_string()),
+                reason: Some(format!(
+                    "{count} more connections refused from {source} in {}s (told once a minute per address; last: {last_reason})",
+                    window.as_secs()
+                )),
+                ..Record::new("refuse", "network", "refused")
+            },
             TransportEvent::Connected { remote, peer } => Record {
                 peer: Some(peer.0.clone()),
                 remote: Some(remote.to_string()),
@@ -165,6 +167,28 @@ pub fn audit_transport(audit: Arc<AuditLog>) -> keysync_server::EventFn {
         };
         audit.record(record);
     })
+}
+
+/// The addresses `peers` connect from, as their configured addresses
+/// resolve now: their handshakes keep a share strangers cannot use.
+pub async fn peer_sources(peers: &[crate::config::Peer]) -> Vec<std::net::IpAddr> {
+    let mut sources = Vec::new();
+    for peer in peers {
+        match tokio::time::timeout(std::time::Duration::from_secs(5), tokio::net::lookup_host(peer.address.as_str()))
+            .await
+        {
+            Ok(Ok(addresses)) => sources.extend(addresses.map(|a| a.ip())),
+            Ok(Err(e)) => {
+                tracing::warn!(peer = %peer.name, address = %peer.address, error = %e, "cannot resolve a peer's address")
+            }
+            Err(_) => {
+                tracing::warn!(peer = %peer.name, address = %peer.address, "resolving a peer's address took over 5 s")
+            }
+        }
+    }
+    sources.sort();
+    sources.dedup();
+    sources
 }
 
 fn presented_names(names: &[String]) -> Option<String> {

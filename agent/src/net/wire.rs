@@ -4,7 +4,8 @@
 use keysync_proto::v1;
 
 use crate::core::keyfile::{check_public_key, KeyError};
-use crate::core::{Decision, MinionId, PublicKey, Verdict, Version};
+use crate::core::replica::Summary;
+use crate::core::{Context, Decision, Fingerprint, MinionId, PublicKey, Verdict, Version};
 use crate::disk::health::{MasterHealth, SETTINGS, UNSET};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -21,15 +22,25 @@ pub enum WireError {
     Key { id: String, source: KeyError },
     #[error("delete decision for {0:?} carries a key")]
     KeyOnDelete(String),
+    #[error("decision for {id:?} claims to know {known}, which is not older than the decision itself")]
+    KnowsTheFuture { id: String, known: String },
+    #[error("decision for {0:?} lists more than {MAX_CONTEXT} versions it knew")]
+    ContextTooLarge(String),
 }
+
+/// Most versions a decision's context may list: one per node of a site.
+pub const MAX_CONTEXT: usize = 256;
 
 impl WireError {
     /// The minion id the refused message was about, if it could be read.
     pub fn minion(&self) -> Option<&str> {
         match self {
             WireError::Id(_) => None,
-            WireError::NoVerdict(id) | WireError::NoVersion(id) | WireError::KeyOnDelete(id) => Some(id),
-            WireError::Node { id, .. } | WireError::Key { id, .. } => Some(id),
+            WireError::NoVerdict(id)
+            | WireError::NoVersion(id)
+            | WireError::KeyOnDelete(id)
+            | WireError::ContextTooLarge(id) => Some(id),
+            WireError::Node { id, .. } | WireError::Key { id, .. } | WireError::KnowsTheFuture { id, .. } => Some(id),
         }
     }
 }
@@ -39,7 +50,21 @@ pub fn decision_from_wire(msg: v1::Decision) -> Result<Decision, WireError> {
     let raw_id = || msg.minion.clone();
     let version = msg.version.ok_or_else(|| WireError::NoVersion(raw_id()))?;
     let version = version_from_wire(version, &msg.minion)?;
-    let supersedes = msg.supersedes.map(|v| version_from_wire(v, &msg.minion)).transpose()?;
+    if msg.context.len() > MAX_CONTEXT {
+        return Err(WireError::ContextTooLarge(raw_id()));
+    }
+    // Protocol 1 sends only the version its origin held.
+    let known = if msg.context.is_empty() { msg.supersedes.into_iter().collect() } else { msg.context };
+    let mut context = Context::default();
+    for known in known {
+        let known = version_from_wire(known, &msg.minion)?;
+        // A decision knows only what came before it (its clock witnessed
+        // every version it saw): a claim of more would hide conflicts.
+        if known >= version {
+            return Err(WireError::KnowsTheFuture { id: raw_id(), known: known.to_string() });
+        }
+        context.add(&known);
+    }
     let key = |bytes: Vec<u8>| {
         check_public_key(&bytes).map_err(|source| WireError::Key { id: raw_id(), source })?;
         Ok::<_, WireError>(PublicKey::new(bytes))
@@ -51,7 +76,7 @@ pub fn decision_from_wire(msg: v1::Decision) -> Result<Decision, WireError> {
         Ok(v1::Verdict::Deleted) => return Err(WireError::KeyOnDelete(raw_id())),
         Ok(v1::Verdict::Unspecified) | Err(_) => return Err(WireError::NoVerdict(raw_id())),
     };
-    Ok(Decision { id, verdict, version, supersedes })
+    Ok(Decision { id, verdict, version, context })
 }
 
 pub fn version_from_wire(msg: v1::Version, id: &str) -> Result<Version, WireError> {
@@ -79,7 +104,50 @@ pub fn decision_to_wire(decision: &Decision) -> v1::Decision {
         verdict: verdict.into(),
         public_key: decision.verdict.key().map(|k| k.bytes().to_vec()).unwrap_or_default(),
         version: Some(version_to_wire(&decision.version)),
-        supersedes: decision.supersedes.as_ref().map(version_to_wire),
+        supersedes: decision.context.highest().map(version_to_wire),
+        context: decision.context.iter().map(version_to_wire).collect(),
+    }
+}
+
+/// An id's anti-entropy summary for the wire.
+pub fn summary_to_wire(id: &MinionId, summary: &Summary) -> v1::Summary {
+    let (verdict, fingerprint) = match summary.content {
+        Some((rank, fingerprint)) => (verdict_of_rank(rank), fingerprint.map(|f| f.0.to_vec()).unwrap_or_default()),
+        None => (v1::Verdict::Unspecified, Vec::new()),
+    };
+    v1::Summary {
+        minion: id.to_string(),
+        version: Some(version_to_wire(&summary.version)),
+        verdict: verdict.into(),
+        fingerprint,
+    }
+}
+
+/// A peer's summary; `None` when the id or version is malformed (that id is
+/// then not fetched). Content a protocol-1 peer leaves out is unknown.
+pub fn summary_from_wire(msg: v1::Summary) -> Option<(MinionId, Summary)> {
+    let id = MinionId::parse(&msg.minion).ok()?;
+    let version = version_from_wire(msg.version?, id.as_str()).ok()?;
+    let fingerprint = match msg.fingerprint.len() {
+        0 => None,
+        32 => Some(Fingerprint(msg.fingerprint.try_into().ok()?)),
+        _ => return None,
+    };
+    let content = match v1::Verdict::try_from(msg.verdict) {
+        Ok(v1::Verdict::Accepted) if fingerprint.is_some() => Some((0, fingerprint)),
+        Ok(v1::Verdict::Deleted) if fingerprint.is_none() => Some((1, None)),
+        Ok(v1::Verdict::Rejected) if fingerprint.is_some() => Some((2, fingerprint)),
+        _ => None,
+    };
+    Some((id, Summary { version, content }))
+}
+
+/// The verdict a content rank stands for (see `Seen::content_rank`).
+fn verdict_of_rank(rank: u8) -> v1::Verdict {
+    match rank {
+        0 => v1::Verdict::Accepted,
+        1 => v1::Verdict::Deleted,
+        _ => v1::Verdict::Rejected,
     }
 }
 
@@ -123,13 +191,48 @@ mod tests {
             public_key: PUB.as_bytes().to_vec(),
             version: Some(v1::Version { hlc: 5, node: "master-a".into() }),
             supersedes: None,
+            context: Vec::new(),
         }
+    }
+
+    fn version(hlc: u64, node: &str) -> v1::Version {
+        v1::Version { hlc, node: node.into() }
     }
 
     #[test]
     fn round_trips() {
         let decision = decision_from_wire(accepted("web01")).unwrap();
         assert_eq!(decision_to_wire(&decision), accepted("web01"));
+        let known = v1::Decision { context: vec![version(3, "master-b"), version(4, "master-c")], ..accepted("web01") };
+        let decision = decision_from_wire(known.clone()).unwrap();
+        assert_eq!(decision.context.len(), 2);
+        // Protocol-1 peers read the highest known version as `supersedes`.
+        assert_eq!(decision_to_wire(&decision), v1::Decision { supersedes: Some(version(4, "master-c")), ..known });
+    }
+
+    /// A protocol-1 peer's `supersedes` is its decision's whole context.
+    #[test]
+    fn a_protocol_1_decision_knows_what_it_superseded() {
+        let old = v1::Decision { supersedes: Some(version(3, "master-b")), ..accepted("web01") };
+        let decision = decision_from_wire(old).unwrap();
+        assert_eq!(
+            decision.context.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            [Version::new(3, "master-b").to_string()]
+        );
+    }
+
+    #[test]
+    fn summaries_carry_what_the_decision_says() {
+        let id = MinionId::parse("web01").unwrap();
+        let decision = decision_from_wire(accepted("web01")).unwrap();
+        let summary = Summary::of(&decision.seen());
+        assert_eq!(summary_from_wire(summary_to_wire(&id, &summary)), Some((id.clone(), summary.clone())));
+        let from_protocol_1 =
+            v1::Summary { minion: "web01".into(), version: Some(version(5, "master-a")), ..Default::default() };
+        assert_eq!(summary_from_wire(from_protocol_1), Some((id, Summary { content: None, ..summary })));
+        let bad =
+            v1::Summary { minion: "web01".into(), version: Some(version(5, "a")), verdict: 1, fingerprint: vec![1; 7] };
+        assert_eq!(summary_from_wire(bad), None);
     }
 
     #[test]
@@ -154,6 +257,9 @@ mod tests {
                 v1::Decision { version: Some(v1::Version { hlc: 1, node: "../x".into() }), ..accepted("web01") },
                 "invalid node name",
             ),
+            (v1::Decision { context: vec![version(5, "master-b")], ..accepted("web01") }, "not older than"),
+            (v1::Decision { supersedes: Some(version(9, "master-b")), ..accepted("web01") }, "not older than"),
+            (v1::Decision { context: vec![version(1, "x"); MAX_CONTEXT + 1], ..accepted("web01") }, "more than"),
         ];
         for (msg, want) in cases {
             let err = decision_from_wire(msg.clone()).unwrap_err().to_string();

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use keysync_machine::core::merge::Conflict;
 use keysync_machine::node::{Applied, Event, Failure, Runtime, StoreWrite};
 use tokio::sync::broadcast;
 
@@ -19,8 +20,8 @@ const AUDIT_BATCH: usize = 1024;
 
 pub struct Effects {
     pub(super) node: String,
-    pub(super) pki: Pki,
-    pub(super) store: Store,
+    pub(super) pki: Arc<Pki>,
+    pub(super) store: Arc<Store>,
     pub(super) owner: Owner,
     pub(super) cachedir: PathBuf,
     pub(super) master_id: String,
@@ -59,7 +60,7 @@ impl Runtime for Effects {
     }
 
     fn drop_dfn(&mut self) -> Result<bool, Failure> {
-        drop_dfn(&self.cachedir, &self.master_id, self.owner)
+        drop_dfn(&self.cachedir, &self.master_id, self.owner, &self.pki.trust())
             .map_err(|e| format!("cannot drop {}/.dfn: {e}", self.cachedir.display()))
     }
 
@@ -68,13 +69,18 @@ impl Runtime for Effects {
     }
 
     fn record(&mut self, write: &StoreWrite<'_>) -> Result<(), Failure> {
-        self.store
-            .record_with(write.decisions, write.done, &self.node, write.clock, write.initialize)
-            .map_err(|e| e.to_string())
+        self.store.record_at(write, &self.node, Some(&self.audit.head())).map_err(|e| e.to_string())
     }
 
     fn load(&mut self, ids: &[MinionId]) -> Result<Vec<Decision>, Failure> {
         self.store.get(ids).map_err(|e| e.to_string())
+    }
+
+    fn was_told(&mut self, conflict: &Conflict) -> bool {
+        // Records written before a stop are in the file; the rotated ones
+        // would be days older than any conflict still untold.
+        crate::disk::audit::read_all(self.audit.path())
+            .is_ok_and(|records| records.iter().any(|r| super::tell::tells(r, conflict)))
     }
 
     fn audit(&mut self, event: Event) {

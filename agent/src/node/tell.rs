@@ -2,9 +2,10 @@
 //! its log line and the metrics it moves. The one place records of the
 //! node's decisions are built.
 
-use keysync_machine::node::{Event, Side};
+use keysync_machine::core::merge::Conflict;
+use keysync_machine::node::Event;
 
-use crate::core::Decision;
+use crate::core::{Decision, Seen};
 use crate::disk::audit::Record;
 use crate::ops::metrics::Metrics;
 
@@ -29,13 +30,31 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
             fingerprint: decision.verdict.fingerprint().map(|f| f.to_string()),
             origin: Some(node.to_string()),
             version: Some(decision.version.to_string()),
-            other_version: decision.supersedes.as_ref().map(ToString::to_string),
+            other_version: decision.context.highest().map(ToString::to_string),
             reason: found.map(|found| found.describe().to_string()),
             ..Record::new(decision.verdict.kind().action(), "local", "applied")
         },
-        Event::Applied { decision, from } => {
+        Event::Applied { decision, from, replaced: None } => {
             remote_record(decision, from, decision.verdict.kind().action(), "applied", None)
         }
+        // One accepted key replaced by another: never a plain "accept applied".
+        Event::Applied { decision, from, replaced: Some(old) } => Record {
+            other_fingerprint: Some(old.to_string()),
+            ..remote_record(
+                decision,
+                from,
+                "accept",
+                "replaced",
+                Some(format!("the accepted key {old} was replaced by another one")),
+            )
+        },
+        Event::NotOurs { decision, from } => remote_record(
+            decision,
+            from,
+            "refuse",
+            "refused",
+            Some(format!("{} claims this master ({node}) as its origin, which never made it", decision.version)),
+        ),
         Event::Superseded { decision, from, held } => remote_record(
             decision,
             from,
@@ -46,23 +65,37 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
         Event::FromTheFuture { decision, from, error } => {
             remote_record(decision, from, "refuse", "refused", Some(error.to_string()))
         }
-        Event::Conflict { id, from, winner, loser } => Record {
-            minion: Some(id.to_string()),
-            fingerprint: winner.fingerprint.map(|f| f.to_string()),
-            other_fingerprint: loser.fingerprint.map(|f| f.to_string()),
-            origin: Some(winner.version.node.to_string()),
-            version: Some(winner.version.to_string()),
-            other_version: Some(loser.version.to_string()),
-            reason: Some(format!(
-                "{} at {} and {} at {} were made concurrently; {} wins",
-                kind(winner),
-                winner.version.node,
-                kind(loser),
-                loser.version.node,
-                winner.version
-            )),
-            ..Record::new("conflict", from, "resolved")
-        },
+        Event::Conflict { conflict, from } => {
+            let (winner, loser) = (&conflict.winner, &conflict.loser);
+            let reason = if winner.version == loser.version {
+                format!(
+                    "{} carries two contents ({} and {}); {} is kept everywhere",
+                    winner.version,
+                    describe(winner),
+                    describe(loser),
+                    describe(winner)
+                )
+            } else {
+                format!(
+                    "{} at {} and {} at {} were made concurrently; {} is the later",
+                    describe(winner),
+                    winner.version.node,
+                    describe(loser),
+                    loser.version.node,
+                    winner.version
+                )
+            };
+            Record {
+                minion: Some(conflict.id.to_string()),
+                fingerprint: winner.fingerprint.map(|f| f.to_string()),
+                other_fingerprint: loser.fingerprint.map(|f| f.to_string()),
+                origin: Some(winner.version.node.to_string()),
+                version: Some(winner.version.to_string()),
+                other_version: Some(loser.version.to_string()),
+                reason: Some(reason),
+                ..Record::new("conflict", from, "resolved")
+            }
+        }
         Event::PendingDiscarded { id, from, origin, pending, decided } => Record {
             minion: Some(id.to_string()),
             fingerprint: Some(pending.to_string()),
@@ -107,7 +140,10 @@ pub fn log_and_count(event: &Event, metrics: &Metrics) {
             version = %decision.version,
             "local decision"
         ),
-        Event::Applied { decision, from } => {
+        Event::Applied { decision, from, replaced } => {
+            if let Some(old) = replaced {
+                tracing::warn!(minion = %decision.id, peer = &**from, old = %old, new = ?decision.verdict.fingerprint(), "an accepted key was replaced by another one");
+            }
             let version = &decision.version;
             // Bootstrap versions carry no decision time: no latency for them.
             metrics.applied(if version.is_bootstrap() { 0 } else { version.millis() }, super::wall_ms());
@@ -121,9 +157,18 @@ pub fn log_and_count(event: &Event, metrics: &Metrics) {
             metrics.decisions_refused.inc();
             tracing::warn!(minion = %decision.id, peer = &**from, error = %error, "refused a decision from the future");
         }
-        Event::Conflict { id, winner, loser, .. } => {
+        Event::Conflict { conflict, .. } => {
             metrics.decisions_conflicted.inc();
-            tracing::warn!(minion = %id, winner = %winner.version, loser = %loser.version, "concurrent decisions");
+            tracing::warn!(
+                minion = %conflict.id,
+                winner = %conflict.winner.version,
+                loser = %conflict.loser.version,
+                "conflicting decisions"
+            );
+        }
+        Event::NotOurs { decision, from } => {
+            metrics.decisions_refused.inc();
+            tracing::warn!(minion = %decision.id, peer = &**from, version = %decision.version, "refused a decision claiming this master as its origin");
         }
         Event::Rotated => tracing::info!("dropped .dfn: the master rotates its AES key"),
         Event::RotateFailed { error } => tracing::error!(
@@ -149,8 +194,20 @@ pub fn log_and_count(event: &Event, metrics: &Metrics) {
     }
 }
 
-fn kind(side: &Side) -> &'static str {
-    side.kind.map_or("none", |kind| kind.action())
+/// What a decision said, for a conflict's reason: "accept 3f:a1:…" or "delete".
+fn describe(seen: &Seen) -> String {
+    match seen.fingerprint {
+        Some(fingerprint) => format!("{} {}", seen.kind.action(), &fingerprint.to_string()[..11]),
+        None => seen.kind.action().to_string(),
+    }
+}
+
+/// Whether `record` tells `conflict` (same id and the same two versions).
+pub fn tells(record: &Record, conflict: &Conflict) -> bool {
+    record.action == "conflict"
+        && record.minion.as_deref() == Some(conflict.id.as_str())
+        && record.version.as_deref() == Some(conflict.winner.version.to_string().as_str())
+        && record.other_version.as_deref() == Some(conflict.loser.version.to_string().as_str())
 }
 
 fn remote_record(decision: &Decision, from: &str, action: &str, outcome: &str, reason: Option<String>) -> Record {

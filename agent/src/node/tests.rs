@@ -8,8 +8,7 @@ fn core_in(dir: &std::path::Path) -> (Core, CoreHandle, mpsc::Receiver<Request>)
     let pki_dir = dir.join("pki");
     std::fs::create_dir(&pki_dir).unwrap();
     let owner = Owner::of_path(dir).unwrap();
-    let pki = Pki::new(pki_dir, owner);
-    pki.ensure_folders().unwrap();
+    let pki = Arc::new(crate::disk::pki::tests::open(&pki_dir));
     let parts = CoreParts {
         settings: CoreSettings {
             node: "b".into(),
@@ -20,13 +19,14 @@ fn core_in(dir: &std::path::Path) -> (Core, CoreHandle, mpsc::Receiver<Request>)
         },
         store: {
             std::fs::create_dir(dir.join("state")).unwrap();
-            Store::open(&dir.join("state"), "b").unwrap()
+            Arc::new(Store::open(&dir.join("state"), "b").unwrap())
         },
         pki,
         owner,
         audit: Arc::new(AuditLog::open(&dir.join("audit.jsonl"), "b").unwrap()),
         settle: crate::core::settle::SettleTimings::default(),
         metrics: Arc::new(crate::ops::metrics::Metrics::new()),
+        watch: None,
     };
     start(parts).unwrap()
 }
@@ -36,7 +36,7 @@ fn accept(id: &str, at: u64, node: &str) -> Decision {
         id: MinionId::parse(id).unwrap(),
         verdict: Verdict::Accepted(PublicKey::new(PUB.as_bytes())),
         version: Version::new(at, node),
-        supersedes: None,
+        context: Default::default(),
     }
 }
 

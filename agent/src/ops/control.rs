@@ -64,11 +64,13 @@ pub async fn bind(path: &Path, state_dir: &Path) -> Result<UnixListener> {
         Ok(_) => bail!("control_socket {} exists and is not a socket; refusing to replace it", path.display()),
         Err(_) => {}
     }
-    let listener =
-        UnixListener::bind(path).with_context(|| format!("cannot bind control socket {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("cannot set mode 0600 on control socket {}", path.display()))?;
-    Ok(listener)
+    // Created owner-only: a chmod after bind would leave a moment in which
+    // the socket has the umask's mode. The umask is the process's; nothing
+    // else creates files this early in a start.
+    let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+    let bound = UnixListener::bind(path);
+    rustix::process::umask(old);
+    bound.with_context(|| format!("cannot bind control socket {}", path.display()))
 }
 
 /// What a status request needs from the rest of the agent.
@@ -133,6 +135,7 @@ async fn key_counts(ctx: &ControlContext) -> KeyCounts {
 
 #[cfg(test)]
 mod tests {
+
     use super::*;
 
     fn mode(path: &Path) -> u32 {

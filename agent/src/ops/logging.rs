@@ -1,6 +1,8 @@
-//! Log output for journald: a `<N>` syslog priority before each line (the
-//! sd-daemon convention journald reads from stderr by default), so
-//! `journalctl -p warning` selects the agent's warnings and errors.
+//! Text log output: for journald, a `<N>` syslog priority before each line
+//! (the sd-daemon convention journald reads from stderr by default), so
+//! `journalctl -p warning` selects the agent's warnings and errors; and
+//! everywhere, minion ids and peer names shown safely (`text.rs`): one
+//! event, one line, no escape sequence reaching the terminal.
 
 use std::fmt;
 
@@ -31,5 +33,63 @@ where
     fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
         write!(writer, "<{}>", priority(event.metadata().level()))?;
         self.0.format_event(ctx, writer, event)
+    }
+}
+
+/// Wraps an event format: the line it writes has every control character
+/// escaped (but its final newline), so an id holding a newline or an escape
+/// sequence can neither forge a log line nor reach the terminal.
+pub struct Escaped<F>(pub F);
+
+impl<S, N, F> FormatEvent<S, N> for Escaped<F>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
+        let mut line = String::new();
+        self.0.format_event(ctx, Writer::new(&mut line), event)?;
+        let body = line.strip_suffix('\n').unwrap_or(&line);
+        writeln!(writer, "{}", crate::text::shown(body))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Issue 14 item 6: a minion id with a newline and `ESC[8m` stays one
+    /// line with its control characters escaped.
+    #[test]
+    fn an_event_is_one_line_without_control_characters() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let plain = tracing_subscriber::fmt::format().without_time().with_ansi(false);
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .event_format(JournaldPriority(Escaped(plain)))
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(minion = %"evil\n<3>forged line\u{1b}[8m", "refused key file");
+        });
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text:?}");
+        assert!(text.starts_with("<4>") && text.contains("evil\\u{a}<3>forged line\\u{1b}[8m"), "{text:?}");
     }
 }

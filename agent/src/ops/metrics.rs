@@ -172,12 +172,18 @@ pub async fn bind(address: SocketAddr) -> anyhow::Result<TcpListener> {
 
 /// Serves `GET /metrics` until `shutdown`.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: CancellationToken) -> std::io::Result<()> {
+    use super::scrape_listener::{ScrapeListener, CONNECTION_DEADLINE, MAX_CONNECTIONS};
+    // Bounded in connections and time (see `scrape_listener.rs`).
+    serve_on(ScrapeListener::new(listener, MAX_CONNECTIONS, CONNECTION_DEADLINE), metrics, shutdown).await
+}
+
+/// [`serve`] on a listener already bounded.
+pub async fn serve_on(
+    listener: super::scrape_listener::ScrapeListener,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     use axum::routing::get;
-    use axum::serve::ListenerExt;
-    // Small responses: without NODELAY a scrape can wait on a delayed ACK.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
     let app = axum::Router::new().route(
         "/metrics",
         get(move || {

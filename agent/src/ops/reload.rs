@@ -47,6 +47,10 @@ impl Reloader {
                 return;
             };
             let outcome = self.reload();
+            if outcome.is_ok() {
+                let sources = crate::net::rpc::peer_sources(&self.current.peers).await;
+                self.control.set_peer_sources(sources);
+            }
             if let Some(reply) = reply {
                 let _ = reply.send(outcome);
             }

@@ -162,17 +162,26 @@ async fn hello_naming_another_node_is_permission_denied() {
     .await;
 }
 
+/// Upgrades run one master at a time: a caller announcing the previous or
+/// the next protocol version is served (the newer side speaks down); one
+/// older than the oldest this build speaks is refused with what to upgrade.
 #[tokio::test]
-async fn wrong_protocol_version_is_failed_precondition() {
+async fn the_previous_and_next_protocol_versions_are_served_older_ones_refused() {
     bounded(async {
         let pki = Pki::new();
         let server = TestServer::start(&pki, "b", &["a"]).await;
         let mut client =
             connect(&server.address(), "b", &pki.setup(&["a"]), MAX_MESSAGE, CONNECT_TIMEOUT).await.unwrap();
+        for announced in [keysync_proto::PROTOCOL_VERSION - 1, keysync_proto::PROTOCOL_VERSION + 1] {
+            let request = HelloRequest { node: "a".into(), protocol_version: announced, health: None };
+            let answer = client.hello(request).await.expect("served").into_inner();
+            assert_eq!(answer.protocol_version, keysync_proto::PROTOCOL_VERSION, "the server says what it speaks");
+        }
         let request =
-            HelloRequest { node: "a".into(), protocol_version: keysync_proto::PROTOCOL_VERSION + 1, health: None };
+            HelloRequest { node: "a".into(), protocol_version: keysync_proto::MIN_PROTOCOL_VERSION - 1, health: None };
         let status = client.hello(request).await.unwrap_err();
         assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+        assert!(status.message().contains("too old") && status.message().contains("upgrade"), "{status:?}");
         let event = server.event("RequestRefused", |e| matches!(e, TransportEvent::RequestRefused { .. })).await;
         assert!(matches!(event, TransportEvent::RequestRefused { peer, .. } if peer.0 == "a"));
         server.assert_serves(&pki).await;
@@ -206,6 +215,7 @@ async fn garbage_and_stalled_handshakes_do_not_block_others() {
         let opts = ServeOptions {
             allowed_peers: vec!["a".into()],
             handshake_timeout: Duration::from_millis(500),
+            refusal_window: Duration::ZERO,
             ..ServeOptions::default()
         };
         let server = TestServer::start_with(&pki, "b", opts).await;

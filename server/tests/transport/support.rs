@@ -115,7 +115,12 @@ impl TestServer {
         Self::start_with(
             pki,
             own,
-            ServeOptions { allowed_peers: allowed.iter().map(|s| s.to_string()).collect(), ..ServeOptions::default() },
+            ServeOptions {
+                allowed_peers: allowed.iter().map(|s| s.to_string()).collect(),
+                // Every refusal reported: these tests count them one by one.
+                refusal_window: Duration::ZERO,
+                ..ServeOptions::default()
+            },
         )
         .await
     }

@@ -1,7 +1,9 @@
-//! The key folders as mounts of their own, as systemd's `ReadWritePaths=`
-//! makes them under the packaged unit: a rename from the agent's staging
-//! folder into `minions/` then fails with EXDEV. The agent must fall back to
-//! staging beside the keys, keep replicating, and leave no staging file.
+//! The key folders as mounts of their own, as the old packaged unit made
+//! them (`ReadWritePaths=` on each): a rename from the agent's staging folder
+//! into `minions/` fails with EXDEV, and staging beside the keys would put
+//! the agent's files in folders other tools watch (issue 18). The agent
+//! refuses to start, naming the folders and the fix, and `check` says the
+//! same; with pki_dir one mount (the unit's layout now), it replicates.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -56,22 +58,33 @@ fn staging_files(pki: &Path) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn key_folders_that_are_mounts_of_their_own_still_replicate() {
+async fn key_folders_that_are_mounts_of_their_own_are_refused_and_one_mount_replicates() {
     let _serial = crate::common::SERIAL.lock().await;
     const N: usize = 20;
     let root = tempfile::tempdir().unwrap();
     let keys = key_pool(4);
     let ids: Vec<String> = (0..N).map(|i| format!("bound{i:02}")).collect();
     let mut cluster = FaultCluster::create(root.path(), 3, |idx, f| {
-        // Pending on B too, as on a multi-master site: B cannot rename its
-        // pending copy across the mounts and must write the key instead.
+        // Pending on B too, as on a multi-master site.
         if idx < 2 {
             write_pending(&f.pki, ids.iter().cloned(), &keys);
         }
     })
     .await;
     let b = cluster.files[1].pki.clone();
-    let _mounts = BindMounts::over(FOLDERS.iter().map(|f| b.join(f)).collect());
+    {
+        let _mounts = BindMounts::over(FOLDERS.iter().map(|f| b.join(f)).collect());
+        let (code, log) = cluster.start_refused(1).await;
+        assert_eq!(code, Some(1), "{log}");
+        assert!(log.contains("is a mount of its own") && log.contains("one mount"), "{log}");
+        let check =
+            keysync_tests::binary::run_cli(&["check", "--config", cluster.files[1].config_path.to_str().unwrap()]);
+        let said = String::from_utf8_lossy(&check.stdout);
+        assert!(!check.status.success() && said.contains("FAIL") && said.contains("is a mount of its own"), "{said}");
+        assert_eq!(staging_files(&b), Vec::<String>::new(), "nothing staged anywhere");
+    }
+    // pki_dir itself one mount, key folders and staging on it: as the unit makes it now.
+    let _mount = BindMounts::over(vec![b.clone()]);
     cluster.start_all().await;
     let a = cluster.files[0].pki.clone();
     for id in &ids {
@@ -89,12 +102,5 @@ async fn key_folders_that_are_mounts_of_their_own_still_replicate() {
     }
     assert_eq!(staging_files(&b), Vec::<String>::new(), "no staging file left behind");
     assert_eq!(count(&b, "minions_pre"), 0, "B's pending copies are gone");
-    let log = std::fs::read_to_string(cluster.log(1)).unwrap();
-    assert!(log.contains("staging beside the keys"), "the EXDEV fallback was not taken:\n{log}");
-    assert_eq!(
-        log.matches("staging beside the keys").count(),
-        2,
-        "once per folder written (minions, minions_rejected)"
-    );
     cluster.stop_all();
 }

@@ -4,7 +4,7 @@
 //! Every test ends with all folders identical and no decision an operator
 //! did not make (no delete, no rollback) anywhere.
 
-/// Key folders that are mounts of their own (systemd's ReadWritePaths=).
+/// Key folders that are mounts of their own: refused; pki_dir as one mount: replicates.
 mod bind_mounts;
 /// Clocks hours ahead and behind; a peer far in the future refused.
 mod clock;

@@ -1,7 +1,7 @@
 //! Partitions between all three masters while each takes conflicting
 //! decisions on the same minions: after healing, all folders are identical
 //! and hold what the version rule says (the highest version wins), and each
-//! conflict is audited once per master however often the loser comes back.
+//! pair of concurrent decisions is audited once per master however often they come back.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -62,9 +62,11 @@ async fn conflicting_decisions_in_a_partition_converge_to_the_highest_version() 
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut n_conflicts = 0;
     for idx in 0..3 {
-        let mut seen: HashMap<(String, String), usize> = HashMap::new();
+        // Each pair of concurrent decisions once (three concurrent decisions are three pairs).
+        let mut seen: HashMap<(String, String, String), usize> = HashMap::new();
         for r in audited(&cluster, idx, "conflict", "resolved") {
-            *seen.entry((r.minion.clone().unwrap(), r.other_version.clone().unwrap())).or_default() += 1;
+            let pair = (r.minion.clone().unwrap(), r.version.clone().unwrap(), r.other_version.clone().unwrap());
+            *seen.entry(pair).or_default() += 1;
         }
         n_conflicts += seen.len();
         let repeated: Vec<_> = seen.iter().filter(|(_, &n)| n > 1).collect();

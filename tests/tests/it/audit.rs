@@ -123,6 +123,31 @@ fn the_default_output_is_a_table() {
     assert!(cells[8].starts_with("ab:cd:ef:01:23:45:67:89…"), "{text}");
 }
 
+/// Issue 14 item 6: a valid Salt id holding a newline and `ESC[8m` (and a
+/// peer name with a bidirectional override) cannot forge a row of the table
+/// or hide the real one: `audit` never prints a raw control character, and
+/// each record stays one row; `--json` keeps the text as it was.
+#[test]
+fn the_table_never_prints_a_control_character() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let forged_id = "web01\n2026-01-01 00:00:00Z  master-a  accept  applied  evil\u{1b}[8m";
+    let mut hostile = rec(2, "refuse", Some(forged_id), Some("master-b\u{202e}"), "network");
+    hostile.reason = Some("bad\rkey\u{7}".into());
+    write_chain(&path, vec![rec(3, "accept", Some("web02"), Some("master-a"), "local"), hostile]);
+    let out = run_cli(&["audit", "--file", path.to_str().unwrap()]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{text:?}");
+    assert!(!text.contains('\u{202e}'), "{text:?}");
+    assert_eq!(text.lines().count(), 3, "a header and one row per record: {text}");
+    assert!(text.contains("web01\\u{a}2026-01-01") && text.contains("evil\\u{1b}[8m"), "{text}");
+    let json = run_cli(&["audit", "--file", path.to_str().unwrap(), "--json"]);
+    let records: Vec<Record> =
+        String::from_utf8(json.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(records[1].minion.as_deref(), Some(forged_id), "JSON keeps the id as it is");
+}
+
 /// `audit verify FILES` → (exit code, stdout).
 fn verify(files: &[&Path]) -> (i32, String) {
     let mut args = vec!["audit", "verify"];
@@ -375,4 +400,65 @@ async fn the_chain_survives_kill_9_and_a_torn_line() {
         .find(|p| p.to_string_lossy().contains(".torn-"))
         .expect("the torn bytes were kept");
     assert_eq!(std::fs::read(aside).unwrap(), torn);
+}
+
+/// Issue 14 item 7: records cut off the end of the log while the agent is
+/// stopped leave a chain that verifies, but the next start notices (the
+/// store noted where the chain ended) and records a `gap` naming the head
+/// it had written; `audit verify --head` with that head fails on the cut log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_tail_is_noticed_at_the_next_start() {
+    use keysync_tests::binary::AgentProcess;
+    use keysync_tests::salt_ops::{master_writes_pending, new_public_key};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = CertAuthority::new("ca").unwrap();
+    let files = write_agent_files(dir.path(), &ca, "master-a", free_addr(), &[]);
+    let started = |log: &Path| std::fs::read_to_string(log).is_ok_and(|t| t.contains("agent started"));
+    let first_log = dir.path().join("first.log");
+    let agent = AgentProcess::start(&files.config_path, first_log.clone());
+    keysync_tests::wait_until(Duration::from_secs(20), "agent started", || started(&first_log)).await;
+    for id in ["web01", "web02", "web03"] {
+        master_writes_pending(&files.pki, id, &new_public_key());
+    }
+    keysync_tests::wait_until(Duration::from_secs(20), "pending keys audited", || {
+        salt_keysync::disk::audit::read_all(&files.audit_log).unwrap().iter().filter(|r| r.action == "pending").count()
+            == 3
+    })
+    .await;
+    assert!(agent.stop().success());
+    let text = std::fs::read_to_string(&files.audit_log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let last: Record = serde_json::from_str(lines.last().unwrap()).unwrap();
+    let head = format!("{}:{}", last.seq, line_hash(lines.last().unwrap().as_bytes()));
+    // Someone removes the last three records: the rest still verifies.
+    let cut: String = lines[..lines.len() - 3].iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&files.audit_log, cut).unwrap();
+    let (code, out) = verify(&[&files.audit_log]);
+    assert_eq!(code, 0, "a cut tail alone verifies: {out}");
+    let told = run_cli(&["audit", "verify", files.audit_log.to_str().unwrap(), "--head", &head]);
+    assert_eq!(told.status.code(), Some(1), "{}", String::from_utf8_lossy(&told.stdout));
+    assert!(String::from_utf8_lossy(&told.stdout).contains("cut off the end"));
+
+    let second_log = dir.path().join("second.log");
+    let agent = AgentProcess::start(&files.config_path, second_log.clone());
+    keysync_tests::wait_until(Duration::from_secs(20), "agent restarted", || started(&second_log)).await;
+    assert!(agent.stop().success());
+    let records = salt_keysync::disk::audit::read_all(&files.audit_log).unwrap();
+    let gap = records.iter().find(|r| r.action == "gap").expect("a gap record");
+    assert_eq!(gap.outcome, "detected");
+    assert!(gap.reason.as_deref().is_some_and(|why| why.contains(&head) && why.contains("removed")), "{gap:#?}");
+    let log = std::fs::read_to_string(&second_log).unwrap();
+    assert!(log.contains("ERROR") && log.contains("tampered"), "{log}");
+    // A whole log with its head: verify --head passes.
+    let records_text = std::fs::read_to_string(&files.audit_log).unwrap();
+    let final_line = records_text.lines().last().unwrap();
+    let final_seq = serde_json::from_str::<Record>(final_line).unwrap().seq;
+    let whole = run_cli(&[
+        "audit",
+        "verify",
+        files.audit_log.to_str().unwrap(),
+        "--head",
+        &format!("{final_seq}:{}", line_hash(final_line.as_bytes())),
+    ]);
+    assert_eq!(whole.status.code(), Some(0), "{}", String::from_utf8_lossy(&whole.stdout));
 }

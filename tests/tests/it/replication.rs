@@ -162,7 +162,13 @@ async fn accept_and_reject_made_during_a_partition_converge_as_a_conflict() {
         cluster.agents[0].audit().iter().any(|r| {
             r.action == "conflict"
                 && r.minion.as_deref() == Some("split")
-                && r.reason.as_deref().is_some_and(|why| why.starts_with("reject at master-b and accept at master-a"))
+                && r.version.as_deref().is_some_and(|v| v.ends_with("@master-b"))
+                && r.other_version.as_deref().is_some_and(|v| v.ends_with("@master-a"))
+                && r.reason.as_deref().is_some_and(|why| {
+                    why.starts_with("reject ")
+                        && why.contains(" at master-b and accept ")
+                        && why.contains("concurrently")
+                })
         })
     })
     .await;

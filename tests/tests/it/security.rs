@@ -216,6 +216,7 @@ fn wire_accept(minion: &str, key: &str, hlc: u64) -> v1::Decision {
         public_key: key.as_bytes().to_vec(),
         version: Some(v1::Version { hlc, node: "master-b".into() }),
         supersedes: None,
+        context: Vec::new(),
     }
 }
 
@@ -317,12 +318,14 @@ async fn hostile_messages_from_a_configured_peer_are_refused_and_write_nothing()
     cluster.shutdown().await;
 }
 
-/// Opens one raw TLS connection to `addr` as `identity` (or with no client
-/// certificate), trusting `ca_pem` for the server, and says whether the
-/// server refused it (handshake failed, or the connection closed before any
-/// HTTP/2 byte). Returns the client's local address, which the agent audits.
+/// Opens one raw TLS connection to `addr` from `source` as `identity` (or
+/// with no client certificate), trusting `ca_pem` for the server, and says
+/// whether the server refused it (handshake failed, or the connection closed
+/// before any HTTP/2 byte). Returns the client's local address, which the
+/// agent audits (the first refusal from each address in a minute).
 async fn stranger(
     addr: std::net::SocketAddr,
+    source: std::net::IpAddr,
     ca_pem: &str,
     identity: Option<&TlsMaterial>,
 ) -> (std::net::SocketAddr, bool) {
@@ -345,7 +348,9 @@ async fn stranger(
             .unwrap(),
     };
     config.alpn_protocols = vec![b"h2".to_vec()];
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(std::net::SocketAddr::new(source, 0)).unwrap();
+    let tcp = socket.connect(addr).await.unwrap();
     let local = tcp.local_addr().unwrap();
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let attempt = async {
@@ -379,8 +384,9 @@ async fn strangers_at_the_door_are_refused_audited_and_peers_still_served() {
         ("an unconfigured name", Some(identity(&cluster, "mallory")), "mallory", "names no configured peer"),
         ("an expired certificate", Some(material(expired)), "master-b", "xpired"),
     ];
-    for (what, client, presented, reason) in &cases {
-        let (local, refused) = stranger(cluster.agents[0].addr, &ca_pem, client.as_ref()).await;
+    for (n, (what, client, presented, reason)) in cases.iter().enumerate() {
+        let source = std::net::IpAddr::from([127, 0, 2, 1 + n as u8]);
+        let (local, refused) = stranger(cluster.agents[0].addr, source, &ca_pem, client.as_ref()).await;
         assert!(refused, "{what}: the agent let it in");
         let remote = local.to_string();
         wait_until(SETTLE, &format!("{what} audited"), || {
@@ -428,5 +434,45 @@ async fn strangers_at_the_door_are_refused_audited_and_peers_still_served() {
     // The real peers are still served, both directions.
     accepted_everywhere(&cluster, 0, "from-a", &new_public_key()).await;
     accepted_everywhere(&cluster, 2, "from-c", &new_public_key()).await;
+    cluster.shutdown().await;
+}
+
+/// Issue 14 item 4: 300 idle TCP connections from 30 addresses, no TLS
+/// byte sent (260 locked a peer out before), hold master-b's port while its
+/// peers must handshake again: they are served before the idle connections
+/// time out (their addresses keep a share of handshakes strangers cannot
+/// use, each stranger address is bounded), and the audit log grows by at
+/// most a few records per address, not one per connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_strangers_neither_starve_the_peers_nor_flood_the_audit() {
+    let cluster = TestCluster::start(3).await;
+    let target = cluster.agents[1].addr;
+    cluster.partition(&[&[0], &[1], &[2]]);
+    let mut idle = Vec::new();
+    for i in 0..300u32 {
+        let source = std::net::IpAddr::from([127, 0, 1, 2 + (i % 30) as u8]);
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(std::net::SocketAddr::new(source, 0)).unwrap();
+        if let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_secs(5), socket.connect(target)).await {
+            idle.push(stream);
+        }
+    }
+    cluster.heal();
+    accepted_everywhere(&cluster, 0, "while-held", &new_public_key()).await;
+    let still_held = |stream: &tokio::net::TcpStream| matches!(stream.try_read(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+    assert!(idle.iter().any(still_held), "the peers were served only once the idle connections had timed out");
+    // Every idle connection is closed at the handshake deadline.
+    wait_until(Duration::from_secs(30), "the idle connections are closed", || !idle.iter().any(still_held)).await;
+    let mut per_source: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for record in cluster.agents[1].audit() {
+        if let Some(remote) = record.remote.as_deref().filter(|r| r.starts_with("127.0.1.")) {
+            let ip = remote.rsplit_once(':').map_or(remote, |(ip, _)| ip);
+            *per_source.entry(ip.to_string()).or_default() += 1;
+        }
+    }
+    assert!(!per_source.is_empty(), "the refusals are audited");
+    let most = per_source.values().max().copied().unwrap_or(0);
+    assert!(most <= 2, "at most a few records per stranger address, not one per connection: {per_source:?}");
+    accepted_everywhere(&cluster, 2, "after", &new_public_key()).await;
     cluster.shutdown().await;
 }

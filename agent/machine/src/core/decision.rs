@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
+use super::causal::{Context, Seen};
 use super::id::MinionId;
 use super::version::Version;
 
@@ -121,36 +122,73 @@ pub struct Decision {
     pub id: MinionId,
     pub verdict: Verdict,
     pub version: Version,
-    /// The version the origin held for this id when it decided; `None` when it
-    /// held none. Tells concurrent decisions from successive ones.
-    pub supersedes: Option<Version>,
+    /// What the origin knew of the id's history when it decided (empty when
+    /// nothing): tells concurrent decisions from successive ones.
+    pub context: Context,
 }
 
 impl Decision {
+    /// The entry a node holds for this decision, having seen nothing else.
     pub fn entry(&self) -> Entry {
         Entry {
             kind: self.verdict.kind(),
             fingerprint: self.verdict.fingerprint(),
             version: self.version.clone(),
-            supersedes: self.supersedes.clone(),
+            context: self.context.clone(),
+            seen: Box::default(),
+        }
+    }
+
+    /// This decision as kept for telling conflicts.
+    pub fn seen(&self) -> Seen {
+        Seen {
+            version: self.version.clone(),
+            kind: self.verdict.kind(),
+            fingerprint: self.verdict.fingerprint(),
+            context: self.context.clone(),
         }
     }
 }
 
-/// What a node keeps in memory about a decision: everything but the key bytes,
-/// which stay in the store (100,000 keys of ~450 bytes would not fit the
-/// memory target).
+/// What a node keeps in memory about an id: the decision held without its
+/// key bytes, which stay in the store (100,000 keys of ~450 bytes would not
+/// fit the memory target), and the other decisions about it this node has
+/// seen (for most ids none), to tell every conflict exactly once.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
     pub kind: VerdictKind,
     pub fingerprint: Option<Fingerprint>,
     pub version: Version,
-    pub supersedes: Option<Version>,
+    pub context: Context,
+    /// Other decisions seen, oldest first, at most [`super::causal::MAX_SEEN`].
+    pub seen: Box<[Seen]>,
 }
 
 impl Entry {
     /// Whether the entry says the same thing as `verdict`, whatever its version.
     pub fn same_verdict(&self, verdict: &Verdict) -> bool {
         self.kind == verdict.kind() && self.fingerprint == verdict.fingerprint()
+    }
+
+    /// The decision held, as kept for telling conflicts.
+    pub fn held(&self) -> Seen {
+        Seen {
+            version: self.version.clone(),
+            kind: self.kind,
+            fingerprint: self.fingerprint,
+            context: self.context.clone(),
+        }
+    }
+
+    /// Everything this node knows of the id's history: what a decision it
+    /// makes now knows.
+    pub fn known(&self) -> Context {
+        let mut known = self.context.clone();
+        known.add(&self.version);
+        for seen in self.seen.iter() {
+            known.join(&seen.context);
+            known.add(&seen.version);
+        }
+        known
     }
 }

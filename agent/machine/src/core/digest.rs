@@ -4,8 +4,8 @@
 
 use sha2::{Digest, Sha256};
 
+use super::causal::Seen;
 use super::id::MinionId;
-use super::version::Version;
 
 /// Buckets of the id space. 1,024 digests are 8 KiB on the wire; with 100,000
 /// keys a bucket holds about 100 entries, so one differing key costs 8 KiB
@@ -17,14 +17,19 @@ pub fn bucket_of(id: &MinionId) -> usize {
     usize::from(u16::from_be_bytes([hash[0], hash[1]])) % N_BUCKETS
 }
 
-/// The hash of one `(id, version)`: a version names one decision, so equal
-/// hashes mean equal decisions.
-fn entry_hash(id: &MinionId, version: &Version) -> u64 {
+/// The hash of the decision held for `id`: its version and what it says, so
+/// one version carried with two contents (a forgery, or a bug) shows as a
+/// difference instead of hiding behind equal versions.
+fn entry_hash(id: &MinionId, held: &Seen) -> u64 {
     let mut hasher = Sha256::new();
     hasher.update(id.as_str().as_bytes());
     hasher.update([0]);
-    hasher.update(version.hlc.to_be_bytes());
-    hasher.update(version.node.as_bytes());
+    hasher.update(held.version.hlc.to_be_bytes());
+    hasher.update(held.version.node.as_bytes());
+    hasher.update([0, held.kind as u8]);
+    if let Some(fingerprint) = held.fingerprint {
+        hasher.update(fingerprint.0);
+    }
     let hash = hasher.finalize();
     u64::from_be_bytes(hash[..8].try_into().expect("sha256 is 32 bytes"))
 }
@@ -42,8 +47,8 @@ impl Default for Digests {
 }
 
 impl Digests {
-    /// Records that `id` moved from version `old` (if any) to `new`.
-    pub fn replace(&mut self, id: &MinionId, old: Option<&Version>, new: &Version) {
+    /// Records that `id` moved from holding `old` (if anything) to `new`.
+    pub fn replace(&mut self, id: &MinionId, old: Option<&Seen>, new: &Seen) {
         let bucket = &mut self.buckets[bucket_of(id)];
         if let Some(old) = old {
             *bucket ^= entry_hash(id, old);
@@ -69,22 +74,29 @@ impl Digests {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::decision::VerdictKind;
+    use crate::core::version::Version;
 
     fn id(s: &str) -> MinionId {
         MinionId::parse(s).unwrap()
     }
 
+    fn held(hlc: u64, node: &str, kind: VerdictKind) -> Seen {
+        Seen { version: Version::new(hlc, node), kind, fingerprint: None, context: Default::default() }
+    }
+
     #[test]
     fn equal_contents_give_equal_digests_in_any_order() {
         let (a, b) = (id("a"), id("b"));
-        let (v1, v2) = (Version::new(1, "n1"), Version::new(2, "n2"));
+        let (v1, v2) = (held(1, "n1", VerdictKind::Accepted), held(2, "n2", VerdictKind::Deleted));
+        let x = held(0, "x", VerdictKind::Accepted);
         let mut one = Digests::default();
         one.replace(&a, None, &v1);
         one.replace(&b, None, &v2);
         let mut two = Digests::default();
-        two.replace(&b, None, &Version::new(0, "x"));
+        two.replace(&b, None, &x);
         two.replace(&a, None, &v1);
-        two.replace(&b, Some(&Version::new(0, "x")), &v2);
+        two.replace(&b, Some(&x), &v2);
         assert_eq!(one, two);
         assert!(one.differing(two.as_slice()).is_empty());
     }
@@ -95,12 +107,22 @@ mod tests {
         let mut two = Digests::default();
         for n in 0..500 {
             let minion = id(&format!("m{n}"));
-            one.replace(&minion, None, &Version::new(n, "a"));
-            two.replace(&minion, None, &Version::new(n, "a"));
+            one.replace(&minion, None, &held(n, "a", VerdictKind::Accepted));
+            two.replace(&minion, None, &held(n, "a", VerdictKind::Accepted));
         }
         let changed = id("m42");
-        two.replace(&changed, Some(&Version::new(42, "a")), &Version::new(1000, "b"));
+        two.replace(&changed, Some(&held(42, "a", VerdictKind::Accepted)), &held(1000, "b", VerdictKind::Deleted));
         assert_eq!(one.differing(two.as_slice()), vec![bucket_of(&changed) as u32]);
         assert_eq!(one.differing(&[0; 3]).len(), N_BUCKETS, "a bucket-count mismatch compares everything");
+    }
+
+    #[test]
+    fn one_version_with_another_content_shows() {
+        let minion = id("m1");
+        let mut one = Digests::default();
+        let mut two = Digests::default();
+        one.replace(&minion, None, &held(7, "a", VerdictKind::Accepted));
+        two.replace(&minion, None, &held(7, "a", VerdictKind::Rejected));
+        assert_eq!(one.differing(two.as_slice()), vec![bucket_of(&minion) as u32]);
     }
 }

@@ -1,71 +1,89 @@
-//! The merge rule: the highest version wins, and decisions made without
-//! knowledge of each other that disagree are reported as conflicts.
+//! The merge rule: the highest version wins (for one version, the higher
+//! content), and every decision made without knowledge of one this node has
+//! seen, that disagrees with it, is a conflict told once, here, when the
+//! second of the two arrives.
 
+use super::causal::Seen;
 use super::decision::{Decision, Entry};
-use super::version::Version;
+use super::id::MinionId;
 
-/// Two decisions about one id, made concurrently, that disagree.
+/// Two decisions about one id, made concurrently (or carrying one version
+/// with two contents), that disagree.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Conflict {
-    pub winner: Version,
-    pub loser: Version,
+    pub id: MinionId,
+    /// The one the merge rule prefers.
+    pub winner: Seen,
+    pub loser: Seen,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MergeOutcome {
+    /// The incoming decision beats what is held: apply it.
+    Apply,
+    /// What is held beats it: the incoming decision loses (and is remembered).
+    Superseded,
+    /// The very same decision was seen already.
+    Duplicate,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum MergeOutcome {
-    /// The incoming decision is newer than what is held: apply it.
-    Apply { conflict: Option<Conflict> },
-    /// What is held is newer: the incoming decision loses.
-    Superseded { conflict: Option<Conflict> },
-    /// The very same decision is already held.
-    Duplicate,
+pub struct Merged {
+    pub outcome: MergeOutcome,
+    /// Conflicts of the incoming decision with the decisions seen before it.
+    pub conflicts: Vec<Conflict>,
 }
 
 /// Compares an incoming decision with the entry held for its id.
 ///
-/// The result depends only on the two versions, so every node reaches the
-/// same state whatever order decisions arrive in (the property tests check
-/// commutativity, associativity and idempotence).
-pub fn merge(held: Option<&Entry>, incoming: &Decision) -> MergeOutcome {
+/// Which decision is held afterwards depends only on versions and contents,
+/// so every node reaches the same state whatever order decisions arrive in
+/// (the property tests check commutativity, associativity and idempotence).
+pub fn merge(held: Option<&Entry>, incoming: &Decision) -> Merged {
     let Some(held) = held else {
-        return MergeOutcome::Apply { conflict: None };
+        return Merged { outcome: MergeOutcome::Apply, conflicts: Vec::new() };
     };
-    if held.version == incoming.version {
-        return MergeOutcome::Duplicate;
+    let incoming_seen = incoming.seen();
+    let held_seen = held.held();
+    let known = std::iter::once(&held_seen).chain(held.seen.iter());
+    if known.clone().any(|seen| seen.same_as(&incoming_seen)) {
+        return Merged { outcome: MergeOutcome::Duplicate, conflicts: Vec::new() };
     }
-    let disagree = !held.same_verdict(&incoming.verdict);
-    if incoming.version > held.version {
-        let concurrent = !knew(incoming.supersedes.as_ref(), &held.version);
-        let conflict = (concurrent && disagree)
-            .then(|| Conflict { winner: incoming.version.clone(), loser: held.version.clone() });
-        MergeOutcome::Apply { conflict }
-    } else {
-        let concurrent = !knew(held.supersedes.as_ref(), &incoming.version);
-        let conflict = (concurrent && disagree)
-            .then(|| Conflict { winner: held.version.clone(), loser: incoming.version.clone() });
-        MergeOutcome::Superseded { conflict }
-    }
+    let conflicts = known
+        .filter(|seen| conflicting(seen, &incoming_seen))
+        .map(|seen| {
+            let (winner, loser) = if incoming_seen.beats(seen) {
+                (incoming_seen.clone(), seen.clone())
+            } else {
+                (seen.clone(), incoming_seen.clone())
+            };
+            Conflict { id: incoming.id.clone(), winner, loser }
+        })
+        .collect();
+    let outcome = if incoming_seen.beats(&held_seen) { MergeOutcome::Apply } else { MergeOutcome::Superseded };
+    Merged { outcome, conflicts }
 }
 
-/// Whether a decision that superseded `supersedes` was made with knowledge of
-/// `other`: its origin then held `other` or something at least as new.
-fn knew(supersedes: Option<&Version>, other: &Version) -> bool {
-    supersedes.is_some_and(|seen| seen >= other)
+/// Two different decisions that disagree and were made without knowledge of
+/// each other, or that carry one version with two contents.
+pub fn conflicting(a: &Seen, b: &Seen) -> bool {
+    !a.agrees_with(b) && (a.version == b.version || a.concurrent_with(b))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::causal::Context;
     use crate::core::decision::{PublicKey, Verdict};
-    use crate::core::id::MinionId;
+    use crate::core::version::Version;
     use crate::testkit::PUB;
 
-    fn decision(verdict: Verdict, hlc: u64, node: &str, supersedes: Option<(u64, &str)>) -> Decision {
+    fn decision(verdict: Verdict, hlc: u64, node: &str, knew: &[(u64, &str)]) -> Decision {
         Decision {
             id: MinionId::parse("web01").unwrap(),
             verdict,
             version: Version::new(hlc, node),
-            supersedes: supersedes.map(|(h, n)| Version::new(h, n)),
+            context: Context::new(knew.iter().map(|&(h, n)| Version::new(h, n))),
         }
     }
 
@@ -77,56 +95,92 @@ mod tests {
         Verdict::Rejected(PublicKey::new(PUB.as_bytes()))
     }
 
-    #[test]
-    fn first_decision_applies() {
-        let d = decision(accepted(), 10, "a", None);
-        assert_eq!(merge(None, &d), MergeOutcome::Apply { conflict: None });
+    /// The entry a node holds after seeing `decisions` in order.
+    fn held_after(decisions: &[&Decision]) -> Entry {
+        let mut replica = crate::core::replica::Replica::new("x", Default::default());
+        for d in decisions {
+            replica.commit(d);
+        }
+        replica.entry(&decisions[0].id).unwrap().clone()
+    }
+
+    fn outcome(merged: Merged) -> (MergeOutcome, Vec<(Version, Version)>) {
+        (merged.outcome, merged.conflicts.into_iter().map(|c| (c.winner.version, c.loser.version)).collect())
     }
 
     #[test]
-    fn same_version_is_a_duplicate() {
-        let d = decision(accepted(), 10, "a", None);
-        assert_eq!(merge(Some(&d.entry()), &d), MergeOutcome::Duplicate);
+    fn first_decision_applies() {
+        let d = decision(accepted(), 10, "a", &[]);
+        assert_eq!(outcome(merge(None, &d)), (MergeOutcome::Apply, vec![]));
+    }
+
+    #[test]
+    fn the_same_decision_is_a_duplicate() {
+        let d = decision(accepted(), 10, "a", &[]);
+        assert_eq!(outcome(merge(Some(&d.entry()), &d)), (MergeOutcome::Duplicate, vec![]));
     }
 
     #[test]
     fn successive_decisions_are_not_conflicts() {
-        let first = decision(accepted(), 10, "a", None);
-        let second = decision(rejected(), 20, "b", Some((10, "a")));
-        assert_eq!(merge(Some(&first.entry()), &second), MergeOutcome::Apply { conflict: None });
-        assert_eq!(merge(Some(&second.entry()), &first), MergeOutcome::Superseded { conflict: None });
+        let first = decision(accepted(), 10, "a", &[]);
+        let second = decision(rejected(), 20, "b", &[(10, "a")]);
+        assert_eq!(outcome(merge(Some(&first.entry()), &second)), (MergeOutcome::Apply, vec![]));
+        assert_eq!(outcome(merge(Some(&second.entry()), &first)), (MergeOutcome::Superseded, vec![]));
     }
 
     #[test]
     fn concurrent_disagreeing_decisions_conflict_on_both_sides() {
-        let base = (5, "c");
-        let on_a = decision(accepted(), 10, "a", Some(base));
-        let on_b = decision(rejected(), 11, "b", Some(base));
-        let want = Conflict { winner: on_b.version.clone(), loser: on_a.version.clone() };
-        assert_eq!(merge(Some(&on_a.entry()), &on_b), MergeOutcome::Apply { conflict: Some(want.clone()) });
-        assert_eq!(merge(Some(&on_b.entry()), &on_a), MergeOutcome::Superseded { conflict: Some(want) });
+        let on_a = decision(accepted(), 10, "a", &[(5, "c")]);
+        let on_b = decision(rejected(), 11, "b", &[(5, "c")]);
+        let want = vec![(on_b.version.clone(), on_a.version.clone())];
+        assert_eq!(outcome(merge(Some(&on_a.entry()), &on_b)), (MergeOutcome::Apply, want.clone()));
+        assert_eq!(outcome(merge(Some(&on_b.entry()), &on_a)), (MergeOutcome::Superseded, want));
     }
 
     #[test]
     fn concurrent_agreeing_decisions_do_not_conflict() {
-        let on_a = decision(accepted(), 10, "a", None);
-        let on_b = decision(accepted(), 11, "b", None);
-        assert_eq!(merge(Some(&on_a.entry()), &on_b), MergeOutcome::Apply { conflict: None });
+        let on_a = decision(accepted(), 10, "a", &[]);
+        let on_b = decision(accepted(), 11, "b", &[]);
+        assert_eq!(outcome(merge(Some(&on_a.entry()), &on_b)), (MergeOutcome::Apply, vec![]));
     }
 
     #[test]
     fn ties_on_the_clock_break_by_node_name() {
-        let on_a = decision(accepted(), 10, "a", None);
-        let on_b = decision(Verdict::Deleted, 10, "b", None);
-        assert!(matches!(merge(Some(&on_a.entry()), &on_b), MergeOutcome::Apply { .. }));
-        assert!(matches!(merge(Some(&on_b.entry()), &on_a), MergeOutcome::Superseded { .. }));
+        let on_a = decision(accepted(), 10, "a", &[]);
+        let on_b = decision(Verdict::Deleted, 10, "b", &[]);
+        assert_eq!(merge(Some(&on_a.entry()), &on_b).outcome, MergeOutcome::Apply);
+        assert_eq!(merge(Some(&on_b.entry()), &on_a).outcome, MergeOutcome::Superseded);
+    }
+
+    /// SIM_SEED=1471 class: two concurrent rejects of different keys, then a
+    /// delete that knew only one of them. Wherever the second reject arrives
+    /// last, both of its conflicts are told: with the first reject and with
+    /// the delete (a single "supersedes" version told neither).
+    #[test]
+    fn a_decision_overruled_unknowingly_conflicts_with_each_it_did_not_know() {
+        let other_key = Verdict::Rejected(PublicKey::new(PUB.replace("mwIDAQAB", "mwIDAQAC").as_bytes()));
+        let r1 = decision(rejected(), 10, "a", &[]);
+        let r2 = decision(other_key, 11, "b", &[]);
+        let d3 = decision(Verdict::Deleted, 20, "c", &[(10, "a")]);
+        let held = held_after(&[&r1, &d3]);
+        assert_eq!(
+            outcome(merge(Some(&held), &r2)),
+            (
+                MergeOutcome::Superseded,
+                vec![(d3.version.clone(), r2.version.clone()), (r2.version.clone(), r1.version.clone())]
+            )
+        );
+        // Seen again (another peer, anti-entropy): nothing new.
+        let held = held_after(&[&r1, &d3, &r2]);
+        assert_eq!(outcome(merge(Some(&held), &r2)), (MergeOutcome::Duplicate, vec![]));
     }
 
     #[test]
-    fn bootstrap_files_never_override_the_cluster() {
-        let cluster = decision(Verdict::Deleted, 1_795_000_000_000 << 16, "a", Some((1, "a")));
-        let stale = Decision { version: Version::bootstrap("zzz", 1), ..decision(accepted(), 0, "zzz", None) };
-        assert!(matches!(merge(Some(&cluster.entry()), &stale), MergeOutcome::Superseded { .. }));
-        assert!(matches!(merge(Some(&stale.entry()), &cluster), MergeOutcome::Apply { .. }));
+    fn one_version_with_two_contents_is_a_conflict_resolved_alike_everywhere() {
+        let accept = decision(accepted(), 10, "a", &[]);
+        let forged = decision(rejected(), 10, "a", &[]);
+        let want = vec![(forged.version.clone(), accept.version.clone())];
+        assert_eq!(outcome(merge(Some(&accept.entry()), &forged)), (MergeOutcome::Apply, want.clone()));
+        assert_eq!(outcome(merge(Some(&forged.entry()), &accept)), (MergeOutcome::Superseded, want));
     }
 }

@@ -76,7 +76,7 @@ impl Slots {
 
 /// The decision-relevant reading of [`Slots`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Seen {
+pub enum Reading {
     /// Accepted or rejected: a decision an operator made.
     Decided(Verdict),
     /// In no folder, or only pending: no decision (a tombstone if one was held).
@@ -88,16 +88,16 @@ pub enum Seen {
 
 /// Reads slots the way Salt does: a rejected key wins over everything
 /// (both 3006 and 3008 check `minions_rejected` first), then an accepted one.
-pub fn interpret(slots: &Slots) -> Seen {
+pub fn interpret(slots: &Slots) -> Reading {
     match &slots.rejected {
-        Slot::Key(key) => return Seen::Decided(Verdict::Rejected(key.clone())),
-        Slot::Refused(_) => return Seen::Unknown,
+        Slot::Key(key) => return Reading::Decided(Verdict::Rejected(key.clone())),
+        Slot::Refused(_) => return Reading::Unknown,
         Slot::Absent => {}
     }
     match &slots.accepted {
-        Slot::Key(key) => Seen::Decided(Verdict::Accepted(key.clone())),
-        Slot::Refused(_) => Seen::Unknown,
-        Slot::Absent => Seen::Undecided,
+        Slot::Key(key) => Reading::Decided(Verdict::Accepted(key.clone())),
+        Slot::Refused(_) => Reading::Unknown,
+        Slot::Absent => Reading::Undecided,
     }
 }
 
@@ -118,15 +118,18 @@ mod tests {
     fn interprets_like_salt() {
         let k = PublicKey::new(PUB.as_bytes());
         let cases = [
-            (Slots::EMPTY, Seen::Undecided),
-            (Slots { pending: key(), ..Slots::EMPTY }, Seen::Undecided),
-            (Slots { pending: refused(), ..Slots::EMPTY }, Seen::Undecided),
-            (Slots { accepted: key(), ..Slots::EMPTY }, Seen::Decided(Verdict::Accepted(k.clone()))),
-            (Slots { rejected: key(), ..Slots::EMPTY }, Seen::Decided(Verdict::Rejected(k.clone()))),
-            (Slots { accepted: key(), rejected: key(), pending: key() }, Seen::Decided(Verdict::Rejected(k.clone()))),
-            (Slots { accepted: key(), pending: key(), ..Slots::EMPTY }, Seen::Decided(Verdict::Accepted(k))),
-            (Slots { accepted: refused(), ..Slots::EMPTY }, Seen::Unknown),
-            (Slots { accepted: key(), rejected: refused(), ..Slots::EMPTY }, Seen::Unknown),
+            (Slots::EMPTY, Reading::Undecided),
+            (Slots { pending: key(), ..Slots::EMPTY }, Reading::Undecided),
+            (Slots { pending: refused(), ..Slots::EMPTY }, Reading::Undecided),
+            (Slots { accepted: key(), ..Slots::EMPTY }, Reading::Decided(Verdict::Accepted(k.clone()))),
+            (Slots { rejected: key(), ..Slots::EMPTY }, Reading::Decided(Verdict::Rejected(k.clone()))),
+            (
+                Slots { accepted: key(), rejected: key(), pending: key() },
+                Reading::Decided(Verdict::Rejected(k.clone())),
+            ),
+            (Slots { accepted: key(), pending: key(), ..Slots::EMPTY }, Reading::Decided(Verdict::Accepted(k))),
+            (Slots { accepted: refused(), ..Slots::EMPTY }, Reading::Unknown),
+            (Slots { accepted: key(), rejected: refused(), ..Slots::EMPTY }, Reading::Unknown),
         ];
         for (slots, want) in cases {
             assert_eq!(interpret(&slots), want, "{slots:?}");

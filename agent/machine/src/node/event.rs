@@ -6,8 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::core::merge::Conflict;
 use crate::core::version::SkewError;
-use crate::core::{Decision, Fingerprint, Folder, MinionId, VerdictKind, Version};
+use crate::core::{Decision, Fingerprint, Folder, MinionId, Version};
 
 /// Why a local decision was found other than by a folder event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,15 +31,6 @@ impl Found {
     }
 }
 
-/// One side of a conflict: a decision's version and what it said.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Side {
-    pub version: Version,
-    /// `None` when nothing was held (cannot happen for a real conflict, kept total).
-    pub kind: Option<VerdictKind>,
-    pub fingerprint: Option<Fingerprint>,
-}
-
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A file in a key folder that is not a usable key (audited once per reason).
@@ -47,8 +39,12 @@ pub enum Event {
     PendingSeen { id: MinionId, fingerprint: Fingerprint },
     /// An operator's decision on this master, durable and about to be sent.
     Decided { decision: Decision, found: Option<Found> },
-    /// A peer's decision applied here (`from`: the peer, or "journal").
-    Applied { decision: Decision, from: Arc<str> },
+    /// A peer's decision applied here (`from`: the peer, or "journal");
+    /// `replaced`: the accepted key it replaced with another accepted key.
+    Applied { decision: Decision, from: Arc<str>, replaced: Option<Fingerprint> },
+    /// A peer's decision claiming this node as its origin, which this node
+    /// never made: refused (told once).
+    NotOurs { decision: Decision, from: Arc<str> },
     /// A peer's decision for an id whose own events are still settling (a
     /// salt-key run in progress here): merged once they have settled.
     Deferred { id: MinionId, from: Arc<str> },
@@ -56,8 +52,10 @@ pub enum Event {
     Superseded { decision: Decision, from: Arc<str>, held: Version },
     /// A peer's decision whose version is beyond the clock-skew bound (audited once).
     FromTheFuture { decision: Decision, from: Arc<str>, error: SkewError },
-    /// Two decisions about one id made without knowledge of each other, that disagree.
-    Conflict { id: MinionId, from: Arc<str>, winner: Side, loser: Side },
+    /// Two decisions about one id made without knowledge of each other, that
+    /// disagree (or one version carried with two contents): told exactly
+    /// once on each master that sees both.
+    Conflict { conflict: Conflict, from: Arc<str> },
     /// A different pending key discarded for the decided one.
     PendingDiscarded {
         id: MinionId,

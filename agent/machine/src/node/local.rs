@@ -108,11 +108,14 @@ impl Node {
             self.rescan_pending = true;
             return;
         }
+        let seen: Vec<(MinionId, Vec<crate::core::Seen>)> =
+            decisions.iter().map(|d| (d.id.clone(), self.replica.seen_after(d))).collect();
         let write = StoreWrite {
             decisions: &decisions,
-            done: &[],
+            seen: &seen,
             clock: self.replica.clock(),
             initialize: self.start != Start::FirstInSteps,
+            ..StoreWrite::default()
         };
         if let Err(e) = rt.record(&write) {
             self.trouble.failed(rt, now.mono, "state store", &e);
@@ -154,7 +157,7 @@ impl Node {
     /// Marks the store initialized: the next start is not a first start.
     /// False (told, retried by a rescan) when the store cannot commit.
     fn mark_initialized(&mut self, now: Now, rt: &mut impl Runtime) -> bool {
-        let write = StoreWrite { decisions: &[], done: &[], clock: self.replica.clock(), initialize: true };
+        let write = StoreWrite { clock: self.replica.clock(), initialize: true, ..StoreWrite::default() };
         match rt.record(&write) {
             Ok(()) => true,
             Err(e) => {

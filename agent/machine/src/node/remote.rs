@@ -1,23 +1,26 @@
 //! Peer side of the node: merging peers' decisions, applying the newer ones
-//! to the folders durably, and forwarding them on.
+//! to the folders durably, remembering the others, telling each conflict
+//! exactly once, and forwarding what was applied.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::core::merge::{Conflict, MergeOutcome};
-use crate::core::{Decision, MinionId, VerdictKind};
+use crate::core::{Decision, Fingerprint, MinionId, Seen, VerdictKind};
 
-use super::event::{Event, Side};
+use super::event::Event;
 use super::runtime::{Applied, Runtime, StoreWrite};
 use super::{FromPeer, Node, Now};
 
-/// A decision chosen for applying, with what the merge said about it.
-struct Chosen {
+/// A peer's decision merged in this round: to apply (it beats what is held)
+/// or only to remember (it does not, but this node had not seen it).
+struct Merged {
     decision: Decision,
-    conflict: Option<Conflict>,
+    apply: bool,
+    conflicts: Vec<Conflict>,
     /// The peer it came from ("journal" at start-up).
     from: Arc<str>,
-    /// Which of the arrivals applied together brought it.
+    /// Which of the arrivals handled together brought it.
     arrival: usize,
 }
 
@@ -36,6 +39,9 @@ impl Node {
         self.apply_arrivals(arrivals, now, rt)
     }
 
+    /// Merges and applies in rounds, each handling one decision per id, so
+    /// several decisions about one id (from several peers, or one peer's
+    /// backlog) meet one after the other, as if they had come separately.
     fn apply_arrivals(
         &mut self,
         arrivals: Vec<(Arc<str>, Vec<Decision>)>,
@@ -43,123 +49,150 @@ impl Node {
         rt: &mut impl Runtime,
     ) -> Vec<u32> {
         let max_skew = self.settings.max_clock_skew.as_millis() as u64;
-        let n_arrivals = arrivals.len();
-        let mut chosen: HashMap<MinionId, Chosen> = HashMap::new();
-        // Decisions about an id another arrival also brings: merged after this
-        // batch is held, against it, as if they had come one after the other
-        // (two peers' concurrent decisions are then seen as a conflict).
-        let mut later: Vec<Vec<Decision>> = vec![Vec::new(); n_arrivals];
-        let mut froms: Vec<Arc<str>> = Vec::with_capacity(n_arrivals);
+        let mut n_applied = vec![0; arrivals.len()];
+        let mut todo: Vec<(usize, Arc<str>, Decision)> = Vec::new();
         for (arrival, (from, decisions)) in arrivals.into_iter().enumerate() {
-            froms.push(from.clone());
-            for decision in decisions {
+            todo.extend(decisions.into_iter().map(|d| (arrival, from.clone(), d)));
+        }
+        while !todo.is_empty() {
+            let mut round: Vec<Merged> = Vec::new();
+            let mut ids: HashSet<MinionId> = HashSet::new();
+            let mut later = Vec::new();
+            for (arrival, from, decision) in todo {
+                if ids.contains(&decision.id) {
+                    later.push((arrival, from, decision));
+                    continue;
+                }
                 if self.settler.is_unsettled(decision.id.as_str()) {
                     // A salt-key run on this id is in progress here: writing now would
                     // mix with it. Merged once its events have settled (apply_deferred).
                     rt.audit(Event::Deferred { id: decision.id.clone(), from: from.clone() });
-                    self.deferred.push((from.clone(), decision));
+                    self.deferred.push((from, decision));
+                    continue;
+                }
+                if *decision.version.node == *self.settings.node && !self.issued(&decision) {
+                    // Claims this node as its origin, and this node never made it.
+                    if self.reported.insert((decision.id.clone(), decision.version.clone())) {
+                        rt.audit(Event::NotOurs { decision, from });
+                    }
                     continue;
                 }
                 match self.replica.merge(&decision, now.wall_ms, max_skew) {
                     Err(error) => {
                         // Told once: anti-entropy offers the same version again and again.
                         if self.reported.insert((decision.id.clone(), decision.version.clone())) {
-                            rt.audit(Event::FromTheFuture { decision, from: from.clone(), error });
+                            rt.audit(Event::FromTheFuture { decision, from, error });
                         }
                     }
-                    Ok(MergeOutcome::Duplicate) => {}
-                    Ok(MergeOutcome::Superseded { conflict }) => {
-                        if let Some(conflict) = conflict {
-                            if let Some(event) = self.conflict_event(&decision, &from, &conflict) {
-                                rt.audit(event);
-                            }
+                    Ok(merged) => {
+                        if merged.outcome == MergeOutcome::Duplicate {
+                            continue;
                         }
-                        if let Some(held) = self.replica.entry(&decision.id) {
-                            let held = held.version.clone();
-                            rt.audit(Event::Superseded { decision, from: from.clone(), held });
-                        }
+                        ids.insert(decision.id.clone());
+                        let apply = merged.outcome == MergeOutcome::Apply;
+                        round.push(Merged { decision, apply, conflicts: merged.conflicts, from, arrival });
                     }
-                    Ok(MergeOutcome::Apply { conflict }) => match chosen.get(&decision.id) {
-                        Some(held) if held.arrival != arrival => later[arrival].push(decision),
-                        // Several decisions for one id in one arrival: the newest wins.
-                        Some(held) if held.decision.version >= decision.version => {}
-                        _ => {
-                            let id = decision.id.clone();
-                            chosen.insert(id, Chosen { decision, conflict, from: from.clone(), arrival });
-                        }
-                    },
                 }
             }
-        }
-        let mut batch: Vec<Chosen> = chosen.into_values().collect();
-        batch.sort_by(|a, b| a.decision.id.cmp(&b.decision.id));
-        let mut n_applied = self.apply_batch(batch, n_arrivals, now, rt);
-        if later.iter().any(|decisions| !decisions.is_empty()) {
-            let again = self.apply_arrivals(froms.into_iter().zip(later).collect(), now, rt);
-            n_applied.iter_mut().zip(again).for_each(|(n, more)| *n += more);
+            round.sort_by(|a, b| a.decision.id.cmp(&b.decision.id));
+            for (arrival, n) in self.apply_round(round, now, rt) {
+                n_applied[arrival] += n;
+            }
+            todo = later;
         }
         n_applied
     }
 
-    /// Applies `batch` (decisions about distinct ids, from `n_arrivals`
-    /// arrivals); returns how many of each arrival's were applied.
-    fn apply_batch(&mut self, batch: Vec<Chosen>, n_arrivals: usize, now: Now, rt: &mut impl Runtime) -> Vec<u32> {
-        let mut n_applied = vec![0; n_arrivals];
-        if batch.is_empty() {
-            return n_applied;
+    /// Whether this node made `decision` (it claims this node as origin):
+    /// the node holds it, or remembers it.
+    fn issued(&self, decision: &Decision) -> bool {
+        let mine = decision.seen();
+        self.replica
+            .entry(&decision.id)
+            .is_some_and(|entry| entry.held().same_as(&mine) || entry.seen.iter().any(|s| s.same_as(&mine)))
+    }
+
+    /// Makes one round durable: the decisions to apply journalled, written
+    /// and synced, then one store commit holding them, the others
+    /// remembered, and the round's conflicts kept until told. Returns the
+    /// applied count per arrival.
+    fn apply_round(&mut self, round: Vec<Merged>, now: Now, rt: &mut impl Runtime) -> Vec<(usize, u32)> {
+        if round.is_empty() {
+            return Vec::new();
         }
-        let decisions: Vec<Decision> = batch.iter().map(|c| c.decision.clone()).collect();
-        if let Err(e) = rt.journal(&decisions) {
-            self.trouble.failed(rt, now.mono, "state store journal", &e);
-            self.retry.extend(batch.into_iter().map(|c| (c.from, c.decision)));
-            return n_applied;
-        }
-        let results = rt.apply(&batch.iter().map(|c| &c.decision).collect::<Vec<_>>());
-        self.echoes.expire(now.mono);
-        let mut written: Vec<(Chosen, Applied)> = Vec::new();
+        let (to_apply, to_remember): (Vec<Merged>, Vec<Merged>) = round.into_iter().partition(|m| m.apply);
+        let decisions: Vec<Decision> = to_apply.iter().map(|m| m.decision.clone()).collect();
+        let mut written: Vec<(Merged, Applied)> = Vec::new();
         let mut revoked = false;
-        for (chosen, result) in batch.into_iter().zip(results) {
-            let decision = &chosen.decision;
-            match result {
-                Ok(applied) => {
-                    self.echoes.expect(decision.id.as_str(), &applied.changes, now.mono);
-                    // What reading the echo would have noted: no pending key
-                    // left, and nothing refused in the folders now written.
-                    self.pending.remove(&decision.id);
-                    if !self.refused.is_empty() {
-                        for folder in crate::core::Folder::ALL {
-                            self.refused.remove(&(folder, decision.id.to_string()));
+        if !decisions.is_empty() {
+            if let Err(e) = rt.journal(&decisions) {
+                self.trouble.failed(rt, now.mono, "state store journal", &e);
+                self.retry.extend(to_apply.into_iter().map(|m| (m.from, m.decision)));
+                return Vec::new();
+            }
+            let results = rt.apply(&decisions.iter().collect::<Vec<_>>());
+            self.echoes.expire(now.mono);
+            for (merged, result) in to_apply.into_iter().zip(results) {
+                let decision = &merged.decision;
+                match result {
+                    Ok(applied) => {
+                        self.echoes.expect(decision.id.as_str(), &applied.changes, now.mono);
+                        // What reading the echo would have noted: no pending key
+                        // left, and nothing refused in the folders now written.
+                        self.pending.remove(&decision.id);
+                        if !self.refused.is_empty() {
+                            for folder in crate::core::Folder::ALL {
+                                self.refused.remove(&(folder, decision.id.to_string()));
+                            }
                         }
+                        // Revoking: this master held the id as accepted, or still
+                        // had it in minions/. The held entry counts too, because a
+                        // retried or journalled decision may find its own earlier
+                        // write already there.
+                        revoked |= decision.verdict.kind() != VerdictKind::Accepted
+                            && (applied.removed_accepted()
+                                || self
+                                    .replica
+                                    .entry(&decision.id)
+                                    .is_some_and(|held| held.kind == VerdictKind::Accepted));
+                        written.push((merged, applied));
                     }
-                    // Revoking: this master held the id as accepted, or still
-                    // had it in minions/. The held entry counts too, because a
-                    // retried or journalled decision may find its own earlier
-                    // write already there.
-                    revoked |= decision.verdict.kind() != VerdictKind::Accepted
-                        && (applied.removed_accepted()
-                            || self.replica.entry(&decision.id).is_some_and(|held| held.kind == VerdictKind::Accepted));
-                    written.push((chosen, applied));
-                }
-                Err(e) => {
-                    // Nothing recorded for it: peers still see this node without it.
-                    self.trouble.failed(rt, now.mono, &format!("the key folders, for {}", decision.id), &e);
-                    self.retry.push((chosen.from, chosen.decision));
+                    Err(e) => {
+                        // Nothing recorded for it: peers still see this node without it.
+                        self.trouble.failed(rt, now.mono, &format!("the key folders, for {}", decision.id), &e);
+                        self.retry.push((merged.from, merged.decision));
+                    }
                 }
             }
         }
-        if written.is_empty() {
-            return n_applied;
+        if written.is_empty() && to_remember.is_empty() {
+            return Vec::new();
         }
-        let decisions: Vec<Decision> = written.iter().map(|(c, _)| c.decision.clone()).collect();
-        let ids: Vec<MinionId> = decisions.iter().map(|d| d.id.clone()).collect();
-        let durable = rt.sync_folders().and_then(|()| {
-            rt.record(&StoreWrite { decisions: &decisions, done: &ids, clock: self.replica.clock(), initialize: true })
+        let held: Vec<Decision> = written.iter().map(|(m, _)| m.decision.clone()).collect();
+        let done: Vec<MinionId> = held.iter().map(|d| d.id.clone()).collect();
+        let all = written.iter().map(|(m, _)| m).chain(to_remember.iter());
+        let seen: Vec<(MinionId, Vec<Seen>)> =
+            all.clone().map(|m| (m.decision.id.clone(), self.replica.seen_after(&m.decision))).collect();
+        let conflicts: Vec<(Arc<str>, Conflict)> =
+            all.flat_map(|m| m.conflicts.iter().map(|c| (m.from.clone(), c.clone()))).collect();
+        let synced = if held.is_empty() { Ok(()) } else { rt.sync_folders() };
+        let durable = synced.and_then(|()| {
+            rt.record(&StoreWrite {
+                decisions: &held,
+                seen: &seen,
+                conflicts: &conflicts,
+                conflicts_told: false,
+                done: &done,
+                clock: self.replica.clock(),
+                initialize: true,
+            })
         });
         if let Err(e) = durable {
             // Not held, not forwarded: retried, and the journal finishes it after a crash.
             self.trouble.failed(rt, now.mono, "syncfs or state store", &e);
-            self.retry.extend(written.into_iter().map(|(c, _)| (c.from, c.decision)));
-            return n_applied;
+            let again = written.into_iter().map(|(m, _)| m).chain(to_remember);
+            self.retry.extend(again.map(|m| (m.from, m.decision)));
+            return Vec::new();
         }
         if self.retry.is_empty() && !self.rescan_pending {
             self.trouble.succeeded(rt, now.mono);
@@ -171,32 +204,42 @@ impl Node {
                 Err(error) => rt.audit(Event::RotateFailed { error }),
             }
         }
-        for (chosen, applied) in &written {
-            // Told first: a conflict describes the decision held before.
-            if let Some(conflict) = &chosen.conflict {
-                if let Some(event) = self.conflict_event(&chosen.decision, &chosen.from, conflict) {
-                    rt.audit(event);
-                }
-            }
-            rt.audit(Event::Applied { decision: chosen.decision.clone(), from: chosen.from.clone() });
+        for (from, conflict) in &conflicts {
+            rt.audit(Event::Conflict { conflict: conflict.clone(), from: from.clone() });
+        }
+        let mut n_applied: Vec<(usize, u32)> = Vec::new();
+        for (merged, applied) in &written {
+            let decision = &merged.decision;
+            rt.audit(Event::Applied {
+                decision: decision.clone(),
+                from: merged.from.clone(),
+                replaced: self.replaced_key(decision),
+            });
             if let Some(pending) = &applied.discarded_pending {
                 rt.audit(Event::PendingDiscarded {
-                    id: chosen.decision.id.clone(),
-                    from: chosen.from.clone(),
-                    origin: chosen.decision.version.node.clone(),
+                    id: decision.id.clone(),
+                    from: merged.from.clone(),
+                    origin: decision.version.node.clone(),
                     pending: pending.fingerprint(),
-                    decided: chosen.decision.verdict.fingerprint(),
+                    decided: decision.verdict.fingerprint(),
                 });
             }
-            self.replica.commit(&chosen.decision);
-            n_applied[chosen.arrival] += 1;
+            self.replica.commit(decision);
+            n_applied.push((merged.arrival, 1));
+        }
+        for merged in &to_remember {
+            if let Some(held) = self.replica.entry(&merged.decision.id) {
+                let held = held.version.clone();
+                rt.audit(Event::Superseded { decision: merged.decision.clone(), from: merged.from.clone(), held });
+            }
+            self.replica.commit(&merged.decision);
         }
         // Forwarded per peer of origin, which need not get its own back.
         let mut by_peer: Vec<(Arc<str>, Vec<Decision>)> = Vec::new();
-        for ((chosen, _), decision) in written.iter().zip(decisions) {
-            match by_peer.iter_mut().find(|(from, _)| *from == chosen.from) {
+        for ((merged, _), decision) in written.iter().zip(held) {
+            match by_peer.iter_mut().find(|(from, _)| *from == merged.from) {
                 Some((_, decisions)) => decisions.push(decision),
-                None => by_peer.push((chosen.from.clone(), vec![decision])),
+                None => by_peer.push((merged.from.clone(), vec![decision])),
             }
         }
         for (from, decisions) in by_peer {
@@ -204,7 +247,47 @@ impl Node {
         }
         // After forwarding: the audit lines are written, the store holds the decisions.
         rt.flush_audit();
+        if !conflicts.is_empty() {
+            self.forget_told_conflicts(now, rt);
+        }
         n_applied
+    }
+
+    /// The fingerprint of an accepted key that `decision` replaces with
+    /// another accepted key (its own outcome in the audit log, not a plain accept).
+    fn replaced_key(&self, decision: &Decision) -> Option<Fingerprint> {
+        let held = self.replica.entry(&decision.id)?;
+        let new = decision.verdict.fingerprint();
+        (held.kind == VerdictKind::Accepted
+            && decision.verdict.kind() == VerdictKind::Accepted
+            && held.fingerprint != new)
+            .then_some(held.fingerprint)
+            .flatten()
+    }
+
+    /// The conflicts kept in the store until told are told now (the audit
+    /// log was flushed): the store forgets them. Should this fail, they are
+    /// checked against the audit log at the next start instead.
+    fn forget_told_conflicts(&mut self, now: Now, rt: &mut impl Runtime) {
+        let write = StoreWrite { conflicts_told: true, clock: self.replica.clock(), ..StoreWrite::default() };
+        if let Err(e) = rt.record(&write) {
+            self.trouble.failed(rt, now.mono, "state store", &e);
+        }
+    }
+
+    /// Start-up: conflicts kept in the store and not found in the audit log
+    /// (a stop between the store commit and the audit write) are told now.
+    pub(super) fn tell_untold(&mut self, untold: Vec<(Arc<str>, Conflict)>, now: Now, rt: &mut impl Runtime) {
+        if untold.is_empty() {
+            return;
+        }
+        for (from, conflict) in untold {
+            if !rt.was_told(&conflict) {
+                rt.audit(Event::Conflict { conflict, from });
+            }
+        }
+        rt.flush_audit();
+        self.forget_told_conflicts(now, rt);
     }
 
     /// Start-up: applies decisions journalled before a crash, unless
@@ -215,12 +298,22 @@ impl Node {
         }
         rt.audit(Event::FinishingJournal { n: journal.len() });
         let from: Arc<str> = "journal".into();
-        let batch = journal
+        // Merged again (no clock check: it passed before the stop), so the
+        // conflicts it brings are told as they would have been.
+        let round = journal
             .into_iter()
-            .filter(|d| self.replica.entry(&d.id).is_none_or(|held| held.version < d.version))
-            .map(|decision| Chosen { decision, conflict: None, from: from.clone(), arrival: 0 })
+            .filter_map(|decision| {
+                let merged = crate::core::merge::merge(self.replica.entry(&decision.id), &decision);
+                (merged.outcome == MergeOutcome::Apply).then(|| Merged {
+                    decision,
+                    apply: true,
+                    conflicts: merged.conflicts,
+                    from: from.clone(),
+                    arrival: 0,
+                })
+            })
             .collect();
-        self.apply_batch(batch, 1, now, rt);
+        self.apply_round(round, now, rt);
     }
 
     /// Retries failed writes once the backoff allows: a scan for local
@@ -259,27 +352,6 @@ impl Node {
         if !ready.is_empty() {
             self.apply_arrivals(by_peer(ready), now, rt);
         }
-    }
-
-    /// The event of a conflict, once per losing version: the loser arriving
-    /// again (from another peer, or by anti-entropy) is the same conflict.
-    fn conflict_event(&mut self, decision: &Decision, from: &Arc<str>, conflict: &Conflict) -> Option<Event> {
-        if !self.reported.insert((decision.id.clone(), conflict.loser.clone())) {
-            return None;
-        }
-        let held = self.replica.entry(&decision.id);
-        let incoming = Side {
-            version: decision.version.clone(),
-            kind: Some(decision.verdict.kind()),
-            fingerprint: decision.verdict.fingerprint(),
-        };
-        let held = Side {
-            version: held.map_or_else(|| conflict.loser.clone(), |h| h.version.clone()),
-            kind: held.map(|h| h.kind),
-            fingerprint: held.and_then(|h| h.fingerprint),
-        };
-        let (winner, loser) = if conflict.winner == decision.version { (incoming, held) } else { (held, incoming) };
-        Some(Event::Conflict { id: decision.id.clone(), from: from.clone(), winner, loser })
     }
 }
 

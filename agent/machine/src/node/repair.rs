@@ -15,14 +15,15 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::core::{Decision, MinionId, Version};
+use crate::core::replica::Summary;
+use crate::core::{Decision, MinionId};
 
 use super::event::Event;
 use super::runtime::Runtime;
 use super::{Node, Now};
 
-/// `(id, version)` pairs: what anti-entropy compares.
-pub type Summaries = Vec<(MinionId, Version)>;
+/// What anti-entropy compares: per id, the version held and what it says.
+pub type Summaries = Vec<(MinionId, Summary)>;
 
 /// Most ids one Fetch asks for (and a peer answers).
 pub const FETCH_CHUNK: usize = 5000;
@@ -37,8 +38,8 @@ pub(super) struct Repairs {
 
 #[derive(Debug, Default)]
 struct Plan {
-    /// Ids newer on the peer, with the peer's version, not fetched yet.
-    todo: VecDeque<(MinionId, Version)>,
+    /// Ids newer on the peer, with the peer's summary, not fetched yet.
+    todo: VecDeque<(MinionId, Summary)>,
     /// Larger than one fetch: chunks are cut and claimed (see the module doc).
     large: bool,
 }
@@ -78,19 +79,17 @@ impl Node {
         summaries: Summaries,
         rt: &mut impl Runtime,
     ) -> (usize, Vec<Decision>) {
-        let theirs: HashMap<&MinionId, &Version> = summaries.iter().map(|(id, v)| (id, v)).collect();
+        let theirs: HashMap<&MinionId, &Summary> = summaries.iter().map(|(id, s)| (id, s)).collect();
         let newer_here: Vec<MinionId> = self
             .replica
             .summaries_in(buckets)
             .into_iter()
-            .filter(|(id, version)| theirs.get(id).is_none_or(|their| *their < version))
+            .filter(|(id, mine)| theirs.get(id).is_none_or(|theirs| mine.beats(theirs)))
             .map(|(id, _)| id)
             .collect();
         drop(theirs);
-        let todo: VecDeque<(MinionId, Version)> = summaries
-            .into_iter()
-            .filter(|(id, version)| self.replica.entry(id).is_none_or(|entry| entry.version < *version))
-            .collect();
+        let todo: VecDeque<(MinionId, Summary)> =
+            summaries.into_iter().filter(|(id, theirs)| self.replica.is_newer_on_peer(id, theirs)).collect();
         let n_newer_there = todo.len();
         self.repairs.plans.insert(peer.into(), Plan { large: todo.len() > FETCH_CHUNK, todo });
         (n_newer_there, self.fetch(&newer_here, rt))
@@ -104,12 +103,12 @@ impl Node {
         let link: Arc<str> = peer.into();
         while !plan.todo.is_empty() {
             let n = plan.todo.len().min(FETCH_CHUNK);
-            let chunk: Vec<(MinionId, Version)> = plan.todo.drain(..n).collect();
+            let chunk: Vec<(MinionId, Summary)> = plan.todo.drain(..n).collect();
             let ids: Vec<MinionId> = if plan.large {
                 let in_flight = &mut self.repairs.in_flight;
                 chunk
                     .into_iter()
-                    .filter(|(id, version)| self.replica.entry(id).is_none_or(|entry| entry.version < *version))
+                    .filter(|(id, theirs)| self.replica.is_newer_on_peer(id, theirs))
                     .filter_map(|(id, _)| match in_flight.entry(id.clone()) {
                         std::collections::hash_map::Entry::Occupied(_) => None,
                         std::collections::hash_map::Entry::Vacant(slot) => {

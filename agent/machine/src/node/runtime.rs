@@ -5,9 +5,12 @@
 //! implements it against a simulated world, which can fail or kill the node
 //! at any of these calls.
 
+use std::sync::Arc;
+
+use crate::core::merge::Conflict;
 use crate::core::observe::Slots;
 use crate::core::settle::FsChange;
-use crate::core::{Decision, Folder, MinionId, PublicKey};
+use crate::core::{Decision, Folder, MinionId, PublicKey, Seen};
 
 use super::event::Event;
 
@@ -34,10 +37,18 @@ impl Applied {
 }
 
 /// One durable commit of the state store.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct StoreWrite<'a> {
     /// Decisions whose files are durable: held from now on.
     pub decisions: &'a [Decision],
+    /// Per id whose other decisions seen changed (each id of `decisions`
+    /// among them): that list now, kept with the id's decision.
+    pub seen: &'a [(MinionId, Vec<Seen>)],
+    /// Conflicts to tell, with the peer each came from: kept until told, so
+    /// a stop between this commit and the audit write loses none.
+    pub conflicts: &'a [(Arc<str>, Conflict)],
+    /// Every conflict kept is told now (the audit log is flushed): forget them.
+    pub conflicts_told: bool,
     /// Ids whose journal entries are finished.
     pub done: &'a [MinionId],
     /// The clock to resume from after a restart.
@@ -67,6 +78,9 @@ pub trait Runtime {
     fn record(&mut self, write: &StoreWrite<'_>) -> Result<(), Failure>;
     /// The full decisions (keys included) held for `ids`; unknown ids are skipped.
     fn load(&mut self, ids: &[MinionId]) -> Result<Vec<Decision>, Failure>;
+    /// Whether the audit log already tells `conflict` (asked at start-up for
+    /// the conflicts the store kept).
+    fn was_told(&mut self, conflict: &Conflict) -> bool;
     /// Something happened that the audit log, the log or the metrics want.
     fn audit(&mut self, event: Event);
     /// Makes the audit records so far durable (after a batch, off the

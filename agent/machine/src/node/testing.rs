@@ -3,11 +3,13 @@
 //! Effects can be made to fail. The simulation builds on it.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::core::keyfile::check_public_key;
+use crate::core::merge::Conflict;
 use crate::core::observe::{Refusal, Slot, Slots};
 use crate::core::settle::FsChange;
-use crate::core::{Decision, Folder, MinionId, PublicKey, Verdict};
+use crate::core::{Decision, Entry, Folder, MinionId, PublicKey, Seen, Verdict};
 
 use super::event::Event;
 use super::runtime::{Applied, Failure, Runtime, StoreWrite};
@@ -91,32 +93,80 @@ pub struct Faults {
     pub record: bool,
 }
 
+/// A state store in memory: what the agent's redb store keeps.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryStore {
+    /// Per id, the decision held (with its key) and the other decisions seen.
+    pub decisions: BTreeMap<MinionId, (Decision, Vec<Seen>)>,
+    pub journal: BTreeMap<MinionId, Decision>,
+    pub clock: u64,
+    pub initialized: bool,
+    /// Conflicts kept until told.
+    pub untold: Vec<(Arc<str>, Conflict)>,
+}
+
+impl MemoryStore {
+    /// One commit, as the agent's store makes it.
+    pub fn record(&mut self, write: &StoreWrite<'_>) {
+        for d in write.decisions {
+            let seen = write.seen.iter().find(|(id, _)| *id == d.id).map(|(_, s)| s.clone()).unwrap_or_default();
+            self.decisions.insert(d.id.clone(), (d.clone(), seen));
+        }
+        for (id, seen) in write.seen {
+            if let Some(stored) = self.decisions.get_mut(id) {
+                stored.1 = seen.clone();
+            }
+        }
+        for id in write.done {
+            self.journal.remove(id);
+        }
+        if write.conflicts_told {
+            self.untold.clear();
+        }
+        self.untold.extend(write.conflicts.iter().cloned());
+        self.clock = write.clock;
+        self.initialized |= write.initialize;
+    }
+
+    /// What a start loads from this store.
+    pub fn loaded(&self) -> super::Loaded {
+        super::Loaded {
+            entries: self
+                .decisions
+                .iter()
+                .map(|(id, (d, seen))| (id.clone(), Entry { seen: seen.clone().into_boxed_slice(), ..d.entry() }))
+                .collect(),
+            journal: self.journal.values().cloned().collect(),
+            clock: self.clock,
+            initialized: self.initialized,
+            untold: self.untold.clone(),
+        }
+    }
+
+    /// The decisions held, with their keys.
+    pub fn get(&self, ids: &[MinionId]) -> Vec<Decision> {
+        ids.iter().filter_map(|id| self.decisions.get(id).map(|(d, _)| d.clone())).collect()
+    }
+}
+
+/// Whether `events` tell `conflict` (same id and the same two decisions).
+pub fn tells(events: &[Event], conflict: &Conflict) -> bool {
+    events.iter().any(|e| {
+        matches!(e, Event::Conflict { conflict: told, .. }
+        if told.id == conflict.id && told.winner.same_as(&conflict.winner) && told.loser.same_as(&conflict.loser))
+    })
+}
+
 /// A runtime that keeps everything in memory and records what it was asked.
 #[derive(Debug, Default)]
 pub struct Recorder {
     pub folders: Folders,
-    /// The store: the full decision held per id.
-    pub store: BTreeMap<MinionId, Decision>,
-    pub journal: BTreeMap<MinionId, Decision>,
-    pub clock: u64,
-    pub initialized: bool,
+    pub store: MemoryStore,
     pub events: Vec<Event>,
     /// What was sent, and to whom not.
     pub sent: Vec<(Option<String>, Vec<Decision>)>,
     pub dfn_dropped: u32,
     pub faults: Faults,
-}
-
-impl Recorder {
-    /// What a restart would load from this store.
-    pub fn loaded(&self) -> super::Loaded {
-        super::Loaded {
-            entries: self.store.iter().map(|(id, d)| (id.clone(), d.entry())).collect(),
-            journal: self.journal.values().cloned().collect(),
-            clock: self.clock,
-            initialized: self.initialized,
-        }
-    }
 }
 
 impl Runtime for Recorder {
@@ -152,7 +202,7 @@ impl Runtime for Recorder {
             return Err("journal: No space left on device".into());
         }
         for d in decisions {
-            self.journal.insert(d.id.clone(), d.clone());
+            self.store.journal.insert(d.id.clone(), d.clone());
         }
         Ok(())
     }
@@ -161,19 +211,16 @@ impl Runtime for Recorder {
         if self.faults.record {
             return Err("store: No space left on device".into());
         }
-        for d in write.decisions {
-            self.store.insert(d.id.clone(), d.clone());
-        }
-        for id in write.done {
-            self.journal.remove(id);
-        }
-        self.clock = write.clock;
-        self.initialized |= write.initialize;
+        self.store.record(write);
         Ok(())
     }
 
     fn load(&mut self, ids: &[MinionId]) -> Result<Vec<Decision>, Failure> {
-        Ok(ids.iter().filter_map(|id| self.store.get(id).cloned()).collect())
+        Ok(self.store.get(ids))
+    }
+
+    fn was_told(&mut self, conflict: &Conflict) -> bool {
+        tells(&self.events, conflict)
     }
 
     fn audit(&mut self, event: Event) {

@@ -113,7 +113,7 @@ fn masters_converge_under_chaos() {
     let _ = writeln!(
         std::io::stderr(),
         "sim: {} seeds in {:.1?}: {} decisions ({} by operators, {} at first starts); \
-         lost 0, stale 0, resurrected 0, never applied 0; \
+         lost 0, stale 0, resurrected 0, never applied 0; {} conflicts told, 0 missed, 0 duplicated; \
          propagation p50 {} ms, p99 {} ms, max {} ms (virtual); \
          {} messages dropped, {} duplicated, {} lost to a down or partitioned node, {} link timeouts; \
          {} kills between inputs, {} inside one, {} full disks, {} partitions, {} inotify overflows; {} .dfn drops",
@@ -122,6 +122,7 @@ fn masters_converge_under_chaos() {
         t.decisions,
         t.operator_decisions,
         t.startup_decisions,
+        t.conflicts,
         quantile(0.5),
         quantile(0.99),
         latencies.last().copied().unwrap_or(0),
@@ -153,6 +154,7 @@ pub(crate) struct Stats {
     partitions: u64,
     overflows: u64,
     dfn: u64,
+    conflicts: u64,
     latencies_ms: Vec<u64>,
     verdicts: world::Verdicts,
 }
@@ -172,6 +174,7 @@ impl Stats {
         self.partitions += o.partitions;
         self.overflows += o.overflows;
         self.dfn += o.dfn;
+        self.conflicts += o.verdicts.conflicts_told;
         self.latencies_ms.extend(&o.verdicts.latencies_ms);
     }
 }

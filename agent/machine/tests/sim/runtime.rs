@@ -3,22 +3,20 @@
 //! effect (kill -9: what an effect completed stays, nothing after it runs)
 //! or fail writes as a full disk does.
 
+use keysync_machine::core::merge::Conflict;
 use keysync_machine::core::{Decision, MinionId, Slots};
 use keysync_machine::node::{Applied, Event, Failure, Runtime, StoreWrite};
-use std::collections::BTreeMap;
 
 use crate::model::{Change, Disk};
 use keysync_machine::core::settle::FsChange;
 use keysync_machine::core::Folder;
 
-/// A master's durable state store.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Store {
-    pub(crate) decisions: BTreeMap<MinionId, Decision>,
-    pub(crate) journal: BTreeMap<MinionId, Decision>,
-    pub(crate) clock: u64,
-    pub(crate) initialized: bool,
-}
+/// A master's durable state store: what the agent's redb store keeps.
+pub(crate) type Store = keysync_machine::node::testing::MemoryStore;
+
+/// A decision the store recorded, with what it held for that id before
+/// (the decision and the others seen).
+pub(crate) type Recorded = (Decision, Option<(Decision, Vec<keysync_machine::core::Seen>)>);
 
 /// What one input made the node do that leaves the node: messages, echoes
 /// of its writes, and whether it died on the way.
@@ -30,6 +28,10 @@ pub(crate) struct Outbox {
     pub(crate) dfn_dropped: u32,
     /// Killed at an effect: the node is gone, whatever it did after.
     pub(crate) killed: bool,
+    /// Decisions the store recorded, with what it held for their ids before.
+    pub(crate) recorded: Vec<Recorded>,
+    /// The audit log's length before the input (for tracing what it told).
+    pub(crate) audit_before: usize,
     /// Ids written while a salt-key run on them was in progress (must stay empty).
     pub(crate) wrote_into_runs: Vec<MinionId>,
 }
@@ -157,6 +159,10 @@ impl Runtime for SimRuntime<'_> {
         Ok(())
     }
 
+    fn was_told(&mut self, conflict: &Conflict) -> bool {
+        !self.dead() && keysync_machine::node::testing::tells(self.audit, conflict)
+    }
+
     fn record(&mut self, write: &StoreWrite<'_>) -> Result<(), Failure> {
         if self.dead() {
             return Err(KILLED.into());
@@ -165,13 +171,9 @@ impl Runtime for SimRuntime<'_> {
             return Err("store: No space left on device".into());
         }
         for d in write.decisions {
-            self.store.decisions.insert(d.id.clone(), d.clone());
+            self.out.recorded.push((d.clone(), self.store.decisions.get(&d.id).cloned()));
         }
-        for id in write.done {
-            self.store.journal.remove(id);
-        }
-        self.store.clock = write.clock;
-        self.store.initialized |= write.initialize;
+        self.store.record(write);
         Ok(())
     }
 
@@ -179,7 +181,7 @@ impl Runtime for SimRuntime<'_> {
         if self.dead() {
             return Err(KILLED.into());
         }
-        Ok(ids.iter().filter_map(|id| self.store.decisions.get(id).cloned()).collect())
+        Ok(self.store.get(ids))
     }
 
     fn audit(&mut self, event: Event) {

@@ -9,7 +9,7 @@ use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
 use keysync_machine::core::settle::{FsChange, SettleTimings};
-use keysync_machine::core::{Decision, Folder, MinionId, Version};
+use keysync_machine::core::{Decision, Folder, MinionId, Seen, Version};
 use keysync_machine::node::{self, FsEvent, Loaded, Node, Now, Settings, Summaries};
 
 use crate::model::*;
@@ -191,6 +191,9 @@ pub(crate) struct Sim {
     pub(crate) made: BTreeMap<MinionId, Vec<Made>>,
     /// When each node first applied each version: (node, id, version) → time.
     pub(crate) applied_at: BTreeMap<(usize, MinionId, Version), u64>,
+    /// Every version each node's machine was handed or made, per id: what
+    /// its decisions may claim to know.
+    pub(crate) delivered: Vec<BTreeMap<MinionId, BTreeSet<Version>>>,
     /// Ids some node held when the late joiner first started.
     held_at_join: BTreeMap<MinionId, Decision>,
     joiner: Option<usize>,
@@ -258,6 +261,7 @@ impl Sim {
             made: BTreeMap::new(),
             applied_at: BTreeMap::new(),
             held_at_join: BTreeMap::new(),
+            delivered: vec![BTreeMap::new(); n_nodes],
             joiner,
             stats: Stats::default(),
             trace_hash: Default::default(),
@@ -396,13 +400,13 @@ impl Sim {
         let now = Now { mono: self.instant(self.now), wall_ms: self.nodes[node].wall_ms(self.now) };
         let n = &mut self.nodes[node];
         let mut machine = n.machine.take()?;
-        let before = n.store.decisions.clone();
+        let audit_before = n.audit.len();
         let mut rt = SimRuntime {
             disk: &mut n.disk,
             store: &mut n.store,
             audit: &mut n.audit,
             buffered: Vec::new(),
-            out: Outbox::default(),
+            out: Outbox { audit_before, ..Outbox::default() },
             kill_after: &mut n.kill_after,
             disk_full: n.disk_full,
             rng: &mut self.rng,
@@ -413,7 +417,7 @@ impl Sim {
         if !out.killed {
             self.nodes[node].machine = Some(machine);
         }
-        self.after_input(node, &before, out);
+        self.after_input(node, out);
         Some(result)
     }
 
@@ -425,19 +429,14 @@ impl Sim {
         n.epoch += 1;
         n.next_tick = None;
         n.links = (0..n.links.len()).map(|_| links::Link::default()).collect();
-        let loaded = Loaded {
-            entries: n.store.decisions.iter().map(|(id, d)| (id.clone(), d.entry())).collect(),
-            journal: n.store.journal.values().cloned().collect(),
-            clock: n.store.clock,
-            initialized: n.store.initialized,
-        };
-        let before = n.store.decisions.clone();
+        let loaded: Loaded = n.store.loaded();
+        let audit_before = n.audit.len();
         let mut rt = SimRuntime {
             disk: &mut n.disk,
             store: &mut n.store,
             audit: &mut n.audit,
             buffered: Vec::new(),
-            out: Outbox::default(),
+            out: Outbox { audit_before, ..Outbox::default() },
             kill_after: &mut n.kill_after,
             disk_full: n.disk_full,
             rng: &mut self.rng,
@@ -448,7 +447,7 @@ impl Sim {
         if !out.killed {
             self.nodes[node].machine = Some(machine);
         }
-        self.after_input(node, &before, out);
+        self.after_input(node, out);
         // Whatever start-up did not decide needed no decision; a salt-key run
         // still going on is judged as it finishes.
         let n = &mut self.nodes[node];
@@ -456,11 +455,29 @@ impl Sim {
         n.touched.retain(|id, _| in_flight.contains(id));
     }
 
-    fn after_input(&mut self, node: usize, before: &BTreeMap<MinionId, Decision>, out: Outbox) {
+    fn after_input(&mut self, node: usize, mut out: Outbox) {
+        if self.trace {
+            let n = &self.nodes[node];
+            for event in &n.audit[out.audit_before..] {
+                if let node::Event::Conflict { conflict, from } = event {
+                    trace!(
+                        self,
+                        "{} tells conflict on {} via {from}: {} beats {}",
+                        n.name,
+                        conflict.id,
+                        conflict.winner.version,
+                        conflict.loser.version
+                    );
+                }
+            }
+            if !n.store.untold.is_empty() {
+                trace!(self, "{} keeps {} conflicts untold", n.name, n.store.untold.len());
+            }
+        }
         if let Some(id) = out.wrote_into_runs.first() {
             self.fail(format!("{} wrote {id} while a salt-key run on it was in progress", self.nodes[node].name));
         }
-        self.note_recorded(node, before);
+        self.note_recorded(node, std::mem::take(&mut out.recorded));
         let n = &self.nodes[node];
         let name = n.name.clone();
         self.stats.dfn += u64::from(out.dfn_dropped);
@@ -487,21 +504,19 @@ impl Sim {
 
     /// What the node's store gained in an input: its own new decisions (checked
     /// against what the operator did) and peers' decisions it applied.
-    fn note_recorded(&mut self, node: usize, before: &BTreeMap<MinionId, Decision>) {
+    fn note_recorded(&mut self, node: usize, recorded: Vec<crate::runtime::Recorded>) {
         let name = self.nodes[node].name.clone();
-        let changed: Vec<Decision> = self.nodes[node]
-            .store
-            .decisions
-            .iter()
-            .filter(|(id, d)| before.get(*id).is_none_or(|b| b.version != d.version))
-            .map(|(_, d)| d.clone())
-            .collect();
-        for decision in changed {
+        for (decision, before) in recorded {
+            if before.as_ref().is_some_and(|(held, _)| held.version == decision.version) {
+                continue;
+            }
             let id = decision.id.clone();
             if *decision.version.node == *name
                 && !self.applied_at.contains_key(&(node, id.clone(), decision.version.clone()))
             {
                 self.check_local(node, &decision);
+                self.check_context(node, &decision, before.as_ref());
+                self.delivered[node].entry(id.clone()).or_default().insert(decision.version.clone());
                 self.made.entry(id.clone()).or_default().push(Made { decision: decision.clone(), at: self.now });
                 self.stats.decisions += 1;
             }
@@ -539,6 +554,32 @@ impl Sim {
             _ => self.stats.operator_decisions += 1,
         }
         trace!(self, "{name} decides {id} {verdict:?} {}", decision.version);
+    }
+
+    /// A local decision knows exactly what it may: everything the node's
+    /// store held of the id (complete), and nothing it was never handed (sound:
+    /// no conflict hidden behind a claim of knowledge).
+    fn check_context(&self, node: usize, decision: &Decision, before: Option<&(Decision, Vec<Seen>)>) {
+        let name = &self.nodes[node].name;
+        let delivered = self.delivered[node].get(&decision.id);
+        for known in decision.context.iter() {
+            if !delivered.is_some_and(|d| d.contains(known)) {
+                self.fail(format!(
+                    "{name}'s {} for {} claims to know {known}, never handed to it",
+                    decision.version, decision.id
+                ));
+            }
+        }
+        if let Some((held, seen)) = before {
+            for version in std::iter::once(&held.version).chain(seen.iter().map(|s| &s.version)) {
+                if !decision.context.knows(version) {
+                    self.fail(format!(
+                        "{name}'s {} for {} does not know {version}, which it held",
+                        decision.version, decision.id
+                    ));
+                }
+            }
+        }
     }
 
     fn schedule_tick(&mut self, node: usize) {
@@ -667,6 +708,15 @@ impl Sim {
             return;
         }
         let peer: std::sync::Arc<str> = self.nodes[from].name.as_str().into();
+        if let Msg::Push(decisions) | Msg::FetchResp { decisions, .. } = &msg {
+            // Knowing a decision is knowing what it knew (its own origin's
+            // claims are checked there).
+            for d in decisions {
+                let known = self.delivered[to].entry(d.id.clone()).or_default();
+                known.insert(d.version.clone());
+                known.extend(d.context.iter().cloned());
+            }
+        }
         match msg {
             Msg::Push(decisions) => {
                 self.input(to, |machine, rt, now| machine.on_batches(vec![(peer, decisions)], now, rt));

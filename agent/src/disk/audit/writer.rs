@@ -30,6 +30,33 @@ use std::thread::JoinHandle;
 
 use super::{line_hash, now_rfc3339, AuditError, Record, CONTINUE, GENESIS};
 
+/// Where a log's chain ends: the last record's `seq` and line hash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuditHead {
+    pub seq: u64,
+    pub hash: String,
+}
+
+impl std::fmt::Display for AuditHead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.seq, self.hash)
+    }
+}
+
+impl std::str::FromStr for AuditHead {
+    type Err = String;
+
+    /// `SEQ:HASH`, as `status` and the gap record print it.
+    fn from_str(text: &str) -> Result<AuditHead, String> {
+        let (seq, hash) = text.split_once(':').ok_or_else(|| format!("{text:?} is not SEQ:HASH"))?;
+        let seq = seq.parse().map_err(|_| format!("{text:?}: {seq:?} is not a sequence number"))?;
+        if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!("{text:?}: {hash:?} is not a sha256 in hex"));
+        }
+        Ok(AuditHead { seq, hash: hash.to_ascii_lowercase() })
+    }
+}
+
 /// The audit log of this node, shared by every task that records.
 pub struct AuditLog {
     node: String,
@@ -156,6 +183,13 @@ impl AuditLog {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The last record written: its `seq` and the hash of its line (what
+    /// the next record's `prev` will be).
+    pub fn head(&self) -> AuditHead {
+        let tail = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        AuditHead { seq: tail.seq, hash: tail.last_hash.clone() }
     }
 
     /// Appends a record, filling in time, node, `seq` and `prev`. A failure to

@@ -1,12 +1,13 @@
 //! Adopting a pending file that holds exactly the decided key: moved into
 //! its folder, as `salt-key` does, instead of a copy being written.
 
-use std::fs::{self, File};
-use std::io;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::fs::File;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 
-use super::{remove_if_present, Pki, KEY_MODE, STAGING_SEQ};
+use rustix::fs::{AtFlags, Mode};
+
+use super::{remove_if_present, staged_name, Pki};
 use crate::core::settle::FsChange;
 use crate::core::{Folder, PublicKey};
 
@@ -30,10 +31,12 @@ impl Pki {
     /// one folder to another, which every rename on the disk waits for.
     /// When the name is taken in `folder` (a link never replaces), or links
     /// cannot be made, see [`Pki::adopt_by_renaming`].
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn adopt_pending(
         &self,
         file: File,
-        folder: Folder,
+        (folder, dir): (Folder, &OwnedFd),
+        pending_dir: &OwnedFd,
         id: &str,
         key: &PublicKey,
         lane: usize,
@@ -43,7 +46,7 @@ impl Pki {
             return Adoption::No;
         }
         let renamed = |changes: &mut Vec<(Folder, FsChange)>| {
-            if self.adopt_by_renaming(&file, folder, id, key, lane, changes) {
+            if self.adopt_by_renaming(&file, (folder, dir), pending_dir, id, key, lane, changes) {
                 Adoption::Renamed
             } else {
                 Adoption::No
@@ -54,18 +57,16 @@ impl Pki {
         }
         // Only a file with no other name, still holding exactly the key, is
         // linked; its mode and owner are made the agent's first.
-        let one_name = |file: &File| file.metadata().is_ok_and(|meta| meta.nlink() == 1);
         if !one_name(&file) || !holds_exactly(&file, key) || self.fix_mode_and_owner(&file).is_err() {
             return Adoption::No;
         }
         use std::os::fd::AsRawFd;
-        let target = self.folder_path(folder).join(id);
         let linked = rustix::fs::linkat(
             rustix::fs::CWD,
             format!("/proc/self/fd/{}", file.as_raw_fd()),
-            rustix::fs::CWD,
-            &target,
-            rustix::fs::AtFlags::SYMLINK_FOLLOW,
+            dir,
+            id,
+            AtFlags::SYMLINK_FOLLOW,
         );
         match linked {
             Ok(()) => changes.push((folder, FsChange::Written)),
@@ -76,7 +77,7 @@ impl Pki {
             }
             // The file read has no name left (removed or replaced since): the
             // caller writes the key. With a name left, /proc is unusable.
-            Err(rustix::io::Errno::NOENT) if file.metadata().is_ok_and(|meta| meta.nlink() == 0) => {
+            Err(rustix::io::Errno::NOENT) if file.metadata().is_ok_and(|meta| meta_nlink(&meta) == 0) => {
                 return Adoption::No
             }
             Err(
@@ -95,7 +96,7 @@ impl Pki {
             // failure is retried.
             Err(_) => return Adoption::No,
         }
-        let pending = remove_if_present(&self.folder_path(Folder::Pending).join(id));
+        let pending = remove_if_present(pending_dir, id);
         if matches!(pending, Ok(true)) {
             changes.push((Folder::Pending, FsChange::Gone));
         }
@@ -116,34 +117,33 @@ impl Pki {
     /// the very inode that was read (a regular file with one link) still
     /// holding exactly the key; whatever else was swapped in meanwhile is
     /// removed there, never moved. Returns false, and the caller writes the
-    /// key, when anything differs or fails, and from then on when the folders
-    /// are separate mounts (systemd's `ReadWritePaths=` bind-mounts each:
-    /// EXDEV).
+    /// key, when anything differs or fails.
+    #[allow(clippy::too_many_arguments)]
     fn adopt_by_renaming(
         &self,
         file: &File,
-        folder: Folder,
+        (folder, dir): (Folder, &OwnedFd),
+        pending_dir: &OwnedFd,
         id: &str,
         key: &PublicKey,
         lane: usize,
         changes: &mut Vec<(Folder, FsChange)>,
     ) -> bool {
-        let pending = self.folder_path(Folder::Pending).join(id);
-        let private = format!(".keysync-adopt-{}-{}", std::process::id(), STAGING_SEQ.fetch_add(1, Ordering::Relaxed));
-        let private = self.staging_dir(lane).join(private);
-        if let Err(e) = self.in_staging(lane, |_| fs::rename(&pending, &private)) {
-            if e.raw_os_error() == Some(libc::EXDEV) {
+        let Ok(staging) = self.staging.lane(&self.root, lane) else { return false };
+        let private = staged_name("adopt");
+        if let Err(e) = rustix::fs::renameat(pending_dir, id, &*staging, private.as_str()) {
+            if e == rustix::io::Errno::XDEV {
                 self.stop_adopting();
             }
             return false;
         }
         changes.push((Folder::Pending, FsChange::Gone));
-        let adopted = (|| -> io::Result<bool> {
-            let read = file.metadata()?;
-            let moved = private.symlink_metadata()?;
-            if !moved.file_type().is_file()
-                || (moved.dev(), moved.ino()) != (read.dev(), read.ino())
-                || moved.nlink() != 1
+        let adopted = (|| -> std::io::Result<bool> {
+            let read = rustix::fs::fstat(file)?;
+            let moved = rustix::fs::statat(&*staging, private.as_str(), AtFlags::SYMLINK_NOFOLLOW)?;
+            if rustix::fs::FileType::from_raw_mode(moved.st_mode) != rustix::fs::FileType::RegularFile
+                || (moved.st_dev, moved.st_ino) != (read.st_dev, read.st_ino)
+                || moved.st_nlink != 1
             {
                 return Ok(false);
             }
@@ -151,13 +151,13 @@ impl Pki {
                 return Ok(false);
             }
             self.fix_mode_and_owner(file)?;
-            match fs::rename(&private, self.folder_path(folder).join(id)) {
+            match rustix::fs::renameat(&*staging, private.as_str(), dir, id) {
                 Ok(()) => Ok(true),
-                Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+                Err(rustix::io::Errno::XDEV) => {
                     self.stop_adopting();
                     Ok(false)
                 }
-                Err(e) => Err(e),
+                Err(e) => Err(e.into()),
             }
         })();
         if matches!(adopted, Ok(true)) {
@@ -166,27 +166,41 @@ impl Pki {
         }
         // The pending copy is superseded by the decision either way; a
         // leftover is removed by the next start's staging clean-up.
-        let _ = fs::remove_file(&private);
+        let _ = rustix::fs::unlinkat(&*staging, private.as_str(), AtFlags::empty());
         false
     }
 
     /// Gives an adopted file the mode and owner the agent writes keys with.
-    fn fix_mode_and_owner(&self, file: &File) -> io::Result<()> {
-        let meta = file.metadata()?;
-        if meta.mode() & 0o7777 != KEY_MODE {
-            file.set_permissions(fs::Permissions::from_mode(KEY_MODE))?;
+    fn fix_mode_and_owner(&self, file: &File) -> std::io::Result<()> {
+        let st = rustix::fs::fstat(file)?;
+        if st.st_mode & 0o7777 != self.options.key_mode {
+            rustix::fs::fchmod(file, Mode::from_raw_mode(self.options.key_mode))?;
         }
-        if (meta.uid(), meta.gid()) != (self.owner.uid, self.owner.gid) {
-            std::os::unix::fs::fchown(file, Some(self.owner.uid), Some(self.owner.gid))?;
+        let owner = self.options.owner;
+        if (st.st_uid, st.st_gid) != (owner.uid, owner.gid) {
+            rustix::fs::fchown(
+                file,
+                Some(rustix::fs::Uid::from_raw(owner.uid)),
+                Some(rustix::fs::Gid::from_raw(owner.gid)),
+            )?;
         }
         Ok(())
     }
 
     fn stop_adopting(&self) {
         if !self.no_adopt.swap(true, Ordering::Relaxed) {
-            tracing::info!(pki_dir = %self.root.display(), "pending keys are copied: the key folders are mounts of their own");
+            tracing::info!(pki_dir = %self.root_path.display(), "pending keys are copied: the key folders are on different mounts");
         }
     }
+}
+
+fn meta_nlink(meta: &std::fs::Metadata) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    meta.nlink()
+}
+
+fn one_name(file: &File) -> bool {
+    file.metadata().is_ok_and(|meta| meta_nlink(&meta) == 1)
 }
 
 /// True if `file` holds exactly the key's bytes, read through it.

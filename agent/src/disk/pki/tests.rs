@@ -1,20 +1,35 @@
 //! The key folders' contract: safe reads, staged and adopted writes,
 //! parallel writers, `.dfn`.
 
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+
 use super::*;
 use crate::core::Version;
 use keysync_machine::testkit::PUB;
 
+/// Opens the key folders in `dir` (created) as the agent does.
+pub(crate) fn open(dir: &Path) -> Pki {
+    let owner = Owner::of_path(dir).unwrap();
+    let options = PkiOptions { owner, trust: Trust::of(owner.uid, owner.gid), key_mode: KEY_MODE, create: true };
+    Pki::open(dir, options).unwrap()
+}
+
 fn setup() -> (tempfile::TempDir, Pki) {
     let dir = tempfile::tempdir().unwrap();
-    let owner = Owner::of_path(dir.path()).unwrap();
-    let pki = Pki::new(dir.path().to_path_buf(), owner);
-    pki.ensure_folders().unwrap();
+    let pki = open(dir.path());
     (dir, pki)
 }
 
 fn decision(verdict: Verdict) -> Decision {
-    Decision { id: MinionId::parse("web01").unwrap(), verdict, version: Version::new(1, "a"), supersedes: None }
+    Decision {
+        id: MinionId::parse("web01").unwrap(),
+        verdict,
+        version: Version::new(1, "a"),
+        context: Default::default(),
+    }
 }
 
 #[test]
@@ -110,7 +125,9 @@ fn a_pending_file_swapped_after_it_was_read_is_never_moved_into_place() {
         assert!(matches!(slot, Slot::Key(_)));
         swap();
         let mut changes = Vec::new();
-        let adopted = pki.adopt_pending(file.unwrap(), Folder::Accepted, "web01", &key, 0, &mut changes);
+        let (accepted, pending) = (pki.folder_fd(Folder::Accepted).unwrap(), pki.folder_fd(Folder::Pending).unwrap());
+        let adopted =
+            pki.adopt_pending(file.unwrap(), (Folder::Accepted, &accepted), &pending, "web01", &key, 0, &mut changes);
         (adopted, changes)
     };
     // Adopted by a link: only the inode that was read can be linked, and it
@@ -160,7 +177,7 @@ fn a_large_batch_is_written_by_several_writers_in_order() {
             id: MinionId::parse(&format!("m{i:04}")).unwrap(),
             verdict: if i % 3 == 0 { Verdict::Rejected(key.clone()) } else { Verdict::Accepted(key.clone()) },
             version: Version::new(1, "a"),
-            supersedes: None,
+            context: Default::default(),
         })
         .collect();
     // One of them finds a different key pending: reported at its own place.
@@ -216,8 +233,9 @@ fn reads_refuse_what_is_not_a_plain_public_key() {
 fn dfn_is_dropped_once_with_salts_mode() {
     let dir = tempfile::tempdir().unwrap();
     let owner = Owner::of_path(dir.path()).unwrap();
-    assert!(drop_dfn(dir.path(), "m1_master", owner).unwrap());
-    assert!(!drop_dfn(dir.path(), "m1_master", owner).unwrap());
+    let trust = Trust::of(owner.uid, owner.gid);
+    assert!(drop_dfn(dir.path(), "m1_master", owner, &trust).unwrap());
+    assert!(!drop_dfn(dir.path(), "m1_master", owner, &trust).unwrap());
     let meta = fs::metadata(dir.path().join(".dfn")).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o400);
     assert_eq!(fs::read(dir.path().join(".dfn")).unwrap(), b"m1_master");
@@ -234,13 +252,12 @@ fn the_changes_an_apply_reports_are_the_events_the_watcher_hears() {
     let pending = dir.path().join("minions_pre/web01");
     let key = PublicKey::new(PUB.as_bytes());
     let other = PUB.replace("mwIDAQAB", "mwIDAQAC");
-    let cases: [(&str, &dyn Fn(), Verdict); 6] = [
+    let cases: [(&str, &dyn Fn(), Verdict); 5] = [
         ("linked", &|| fs::write(&pending, PUB).unwrap(), Verdict::Accepted(key.clone())),
         ("another key pending", &|| fs::write(&pending, &other).unwrap(), Verdict::Rejected(key.clone())),
         ("moved", &|| {}, Verdict::Accepted(key.clone())),
         ("deleted", &|| {}, Verdict::Deleted),
         ("renamed", &|| pki.no_link.store(true, Ordering::Relaxed), Verdict::Accepted(key.clone())),
-        ("staged beside", &|| pki.stage_beside[2].store(true, Ordering::Relaxed), Verdict::Rejected(key.clone())),
     ];
     for (case, prepare, verdict) in cases {
         prepare();
@@ -262,8 +279,106 @@ fn the_changes_an_apply_reports_are_the_events_the_watcher_hears() {
         }
         assert_eq!(heard, applied.changes, "{case}");
         assert!(!applied.changes.is_empty(), "{case}");
-        // Staged in the watched folder only when staging beside the key (as
-        // under the packaged unit).
-        assert_eq!(dot_files, case == "staged beside", "{case}");
+        // Never staged in a watched folder.
+        assert!(!dot_files, "{case}: a staging file in a watched folder");
+    }
+}
+
+/// Issue 14: a key folder that is a symlink (`minions_rejected ->
+/// /etc/cron.hourly`) is refused at start, and one swapped for a symlink
+/// while the agent runs is refused then: nothing is created, changed or
+/// removed outside pki_dir, and the other folders keep being served.
+#[test]
+fn nothing_outside_pki_dir_through_a_symlinked_key_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    fs::write(outside.path().join("web01"), "precious").unwrap();
+    let pki_dir = dir.path().join("pki");
+    fs::create_dir_all(pki_dir.join("minions")).unwrap();
+    fs::create_dir_all(pki_dir.join("minions_pre")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), pki_dir.join("minions_rejected")).unwrap();
+    let owner = Owner::of_path(dir.path()).unwrap();
+    let options = PkiOptions { owner, trust: Trust::of(owner.uid, owner.gid), key_mode: KEY_MODE, create: true };
+    let err = Pki::open(&pki_dir, options).err().expect("refused at start");
+    assert!(err.to_string().contains("symbolic link"), "{err}");
+    let (problems, _) = inspect(&pki_dir, &options.trust);
+    assert!(problems.iter().any(|p| p.contains("minions_rejected") && p.contains("symbolic link")), "{problems:?}");
+
+    // At run time: minions_pre and minions_rejected swapped for symlinks.
+    fs::remove_file(pki_dir.join("minions_rejected")).unwrap();
+    fs::create_dir(pki_dir.join("minions_rejected")).unwrap();
+    let pki = Pki::open(&pki_dir, options).unwrap();
+    fs::rename(pki_dir.join("minions_pre"), dir.path().join("old_pre")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), pki_dir.join("minions_pre")).unwrap();
+    fs::rename(pki_dir.join("minions_rejected"), dir.path().join("old_rejected")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), pki_dir.join("minions_rejected")).unwrap();
+    let key = PublicKey::new(PUB.as_bytes());
+    let err = pki.apply(&decision(Verdict::Rejected(key.clone()))).unwrap_err();
+    assert!(err.to_string().contains("replaced and is refused"), "{err}");
+    assert_eq!(fs::read(outside.path().join("web01")).unwrap(), b"precious", "nothing unlinked or written outside");
+    assert_eq!(fs::read_dir(outside.path()).unwrap().count(), 1, "nothing created outside");
+    let replaced = pki.take_replaced();
+    assert_eq!(
+        replaced.iter().map(|r| (r.folder, r.outcome.is_ok())).collect::<Vec<_>>(),
+        [(Folder::Pending, false), (Folder::Rejected, false)]
+    );
+    assert!(pki.take_replaced().is_empty(), "told once");
+    // Reads of a refused folder say so (no conclusion drawn), the rest is served.
+    assert!(matches!(pki.read_slot(Folder::Rejected, "web01"), Slot::Refused(_)));
+    fs::write(pki_dir.join("minions/web02"), PUB).unwrap();
+    assert!(matches!(pki.read_slot(Folder::Accepted, "web02"), Slot::Key(_)));
+    assert_eq!(pki.list().unwrap(), vec![(Folder::Accepted, "web02".to_string())]);
+
+    // A folder replaced by a plain folder of a trusted owner is reopened.
+    fs::remove_file(pki_dir.join("minions_pre")).unwrap();
+    fs::create_dir(pki_dir.join("minions_pre")).unwrap();
+    fs::write(pki_dir.join("minions_pre/web03"), PUB).unwrap();
+    pki.check_folders();
+    assert_eq!(pki.take_replaced(), vec![Replaced { folder: Folder::Pending, outcome: Ok(()) }]);
+    assert!(matches!(pki.read_slot(Folder::Pending, "web03"), Slot::Key(_)));
+}
+
+/// Issue 14: the staging folder is the agent's alone. One the salt user put
+/// there (holding a symlink at any name the agent might use) or a symlink
+/// in its place is moved aside and a private one made; the marker's
+/// temporary file never follows a symlink, so no file outside is truncated.
+#[test]
+fn a_staging_folder_that_is_not_the_agents_own_is_never_used() {
+    for planted in ["folder of another user", "symlink"] {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, "root's file").unwrap();
+        let pki_dir = dir.path().join("pki");
+        fs::create_dir(&pki_dir).unwrap();
+        let staging = pki_dir.join(STAGING_DIR);
+        if planted == "symlink" {
+            fs::create_dir(dir.path().join("elsewhere")).unwrap();
+            std::os::unix::fs::symlink(dir.path().join("elsewhere"), &staging).unwrap();
+        } else {
+            fs::create_dir(&staging).unwrap();
+            for name in [".salt-keysync-state.tmp", ".salt-keysync-state", "writer-1"] {
+                std::os::unix::fs::symlink(&victim, staging.join(name)).unwrap();
+            }
+            rustix::fs::chown(&staging, Some(rustix::fs::Uid::from_raw(4242)), None).unwrap();
+        }
+        let owner = Owner::of_path(dir.path()).unwrap();
+        let (_, notes) = inspect(&pki_dir, &Trust::of(owner.uid, owner.gid));
+        assert!(notes.iter().any(|n| n.contains("moves it aside")), "{planted}: {notes:?}");
+        let pki = open(&pki_dir);
+        assert!(pki.staging_refused().is_some_and(|r| r.contains("moved aside")), "{planted}");
+        pki.write_marker("store x\nnode a\n").unwrap();
+        let key = PublicKey::new(PUB.as_bytes());
+        let big: Vec<Decision> = (0..PARALLEL_FROM)
+            .map(|i| Decision {
+                id: MinionId::parse(&format!("m{i}")).unwrap(),
+                ..decision(Verdict::Accepted(key.clone()))
+            })
+            .collect();
+        assert!(pki.apply_by(&big.iter().collect::<Vec<_>>(), 2).iter().all(Result::is_ok));
+        assert_eq!(fs::read(&victim).unwrap(), b"root's file", "{planted}: nothing written through a symlink");
+        let meta = fs::symlink_metadata(&staging).unwrap();
+        assert!(meta.is_dir() && meta.permissions().mode() & 0o7777 == 0o700, "{planted}: a private folder");
+        assert_eq!(meta.uid(), rustix::process::geteuid().as_raw());
+        assert_eq!(pki.read_marker().unwrap().as_deref(), Some("store x\nnode a\n"));
     }
 }

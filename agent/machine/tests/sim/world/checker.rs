@@ -6,7 +6,8 @@
 //! virtual time, and the late joiner's files never overriding the cluster.
 
 use super::*;
-use keysync_machine::core::Verdict;
+use keysync_machine::core::merge::conflicting;
+use keysync_machine::core::{Seen, Verdict};
 
 /// What a run found; every count but the latencies must be 0.
 #[derive(Clone, Debug, Default)]
@@ -18,6 +19,12 @@ pub(crate) struct Verdicts {
     /// Milliseconds from a live decision's durability on its origin to its
     /// application on each other master.
     pub(crate) latencies_ms: Vec<u64>,
+    /// Conflicts told, each pair of concurrent, disagreeing decisions a
+    /// master holds or remembers told there once: missed and duplicated
+    /// (or told without cause) must be 0.
+    pub(crate) conflicts_told: u64,
+    pub(crate) conflicts_missed: u64,
+    pub(crate) conflicts_duplicated: u64,
 }
 
 impl Sim {
@@ -64,7 +71,7 @@ impl Sim {
                 // The folders say what the node holds, byte for byte.
                 let name = id.as_str();
                 let (accepted, rejected) = (n.disk.get(Folder::Accepted, name), n.disk.get(Folder::Rejected, name));
-                let verdict = n.store.decisions.get(id).map(|d| &d.verdict);
+                let verdict = n.store.decisions.get(id).map(|(d, _)| &d.verdict);
                 let ok = match verdict {
                     Some(Verdict::Accepted(key)) => {
                         accepted.map(Vec::as_slice) == Some(key.bytes()) && rejected.is_none()
@@ -98,12 +105,53 @@ impl Sim {
             if n.store
                 .decisions
                 .values()
-                .map(|d| (&d.id, &d.version))
+                .map(|(d, _)| (&d.id, &d.version))
                 .ne(machine_versions(machine).iter().map(|(i, v)| (i, v)))
             {
                 problems.push(format!("{}: the store does not hold what the node holds", n.name));
             }
             let _ = idx;
+        }
+        // Conflicts: exactly the pairs each master saw, each told once there.
+        for n in &self.nodes {
+            let mut expected: BTreeSet<(MinionId, Version, Version)> = BTreeSet::new();
+            for (id, (held, seen)) in &n.store.decisions {
+                let all: Vec<Seen> = std::iter::once(held.seen()).chain(seen.iter().cloned()).collect();
+                for (i, a) in all.iter().enumerate() {
+                    for b in &all[i + 1..] {
+                        if conflicting(a, b) {
+                            let (w, l) = if a.beats(b) { (a, b) } else { (b, a) };
+                            expected.insert((id.clone(), w.version.clone(), l.version.clone()));
+                        }
+                    }
+                }
+            }
+            let mut told: BTreeMap<(MinionId, Version, Version), u64> = BTreeMap::new();
+            for event in &n.audit {
+                if let node::Event::Conflict { conflict, .. } = event {
+                    let key = (conflict.id.clone(), conflict.winner.version.clone(), conflict.loser.version.clone());
+                    *told.entry(key).or_default() += 1;
+                }
+            }
+            for pair in &expected {
+                match told.get(pair) {
+                    None => {
+                        verdicts.conflicts_missed += 1;
+                        problems.push(format!("{}: conflict {pair:?} never told", n.name));
+                    }
+                    Some(&k) if k > 1 => {
+                        verdicts.conflicts_duplicated += k - 1;
+                        problems.push(format!("{}: conflict {pair:?} told {k} times", n.name));
+                    }
+                    Some(_) => verdicts.conflicts_told += 1,
+                }
+            }
+            for (pair, k) in &told {
+                if !expected.contains(pair) {
+                    verdicts.conflicts_duplicated += k;
+                    problems.push(format!("{}: conflict {pair:?} told, but it holds no such pair", n.name));
+                }
+            }
         }
         // Every master computes the same digests from the same entries.
         let digests: BTreeSet<Vec<u64>> =
@@ -138,8 +186,13 @@ impl Sim {
         }
         if !problems.is_empty() {
             self.fail(format!(
-                "lost {}, stale {}, resurrected {}, never applied {}: {problems:#?}",
-                verdicts.lost, verdicts.stale, verdicts.resurrected, verdicts.never_applied
+                "lost {}, stale {}, resurrected {}, never applied {}, conflicts missed {}, duplicated {}: {problems:#?}",
+                verdicts.lost,
+                verdicts.stale,
+                verdicts.resurrected,
+                verdicts.never_applied,
+                verdicts.conflicts_missed,
+                verdicts.conflicts_duplicated
             ));
         }
         self.stats.verdicts = verdicts;

@@ -1,0 +1,41 @@
+//! `<cachedir>/.dfn`: asks the salt-master to rotate its AES key, so a
+//! minion whose key was rejected or deleted is cut off at once, as
+//! `salt-key` itself does. The cachedir belongs to the salt user: it is
+//! opened without following any symlink and everything in it is done
+//! relative to its descriptor.
+
+use std::io;
+use std::path::Path;
+
+use rustix::fs::AtFlags;
+
+use super::dirs::{self, Trust};
+use super::{staged_name, write_new, Owner};
+
+/// Mode Salt gives `.dfn`; exactly this, or the master ignores it.
+const DFN_MODE: u32 = 0o400;
+
+/// Drops `<cachedir>/.dfn` so the master rotates its AES key at its next
+/// maintenance run, as `salt-key` does on a reject or delete; an existing one
+/// is left alone (a rotation is already due). Returns whether one was written.
+///
+/// Salt 3008 refuses (and never clears) a `.dfn` whose content is not its id,
+/// so the master must never see a half-written one: it is staged complete and
+/// hard-linked into place, which also fails if `.dfn` appeared meanwhile.
+pub fn drop_dfn(cachedir: &Path, master_id: &str, owner: Owner, trust: &Trust) -> io::Result<bool> {
+    let dir = dirs::open_path(cachedir, trust).map_err(|e| io::Error::other(e.to_string()))?;
+    if rustix::fs::statat(&dir, ".dfn", AtFlags::SYMLINK_NOFOLLOW).is_ok() {
+        return Ok(false);
+    }
+    let staging = staged_name("dfn");
+    let result =
+        write_new(&dir, &staging, master_id.as_bytes(), DFN_MODE, owner).and_then(|()| {
+            match rustix::fs::linkat(&dir, staging.as_str(), &dir, ".dfn", AtFlags::empty()) {
+                Ok(()) => Ok(true),
+                Err(rustix::io::Errno::EXIST) => Ok(false),
+                Err(e) => Err(e.into()),
+            }
+        });
+    let _ = rustix::fs::unlinkat(&dir, staging.as_str(), AtFlags::empty());
+    result
+}

@@ -1,0 +1,237 @@
+//! The store's record layouts. A decision record is the decision held (with
+//! its key) and the other decisions seen for its id; a journal record is a
+//! decision alone; an untold conflict names its two decisions and the peer
+//! it came from. Records written by 0.1 (one `supersedes` version, nothing
+//! seen) are still read.
+//!
+//! Layout 2: `0x10`, kind u8, version, context, seen count u8, each seen
+//! (version, kind u8, fingerprint, context), then the key bytes. A version
+//! is hlc u64 BE, node length u16 BE, node bytes; a context is a count u8
+//! and that many versions; a fingerprint is 0, or 1 and 32 bytes.
+//! Layout 1 (0.1): kind u8 (1–3), version, has_supersedes u8, [supersedes], key bytes.
+
+use std::sync::Arc;
+
+use crate::core::merge::Conflict;
+use crate::core::{Context, Decision, Fingerprint, MinionId, PublicKey, Seen, Verdict, VerdictKind, Version};
+
+const LAYOUT_2: u8 = 0x10;
+
+pub fn encode_record(decision: &Decision, seen: &[Seen]) -> Vec<u8> {
+    let key = decision.verdict.key().map(PublicKey::bytes).unwrap_or_default();
+    let mut out = Vec::with_capacity(64 + key.len() + seen.len() * 64);
+    out.push(LAYOUT_2);
+    out.push(kind_byte(decision.verdict.kind()));
+    encode_version(&mut out, &decision.version);
+    encode_context(&mut out, &decision.context);
+    out.push(seen.len().min(usize::from(u8::MAX)) as u8);
+    for s in seen.iter().take(usize::from(u8::MAX)) {
+        encode_seen(&mut out, s);
+    }
+    out.extend_from_slice(key);
+    out
+}
+
+pub fn decode_record(id: &str, bytes: &[u8]) -> Option<(Decision, Vec<Seen>)> {
+    let id = MinionId::parse(id).ok()?;
+    let (&first, rest) = bytes.split_first()?;
+    if first != LAYOUT_2 {
+        return decode_layout_1(id, bytes).map(|d| (d, Vec::new()));
+    }
+    let (&kind, rest) = rest.split_first()?;
+    let (version, rest) = decode_version(rest)?;
+    let (context, rest) = decode_context(rest)?;
+    let (&n_seen, mut rest) = rest.split_first()?;
+    let mut seen = Vec::with_capacity(usize::from(n_seen));
+    for _ in 0..n_seen {
+        let (s, after) = decode_seen(rest)?;
+        seen.push(s);
+        rest = after;
+    }
+    let verdict = verdict_of(kind, rest)?;
+    Some((Decision { id, verdict, version, context }, seen))
+}
+
+/// A 0.1 record: its `supersedes` is its whole context.
+fn decode_layout_1(id: MinionId, bytes: &[u8]) -> Option<Decision> {
+    let (&kind, rest) = bytes.split_first()?;
+    let (version, rest) = decode_version(rest)?;
+    let (&has_supersedes, mut rest) = rest.split_first()?;
+    let mut context = Context::default();
+    if has_supersedes == 1 {
+        let (supersedes, after) = decode_version(rest)?;
+        context.add(&supersedes);
+        rest = after;
+    }
+    let verdict = verdict_of(kind, rest)?;
+    Some(Decision { id, verdict, version, context })
+}
+
+/// An untold conflict: the peer it came from, the id, winner and loser.
+pub fn encode_conflict(from: &str, conflict: &Conflict) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    encode_str(&mut out, from);
+    encode_str(&mut out, conflict.id.as_str());
+    encode_seen(&mut out, &conflict.winner);
+    encode_seen(&mut out, &conflict.loser);
+    out
+}
+
+pub fn decode_conflict(bytes: &[u8]) -> Option<(Arc<str>, Conflict)> {
+    let (from, rest) = decode_str(bytes)?;
+    let (id, rest) = decode_str(rest)?;
+    let (winner, rest) = decode_seen(rest)?;
+    let (loser, rest) = decode_seen(rest)?;
+    let id = MinionId::parse(id).ok()?;
+    rest.is_empty().then(|| (Arc::from(from), Conflict { id, winner, loser }))
+}
+
+/// The untold table's key for a conflict: one row per pair.
+pub fn conflict_key(conflict: &Conflict) -> String {
+    format!("{}\0{}\0{}", conflict.id, conflict.winner.version, conflict.loser.version)
+}
+
+fn kind_byte(kind: VerdictKind) -> u8 {
+    match kind {
+        VerdictKind::Accepted => 1,
+        VerdictKind::Rejected => 2,
+        VerdictKind::Deleted => 3,
+    }
+}
+
+fn kind_of(byte: u8) -> Option<VerdictKind> {
+    match byte {
+        1 => Some(VerdictKind::Accepted),
+        2 => Some(VerdictKind::Rejected),
+        3 => Some(VerdictKind::Deleted),
+        _ => None,
+    }
+}
+
+fn verdict_of(kind: u8, key: &[u8]) -> Option<Verdict> {
+    Some(match kind_of(kind)? {
+        VerdictKind::Accepted => Verdict::Accepted(PublicKey::new(key)),
+        VerdictKind::Rejected => Verdict::Rejected(PublicKey::new(key)),
+        VerdictKind::Deleted => Verdict::Deleted,
+    })
+}
+
+fn encode_seen(out: &mut Vec<u8>, seen: &Seen) {
+    encode_version(out, &seen.version);
+    out.push(kind_byte(seen.kind));
+    match seen.fingerprint {
+        Some(fingerprint) => {
+            out.push(1);
+            out.extend_from_slice(&fingerprint.0);
+        }
+        None => out.push(0),
+    }
+    encode_context(out, &seen.context);
+}
+
+fn decode_seen(bytes: &[u8]) -> Option<(Seen, &[u8])> {
+    let (version, rest) = decode_version(bytes)?;
+    let (&kind, rest) = rest.split_first()?;
+    let kind = kind_of(kind)?;
+    let (&has_fingerprint, mut rest) = rest.split_first()?;
+    let fingerprint = if has_fingerprint == 1 {
+        let fingerprint = Fingerprint(rest.get(..32)?.try_into().ok()?);
+        rest = &rest[32..];
+        Some(fingerprint)
+    } else {
+        None
+    };
+    let (context, rest) = decode_context(rest)?;
+    Some((Seen { version, kind, fingerprint, context }, rest))
+}
+
+fn encode_context(out: &mut Vec<u8>, context: &Context) {
+    out.push(context.len().min(usize::from(u8::MAX)) as u8);
+    for version in context.iter().take(usize::from(u8::MAX)) {
+        encode_version(out, version);
+    }
+}
+
+fn decode_context(bytes: &[u8]) -> Option<(Context, &[u8])> {
+    let (&n, mut rest) = bytes.split_first()?;
+    let mut context = Context::default();
+    for _ in 0..n {
+        let (version, after) = decode_version(rest)?;
+        context.add(&version);
+        rest = after;
+    }
+    Some((context, rest))
+}
+
+fn encode_version(out: &mut Vec<u8>, version: &Version) {
+    out.extend_from_slice(&version.hlc.to_be_bytes());
+    encode_str(out, &version.node);
+}
+
+fn decode_version(bytes: &[u8]) -> Option<(Version, &[u8])> {
+    let hlc = u64::from_be_bytes(bytes.get(..8)?.try_into().ok()?);
+    let (node, rest) = decode_str(&bytes[8..])?;
+    Some((Version { hlc, node: crate::core::version::node_name(node) }, rest))
+}
+
+fn encode_str(out: &mut Vec<u8>, text: &str) {
+    out.extend_from_slice(&(text.len() as u16).to_be_bytes());
+    out.extend_from_slice(text.as_bytes());
+}
+
+fn decode_str(bytes: &[u8]) -> Option<(&str, &[u8])> {
+    let len = usize::from(u16::from_be_bytes(bytes.get(..2)?.try_into().ok()?));
+    let text = std::str::from_utf8(bytes.get(2..2 + len)?).ok()?;
+    Some((text, &bytes[2 + len..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keysync_machine::testkit::PUB;
+
+    fn decision(verdict: Verdict, hlc: u64, context: &[(u64, &str)]) -> Decision {
+        Decision {
+            id: MinionId::parse("web01").unwrap(),
+            verdict,
+            version: Version::new(hlc, "a"),
+            context: Context::new(context.iter().map(|&(h, n)| Version::new(h, n))),
+        }
+    }
+
+    #[test]
+    fn records_round_trip_with_what_was_seen() {
+        let key = PublicKey::new(PUB.as_bytes());
+        let held = decision(Verdict::Accepted(key.clone()), 9, &[(3, "b"), (4, "c")]);
+        let seen =
+            vec![decision(Verdict::Rejected(key), 4, &[]).seen(), decision(Verdict::Deleted, 3, &[(1, "b")]).seen()];
+        let bytes = encode_record(&held, &seen);
+        assert_eq!(decode_record("web01", &bytes), Some((held, seen)));
+        assert_eq!(decode_record("web01", &bytes[..20]), None);
+    }
+
+    /// A store written by 0.1 is read: `supersedes` becomes the context.
+    #[test]
+    fn layout_1_records_are_read() {
+        let mut old = vec![3];
+        encode_version(&mut old, &Version::new(9, "a"));
+        old.push(1);
+        encode_version(&mut old, &Version::new(3, "b"));
+        let (read, seen) = decode_record("web01", &old).unwrap();
+        assert_eq!(read, decision(Verdict::Deleted, 9, &[(3, "b")]));
+        assert!(seen.is_empty());
+    }
+
+    #[test]
+    fn conflicts_round_trip() {
+        let key = PublicKey::new(PUB.as_bytes());
+        let conflict = Conflict {
+            id: MinionId::parse("web01").unwrap(),
+            winner: decision(Verdict::Rejected(key), 9, &[]).seen(),
+            loser: decision(Verdict::Deleted, 8, &[(2, "c")]).seen(),
+        };
+        let bytes = encode_conflict("master-b", &conflict);
+        assert_eq!(decode_conflict(&bytes), Some((Arc::from("master-b"), conflict)));
+        assert_eq!(decode_conflict(&bytes[..bytes.len() - 1]), None);
+    }
+}
