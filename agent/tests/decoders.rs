@@ -85,6 +85,7 @@ fn wire_decision() -> impl Strategy<Value = v1::Decision> {
                 version: with_version.then_some(v1::Version { hlc, node }),
                 supersedes: known.clone(),
                 context: known.into_iter().collect(),
+                relays: Vec::new(),
             }
         },
     )

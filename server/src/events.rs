@@ -25,7 +25,7 @@ pub enum TransportEvent {
     Connected { remote: SocketAddr, peer: PeerName },
     /// More refusals from one source address after the first one of a
     /// window, which alone was told: how many, and the last reason.
-    RefusedAgain { source: IpAddr, count: u64, window: Duration, last_reason: String },
+    RefusedAgain { source: IpAddr, presented: Vec<String>, count: u64, window: Duration, last_reason: String },
 }
 
 /// The caller's event callback.
@@ -53,6 +53,7 @@ impl EventSink {
         for repeated in due {
             self.emit(TransportEvent::RefusedAgain {
                 source: repeated.source,
+                presented: repeated.presented.split(',').filter(|n| !n.is_empty()).map(str::to_string).collect(),
                 count: repeated.count,
                 window: repeated.window,
                 last_reason: repeated.last_reason,
@@ -62,13 +63,17 @@ impl EventSink {
 
     pub(crate) fn emit(&self, event: TransportEvent) {
         let refused = match &event {
-            TransportEvent::HandshakeRefused { remote, reason, .. } => Some((remote.ip(), reason.as_str())),
-            TransportEvent::UnknownPeer { remote, .. } => Some((remote.ip(), "names no configured peer")),
+            TransportEvent::HandshakeRefused { remote, presented, reason } => {
+                Some((remote.ip(), presented, reason.as_str()))
+            }
+            TransportEvent::UnknownPeer { remote, presented } => {
+                Some((remote.ip(), presented, "names no configured peer"))
+            }
             _ => None,
         };
-        if let Some((source, reason)) = refused {
+        if let Some((source, presented, reason)) = refused {
             let mut refusals = self.refusals.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if !refusals.note(source, reason, Instant::now()) {
+            if !refusals.note(source, &presented.join(","), reason, Instant::now()) {
                 return;
             }
         }
@@ -85,8 +90,8 @@ impl EventSink {
             TransportEvent::Connected { remote, peer } => {
                 tracing::info!(peer = %peer, %remote, "peer connected")
             }
-            TransportEvent::RefusedAgain { source, count, window, last_reason } => {
-                tracing::warn!(%source, count, ?window, %last_reason, "more connections refused from this address")
+            TransportEvent::RefusedAgain { source, presented, count, window, last_reason } => {
+                tracing::warn!(%source, ?presented, count, ?window, %last_reason, "more connections refused from this address")
             }
         }
         (self.callback)(event);

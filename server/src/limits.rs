@@ -87,7 +87,9 @@ impl Gate {
     }
 }
 
-/// Refusals from one source address within one window.
+/// Refusals from one source address presenting one identity (certificate
+/// names, or none) within one window: a flood from one place is one line,
+/// while a removed peer and a stranger behind the same address stay apart.
 #[derive(Debug)]
 struct Window {
     since: Instant,
@@ -100,7 +102,7 @@ struct Window {
 /// more there were.
 pub(crate) struct RefusalCounter {
     window: Duration,
-    windows: HashMap<IpAddr, Window>,
+    windows: HashMap<(IpAddr, String), Window>,
 }
 
 /// Most sources followed at once; refusals from further ones are counted
@@ -111,6 +113,8 @@ const MAX_SOURCES: usize = 4096;
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Repeated {
     pub(crate) source: IpAddr,
+    /// What the refused connections presented ("" for nothing).
+    pub(crate) presented: String,
     pub(crate) count: u64,
     pub(crate) window: Duration,
     pub(crate) last_reason: String,
@@ -123,13 +127,12 @@ impl RefusalCounter {
 
     /// Whether a refusal from `source` is to be told (the first in its
     /// window); otherwise it is counted.
-    pub(crate) fn note(&mut self, source: IpAddr, reason: &str, now: Instant) -> bool {
-        let source = if self.windows.len() >= MAX_SOURCES && !self.windows.contains_key(&source) {
-            IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
-        } else {
-            source
-        };
-        match self.windows.get_mut(&source) {
+    pub(crate) fn note(&mut self, source: IpAddr, presented: &str, reason: &str, now: Instant) -> bool {
+        let mut key = (source, presented.to_string());
+        if self.windows.len() >= MAX_SOURCES && !self.windows.contains_key(&key) {
+            key = (IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), String::new());
+        }
+        match self.windows.get_mut(&key) {
             Some(window) if now.duration_since(window.since) < self.window => {
                 window.suppressed += 1;
                 window.last_reason = reason.to_string();
@@ -137,7 +140,7 @@ impl RefusalCounter {
             }
             _ => {
                 // A window that ended is summarised by `due`, not here.
-                self.windows.insert(source, Window { since: now, suppressed: 0, last_reason: reason.to_string() });
+                self.windows.insert(key, Window { since: now, suppressed: 0, last_reason: reason.to_string() });
                 true
             }
         }
@@ -147,11 +150,12 @@ impl RefusalCounter {
     pub(crate) fn due(&mut self, now: Instant) -> Vec<Repeated> {
         let mut out = Vec::new();
         let window = self.window;
-        self.windows.retain(|source, w| {
+        self.windows.retain(|(source, presented), w| {
             let ended = now.duration_since(w.since) >= window;
             if ended && w.suppressed > 0 {
                 out.push(Repeated {
                     source: *source,
+                    presented: presented.clone(),
                     count: w.suppressed,
                     window,
                     last_reason: std::mem::take(&mut w.last_reason),
@@ -193,23 +197,19 @@ mod tests {
     fn one_refusal_per_source_per_window_then_a_count() {
         let mut counter = RefusalCounter::new(Duration::from_secs(60));
         let t0 = Instant::now();
-        assert!(counter.note(ip(2), "timeout", t0));
+        assert!(counter.note(ip(2), "", "timeout", t0));
         for _ in 0..1000 {
-            assert!(!counter.note(ip(2), "timeout", t0 + Duration::from_secs(1)));
+            assert!(!counter.note(ip(2), "", "timeout", t0 + Duration::from_secs(1)));
         }
-        assert!(counter.note(ip(3), "bad certificate", t0), "another source is told");
+        assert!(counter.note(ip(3), "", "bad certificate", t0), "another source is told");
+        assert!(counter.note(ip(2), "master-b", "names no configured peer", t0), "another identity is told");
         assert!(counter.due(t0 + Duration::from_secs(59)).is_empty());
         let due = counter.due(t0 + Duration::from_secs(60));
-        assert_eq!(
-            due,
-            vec![Repeated {
-                source: ip(2),
-                count: 1000,
-                window: Duration::from_secs(60),
-                last_reason: "timeout".into()
-            }]
-        );
+        let window = Duration::from_secs(60);
+        let want =
+            Repeated { source: ip(2), presented: String::new(), count: 1000, window, last_reason: "timeout".into() };
+        assert_eq!(due, vec![want]);
         assert!(counter.due(t0 + Duration::from_secs(120)).is_empty(), "each summary once");
-        assert!(counter.note(ip(2), "timeout", t0 + Duration::from_secs(121)), "a new window");
+        assert!(counter.note(ip(2), "", "timeout", t0 + Duration::from_secs(121)), "a new window");
     }
 }

@@ -18,7 +18,7 @@ pub mod settle;
 pub mod version;
 
 pub use causal::{Context, Seen};
-pub use decision::{Decision, Entry, Fingerprint, PublicKey, Verdict, VerdictKind};
+pub use decision::{Decision, Entry, Fingerprint, PublicKey, Relays, Verdict, VerdictKind};
 pub use id::MinionId;
 pub use observe::{Folder, Reading, Slot, Slots};
 pub use version::Version;

@@ -15,6 +15,8 @@ mod repair;
 pub mod runtime;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testing;
+#[cfg(test)]
+mod tests;
 mod trouble;
 
 use std::collections::{HashMap, HashSet};

@@ -63,7 +63,13 @@ fn decision() -> impl Strategy<Value = Decision> {
         } else {
             Context::new(knew.into_iter().map(|(at, node)| self::version(at, node)).filter(|v| *v < version))
         };
-        Decision { id: MinionId::parse(IDS[id]).unwrap(), verdict: verdict(choice), version, context }
+        Decision {
+            id: MinionId::parse(IDS[id]).unwrap(),
+            verdict: verdict(choice),
+            version,
+            context,
+            relays: Default::default(),
+        }
     })
 }
 

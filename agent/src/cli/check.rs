@@ -40,6 +40,11 @@ pub fn check(path: &Path) -> Result<()> {
             }
             problems.extend(found);
             notes.into_iter().for_each(|note| println!("note {note}"));
+            // Every key file is handed to the salt user: a user that cannot chown
+            // would start, and then fail every write.
+            if let Err(e) = can_give_files_to(options.owner) {
+                problems.push(e);
+            }
             if config.salt.cachedir.exists() {
                 if let Err(e) = crate::disk::pki::dirs::open_path(&config.salt.cachedir, &options.trust) {
                     problems.push(format!("salt.cachedir {e}"));
@@ -61,4 +66,25 @@ pub fn check(path: &Path) -> Result<()> {
         println!("FAIL {problem}");
     }
     bail!("{} problem(s) found", problems.len())
+}
+
+/// Whether this user can make files owned by `owner` (as every key file and
+/// `.dfn` the agent writes): tried on a scratch file of its own.
+fn can_give_files_to(owner: crate::disk::pki::Owner) -> Result<(), String> {
+    let euid = rustix::process::geteuid().as_raw();
+    if owner.uid == euid {
+        return Ok(());
+    }
+    let scratch = tempfile::tempfile().map_err(|e| format!("cannot make a scratch file to try a chown: {e}"))?;
+    let uid = rustix::fs::Uid::from_raw(owner.uid);
+    let gid = rustix::fs::Gid::from_raw(owner.gid);
+    rustix::fs::fchown(&scratch, Some(uid), Some(gid)).map_err(|e| {
+        format!(
+            "this user (uid {euid}) cannot give files to the salt user (uid {}, gid {}): {}; run the agent as \
+             root or as that user (salt.user)",
+            owner.uid,
+            owner.gid,
+            std::io::Error::from(e)
+        )
+    })
 }

@@ -63,6 +63,10 @@ pub struct Record {
     pub other_fingerprint: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub other_version: Option<String>,
+    /// The agents a decision passed through before the one it came from
+    /// (`via`), origin excluded, as each forwarder reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relays: Option<Vec<String>>,
     /// The peer name a connection presented or was identified as.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peer: Option<String>,

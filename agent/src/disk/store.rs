@@ -272,6 +272,7 @@ mod tests {
             verdict,
             version: Version::new(hlc, "a"),
             context: Context::new(knew),
+            relays: Default::default(),
         }
     }
 

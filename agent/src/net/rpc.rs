@@ -151,7 +151,8 @@ pub fn audit_transport(audit: Arc<AuditLog>) -> keysync_server::EventFn {
             TransportEvent::RequestRefused { peer, reason } => {
                 Record { peer: Some(peer.0.clone()), reason: Some(reason), ..Record::new("refuse", &peer.0, "refused") }
             }
-            TransportEvent::RefusedAgain { source, count, window, last_reason } => Record {
+            TransportEvent::RefusedAgain { source, presented, count, window, last_reason } => Record {
+                peer: presented_names(&presented),
                 remote: Some(source.to_string()),
                 reason: Some(format!(
                     "{count} more connections refused from {source} in {}s (told once a minute per address; last: {last_reason})",

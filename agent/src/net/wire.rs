@@ -5,7 +5,7 @@ use keysync_proto::v1;
 
 use crate::core::keyfile::{check_public_key, KeyError};
 use crate::core::replica::Summary;
-use crate::core::{Context, Decision, Fingerprint, MinionId, PublicKey, Verdict, Version};
+use crate::core::{Context, Decision, Fingerprint, MinionId, PublicKey, Relays, Verdict, Version};
 use crate::disk::health::{MasterHealth, SETTINGS, UNSET};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,6 +26,8 @@ pub enum WireError {
     KnowsTheFuture { id: String, known: String },
     #[error("decision for {0:?} lists more than {MAX_CONTEXT} versions it knew")]
     ContextTooLarge(String),
+    #[error("decision for {0:?} lists more than {max} relays", max = crate::core::decision::MAX_RELAYS)]
+    TooManyRelays(String),
 }
 
 /// Most versions a decision's context may list: one per node of a site.
@@ -39,7 +41,8 @@ impl WireError {
             WireError::NoVerdict(id)
             | WireError::NoVersion(id)
             | WireError::KeyOnDelete(id)
-            | WireError::ContextTooLarge(id) => Some(id),
+            | WireError::ContextTooLarge(id)
+            | WireError::TooManyRelays(id) => Some(id),
             WireError::Node { id, .. } | WireError::Key { id, .. } | WireError::KnowsTheFuture { id, .. } => Some(id),
         }
     }
@@ -76,7 +79,14 @@ pub fn decision_from_wire(msg: v1::Decision) -> Result<Decision, WireError> {
         Ok(v1::Verdict::Deleted) => return Err(WireError::KeyOnDelete(raw_id())),
         Ok(v1::Verdict::Unspecified) | Err(_) => return Err(WireError::NoVerdict(raw_id())),
     };
-    Ok(Decision { id, verdict, version, context })
+    if msg.relays.len() > crate::core::decision::MAX_RELAYS {
+        return Err(WireError::TooManyRelays(raw_id()));
+    }
+    let mut relays = Vec::with_capacity(msg.relays.len());
+    for name in &msg.relays {
+        relays.push(version_from_wire(v1::Version { hlc: 0, node: name.clone() }, &msg.minion)?.node);
+    }
+    Ok(Decision { id, verdict, version, context, relays: Relays::new(relays) })
 }
 
 pub fn version_from_wire(msg: v1::Version, id: &str) -> Result<Version, WireError> {
@@ -106,6 +116,7 @@ pub fn decision_to_wire(decision: &Decision) -> v1::Decision {
         version: Some(version_to_wire(&decision.version)),
         supersedes: decision.context.highest().map(version_to_wire),
         context: decision.context.iter().map(version_to_wire).collect(),
+        relays: decision.relays.iter().map(str::to_string).collect(),
     }
 }
 
@@ -192,6 +203,7 @@ mod tests {
             version: Some(v1::Version { hlc: 5, node: "master-a".into() }),
             supersedes: None,
             context: Vec::new(),
+            relays: Vec::new(),
         }
     }
 

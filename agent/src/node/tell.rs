@@ -48,6 +48,13 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
                 Some(format!("the accepted key {old} was replaced by another one")),
             )
         },
+        Event::Doubted { decision, from, claimed } => remote_record(
+            decision,
+            from,
+            decision.verdict.kind().action(),
+            "doubted",
+            Some(format!("claims to have known {claimed}, which this master ({node}) never made; taken as not known")),
+        ),
         Event::NotOurs { decision, from } => remote_record(
             decision,
             from,
@@ -166,6 +173,12 @@ pub fn log_and_count(event: &Event, metrics: &Metrics) {
                 "conflicting decisions"
             );
         }
+        Event::Doubted { decision, from, claimed } => tracing::warn!(
+            minion = %decision.id,
+            peer = &**from,
+            claimed = %claimed,
+            "a decision claims to have known one this master never made"
+        ),
         Event::NotOurs { decision, from } => {
             metrics.decisions_refused.inc();
             tracing::warn!(minion = %decision.id, peer = &**from, version = %decision.version, "refused a decision claiming this master as its origin");
@@ -211,11 +224,14 @@ pub fn tells(record: &Record, conflict: &Conflict) -> bool {
 }
 
 fn remote_record(decision: &Decision, from: &str, action: &str, outcome: &str, reason: Option<String>) -> Record {
+    // The path before `from` (which is the path's last entry when it relayed).
+    let before: Vec<String> = decision.relays.iter().filter(|r| *r != from).map(str::to_string).collect();
     Record {
         minion: Some(decision.id.to_string()),
         fingerprint: decision.verdict.fingerprint().map(|f| f.to_string()),
         origin: Some(decision.version.node.to_string()),
         version: Some(decision.version.to_string()),
+        relays: (!before.is_empty()).then_some(before),
         reason,
         ..Record::new(action, from, outcome)
     }

@@ -37,6 +37,7 @@ fn accept(id: &str, at: u64, node: &str) -> Decision {
         verdict: Verdict::Accepted(PublicKey::new(PUB.as_bytes())),
         version: Version::new(at, node),
         context: Default::default(),
+        relays: Default::default(),
     }
 }
 

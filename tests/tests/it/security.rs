@@ -217,6 +217,7 @@ fn wire_accept(minion: &str, key: &str, hlc: u64) -> v1::Decision {
         version: Some(v1::Version { hlc, node: "master-b".into() }),
         supersedes: None,
         context: Vec::new(),
+        relays: Vec::new(),
     }
 }
 

@@ -40,19 +40,18 @@ async fn refused_start(files: &AgentFiles) -> String {
 async fn too_open_paths_are_refused_with_path_mode_and_fix() {
     let root = tempfile::tempdir().unwrap();
     // (what is loosened, its mode, the requirement, the suggested chmod)
-    let cases: [(&str, u32, &str, &str); 7] = [
+    let cases: [(&str, u32, &str, &str); 6] = [
         ("node.key", 0o644, "it must not be accessible by group or others", "600"),
         ("node.key", 0o640, "it must not be accessible by group or others", "600"),
         ("ca.pem", 0o666, "it must not be writable by group or others", "644"),
         ("state", 0o755, "it must not be accessible by others nor writable by group", "750"),
         ("pki", 0o777, "it must not be writable by group or others", "755"),
         ("pki/minions_rejected", 0o775, "it must not be writable by group or others", "755"),
-        ("pki/.keysync-staging", 0o777, "it must not be accessible by others nor writable by group", "750"),
     ];
     for (idx, (rel, mode, requirement, fix)) in cases.into_iter().enumerate() {
         let files = fresh_agent(root.path(), &format!("m{idx}"));
         let target = files.dir.join(rel);
-        if rel == "state" || rel == "pki/.keysync-staging" {
+        if rel == "state" {
             std::fs::create_dir(&target).unwrap();
         }
         chmod(&target, mode);
@@ -64,6 +63,56 @@ async fn too_open_paths_are_refused_with_path_mode_and_fix() {
         assert!(!files.dir.join("state/state.redb").exists(), "{rel}");
         assert!(!files.audit_log.exists(), "{rel}");
     }
+}
+
+/// Issue 14 items 1 and 2, as an attacker owning pki_dir would try it: a key
+/// folder that is a symlink (`minions_rejected -> /etc/cron.hourly`, here a
+/// folder outside) is refused at start and by `check`, and nothing is made
+/// there; a staging folder that is not the agent's own (mode 0777, a
+/// symlink at the marker's name in it) is moved aside and a private one
+/// made, the symlink's target untouched.
+#[tokio::test]
+async fn symlinked_key_folders_are_refused_and_a_foreign_staging_folder_is_replaced() {
+    let root = tempfile::tempdir().unwrap();
+    let outside = root.path().join("cron.hourly");
+    std::fs::create_dir(&outside).unwrap();
+    let files = fresh_agent(root.path(), "m");
+    std::fs::remove_dir(files.pki.join("minions_rejected")).unwrap();
+    std::os::unix::fs::symlink(&outside, files.pki.join("minions_rejected")).unwrap();
+    let err = refused_start(&files).await;
+    assert!(err.contains("minions_rejected") && err.contains("symbolic link"), "{err}");
+    let check = run_cli(&["check", "--config", files.config_path.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&check.stdout);
+    assert!(!check.status.success(), "{said}");
+    assert!(
+        said.lines().any(|l| l.starts_with("FAIL") && l.contains("minions_rejected") && l.contains("symbolic link")),
+        "{said}"
+    );
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "nothing made outside pki_dir");
+
+    let files = fresh_agent(root.path(), "n");
+    let victim = root.path().join("victim");
+    std::fs::write(&victim, "root's file").unwrap();
+    let staging = files.pki.join(".keysync-staging");
+    std::fs::create_dir(&staging).unwrap();
+    chmod(&staging, 0o777);
+    std::os::unix::fs::symlink(&victim, staging.join(".salt-keysync-state")).unwrap();
+    let check = run_cli(&["check", "--config", files.config_path.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&check.stdout);
+    assert!(said.contains("moves it aside"), "{said}");
+    let config = Config::load(&files.config_path).unwrap();
+    let shutdown = CancellationToken::new();
+    let agent = tokio::spawn(salt_keysync::agent::run(config, None, shutdown.clone()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&files.audit_log).unwrap_or_default().contains("moved aside") {
+        assert!(Instant::now() < deadline, "the replaced staging folder is audited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shutdown.cancel();
+    agent.await.unwrap().unwrap();
+    assert_eq!(std::fs::read(&victim).unwrap(), b"root's file");
+    let meta = std::fs::symlink_metadata(&staging).unwrap();
+    assert!(meta.is_dir() && meta.permissions().mode() & 0o7777 == 0o700);
 }
 
 #[tokio::test]

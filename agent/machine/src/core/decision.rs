@@ -125,6 +125,40 @@ pub struct Decision {
     /// What the origin knew of the id's history when it decided (empty when
     /// nothing): tells concurrent decisions from successive ones.
     pub context: Context,
+    /// The agents it passed through before reaching this one, origin
+    /// excluded (as each forwarder reported it; only the last hop, the
+    /// peer it came from, is authenticated here). Not part of the decision.
+    pub relays: Relays,
+}
+
+/// Most relays a decision lists (a path longer than any site).
+pub const MAX_RELAYS: usize = 16;
+
+/// The agents a decision passed through: provenance for the audit log.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Relays(Box<[Arc<str>]>);
+
+impl Relays {
+    pub fn new(names: impl IntoIterator<Item = Arc<str>>) -> Relays {
+        Relays(names.into_iter().take(MAX_RELAYS).collect())
+    }
+
+    /// This path with `peer` (the one it arrived from) at its end, unless
+    /// `peer` is the origin itself.
+    pub fn then(&self, peer: &str, origin: &str) -> Relays {
+        if peer == origin || self.0.len() >= MAX_RELAYS {
+            return self.clone();
+        }
+        Relays(self.0.iter().cloned().chain(std::iter::once(Arc::from(peer))).collect())
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|name| &**name)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 impl Decision {

@@ -84,6 +84,7 @@ mod tests {
             verdict,
             version: Version::new(hlc, node),
             context: Context::new(knew.iter().map(|&(h, n)| Version::new(h, n))),
+            relays: Default::default(),
         }
     }
 

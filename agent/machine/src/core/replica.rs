@@ -109,7 +109,7 @@ impl Replica {
         };
         // It knowingly replaces everything this node has seen of the id.
         let context = held.map(Entry::known).unwrap_or_default();
-        Some(Decision { id: id.clone(), verdict, version, context })
+        Some(Decision { id: id.clone(), verdict, version, context, relays: Default::default() })
     }
 
     /// Checks a peer's decision against the skew bound and the decision held.
@@ -237,6 +237,7 @@ mod tests {
             verdict: accepted(),
             version: Version::new(Hlc::default().tick(now_ms + 2_000), "b"),
             context: Default::default(),
+            relays: Default::default(),
         };
         let mut replica = Replica::new("a", Hlc::resume(0));
         replica.load(id(), peer.entry());
@@ -259,9 +260,15 @@ mod tests {
             verdict: Verdict::Deleted,
             version: Version::new(9, "b"),
             context: Default::default(),
+            relays: Default::default(),
         };
-        let older =
-            Decision { id: id(), verdict: accepted(), version: Version::new(5, "c"), context: Default::default() };
+        let older = Decision {
+            id: id(),
+            verdict: accepted(),
+            version: Version::new(5, "c"),
+            context: Default::default(),
+            relays: Default::default(),
+        };
         replica.commit(&newer);
         let digests = replica.digests().clone();
         replica.commit(&older);
@@ -284,12 +291,14 @@ mod tests {
             verdict: accepted(),
             version: Version::new(5 << 16, "b"),
             context: Default::default(),
+            relays: Default::default(),
         };
         let from_c = Decision {
             id: id(),
             verdict: Verdict::Deleted,
             version: Version::new(4 << 16, "c"),
             context: Default::default(),
+            relays: Default::default(),
         };
         replica.commit(&from_b);
         replica.commit(&from_c);

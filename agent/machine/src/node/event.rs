@@ -42,6 +42,10 @@ pub enum Event {
     /// A peer's decision applied here (`from`: the peer, or "journal");
     /// `replaced`: the accepted key it replaced with another accepted key.
     Applied { decision: Decision, from: Arc<str>, replaced: Option<Fingerprint> },
+    /// A peer's decision claiming to have known a decision of this node that
+    /// this node never made: the claim is dropped (a conflict it would hide
+    /// is told).
+    Doubted { decision: Decision, from: Arc<str>, claimed: Version },
     /// A peer's decision claiming this node as its origin, which this node
     /// never made: refused (told once).
     NotOurs { decision: Decision, from: Arc<str> },

@@ -52,7 +52,11 @@ impl Node {
         let mut n_applied = vec![0; arrivals.len()];
         let mut todo: Vec<(usize, Arc<str>, Decision)> = Vec::new();
         for (arrival, (from, decisions)) in arrivals.into_iter().enumerate() {
-            todo.extend(decisions.into_iter().map(|d| (arrival, from.clone(), d)));
+            todo.extend(decisions.into_iter().map(|mut d| {
+                // The peer it came from is on its path now (authenticated by TLS).
+                d.relays = d.relays.then(&from, &d.version.node);
+                (arrival, from.clone(), d)
+            }));
         }
         while !todo.is_empty() {
             let mut round: Vec<Merged> = Vec::new();
@@ -70,6 +74,7 @@ impl Node {
                     self.deferred.push((from, decision));
                     continue;
                 }
+                let decision = self.doubt_claims(decision, &from, rt);
                 if *decision.version.node == *self.settings.node && !self.issued(&decision) {
                     // Claims this node as its origin, and this node never made it.
                     if self.reported.insert((decision.id.clone(), decision.version.clone())) {
@@ -101,6 +106,25 @@ impl Node {
             todo = later;
         }
         n_applied
+    }
+
+    /// A decision may claim to have known one of this node's own decisions
+    /// only if this node made it: a claim of one it never made (an hlc it
+    /// never issued for this id) would hide a conflict this node can see for
+    /// itself, so it is dropped from the context (and told).
+    fn doubt_claims(&self, decision: Decision, from: &Arc<str>, rt: &mut impl Runtime) -> Decision {
+        let node = &*self.settings.node;
+        let Some(claimed) = decision.context.iter().find(|v| &*v.node == node).cloned() else { return decision };
+        let made = self
+            .replica
+            .entry(&decision.id)
+            .is_some_and(|entry| entry.version == claimed || entry.seen.iter().any(|s| s.version == claimed));
+        if made {
+            return decision;
+        }
+        let context = crate::core::Context::new(decision.context.iter().filter(|v| **v != claimed).cloned());
+        rt.audit(Event::Doubted { decision: decision.clone(), from: from.clone(), claimed });
+        Decision { context, ..decision }
     }
 
     /// Whether this node made `decision` (it claims this node as origin):

@@ -29,6 +29,7 @@ fn decision(verdict: Verdict) -> Decision {
         verdict,
         version: Version::new(1, "a"),
         context: Default::default(),
+        relays: Default::default(),
     }
 }
 
@@ -178,6 +179,7 @@ fn a_large_batch_is_written_by_several_writers_in_order() {
             verdict: if i % 3 == 0 { Verdict::Rejected(key.clone()) } else { Verdict::Accepted(key.clone()) },
             version: Version::new(1, "a"),
             context: Default::default(),
+            relays: Default::default(),
         })
         .collect();
     // One of them finds a different key pending: reported at its own place.

@@ -5,7 +5,8 @@
 //! seen) are still read.
 //!
 //! Layout 2: `0x10`, kind u8, version, context, seen count u8, each seen
-//! (version, kind u8, fingerprint, context), then the key bytes. A version
+//! (version, kind u8, fingerprint, context), relay count u8, each relay (a
+//! string), then the key bytes. A version
 //! is hlc u64 BE, node length u16 BE, node bytes; a context is a count u8
 //! and that many versions; a fingerprint is 0, or 1 and 32 bytes.
 //! Layout 1 (0.1): kind u8 (1–3), version, has_supersedes u8, [supersedes], key bytes.
@@ -13,7 +14,7 @@
 use std::sync::Arc;
 
 use crate::core::merge::Conflict;
-use crate::core::{Context, Decision, Fingerprint, MinionId, PublicKey, Seen, Verdict, VerdictKind, Version};
+use crate::core::{Context, Decision, Fingerprint, MinionId, PublicKey, Relays, Seen, Verdict, VerdictKind, Version};
 
 const LAYOUT_2: u8 = 0x10;
 
@@ -27,6 +28,11 @@ pub fn encode_record(decision: &Decision, seen: &[Seen]) -> Vec<u8> {
     out.push(seen.len().min(usize::from(u8::MAX)) as u8);
     for s in seen.iter().take(usize::from(u8::MAX)) {
         encode_seen(&mut out, s);
+    }
+    let relays: Vec<&str> = decision.relays.iter().collect();
+    out.push(relays.len().min(usize::from(u8::MAX)) as u8);
+    for relay in relays.iter().take(usize::from(u8::MAX)) {
+        encode_str(&mut out, relay);
     }
     out.extend_from_slice(key);
     out
@@ -48,8 +54,15 @@ pub fn decode_record(id: &str, bytes: &[u8]) -> Option<(Decision, Vec<Seen>)> {
         seen.push(s);
         rest = after;
     }
+    let (&n_relays, mut rest) = rest.split_first()?;
+    let mut relays = Vec::with_capacity(usize::from(n_relays));
+    for _ in 0..n_relays {
+        let (relay, after) = decode_str(rest)?;
+        relays.push(crate::core::version::node_name(relay));
+        rest = after;
+    }
     let verdict = verdict_of(kind, rest)?;
-    Some((Decision { id, verdict, version, context }, seen))
+    Some((Decision { id, verdict, version, context, relays: Relays::new(relays) }, seen))
 }
 
 /// A 0.1 record: its `supersedes` is its whole context.
@@ -64,7 +77,7 @@ fn decode_layout_1(id: MinionId, bytes: &[u8]) -> Option<Decision> {
         rest = after;
     }
     let verdict = verdict_of(kind, rest)?;
-    Some(Decision { id, verdict, version, context })
+    Some(Decision { id, verdict, version, context, relays: Default::default() })
 }
 
 /// An untold conflict: the peer it came from, the id, winner and loser.
@@ -196,13 +209,17 @@ mod tests {
             verdict,
             version: Version::new(hlc, "a"),
             context: Context::new(context.iter().map(|&(h, n)| Version::new(h, n))),
+            relays: Default::default(),
         }
     }
 
     #[test]
     fn records_round_trip_with_what_was_seen() {
         let key = PublicKey::new(PUB.as_bytes());
-        let held = decision(Verdict::Accepted(key.clone()), 9, &[(3, "b"), (4, "c")]);
+        let held = Decision {
+            relays: Relays::new(["master-b".into(), "master-c".into()]),
+            ..decision(Verdict::Accepted(key.clone()), 9, &[(3, "b"), (4, "c")])
+        };
         let seen =
             vec![decision(Verdict::Rejected(key), 4, &[]).seen(), decision(Verdict::Deleted, 3, &[(1, "b")]).seen()];
         let bytes = encode_record(&held, &seen);

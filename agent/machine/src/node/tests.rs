@@ -1,0 +1,102 @@
+//! The node machine against an in-memory world (`testing.rs`): what peers
+//! can and cannot make a node believe (issue 14 item 5).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::testing::Recorder;
+use super::*;
+use crate::core::settle::SettleTimings;
+use crate::core::{Context, PublicKey, Relays, Verdict};
+use crate::testkit::PUB;
+
+const NOW_MS: u64 = 1_800_000_000_000;
+
+fn now() -> Now {
+    Now { mono: Instant::now(), wall_ms: NOW_MS }
+}
+
+fn node(name: &str, rt: &mut Recorder) -> Node {
+    let settings = Settings {
+        node: name.into(),
+        max_clock_skew: Duration::from_secs(60),
+        rescan_interval: Duration::from_secs(3600),
+        settle: SettleTimings::default(),
+    };
+    Node::start(settings, Default::default(), now(), rt)
+}
+
+fn key(variant: &str) -> PublicKey {
+    PublicKey::new(PUB.replace("mwIDAQAB", variant).as_bytes())
+}
+
+fn decision(verdict: Verdict, ms: u64, origin: &str, knew: &[Version]) -> Decision {
+    Decision {
+        id: MinionId::parse("web01").unwrap(),
+        verdict,
+        version: Version::new(ms << 16, origin),
+        context: Context::new(knew.iter().cloned()),
+        relays: Relays::default(),
+    }
+}
+
+fn push(node: &mut Node, rt: &mut Recorder, from: &str, decisions: Vec<Decision>) -> u32 {
+    node.on_batches(vec![(Arc::from(from), decisions)], now(), rt)[0]
+}
+
+/// A decision claiming this node as its origin that it never made is
+/// refused (once), whichever peer brings it.
+#[test]
+fn a_decision_this_node_never_made_is_refused() {
+    let mut rt = Recorder::default();
+    let mut a = node("master-a", &mut rt);
+    let forged = decision(Verdict::Accepted(key("mwIDAQAB")), NOW_MS - 10, "master-a", &[]);
+    assert_eq!(push(&mut a, &mut rt, "master-b", vec![forged.clone()]), 0);
+    assert_eq!(push(&mut a, &mut rt, "master-c", vec![forged]), 0);
+    let refused = rt.events.iter().filter(|e| matches!(e, Event::NotOurs { .. })).count();
+    assert_eq!(refused, 1, "{:?}", rt.events);
+    assert!(rt.folders.files.is_empty(), "nothing written");
+}
+
+/// A peer cannot hide a conflict with this node's own decision by claiming
+/// to have known a version of it this node never issued.
+#[test]
+fn a_claim_to_know_what_this_node_never_made_is_doubted_and_the_conflict_told() {
+    let mut rt = Recorder::default();
+    let mut a = node("master-a", &mut rt);
+    // master-a's operator accepts web01.
+    rt.folders.put(crate::core::Folder::Accepted, "web01", key("mwIDAQAB").bytes());
+    a.on_lost("test", now(), &mut rt);
+    a.on_tick(Now { mono: Instant::now() + Duration::from_secs(1), wall_ms: NOW_MS }, &mut rt);
+    let own = a.entry(&MinionId::parse("web01").unwrap()).unwrap().version.clone();
+    assert_eq!(&*own.node, "master-a");
+    // master-b rejects another key, claiming it knew master-a at a later hlc.
+    let claim = Version::new(own.hlc + 7, "master-a");
+    let reject = decision(Verdict::Rejected(key("mwIDAQAC")), NOW_MS + 5, "master-b", std::slice::from_ref(&claim));
+    push(&mut a, &mut rt, "master-b", vec![reject]);
+    assert!(
+        rt.events.iter().any(|e| matches!(e, Event::Doubted { claimed, .. } if *claimed == claim)),
+        "{:?}",
+        rt.events
+    );
+    assert!(rt.events.iter().any(|e| matches!(e, Event::Conflict { .. })), "the conflict is told: {:?}", rt.events);
+}
+
+/// Whoever forwards a decision is named on every master it reaches: each
+/// adds the peer it came from to its path, and the path travels on.
+#[test]
+fn a_forwarded_decision_names_the_peers_it_came_through() {
+    let mut rt = Recorder::default();
+    let mut c = node("master-c", &mut rt);
+    let mut relayed = decision(Verdict::Accepted(key("mwIDAQAB")), NOW_MS - 10, "master-d", &[]);
+    relayed.relays = Relays::new(["master-b".into()]);
+    assert_eq!(push(&mut c, &mut rt, "master-a", vec![relayed]), 1);
+    let applied = rt.events.iter().find_map(|e| match e {
+        Event::Applied { decision, from, .. } => Some((decision.relays.iter().collect::<Vec<_>>(), from.clone())),
+        _ => None,
+    });
+    assert_eq!(applied, Some((vec!["master-b", "master-a"], Arc::from("master-a"))));
+    let (except, sent) = rt.sent.last().unwrap();
+    assert_eq!(except.as_deref(), Some("master-a"));
+    assert_eq!(sent[0].relays.iter().collect::<Vec<_>>(), ["master-b", "master-a"], "forwarded with its path");
+}
