@@ -34,6 +34,9 @@ common=(
     "usr/share/fish/vendor_completions.d/salt-keysync.fish 100644"
     "usr/share/doc/salt-keysync/operations.md 100644"
     "usr/share/doc/salt-keysync/README.md 100644"
+    "usr/share/doc/salt-keysync/monitoring.md 100644"
+    "usr/share/salt-keysync/monitoring/alerts.yml 100644"
+    "usr/share/salt-keysync/monitoring/dashboard.json 100644"
 )
 for page in "${man_pages[@]}"; do common+=("usr/share/man/man1/$(basename "$page") 100644"); done
 deb_only=("usr/share/zsh/vendor-completions/_salt-keysync 100644")
