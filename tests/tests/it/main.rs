@@ -8,6 +8,9 @@ mod binary;
 mod certs;
 /// `salt-keysync demo`: three operations shown propagating, private files, cleanup on Ctrl-C.
 mod demo;
+/// The shipped alert rules and dashboard: only exported metrics, mixin
+/// conventions, a runbook section and a promtool test case per alert.
+mod monitoring;
 /// sd_notify with a fake systemd socket: READY, WATCHDOG, RELOADING, STOPPING.
 mod notify;
 /// What the packages ship: man pages and completions from `generate`,
