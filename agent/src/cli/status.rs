@@ -188,6 +188,7 @@ mod tests {
     use super::*;
     use crate::disk::health::{Drift, MasterHealth};
     use crate::ops::board::{AntiEntropyRun, KeyCounts};
+    use crate::ops::findings::{Finding, Level};
 
     #[test]
     fn table_shows_state_lag_and_drift() {
@@ -207,17 +208,30 @@ mod tests {
             now: "2026-11-21T12:00:05Z".into(),
             started: "2026-11-21T11:00:00Z".into(),
             keys: KeyCounts { accepted: 3, rejected: 1, pending: 2, deleted: 4 },
-            health: MasterHealth { master_pub: Some("aa:bb".into()), ..MasterHealth::default() },
+            health: MasterHealth {
+                master_pub: Some("aa:bb".into()),
+                salt_version: Some("3008.3".into()),
+                ..MasterHealth::default()
+            },
             peers: vec![
                 PeerStatus {
                     anti_entropy: Some(AntiEntropyRun { peer_lacked: 7, we_lacked: 2, ..AntiEntropyRun::default() }),
-                    health: Some(MasterHealth { master_pub: Some("cc:dd".into()), ..MasterHealth::default() }),
+                    health: Some(MasterHealth {
+                        master_pub: Some("cc:dd".into()),
+                        salt_version: Some("3006.28".into()),
+                        ..MasterHealth::default()
+                    }),
                     drift: Drift { master_pub_mismatch: true, settings: vec!["publisher_acl".into()] },
                     ..peer("master-b", LinkState::Up)
                 },
                 PeerStatus { last_error: Some("connection refused".into()), ..peer("master-c", LinkState::Down) },
             ],
-            findings: Vec::new(),
+            findings: vec![Finding {
+                level: Level::Error,
+                kind: "auto-accept".into(),
+                masters: vec!["master-b".into()],
+                message: "master-b accepts keys by itself (open_mode: True): …".into(),
+            }],
         };
         let mut forged = report.clone();
         forged.peers[1].last_error = Some("refused\nmaster-x  up  1s ago\u{1b}[8m".into());
@@ -228,7 +242,10 @@ mod tests {
         for want in [
             "3 accepted, 1 rejected, 2 pending, 4 deleted",
             "master-b  up     5s ago",
-            "7              2        MISMATCH    DRIFT: publisher_acl",
+            "master    master.pub aa:bb, salt-master 3008.3",
+            "7              2        MISMATCH    DRIFT: publisher_acl  3006.28",
+            "master-c  down   5s ago        ?              ?        unknown     unknown               ?",
+            "ERROR: master-b accepts keys by itself (open_mode: True)",
             "master-c: down — connection refused",
             "master-b: MASTER KEY MISMATCH: its master.pub is cc:dd",
             "master-b: SETTINGS DRIFT: publisher_acl",

@@ -309,6 +309,25 @@ mod tests {
     }
 
     #[test]
+    fn key_acceptance_settings_are_read_with_the_rest_and_compared() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        write(a.path(), "master", "auto_accept: True\nkey_cache: sched\n");
+        write(b.path(), "master", "key_cache: sched\n");
+        write(b.path(), "master.d/accept.conf", "auto_accept: True\n");
+        let ours = local_health(a.path(), &a.path().join("master"));
+        let theirs = local_health(b.path(), &b.path().join("master"));
+        assert_eq!(ours.accept, theirs.accept, "master.d counts as Salt counts it");
+        assert!(ours.accept.as_ref().unwrap().auto_accept);
+        assert!(compare(&ours, &theirs).settings.is_empty());
+        write(b.path(), "master.d/accept.conf", "auto_accept: False\n");
+        let theirs = local_health(b.path(), &b.path().join("master"));
+        assert_eq!(compare(&ours, &theirs).settings, ["auto_accept"]);
+        let older_peer = MasterHealth { accept: None, ..theirs };
+        assert!(compare(&ours, &older_peer).settings.is_empty(), "unknown is not drift");
+    }
+
+    #[test]
     fn missing_config_is_unset_and_bad_yaml_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
         let settings = settings_fingerprints(&dir.path().join("master")).unwrap();
