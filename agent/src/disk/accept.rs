@@ -34,8 +34,9 @@ pub const AUTO_ACCEPT_SETTINGS: [&str; 4] = ["auto_accept", "open_mode", "autosi
 
 /// Largest signing file (or grains file) read; Salt's are a few lines.
 const MAX_SIGNING_BYTES: u64 = 1024 * 1024;
-/// Most files read from an `autosign_grains_dir`.
+/// Most files, and bytes in all, read from an `autosign_grains_dir`.
 const MAX_GRAIN_FILES: usize = 1024;
+const MAX_GRAIN_BYTES: u64 = 4 * 1024 * 1024;
 
 /// What a master's config says about accepting keys.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -260,11 +261,15 @@ fn read_grains_dir(path: &Path, permissive: bool) -> Result<SigningSource, Strin
         return Ok(SigningSource::Present { entries: None, sha256: None });
     }
     names.sort();
-    let (mut entries, mut hash) = (0u32, Sha256::new());
+    let (mut entries, mut hash, mut total) = (0u32, Sha256::new(), 0u64);
     for name in names {
         let Some((mode, bytes)) = read_regular(&path.join(&name))? else {
             return Ok(SigningSource::Present { entries: None, sha256: None });
         };
+        total += bytes.len() as u64;
+        if total > MAX_GRAIN_BYTES {
+            return Ok(SigningSource::Present { entries: None, sha256: None });
+        }
         if salt_trusts(mode, permissive) {
             entries += count_patterns(&bytes);
         }

@@ -107,7 +107,7 @@ pub fn findings(masters: &Masters<'_>, drift: &[(&str, &crate::disk::health::Dri
                 level: Level::Warning,
                 kind: "settings".into(),
                 masters: vec![peer.to_string()],
-                message: format!("{peer}'s {} differ from this master's", drift.settings.join(", ")),
+                message: format!("settings of {peer} differ from this master's: {}", drift.settings.join(", ")),
             });
         }
     }
