@@ -34,6 +34,10 @@ common=(
     "usr/share/fish/vendor_completions.d/salt-keysync.fish 100644"
     "usr/share/doc/salt-keysync/operations.md 100644"
     "usr/share/doc/salt-keysync/README.md 100644"
+    "usr/share/doc/salt-keysync/monitoring.md 100644"
+    "usr/share/doc/salt-keysync/monitoring-dashboard.png 100644"
+    "usr/share/salt-keysync/monitoring/alerts.yml 100644"
+    "usr/share/salt-keysync/monitoring/dashboard.json 100644"
 )
 for page in "${man_pages[@]}"; do common+=("usr/share/man/man1/$(basename "$page") 100644"); done
 deb_only=("usr/share/zsh/vendor-completions/_salt-keysync 100644")
@@ -189,6 +193,13 @@ if command -v man >/dev/null; then
     [ "$(man -w salt-keysync)" = /usr/share/man/man1/salt-keysync.1.gz ] || fail "man -w salt-keysync: $(man -w salt-keysync)"
 fi
 bash -n /usr/share/bash-completion/completions/salt-keysync || fail "bash completion is not valid bash"
+if command -v promtool >/dev/null; then
+    # The command docs/monitoring.md gives, on the installed rules.
+    promtool check rules /usr/share/salt-keysync/monitoring/alerts.yml || fail "promtool check rules on the installed alerts.yml"
+    python3 -c 'import json, sys; json.load(open(sys.argv[1]))' /usr/share/salt-keysync/monitoring/dashboard.json \
+        || fail "the installed dashboard.json is not JSON"
+    echo "ok   promtool check rules /usr/share/salt-keysync/monitoring/alerts.yml"
+fi
 
 echo "== dpkg -r (remove keeps config, state and audit log)"
 echo '{"marker":"audit"}' >/var/log/salt-keysync/audit.jsonl

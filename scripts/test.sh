@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Runs every check and test of salt-keysync: formatting, clippy, the Salt
-# venvs the real-Salt tests need (made once, cached under target/), and the
-# whole workspace's tests (unit, simulation, multi-agent, black-box, real
-# salt-key), then builds the .deb and .rpm and checks them (installing the
-# .deb where the machine allows). This is the README's test command;
-# .ci/run calls it.
+# Runs every check and test of salt-keysync: formatting, clippy, the alert
+# rules (promtool check and unit tests), the Salt venvs the real-Salt tests
+# need (made once, cached under target/), and the whole workspace's tests
+# (unit, simulation, multi-agent, black-box, real salt-key), then builds
+# the .deb and .rpm and checks them (installing the .deb where the machine
+# allows). This is the README's test command; .ci/run calls it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -14,6 +14,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== alert rules (promtool check rules, promtool test rules)"
+scripts/check-monitoring.sh
 echo "== Salt venvs (3008.3, 3006.28)"
 tests/salt/venv.sh
 echo "== cargo test"

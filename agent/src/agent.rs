@@ -105,7 +105,9 @@ pub async fn run_with(
         rescan_interval: config.timings.rescan_interval,
     };
     let settle = SettleTimings { absent_grace: config.timings.absent_grace, ..SettleTimings::default() };
-    let metrics = Arc::new(crate::ops::metrics::Metrics::new());
+    let mut metrics = crate::ops::metrics::Metrics::new(&config.node);
+    metrics.count_audit_failures(audit.write_failures());
+    let metrics = Arc::new(metrics);
     let (core, handle, requests) = node::start(CoreParts {
         settings,
         store: store.clone(),
@@ -133,11 +135,7 @@ pub async fn run_with(
 
     let tasks = TaskTracker::new();
     tasks.spawn(core.run(events, requests, shutdown.clone()));
-    let control_ctx = Arc::new(crate::ops::control::ControlContext {
-        board: board.clone(),
-        core: handle.clone(),
-        pki_dir: config.pki_dir.clone(),
-    });
+    let control_ctx = Arc::new(crate::ops::control::ControlContext { board: board.clone(), core: handle.clone() });
     tasks.spawn(crate::ops::control::serve(
         control_socket,
         config.control_socket.clone(),
@@ -189,6 +187,7 @@ pub async fn run_with(
             links,
             audit: audit.clone(),
             notifier: notifier.clone(),
+            board: board.clone(),
         };
         tasks.spawn(reloader.run(requests, shutdown.clone()));
     }

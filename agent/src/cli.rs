@@ -4,6 +4,7 @@
 pub mod audit_cmd;
 pub mod certs;
 pub mod check;
+pub mod cluster;
 pub mod demo;
 pub mod generate;
 pub mod recover;

@@ -52,6 +52,7 @@ struct RawSalt {
     cachedir: Option<PathBuf>,
     master_id: Option<String>,
     user: Option<String>,
+    version_command: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -95,6 +96,8 @@ pub struct Salt {
     pub master_id: Option<String>,
     /// Owner of the files the agent writes; `None`: the owner of pki_dir.
     pub user: Option<String>,
+    /// Prints the salt-master version (program and arguments).
+    pub version_command: Vec<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -218,11 +221,20 @@ impl Config {
             return Err(invalid("timings", "intervals must be greater than zero".into()));
         }
 
+        let version_command =
+            raw.salt.version_command.unwrap_or_else(|| vec!["salt-master".into(), "--version".into()]);
+        if version_command.first().is_none_or(|program| program.is_empty()) {
+            return Err(invalid(
+                "salt.version_command",
+                "must name a program, e.g. [\"salt-master\", \"--version\"]".into(),
+            ));
+        }
         let salt = Salt {
             master_config: resolve(raw.salt.master_config.unwrap_or_else(|| "/etc/salt/master".into())),
             cachedir: resolve(raw.salt.cachedir.unwrap_or_else(|| "/var/cache/salt/master".into())),
             master_id: raw.salt.master_id,
             user: raw.salt.user,
+            version_command,
         };
 
         Ok(Config {
@@ -296,6 +308,7 @@ address = "10.0.0.12:4515"
         assert_eq!(config.tls.key, Path::new("/abs/node.key"));
         assert_eq!(config.peers[0].name, "master-b");
         assert_eq!(config.salt.cachedir, Path::new("/var/cache/salt/master"));
+        assert_eq!(config.salt.version_command, ["salt-master", "--version"]);
         assert_eq!(config.control_socket, Path::new("/var/lib/salt-keysync/control.sock"));
         assert_eq!(config.metrics_listen, None);
         let with_metrics = parse(&format!("metrics_listen = \"127.0.0.1:9515\"\n{MINIMAL}")).unwrap();
@@ -319,6 +332,7 @@ address = "10.0.0.12:4515"
                 "peer[1].name: \"master-b\" is listed twice",
             ),
             (MINIMAL.replace("[tls]", "[tls]\ncrt = 1"), "unknown field `crt`"),
+            (format!("{MINIMAL}\n[salt]\nversion_command = []"), "salt.version_command: must name a program"),
         ];
         for (text, want) in cases {
             let err = parse(&text).unwrap_err();

@@ -87,10 +87,12 @@ enum Command {
 <state_dir>/control.sock, owner-only), about every peer: link state (up / down / connecting) and \
 last error, last contact, what the peer lacks from this master and this master from it (counts \
 from the last anti-entropy digest comparison), key counts per state, the last anti-entropy round, \
-and whether the peer's master.pub and must-agree master settings (external_auth, publisher_acl, \
-peer, peer_run, nodegroups) match this master's. Exits 1 with a one-line message when the agent \
-is not running.",
-        after_help = "Examples:\n  salt-keysync status\n  salt-keysync status --config /etc/salt-keysync/config.toml --json | jq '.peers[] | select(.state != \"up\")'"
+and whether the peer's master.pub, must-agree master settings (external_auth, publisher_acl, \
+peer, peer_run, nodegroups) and key-acceptance settings match this master's, and every master's \
+Salt version. A master that accepts keys by itself (auto_accept, open_mode, an autosign file or \
+grains folder) is an error on every master. --cluster shows one row per master. Exits 1 with a \
+one-line message when the agent is not running.",
+        after_help = "Examples:\n  salt-keysync status\n  salt-keysync status --cluster\n  salt-keysync status --cluster --json | jq '.findings[] | select(.level == \"error\")'\n  salt-keysync status --config /etc/salt-keysync/config.toml --json | jq '.peers[] | select(.state != \"up\")'"
     )]
     Status(StatusArgs),
     /// Start three agents on 127.0.0.1 in a temporary folder and watch accept, reject and delete propagate.
@@ -137,6 +139,9 @@ struct StatusArgs {
     /// Print the whole report as one JSON object.
     #[arg(long)]
     json: bool,
+    /// One row per master of the site as this agent knows it (link, last contact, key counts, Salt version, findings).
+    #[arg(long)]
+    cluster: bool,
 }
 
 const RUN_EXAMPLES: &str = "\
@@ -217,7 +222,14 @@ fn run(path: &std::path::Path) -> Result<()> {
 fn status(path: &std::path::Path, args: &StatusArgs) -> Result<()> {
     let config = Config::load(path)?;
     let report = salt_keysync::cli::status::query(&config.control_socket)?;
-    if args.json {
+    if args.cluster {
+        let cluster = salt_keysync::cli::cluster::cluster(&report);
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&cluster)?);
+        } else {
+            print!("{}", salt_keysync::cli::cluster::render(&cluster));
+        }
+    } else if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", salt_keysync::cli::status::render(&report));

@@ -4,6 +4,7 @@
 
 pub mod board;
 pub mod control;
+pub mod findings;
 pub mod logging;
 pub mod metrics;
 pub mod reload;

@@ -45,12 +45,7 @@ pub fn query(socket: &Path) -> Result<StatusReport, StatusError> {
 pub fn render(report: &StatusReport) -> String {
     let report = &shown_report(report);
     let now = parse_time(&report.now);
-    let ago = |time: &Option<String>| match (time.as_deref().and_then(parse_time), now) {
-        (Some(t), Some(now)) => {
-            format!("{} ago", humantime::format_duration(Duration::from_secs((now - t).max(0) as u64)))
-        }
-        _ => "never".to_string(),
-    };
+    let ago = |time: &Option<String>| ago(now, time);
     let mut out = String::new();
     let k = &report.keys;
     out.push_str(&format!("node      {} (salt-keysync {}, started {})\n", report.node, report.version, report.started));
@@ -58,13 +53,17 @@ pub fn render(report: &StatusReport) -> String {
         "keys      {} accepted, {} rejected, {} pending, {} deleted (tombstones)\n",
         k.accepted, k.rejected, k.pending, k.deleted
     ));
-    out.push_str(&format!("master    master.pub {}\n", report.health.master_pub.as_deref().unwrap_or("unknown")));
+    out.push_str(&format!(
+        "master    master.pub {}, salt-master {}\n",
+        report.health.master_pub.as_deref().unwrap_or("unknown"),
+        report.health.salt_version.as_deref().unwrap_or("unknown")
+    ));
     for error in &report.health.errors {
         out.push_str(&format!("          ! {error}\n"));
     }
     out.push('\n');
-    let header = ["PEER", "STATE", "LAST CONTACT", "LACKS FROM US", "WE LACK", "MASTER.PUB", "SETTINGS"];
-    let mut rows: Vec<[String; 7]> = vec![header.map(String::from)];
+    let header = ["PEER", "STATE", "LAST CONTACT", "LACKS FROM US", "WE LACK", "MASTER.PUB", "SETTINGS", "SALT"];
+    let mut rows: Vec<[String; 8]> = vec![header.map(String::from)];
     for peer in &report.peers {
         let (they_lack, we_lack) = match &peer.anti_entropy {
             Some(run) => (run.peer_lacked.to_string(), run.we_lacked.to_string()),
@@ -78,9 +77,10 @@ pub fn render(report: &StatusReport) -> String {
             we_lack,
             master_pub_cell(peer),
             settings_cell(peer),
+            peer.health.as_ref().and_then(|h| h.salt_version.clone()).unwrap_or_else(|| "?".into()),
         ]);
     }
-    let widths: Vec<usize> = (0..7).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..8).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
     for row in &rows {
         let line: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
         out.push_str(line.join("  ").trim_end());
@@ -121,6 +121,10 @@ pub fn render(report: &StatusReport) -> String {
             ));
         }
     }
+    // Mismatch and drift are told per peer above; these concern the site.
+    for finding in report.findings.iter().filter(|f| f.kind == "auto-accept" || f.kind == "salt-version") {
+        out.push_str(&format!("{}: {}\n", finding.level.to_string().to_uppercase(), finding.message));
+    }
     out
 }
 
@@ -128,6 +132,11 @@ pub fn render(report: &StatusReport) -> String {
 /// errors and health come from others. Every field, whatever the report
 /// holds, through its JSON form.
 fn shown_report(report: &StatusReport) -> StatusReport {
+    shown(report)
+}
+
+/// `value` with every text in it shown safely, through its JSON form.
+pub(crate) fn shown<T: serde::Serialize + serde::de::DeserializeOwned + Clone>(report: &T) -> T {
     fn walk(value: &mut serde_json::Value) {
         match value {
             serde_json::Value::String(text) => *text = crate::text::shown(text).into_owned(),
@@ -139,6 +148,16 @@ fn shown_report(report: &StatusReport) -> StatusReport {
     let Ok(mut value) = serde_json::to_value(report) else { return report.clone() };
     walk(&mut value);
     serde_json::from_value(value).unwrap_or_else(|_| report.clone())
+}
+
+/// `5s ago`, or `never`.
+pub(crate) fn ago(now: Option<i64>, time: &Option<String>) -> String {
+    match (time.as_deref().and_then(parse_time), now) {
+        (Some(t), Some(now)) => {
+            format!("{} ago", humantime::format_duration(Duration::from_secs((now - t).max(0) as u64)))
+        }
+        _ => "never".to_string(),
+    }
 }
 
 fn master_pub_cell(peer: &PeerStatus) -> String {
@@ -160,7 +179,7 @@ fn settings_cell(peer: &PeerStatus) -> String {
     }
 }
 
-fn parse_time(text: &str) -> Option<i64> {
+pub(crate) fn parse_time(text: &str) -> Option<i64> {
     time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok().map(|t| t.unix_timestamp())
 }
 
@@ -169,6 +188,7 @@ mod tests {
     use super::*;
     use crate::disk::health::{Drift, MasterHealth};
     use crate::ops::board::{AntiEntropyRun, KeyCounts};
+    use crate::ops::findings::{Finding, Level};
 
     #[test]
     fn table_shows_state_lag_and_drift() {
@@ -188,16 +208,30 @@ mod tests {
             now: "2026-11-21T12:00:05Z".into(),
             started: "2026-11-21T11:00:00Z".into(),
             keys: KeyCounts { accepted: 3, rejected: 1, pending: 2, deleted: 4 },
-            health: MasterHealth { master_pub: Some("aa:bb".into()), ..MasterHealth::default() },
+            health: MasterHealth {
+                master_pub: Some("aa:bb".into()),
+                salt_version: Some("3008.3".into()),
+                ..MasterHealth::default()
+            },
             peers: vec![
                 PeerStatus {
                     anti_entropy: Some(AntiEntropyRun { peer_lacked: 7, we_lacked: 2, ..AntiEntropyRun::default() }),
-                    health: Some(MasterHealth { master_pub: Some("cc:dd".into()), ..MasterHealth::default() }),
+                    health: Some(MasterHealth {
+                        master_pub: Some("cc:dd".into()),
+                        salt_version: Some("3006.28".into()),
+                        ..MasterHealth::default()
+                    }),
                     drift: Drift { master_pub_mismatch: true, settings: vec!["publisher_acl".into()] },
                     ..peer("master-b", LinkState::Up)
                 },
                 PeerStatus { last_error: Some("connection refused".into()), ..peer("master-c", LinkState::Down) },
             ],
+            findings: vec![Finding {
+                level: Level::Error,
+                kind: "auto-accept".into(),
+                masters: vec!["master-b".into()],
+                message: "master-b accepts keys by itself (open_mode: True): …".into(),
+            }],
         };
         let mut forged = report.clone();
         forged.peers[1].last_error = Some("refused\nmaster-x  up  1s ago\u{1b}[8m".into());
@@ -208,7 +242,10 @@ mod tests {
         for want in [
             "3 accepted, 1 rejected, 2 pending, 4 deleted",
             "master-b  up     5s ago",
-            "7              2        MISMATCH    DRIFT: publisher_acl",
+            "master    master.pub aa:bb, salt-master 3008.3",
+            "7              2        MISMATCH    DRIFT: publisher_acl  3006.28",
+            "master-c  down   5s ago        ?              ?        unknown     unknown               ?",
+            "ERROR: master-b accepts keys by itself (open_mode: True)",
             "master-c: down — connection refused",
             "master-b: MASTER KEY MISMATCH: its master.pub is cc:dd",
             "master-b: SETTINGS DRIFT: publisher_acl",

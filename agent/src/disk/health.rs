@@ -1,7 +1,9 @@
 //! Cluster health beyond keys: the sha256 fingerprint of this master's
-//! `master.pub` and fingerprints of the master settings that Salt's
-//! multi-master tutorial says must agree on every master. Peers exchange
-//! these in `Hello`; [`compare`] says what differs.
+//! `master.pub`, fingerprints of the master settings that Salt's
+//! multi-master tutorial says must agree on every master, the settings that
+//! decide which keys get accepted (`disk::accept`), the salt-master version
+//! and the key counts. Peers exchange these in `Hello`; [`compare`] says
+//! what differs.
 //!
 //! The most common multi-master failure is masters that do not share one
 //! key pair: minions then log "The Salt Master server's public key did not
@@ -17,10 +19,17 @@ use yaml_rust2::{Yaml, YamlLoader};
 
 use crate::core::keyfile::check_public_key;
 use crate::core::Fingerprint;
+use crate::disk::accept::{accept_settings, AcceptSettings, ACCEPT_SETTINGS};
 
 /// The settings Salt's multi-master tutorial lists as "must be the same on
 /// every master", compared by name.
 pub const SETTINGS: [&str; 5] = ["external_auth", "publisher_acl", "peer", "peer_run", "nodegroups"];
+
+/// Every setting compared between masters: [`SETTINGS`], then the
+/// key-acceptance settings.
+pub fn compared_settings() -> impl Iterator<Item = &'static str> {
+    SETTINGS.into_iter().chain(ACCEPT_SETTINGS)
+}
 
 /// The fingerprint of a setting that is not set at all (Salt's default).
 pub const UNSET: &str = "unset";
@@ -37,9 +46,30 @@ pub struct MasterHealth {
     /// Setting name → sha256 (hex) of its canonical value, or [`UNSET`].
     /// Empty when the master config could not be read.
     pub settings: BTreeMap<String, String>,
+    /// The salt-master version; `None` while unknown (or from an older peer).
+    #[serde(default)]
+    pub salt_version: Option<String>,
+    /// The settings that decide which keys get accepted; `None` when the
+    /// master config could not be read (or from an older peer).
+    #[serde(default)]
+    pub accept: Option<AcceptSettings>,
+    /// Key counts when this report was made; `None` from an older peer.
+    #[serde(default)]
+    pub keys: Option<KeyCounts>,
     /// Why something above is missing (local only, never sent).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<String>,
+}
+
+/// Decision and key counts of a master.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyCounts {
+    pub accepted: usize,
+    pub rejected: usize,
+    /// Files in `minions_pre/` now (pending keys are per master).
+    pub pending: usize,
+    /// Delete decisions held (tombstones).
+    pub deleted: usize,
 }
 
 /// What differs between this master and a peer. Unknown values (unreadable
@@ -47,7 +77,7 @@ pub struct MasterHealth {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Drift {
     pub master_pub_mismatch: bool,
-    /// Names of the settings whose fingerprints differ.
+    /// Names of the settings whose fingerprints differ ([`compared_settings`] order).
     pub settings: Vec<String>,
 }
 
@@ -58,15 +88,21 @@ impl Drift {
 }
 
 /// Reads this master's health: `pki_dir/master.pub` and the settings from
-/// `master_config` plus `master.d/*.conf` beside it.
+/// `master_config` plus `master.d/*.conf` beside it (the salt-master
+/// version and the key counts come from elsewhere).
 pub fn local_health(pki_dir: &Path, master_config: &Path) -> MasterHealth {
     let mut health = MasterHealth::default();
     match master_pub_fingerprint(pki_dir) {
         Ok(fingerprint) => health.master_pub = Some(fingerprint),
         Err(e) => health.errors.push(e),
     }
-    match settings_fingerprints(master_config) {
-        Ok(settings) => health.settings = settings,
+    match load_master_config(master_config) {
+        Ok(config) => {
+            health.settings = fingerprints_of(&config);
+            let (accept, errors) = accept_settings(&config);
+            health.accept = Some(accept);
+            health.errors.extend(errors);
+        }
         Err(e) => health.errors.push(e),
     }
     health
@@ -82,11 +118,16 @@ pub fn master_pub_fingerprint(pki_dir: &Path) -> Result<String, String> {
     Ok(Fingerprint::of(&bytes).to_string())
 }
 
-/// Fingerprints of [`SETTINGS`] as the master sees them: the config file,
-/// overridden per top-level key by `master.d/*.conf` (merged in name order,
-/// nested maps merged, lists concatenated, as Salt's `include_config` does).
-/// A missing config file means every setting is unset.
+/// Fingerprints of [`SETTINGS`] as the master sees them (see [`load_master_config`]).
 pub fn settings_fingerprints(master_config: &Path) -> Result<BTreeMap<String, String>, String> {
+    load_master_config(master_config).map(|config| fingerprints_of(&config))
+}
+
+/// The master config as the master sees it: the config file, overridden
+/// per top-level key by `master.d/*.conf` (merged in name order, nested
+/// maps merged, lists concatenated, as Salt's `include_config` does). A
+/// missing config file means every setting is Salt's default.
+pub fn load_master_config(master_config: &Path) -> Result<Yaml, String> {
     let mut merged = match std::fs::symlink_metadata(master_config) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Yaml::Hash(Default::default()),
         _ => load_yaml(master_config)?,
@@ -111,7 +152,11 @@ pub fn settings_fingerprints(master_config: &Path) -> Result<BTreeMap<String, St
             main.insert(key, value);
         }
     }
-    Ok(SETTINGS
+    Ok(merged)
+}
+
+fn fingerprints_of(merged: &Yaml) -> BTreeMap<String, String> {
+    SETTINGS
         .iter()
         .map(|name| {
             let value = &merged[*name];
@@ -125,17 +170,22 @@ pub fn settings_fingerprints(master_config: &Path) -> Result<BTreeMap<String, St
             };
             (name.to_string(), fingerprint)
         })
-        .collect())
+        .collect()
 }
 
 /// What differs between `ours` and `theirs`.
 pub fn compare(ours: &MasterHealth, theirs: &MasterHealth) -> Drift {
     let master_pub_mismatch = matches!((&ours.master_pub, &theirs.master_pub), (Some(a), Some(b)) if a != b);
-    let settings = SETTINGS
+    let mut settings: Vec<String> = SETTINGS
         .iter()
         .filter(|name| matches!((ours.settings.get(**name), theirs.settings.get(**name)), (Some(a), Some(b)) if a != b))
         .map(|name| name.to_string())
         .collect();
+    if let (Some(ours), Some(theirs)) = (&ours.accept, &theirs.accept) {
+        let (ours, theirs) = (ours.fingerprints(), theirs.fingerprints());
+        settings
+            .extend(ACCEPT_SETTINGS.iter().filter(|name| ours[*name] != theirs[*name]).map(|name| name.to_string()));
+    }
     Drift { master_pub_mismatch, settings }
 }
 
@@ -256,6 +306,25 @@ mod tests {
         let ours = MasterHealth { settings: fa, ..MasterHealth::default() };
         let theirs = MasterHealth { settings: fb, ..MasterHealth::default() };
         assert_eq!(compare(&ours, &theirs).settings, vec!["publisher_acl".to_string()]);
+    }
+
+    #[test]
+    fn key_acceptance_settings_are_read_with_the_rest_and_compared() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        write(a.path(), "master", "auto_accept: True\nkey_cache: sched\n");
+        write(b.path(), "master", "key_cache: sched\n");
+        write(b.path(), "master.d/accept.conf", "auto_accept: True\n");
+        let ours = local_health(a.path(), &a.path().join("master"));
+        let theirs = local_health(b.path(), &b.path().join("master"));
+        assert_eq!(ours.accept, theirs.accept, "master.d counts as Salt counts it");
+        assert!(ours.accept.as_ref().unwrap().auto_accept);
+        assert!(compare(&ours, &theirs).settings.is_empty());
+        write(b.path(), "master.d/accept.conf", "auto_accept: False\n");
+        let theirs = local_health(b.path(), &b.path().join("master"));
+        assert_eq!(compare(&ours, &theirs).settings, ["auto_accept"]);
+        let older_peer = MasterHealth { accept: None, ..theirs };
+        assert!(compare(&ours, &older_peer).settings.is_empty(), "unknown is not drift");
     }
 
     #[test]

@@ -205,7 +205,7 @@ impl PeerLink {
         let request = v1::HelloRequest {
             node: self.node.clone(),
             protocol_version: PROTOCOL_VERSION,
-            health: Some(health_to_wire(&self.board.refresh_local())),
+            health: Some(health_to_wire(&self.board.hello_health(&self.core).await)),
         };
         let hello = client.hello(request).await?.into_inner();
         if hello.node != self.peer.name {

@@ -43,7 +43,7 @@ impl Handler for RpcHandler {
             node: self.node.clone(),
             protocol_version: PROTOCOL_VERSION,
             n_decisions: n_decisions as u64,
-            health: Some(health_to_wire(&self.board.refresh_local())),
+            health: Some(health_to_wire(&self.board.hello_health(&self.core).await)),
         })
     }
 

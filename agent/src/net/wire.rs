@@ -6,7 +6,9 @@ use keysync_proto::v1;
 use crate::core::keyfile::{check_public_key, KeyError};
 use crate::core::replica::Summary;
 use crate::core::{Context, Decision, Fingerprint, MinionId, PublicKey, Relays, Verdict, Version};
-use crate::disk::health::{MasterHealth, SETTINGS, UNSET};
+use crate::disk::accept::{AcceptSettings, SigningSource};
+use crate::disk::health::{KeyCounts, MasterHealth, SETTINGS, UNSET};
+use crate::disk::salt_version::is_version;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
@@ -162,12 +164,50 @@ fn verdict_of_rank(rank: u8) -> v1::Verdict {
     }
 }
 
-/// This master's health for Hello: fingerprints only.
+/// This master's health for Hello: fingerprints where values could be
+/// sensitive, never a key.
 pub fn health_to_wire(health: &MasterHealth) -> v1::MasterHealth {
     v1::MasterHealth {
         master_pub_sha256: health.master_pub.clone().unwrap_or_default(),
         settings: health.settings.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        salt_version: health.salt_version.clone().unwrap_or_default(),
+        accept: health.accept.as_ref().map(accept_to_wire),
+        keys: health.keys.as_ref().map(|k| v1::KeyCounts {
+            accepted: k.accepted as u64,
+            rejected: k.rejected as u64,
+            pending: k.pending as u64,
+            deleted: k.deleted as u64,
+        }),
     }
+}
+
+fn accept_to_wire(accept: &AcceptSettings) -> v1::AcceptSettings {
+    v1::AcceptSettings {
+        auto_accept: accept.auto_accept,
+        open_mode: accept.open_mode,
+        autosign_file: Some(source_to_wire(&accept.autosign_file)),
+        autosign_grains_dir: Some(source_to_wire(&accept.autosign_grains_dir)),
+        autoreject_file: Some(source_to_wire(&accept.autoreject_file)),
+        key_cache: accept.key_cache.clone(),
+        keys_cache_driver: accept.keys_cache_driver.clone(),
+    }
+}
+
+fn source_to_wire(source: &SigningSource) -> v1::SigningSource {
+    use v1::signing_source::State;
+    match source {
+        SigningSource::Unset => v1::SigningSource { state: State::Unset.into(), ..Default::default() },
+        SigningSource::Absent => v1::SigningSource { state: State::Absent.into(), ..Default::default() },
+        SigningSource::Present { entries, sha256 } => v1::SigningSource {
+            state: State::Present.into(),
+            entries: *entries,
+            sha256: sha256.clone().unwrap_or_default(),
+        },
+    }
+}
+
+fn is_hex(text: &str, n: usize) -> bool {
+    text.len() == n && text.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// A peer's health from Hello. Anything malformed is dropped (unknown, so
@@ -175,7 +215,6 @@ pub fn health_to_wire(health: &MasterHealth) -> v1::MasterHealth {
 /// decisions keep replicating whatever the peer says here.
 pub fn health_from_wire(msg: Option<v1::MasterHealth>) -> MasterHealth {
     let Some(msg) = msg else { return MasterHealth::default() };
-    let is_hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
     let colon_hex = msg.master_pub_sha256.len() == 95
         && msg.master_pub_sha256.split(':').all(|pair| is_hex(pair, 2))
         && msg.master_pub_sha256.split(':').count() == 32;
@@ -186,7 +225,56 @@ pub fn health_from_wire(msg: Option<v1::MasterHealth>) -> MasterHealth {
             .into_iter()
             .filter(|(name, value)| SETTINGS.contains(&name.as_str()) && (value == UNSET || is_hex(value, 64)))
             .collect(),
+        salt_version: is_version(&msg.salt_version).then_some(msg.salt_version),
+        accept: msg.accept.and_then(accept_from_wire),
+        keys: msg.keys.map(|k| KeyCounts {
+            accepted: count(k.accepted),
+            rejected: count(k.rejected),
+            pending: count(k.pending),
+            deleted: count(k.deleted),
+        }),
         errors: Vec::new(),
+    }
+}
+
+fn count(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
+/// Names Salt uses for a key cache or driver: short, plain.
+fn is_name(text: &str) -> bool {
+    text.len() <= 64 && text.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+/// The whole message or nothing: half of it could hide an auto-accepting
+/// master behind a missing field.
+fn accept_from_wire(msg: v1::AcceptSettings) -> Option<AcceptSettings> {
+    if !is_name(&msg.key_cache) || !is_name(&msg.keys_cache_driver) || msg.keys_cache_driver.is_empty() {
+        return None;
+    }
+    Some(AcceptSettings {
+        auto_accept: msg.auto_accept,
+        open_mode: msg.open_mode,
+        autosign_file: source_from_wire(msg.autosign_file?)?,
+        autosign_grains_dir: source_from_wire(msg.autosign_grains_dir?)?,
+        autoreject_file: source_from_wire(msg.autoreject_file?)?,
+        key_cache: msg.key_cache,
+        keys_cache_driver: msg.keys_cache_driver,
+    })
+}
+
+fn source_from_wire(msg: v1::SigningSource) -> Option<SigningSource> {
+    use v1::signing_source::State;
+    let sha256 = match msg.sha256.as_str() {
+        "" => None,
+        hash if is_hex(hash, 64) => Some(msg.sha256),
+        _ => return None,
+    };
+    match State::try_from(msg.state).ok()? {
+        State::Unset => Some(SigningSource::Unset),
+        State::Absent => Some(SigningSource::Absent),
+        State::Present => Some(SigningSource::Present { entries: msg.entries, sha256 }),
+        State::Unspecified => None,
     }
 }
 
@@ -285,14 +373,75 @@ mod tests {
         let health = MasterHealth {
             master_pub: Some(fingerprint),
             settings: [("peer".to_string(), UNSET.to_string()), ("nodegroups".to_string(), "ab".repeat(32))].into(),
+            salt_version: Some("3008.3".into()),
+            accept: Some(AcceptSettings {
+                auto_accept: true,
+                autosign_file: SigningSource::Present { entries: Some(2), sha256: Some("cd".repeat(32)) },
+                autosign_grains_dir: SigningSource::Present { entries: None, sha256: None },
+                autoreject_file: SigningSource::Absent,
+                key_cache: "sched".into(),
+                ..AcceptSettings::salt_defaults()
+            }),
+            keys: Some(KeyCounts { accepted: 3, rejected: 1, pending: 0, deleted: 7 }),
             errors: Vec::new(),
         };
         assert_eq!(health_from_wire(Some(health_to_wire(&health))), health);
         let hostile = v1::MasterHealth {
             master_pub_sha256: "-----BEGIN PUBLIC KEY-----".into(),
             settings: [("../x".to_string(), UNSET.to_string()), ("peer".to_string(), "zz".into())].into(),
+            salt_version: "3008.3\n\x1b[31m".into(),
+            accept: Some(v1::AcceptSettings {
+                keys_cache_driver: "../mmap".into(),
+                ..accept_to_wire(health.accept.as_ref().unwrap())
+            }),
+            keys: None,
         };
         assert_eq!(health_from_wire(Some(hostile)), MasterHealth::default());
         assert_eq!(health_from_wire(None), MasterHealth::default());
+        // A signing source with an unknown state or a bad hash drops the whole
+        // accept report: unknown, never "not auto-accepting".
+        let mut partial = health_to_wire(&health);
+        partial.accept.as_mut().unwrap().autosign_file.as_mut().unwrap().state = 9;
+        assert_eq!(health_from_wire(Some(partial)).accept, None);
+        let mut partial = health_to_wire(&health);
+        partial.accept.as_mut().unwrap().autoreject_file = None;
+        assert_eq!(health_from_wire(Some(partial)).accept, None);
+    }
+
+    /// MasterHealth as agents before the salt version, accept settings and
+    /// key counts (fields 3-5) encode and decode it.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct OldMasterHealth {
+        #[prost(string, tag = "1")]
+        master_pub_sha256: String,
+        #[prost(map = "string, string", tag = "2")]
+        settings: std::collections::HashMap<String, String>,
+    }
+
+    #[test]
+    fn health_stays_wire_compatible_with_older_agents() {
+        use prost::Message;
+        let old = OldMasterHealth { master_pub_sha256: "aa".into(), settings: [("peer".into(), UNSET.into())].into() };
+        let new = v1::MasterHealth::decode(old.encode_to_vec().as_slice()).unwrap();
+        let health = health_from_wire(Some(new));
+        assert_eq!((health.salt_version, health.accept, health.keys), (None, None, None), "unknown, not empty");
+        let ours = v1::MasterHealth {
+            salt_version: "3008.3".into(),
+            accept: Some(accept_to_wire(&AcceptSettings::salt_defaults())),
+            keys: Some(v1::KeyCounts { accepted: 1, ..Default::default() }),
+            ..old.clone().into_new()
+        };
+        let seen_by_old = OldMasterHealth::decode(ours.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(seen_by_old, old, "an older agent reads what it knows and skips the rest");
+    }
+
+    impl OldMasterHealth {
+        fn into_new(self) -> v1::MasterHealth {
+            v1::MasterHealth {
+                master_pub_sha256: self.master_pub_sha256,
+                settings: self.settings,
+                ..Default::default()
+            }
+        }
     }
 }

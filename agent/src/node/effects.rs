@@ -34,6 +34,15 @@ pub struct Effects {
 }
 
 impl Effects {
+    /// Counts a failed write for `keysync_write_failures_total` (the machine
+    /// retries it; each failed attempt counts).
+    fn count_failure<T>(&self, result: Result<T, Failure>) -> Result<T, Failure> {
+        if result.is_err() {
+            self.metrics.write_failures.inc();
+        }
+        result
+    }
+
     /// Writes the records told so far (the core loop calls it after every input).
     pub fn write_told(&mut self) {
         if !self.buffered.is_empty() {
@@ -52,11 +61,16 @@ impl Runtime for Effects {
     }
 
     fn apply(&mut self, decisions: &[&Decision]) -> Vec<Result<Applied, Failure>> {
-        self.pki.apply_all(decisions).into_iter().map(|result| result.map_err(|e| e.to_string())).collect()
+        let results = self.pki.apply_all(decisions);
+        for _ in results.iter().filter(|r| r.is_err()) {
+            self.metrics.write_failures.inc();
+        }
+        results.into_iter().map(|result| result.map_err(|e| e.to_string())).collect()
     }
 
     fn sync_folders(&mut self) -> Result<(), Failure> {
-        self.pki.sync().map_err(|e| format!("syncfs {}: {e}", self.pki.root().display()))
+        let synced = self.pki.sync().map_err(|e| format!("syncfs {}: {e}", self.pki.root().display()));
+        self.count_failure(synced)
     }
 
     fn drop_dfn(&mut self) -> Result<bool, Failure> {
@@ -65,11 +79,13 @@ impl Runtime for Effects {
     }
 
     fn journal(&mut self, decisions: &[Decision]) -> Result<(), Failure> {
-        self.store.journal(decisions).map_err(|e| e.to_string())
+        let journalled = self.store.journal(decisions).map_err(|e| e.to_string());
+        self.count_failure(journalled)
     }
 
     fn record(&mut self, write: &StoreWrite<'_>) -> Result<(), Failure> {
-        self.store.record_at(write, &self.node, Some(&self.audit.head())).map_err(|e| e.to_string())
+        let recorded = self.store.record_at(write, &self.node, Some(&self.audit.head())).map_err(|e| e.to_string());
+        self.count_failure(recorded)
     }
 
     fn load(&mut self, ids: &[MinionId]) -> Result<Vec<Decision>, Failure> {

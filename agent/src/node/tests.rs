@@ -25,7 +25,7 @@ fn core_in(dir: &std::path::Path) -> (Core, CoreHandle, mpsc::Receiver<Request>)
         owner,
         audit: Arc::new(AuditLog::open(&dir.join("audit.jsonl"), "b").unwrap()),
         settle: crate::core::settle::SettleTimings::default(),
-        metrics: Arc::new(crate::ops::metrics::Metrics::new()),
+        metrics: Arc::new(crate::ops::metrics::Metrics::new("b")),
         watch: None,
     };
     start(parts).unwrap()

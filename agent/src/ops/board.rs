@@ -13,8 +13,13 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 
 use crate::disk::audit::{AuditLog, Record};
-use crate::disk::health::{compare, local_health, Drift, MasterHealth};
+use crate::disk::health::{compare, compared_settings, local_health, Drift, MasterHealth};
+use crate::disk::salt_version::SaltVersion;
+use crate::node::{CoreHandle, Request};
+use crate::ops::findings::{findings, Finding, Masters, Reported};
 use crate::ops::metrics::{Metrics, PeerLabel, SettingLabel};
+
+pub use crate::disk::health::KeyCounts;
 
 /// The state of this node's outbound link to a peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,17 +75,6 @@ pub struct PeerStatus {
     pub drift: Drift,
 }
 
-/// Decision and key counts of this master.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KeyCounts {
-    pub accepted: usize,
-    pub rejected: usize,
-    /// Files in `minions_pre/` now (pending keys are per master).
-    pub pending: usize,
-    /// Delete decisions held (tombstones).
-    pub deleted: usize,
-}
-
 /// Everything `salt-keysync status` prints.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusReport {
@@ -91,6 +85,9 @@ pub struct StatusReport {
     pub keys: KeyCounts,
     pub health: MasterHealth,
     pub peers: Vec<PeerStatus>,
+    /// What is wrong with the masters, errors first.
+    #[serde(default)]
+    pub findings: Vec<Finding>,
 }
 
 struct PeerEntry {
@@ -107,12 +104,23 @@ pub struct Board {
     started: String,
     audit: Arc<AuditLog>,
     metrics: Arc<Metrics>,
+    salt_version: SaltVersion,
     inner: Mutex<Inner>,
 }
 
 struct Inner {
     local: MasterHealth,
     peers: BTreeMap<String, PeerEntry>,
+    /// Auto-acceptance and Salt versions of every master, as last reported.
+    reported: Reported,
+}
+
+impl Inner {
+    fn masters<'a>(&'a self, this_node: &'a str) -> Masters<'a> {
+        std::iter::once((this_node, Some(&self.local)))
+            .chain(self.peers.iter().map(|(name, entry)| (name.as_str(), entry.status.health.as_ref())))
+            .collect()
+    }
 }
 
 impl Board {
@@ -128,9 +136,11 @@ impl Board {
             started: crate::disk::audit::now_rfc3339(),
             audit,
             metrics,
-            inner: Mutex::new(Inner { local, peers: BTreeMap::new() }),
+            salt_version: SaltVersion::start(config.salt.version_command.clone()),
+            inner: Mutex::new(Inner { local, peers: BTreeMap::new(), reported: Reported::default() }),
         };
         board.set_peers(&config.peers);
+        board.evaluate_masters(&mut board.inner.lock().unwrap_or_else(|p| p.into_inner()));
         board
     }
 
@@ -140,13 +150,13 @@ impl Board {
     pub fn set_peers(&self, peers: &[crate::config::Peer]) {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let wanted: BTreeMap<&str, &crate::config::Peer> = peers.iter().map(|p| (p.name.as_str(), p)).collect();
-        inner.peers.retain(|name, _| {
-            let keep = wanted.contains_key(name.as_str());
-            if !keep {
-                self.metrics.forget_peer(name);
-            }
-            keep
-        });
+        let removed: Vec<String> =
+            inner.peers.keys().filter(|name| !wanted.contains_key(name.as_str())).cloned().collect();
+        for name in removed {
+            inner.peers.remove(&name);
+            inner.reported.forget(&name, &self.metrics);
+            self.metrics.forget_peer(&name);
+        }
         for peer in peers {
             if let Some(entry) = inner.peers.get_mut(&peer.name) {
                 entry.status.address = peer.address.clone();
@@ -193,7 +203,15 @@ impl Board {
     /// The peer answered or called: it is alive.
     pub fn contact(&self, peer: &str) {
         let now = crate::disk::audit::now_rfc3339();
-        self.with_peer(peer, |status| status.last_contact = Some(now));
+        let mut known = false;
+        self.with_peer(peer, |status| {
+            status.last_contact = Some(now);
+            known = true;
+        });
+        if known {
+            let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            self.metrics.peer_last_contact.get_or_create(&PeerLabel { peer: peer.into() }).set(unix.as_secs_f64());
+        }
     }
 
     pub fn anti_entropy(&self, peer: &str, run: AntiEntropyRun) {
@@ -203,20 +221,60 @@ impl Board {
         self.with_peer(peer, |status| status.anti_entropy = Some(run));
     }
 
-    /// Re-reads this master's master.pub and settings (they may have been
-    /// fixed or broken since start) and returns them, for a Hello.
-    pub fn refresh_local(&self) -> MasterHealth {
-        let fresh = local_health(&self.pki_dir, &self.master_config);
+    /// This master's key counts: decisions held by the core task, and the
+    /// files in `minions_pre/` now.
+    pub async fn key_counts(&self, core: &CoreHandle) -> KeyCounts {
+        let (accepted, rejected, deleted) = core.ask(|reply| Request::Counts { reply }).await.unwrap_or_default();
+        let pending = std::fs::read_dir(self.pki_dir.join("minions_pre"))
+            .map(|entries| {
+                entries.filter_map(Result::ok).filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count()
+            })
+            .unwrap_or(0);
+        KeyCounts { accepted, rejected, pending, deleted }
+    }
+
+    /// This master's health with its key counts, for a Hello.
+    pub async fn hello_health(&self, core: &CoreHandle) -> MasterHealth {
+        let keys = self.key_counts(core).await;
+        self.refresh_local(Some(keys))
+    }
+
+    /// Runs the salt-master version command again (at a reload).
+    pub fn refresh_salt_version(&self) {
+        self.salt_version.refresh();
+    }
+
+    /// Re-reads this master's master.pub, settings and salt-master version
+    /// (they may have been fixed or broken since start) and returns them,
+    /// with `keys` when given.
+    pub fn refresh_local(&self, keys: Option<KeyCounts>) -> MasterHealth {
+        let mut fresh = local_health(&self.pki_dir, &self.master_config);
+        match self.salt_version.current() {
+            Ok(version) => fresh.salt_version = Some(version),
+            Err(e) => fresh.errors.push(format!("salt-master version unknown: {e}")),
+        }
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if fresh != inner.local {
-            tracing::info!(master_pub = ?fresh.master_pub, "this master's key or settings changed; comparing again");
-            inner.local = fresh.clone();
+        fresh.keys = keys.or_else(|| inner.local.keys.clone());
+        // Key counts change all the time and are not compared.
+        let changed =
+            MasterHealth { keys: None, ..fresh.clone() } != MasterHealth { keys: None, ..inner.local.clone() };
+        inner.local = fresh.clone();
+        if changed {
+            tracing::info!(master_pub = ?fresh.master_pub, salt_version = ?fresh.salt_version, "this master's key, settings or Salt version changed; comparing again");
             let names: Vec<String> = inner.peers.keys().cloned().collect();
             for name in names {
                 self.evaluate(&mut inner, &name);
             }
+            self.evaluate_masters(&mut inner);
         }
         fresh
+    }
+
+    /// Judges every master again: auto-acceptance and Salt versions.
+    fn evaluate_masters(&self, inner: &mut Inner) {
+        let mut reported = std::mem::take(&mut inner.reported);
+        reported.evaluate(&self.node, &inner.masters(&self.node), &self.audit, &self.metrics);
+        inner.reported = reported;
     }
 
     /// Records what a peer reported about its master in Hello and reports
@@ -226,6 +284,7 @@ impl Board {
         let Some(entry) = inner.peers.get_mut(peer) else { return };
         entry.status.health = Some(health);
         self.evaluate(&mut inner, peer);
+        self.evaluate_masters(&mut inner);
     }
 
     fn evaluate(&self, inner: &mut Inner, peer: &str) {
@@ -238,7 +297,7 @@ impl Board {
             .master_key_mismatch
             .get_or_create(&PeerLabel { peer: peer.into() })
             .set(i64::from(drift.master_pub_mismatch));
-        for setting in crate::disk::health::SETTINGS {
+        for setting in compared_settings() {
             let drifted = drift.settings.iter().any(|s| s == setting);
             self.metrics
                 .settings_drift
@@ -299,7 +358,10 @@ impl Board {
 
     /// A snapshot for `status`; `keys` come from the core task.
     pub fn report_with(&self, keys: KeyCounts) -> StatusReport {
-        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.local.keys = Some(keys.clone());
+        let drift: Vec<(&str, &Drift)> = inner.peers.iter().map(|(name, e)| (name.as_str(), &e.status.drift)).collect();
+        let findings = findings(&inner.masters(&self.node), &drift);
         StatusReport {
             node: self.node.clone(),
             version: env!("CARGO_PKG_VERSION").into(),
@@ -308,6 +370,7 @@ impl Board {
             keys,
             health: inner.local.clone(),
             peers: inner.peers.values().map(|e| e.status.clone()).collect(),
+            findings,
         }
     }
 }
@@ -327,7 +390,7 @@ mod tests {
         std::fs::write(dir.join("pki/master.pub"), keysync_machine::testkit::PUB).unwrap();
         let audit_path = dir.join("audit.jsonl");
         let audit = Arc::new(AuditLog::open(&audit_path, "master-a").unwrap());
-        (Board::new(&config, audit, Arc::new(Metrics::new())), audit_path)
+        (Board::new(&config, audit, Arc::new(Metrics::new("master-a"))), audit_path)
     }
 
     fn theirs(master_pub: &str) -> MasterHealth {
@@ -338,7 +401,7 @@ mod tests {
     fn drift_is_reported_once_per_detection_and_when_resolved() {
         let dir = tempfile::tempdir().unwrap();
         let (board, audit_path) = board(dir.path());
-        let ours = board.refresh_local().master_pub.unwrap();
+        let ours = board.refresh_local(None).master_pub.unwrap();
         let outcomes = || -> Vec<String> {
             read_all(&audit_path).unwrap().into_iter().map(|r| format!("{}:{}", r.action, r.outcome)).collect()
         };

@@ -12,8 +12,8 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 
-use crate::node::{CoreHandle, Request};
-use crate::ops::board::{Board, KeyCounts};
+use crate::node::CoreHandle;
+use crate::ops::board::Board;
 
 /// Unix socket paths longer than this do not fit `sockaddr_un`.
 const MAX_SOCKET_PATH: usize = 107;
@@ -77,7 +77,6 @@ pub async fn bind(path: &Path, state_dir: &Path) -> Result<UnixListener> {
 pub struct ControlContext {
     pub board: Arc<Board>,
     pub core: CoreHandle,
-    pub pki_dir: PathBuf,
 }
 
 /// Answers requests until `shutdown`, then removes the socket.
@@ -112,7 +111,7 @@ async fn answer(stream: UnixStream, ctx: &ControlContext) -> Result<()> {
     reader.read_line(&mut line).await?;
     let reply = match line.trim() {
         "status" => {
-            let keys = key_counts(ctx).await;
+            let keys = ctx.board.key_counts(&ctx.core).await;
             serde_json::to_string(&ctx.board.report_with(keys))?
         }
         other => serde_json::json!({ "error": format!("unknown request {other:?}; expected \"status\"") }).to_string(),
@@ -121,16 +120,6 @@ async fn answer(stream: UnixStream, ctx: &ControlContext) -> Result<()> {
     write.write_all(b"\n").await?;
     write.shutdown().await?;
     Ok(())
-}
-
-async fn key_counts(ctx: &ControlContext) -> KeyCounts {
-    let (accepted, rejected, deleted) = ctx.core.ask(|reply| Request::Counts { reply }).await.unwrap_or_default();
-    let pending = std::fs::read_dir(ctx.pki_dir.join("minions_pre"))
-        .map(|entries| {
-            entries.filter_map(Result::ok).filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count()
-        })
-        .unwrap_or(0);
-    KeyCounts { accepted, rejected, pending, deleted }
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! whether anyone scrapes); only the listener is optional.
 
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -35,6 +36,27 @@ pub struct SettingLabel {
     pub setting: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabel {
+    node: String,
+    version: &'static str,
+    protocol_version: String,
+}
+
+/// A master (this one or a peer) and one of its key-acceptance settings.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AutoAcceptLabel {
+    pub master: String,
+    pub setting: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SaltLabel {
+    pub master: String,
+    /// Empty while unknown.
+    pub salt_version: String,
+}
+
 /// Every metric of the agent, registered under `keysync_`.
 pub struct Metrics {
     registry: Registry,
@@ -43,16 +65,16 @@ pub struct Metrics {
     pub decisions_conflicted: Counter,
     pub propagation_latency: Histogram,
     pub peer_up: Family<PeerLabel, Gauge>,
+    /// Unix time of the last message from the peer.
+    pub peer_last_contact: Family<PeerLabel, Gauge<f64, AtomicU64>>,
     pub anti_entropy_runs: Family<PeerLabel, Counter>,
     pub anti_entropy_bytes: Family<BytesLabel, Counter>,
     pub master_key_mismatch: Family<PeerLabel, Gauge>,
     pub settings_drift: Family<SettingLabel, Gauge>,
-}
-
-impl Default for Metrics {
-    fn default() -> Self {
-        Metrics::new()
-    }
+    pub master_auto_accept: Family<AutoAcceptLabel, Gauge>,
+    pub master_salt_info: Family<SaltLabel, Gauge>,
+    /// Failed writes of key files, syncfs, the store or its journal.
+    pub write_failures: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -67,28 +89,47 @@ impl Metrics {
     pub fn forget_peer(&self, peer: &str) {
         let label = PeerLabel { peer: peer.to_string() };
         self.peer_up.remove(&label);
+        self.peer_last_contact.remove(&label);
         self.anti_entropy_runs.remove(&label);
         self.master_key_mismatch.remove(&label);
         for direction in ["sent", "received"] {
             self.anti_entropy_bytes.remove(&BytesLabel { peer: peer.to_string(), direction });
         }
-        for setting in crate::disk::health::SETTINGS {
+        for setting in crate::disk::health::compared_settings() {
             self.settings_drift.remove(&SettingLabel { peer: peer.to_string(), setting: setting.to_string() });
         }
     }
 
-    pub fn new() -> Metrics {
+    /// The metrics of the agent of `node`.
+    pub fn new(node: &str) -> Metrics {
         let mut registry = Registry::with_prefix("keysync");
+        let build_info: Family<BuildLabel, Gauge> = Family::default();
+        build_info
+            .get_or_create(&BuildLabel {
+                node: node.to_string(),
+                version: env!("CARGO_PKG_VERSION"),
+                protocol_version: keysync_proto::PROTOCOL_VERSION.to_string(),
+            })
+            .set(1);
+        registry.register(
+            "build_info",
+            "Always 1: this agent's node name, version and wire protocol version",
+            build_info,
+        );
         let decisions_applied = Counter::default();
         let decisions_refused = Counter::default();
         let decisions_conflicted = Counter::default();
         // 0.5 ms .. ~16 s: the targets are milliseconds, a partition is seconds.
         let propagation_latency = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         let peer_up = Family::default();
+        let peer_last_contact = Family::default();
         let anti_entropy_runs = Family::default();
         let anti_entropy_bytes = Family::default();
         let master_key_mismatch = Family::default();
         let settings_drift = Family::default();
+        let master_auto_accept = Family::default();
+        let master_salt_info = Family::default();
+        let write_failures = Counter::default();
         registry.register(
             "decisions_applied",
             "Decisions from peers that were newer and were written to this master's key folders",
@@ -110,6 +151,11 @@ impl Metrics {
             propagation_latency.clone(),
         );
         registry.register("peer_up", "1 while the link to the peer is up, else 0", peer_up.clone());
+        registry.register(
+            "peer_last_contact_timestamp_seconds",
+            "Unix time of the last message from the peer, on either direction",
+            peer_last_contact.clone(),
+        );
         registry.register("anti_entropy_runs", "Anti-entropy rounds run with the peer", anti_entropy_runs.clone());
         registry.register(
             "anti_entropy_bytes",
@@ -123,8 +169,23 @@ impl Metrics {
         );
         registry.register(
             "settings_drift",
-            "1 when the peer's value of a must-agree master setting differs from this master's",
+            "1 when the peer's value of a must-agree or key-acceptance master setting differs from this master's",
             settings_drift.clone(),
+        );
+        registry.register(
+            "master_auto_accept",
+            "1 when the master (this one or a peer, as last reported) accepts keys by itself through that setting",
+            master_auto_accept.clone(),
+        );
+        registry.register(
+            "master_salt_info",
+            "Always 1, per master known (this one and the peers): its salt-master version",
+            master_salt_info.clone(),
+        );
+        registry.register(
+            "write_failures",
+            "Failed writes of key files, syncfs, the state store or its journal (each failed retry counts)",
+            write_failures.clone(),
         );
         Metrics {
             registry,
@@ -133,11 +194,24 @@ impl Metrics {
             decisions_conflicted,
             propagation_latency,
             peer_up,
+            peer_last_contact,
             anti_entropy_runs,
             anti_entropy_bytes,
             master_key_mismatch,
             settings_drift,
+            master_auto_accept,
+            master_salt_info,
+            write_failures,
         }
+    }
+
+    /// Exports the audit log's own count of failed writes and flushes.
+    pub fn count_audit_failures(&mut self, failures: Counter) {
+        self.registry.register(
+            "audit_write_failures",
+            "Failed writes or flushes of the audit log (records not written are counted in a later lost record)",
+            failures,
+        );
     }
 
     /// Counts a peer's decision applied here; `origin_ms`: the wall-clock
@@ -200,7 +274,7 @@ mod tests {
 
     #[test]
     fn encodes_counters_histogram_and_labelled_gauges() {
-        let metrics = Metrics::new();
+        let metrics = Metrics::new("master-a");
         metrics.applied(1_000, 1_003);
         metrics.applied(0, 5_000);
         metrics.peer_up.get_or_create(&PeerLabel { peer: "master-b".into() }).set(1);
@@ -211,6 +285,13 @@ mod tests {
             "keysync_propagation_latency_seconds_count 1",
             "keysync_peer_up{peer=\"master-b\"} 1",
             "keysync_anti_entropy_bytes_total{peer=\"master-b\",direction=\"sent\"} 8200",
+            format!(
+                "keysync_build_info{{node=\"master-a\",version=\"{}\",protocol_version=\"{}\"}} 1",
+                env!("CARGO_PKG_VERSION"),
+                keysync_proto::PROTOCOL_VERSION
+            )
+            .as_str(),
+            "keysync_write_failures_total 0",
             "# EOF",
         ] {
             assert!(text.contains(want), "{want:?} missing from:\n{text}");

@@ -31,6 +31,8 @@ pub struct Reloader {
     pub links: PeerLinks,
     pub audit: Arc<AuditLog>,
     pub notifier: Notifier,
+    /// Asked to learn the salt-master version again (Salt may have been upgraded).
+    pub board: Arc<crate::ops::board::Board>,
 }
 
 impl Reloader {
@@ -60,6 +62,7 @@ impl Reloader {
     /// Re-reads the config file and applies it, or refuses it whole.
     pub fn reload(&mut self) -> Result<String, String> {
         self.notifier.reloading();
+        self.board.refresh_salt_version();
         let outcome = self.try_reload().map_err(|e| format!("{e:#}"));
         match &outcome {
             Ok(summary) => {

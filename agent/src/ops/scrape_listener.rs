@@ -122,7 +122,7 @@ mod tests {
         const DEADLINE: Duration = Duration::from_millis(500);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
-        let metrics = Arc::new(super::super::metrics::Metrics::new());
+        let metrics = Arc::new(super::super::metrics::Metrics::new("master-a"));
         let shutdown = tokio_util::sync::CancellationToken::new();
         let bounded = ScrapeListener::new(listener, MAX, DEADLINE);
         tokio::spawn(super::super::metrics::serve_on(bounded, metrics, shutdown.clone()));

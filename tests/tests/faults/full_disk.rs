@@ -1,14 +1,18 @@
 //! A full disk while applying: master-b's pki_dir is a real 1 MiB tmpfs
 //! (mounting needs root, which the CI container has). The agent retries with
-//! backoff, audits the trouble once, records nothing that is not on disk, and
-//! catches up when space returns — also across a kill -9 while full.
+//! backoff, audits the trouble once, counts every failed attempt in
+//! `keysync_write_failures_total`, records nothing that is not on disk, and
+//! catches up when space returns — also across a kill -9 while full. An
+//! audit log on a full disk: replication goes on, the failures are counted,
+//! and a `lost` record tells how many records are missing.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use keysync_tests::binary::FaultCluster;
+use keysync_tests::binary::{free_addr, FaultCluster};
+use keysync_tests::probe::{metrics_text, write_private};
 use keysync_tests::salt_ops::FOLDERS;
 use keysync_tests::wait_until;
 
@@ -58,6 +62,17 @@ fn libc_enospc() -> i32 {
     28
 }
 
+/// Serves the agent's metrics on `addr`.
+fn with_metrics(f: &keysync_tests::cluster::AgentFiles, addr: std::net::SocketAddr) {
+    let text = std::fs::read_to_string(&f.config_path).unwrap();
+    write_private(&f.config_path, &format!("metrics_listen = \"{addr}\"\n{text}"));
+}
+
+/// The value of an unlabelled counter in a metrics text (0 if absent).
+fn counter(text: &str, name: &str) -> u64 {
+    text.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
 impl Drop for SmallDisk {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.at).status();
@@ -70,9 +85,13 @@ async fn a_full_disk_is_retried_audited_once_and_caught_up() {
     let root = tempfile::tempdir().unwrap();
     let keys = key_pool(8);
     let ids: Vec<String> = (0..40).map(|i| format!("full{i:02}")).collect();
+    let metrics_b = free_addr();
     let mut cluster = FaultCluster::create(root.path(), 3, |idx, f| {
         if idx == 0 {
             write_pending(&f.pki, ids.iter().cloned(), &keys);
+        }
+        if idx == 1 {
+            with_metrics(f, metrics_b);
         }
     })
     .await;
@@ -101,6 +120,8 @@ async fn a_full_disk_is_retried_audited_once_and_caught_up() {
     tokio::time::sleep(Duration::from_secs(2)).await; // several retries with backoff
     assert_eq!(count(&b, "minions"), 0);
     assert_eq!(audited(&cluster, 1, "write", "failed").len(), 1, "one audit record per episode, not per retry");
+    let failures = counter(&metrics_text(metrics_b), "keysync_write_failures_total");
+    assert!(failures >= 2, "every failed attempt is counted, retries included: {failures}");
 
     disk.free();
     wait_until(Duration::from_secs(30), "master-b catches up", || count(&b, "minions") == 20).await;
@@ -123,6 +144,60 @@ async fn a_full_disk_is_retried_audited_once_and_caught_up() {
         assert_eq!(count(&f.pki, "minions"), 40, "{}", f.name);
     }
     assert_no_decision(&cluster, &["delete", "reject"]);
+    cluster.stop_all();
+    drop(disk);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_audit_log_on_a_full_disk_is_counted_and_its_gap_recorded() {
+    let _serial = crate::common::SERIAL.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let keys = key_pool(4);
+    // More records than the free end of the log's last page holds (tmpfs
+    // appends there without a new page even when the disk is full).
+    let ids: Vec<String> = (0..31).map(|i| format!("gap{i:02}")).collect();
+    let metrics_b = free_addr();
+    let audit_dir = root.path().join("master-b-audit");
+    let mut cluster = FaultCluster::create(root.path(), 2, |idx, f| {
+        if idx == 0 {
+            write_pending(&f.pki, ids.iter().cloned(), &keys);
+        }
+        if idx == 1 {
+            with_metrics(f, metrics_b);
+            let text = std::fs::read_to_string(&f.config_path).unwrap();
+            let audit_log = audit_dir.join("audit.jsonl");
+            write_private(&f.config_path, &format!("audit_log = \"{}\"\n{text}", audit_log.display()));
+        }
+    })
+    .await;
+    std::fs::create_dir(&audit_dir).unwrap();
+    let disk = SmallDisk::mount(&audit_dir, "1m");
+    cluster.files[1].audit_log = audit_dir.join("audit.jsonl");
+    cluster.start_all().await;
+    let (a, b) = (cluster.files[0].pki.clone(), cluster.files[1].pki.clone());
+    let accept = |id: &String| std::fs::rename(a.join("minions_pre").join(id), a.join("minions").join(id)).unwrap();
+
+    disk.fill();
+    for id in &ids[..30] {
+        accept(id);
+    }
+    wait_until(Duration::from_secs(30), "master-b applies the accepts without its audit log", || {
+        count(&b, "minions") == 30
+    })
+    .await;
+    wait_until(Duration::from_secs(30), "the audit failures are counted", || {
+        counter(&metrics_text(metrics_b), "keysync_audit_write_failures_total") > 0
+    })
+    .await;
+
+    disk.free();
+    accept(&ids[30]);
+    wait_until(Duration::from_secs(30), "master-b records how many audit records were lost", || {
+        !audited(&cluster, 1, "lost", "failed").is_empty()
+    })
+    .await;
+    let lost = &audited(&cluster, 1, "lost", "failed")[0];
+    assert!(lost.reason.as_deref().is_some_and(|r| r.contains("audit records could not be written")), "{lost:?}");
     cluster.stop_all();
     drop(disk);
 }

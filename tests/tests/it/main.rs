@@ -6,8 +6,14 @@ mod audit;
 mod binary;
 /// `certs init`/`certs issue` and the README's openssl recipe, each carrying two agents.
 mod certs;
+/// `status --cluster` beside real Salt 3008.3 and 3006.28: versions, key
+/// counts, skew, and an auto-accepting master as an error on every master.
+mod cluster_health;
 /// `salt-keysync demo`: three operations shown propagating, private files, cleanup on Ctrl-C.
 mod demo;
+/// The shipped alert rules and dashboard: only exported metrics, mixin
+/// conventions, a runbook section and a promtool test case per alert.
+mod monitoring;
 /// sd_notify with a fake systemd socket: READY, WATCHDOG, RELOADING, STOPPING.
 mod notify;
 /// What the packages ship: man pages and completions from `generate`,
@@ -20,6 +26,8 @@ mod reload;
 mod replication;
 /// Real `salt-key` from Salt 3008.3 and 3006.28 driving three agent processes.
 mod salt_key;
+/// The key-acceptance settings read as real Salt 3008.3 and 3006.28 read them.
+mod salt_settings;
 /// Issue 4: hostile key files, hostile peer messages and strangers at the TLS
 /// door are refused, audited once each, and never reach a peer.
 mod security;

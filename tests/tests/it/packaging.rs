@@ -122,6 +122,11 @@ fn example_config_documents_the_real_defaults() {
         format!("{:?}", explicit.salt.master_config),
     );
     same("salt.cachedir", format!("{:?}", as_shipped.salt.cachedir), format!("{:?}", explicit.salt.cachedir));
+    same(
+        "salt.version_command",
+        format!("{:?}", as_shipped.salt.version_command),
+        format!("{:?}", explicit.salt.version_command),
+    );
     same("timings", format!("{:?}", as_shipped.timings), format!("{:?}", explicit.timings));
     // master_id and user are examples (their defaults depend on the host).
     assert_eq!(explicit.salt.user.as_deref(), Some("salt"));

@@ -28,6 +28,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
+use prometheus_client::metrics::counter::Counter;
+
 use super::{line_hash, now_rfc3339, AuditError, Record, CONTINUE, GENESIS};
 
 /// Where a log's chain ends: the last record's `seq` and line hash.
@@ -63,6 +65,8 @@ pub struct AuditLog {
     path: PathBuf,
     inner: Arc<Mutex<Tail>>,
     flusher: Flusher,
+    /// Failed writes and flushes, exported as a metric.
+    failures: Counter,
 }
 
 struct Tail {
@@ -173,8 +177,9 @@ impl AuditLog {
             }
         }
         let inner = Arc::new(Mutex::new(tail));
-        let flusher = Flusher::start(path, inner.clone()).map_err(io_err)?;
-        let log = AuditLog { node: node.into(), path: path.into(), inner, flusher };
+        let failures = Counter::default();
+        let flusher = Flusher::start(path, inner.clone(), failures.clone()).map_err(io_err)?;
+        let log = AuditLog { node: node.into(), path: path.into(), inner, flusher, failures };
         for record in first {
             log.record(record);
         }
@@ -190,6 +195,11 @@ impl AuditLog {
     pub fn head(&self) -> AuditHead {
         let tail = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         AuditHead { seq: tail.seq, hash: tail.last_hash.clone() }
+    }
+
+    /// Counts every failed write or flush from open on (shared, for the metrics).
+    pub fn write_failures(&self) -> Counter {
+        self.failures.clone()
     }
 
     /// Appends a record, filling in time, node, `seq` and `prev`. A failure to
@@ -276,6 +286,7 @@ impl AuditLog {
                 true
             }
             Err(e) => {
+                self.failures.inc();
                 tracing::error!(path = %self.path.display(), error = %e, action = first_action, n, "cannot write audit records");
                 tail.n_lost += n as u64;
                 tail.lost_error = e.to_string();
@@ -376,7 +387,7 @@ struct FlushState {
 }
 
 impl Flusher {
-    fn start(path: &Path, inner: Arc<Mutex<Tail>>) -> io::Result<Flusher> {
+    fn start(path: &Path, inner: Arc<Mutex<Tail>>, failures: Counter) -> io::Result<Flusher> {
         let shared: Arc<(Mutex<FlushState>, Condvar)> = Arc::default();
         let theirs = shared.clone();
         let path = path.to_path_buf();
@@ -393,6 +404,7 @@ impl Flusher {
                 // Clone the handle and sync outside the lock: writers never wait for the disk.
                 let file = inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).file.clone();
                 if let Err(e) = file.sync_data() {
+                    failures.inc();
                     tracing::error!(path = %path.display(), error = %e, "cannot flush audit log");
                 }
                 if stop {

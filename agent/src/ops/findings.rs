@@ -1,0 +1,282 @@
+//! What is wrong with the masters as this agent sees them, worst first.
+//!
+//! A master that accepts keys by itself is an error on EVERY master, not
+//! only its own: each key it accepts is accepted everywhere by replication.
+//! So each agent judges every master it knows (its own and its peers', from
+//! their `Hello`), exports it as `keysync_master_auto_accept`, and logs and
+//! audits each change once. Salt versions are compared the same way.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::disk::accept::AUTO_ACCEPT_SETTINGS;
+use crate::disk::audit::{AuditLog, Record};
+use crate::disk::health::MasterHealth;
+use crate::ops::metrics::{AutoAcceptLabel, Metrics, SaltLabel};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Error,
+    Warning,
+}
+
+impl std::fmt::Display for Level {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Level::Error => "error",
+            Level::Warning => "warning",
+        })
+    }
+}
+
+/// One thing wrong, for `status` and scripts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Finding {
+    pub level: Level,
+    /// `auto-accept`, `master-key`, `settings` or `salt-version`.
+    pub kind: String,
+    /// The masters it is about.
+    pub masters: Vec<String>,
+    pub message: String,
+}
+
+/// Every master this agent knows: its own first, then the peers (health
+/// `None` while a peer has not reported).
+pub type Masters<'a> = Vec<(&'a str, Option<&'a MasterHealth>)>;
+
+/// How `master` accepts keys by itself, if it does and is known.
+fn auto_accepting(health: Option<&MasterHealth>) -> Option<Vec<(&'static str, String)>> {
+    health.and_then(|h| h.accept.as_ref()).map(|accept| accept.auto_accepting())
+}
+
+/// The known Salt versions and the masters running each, when they differ.
+pub fn version_skew(masters: &Masters<'_>) -> Option<BTreeMap<String, Vec<String>>> {
+    let mut by_version: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (name, health) in masters {
+        if let Some(version) = health.and_then(|h| h.salt_version.as_ref()) {
+            by_version.entry(version.clone()).or_default().push(name.to_string());
+        }
+    }
+    (by_version.len() > 1).then_some(by_version)
+}
+
+fn describe_skew(skew: &BTreeMap<String, Vec<String>>) -> String {
+    let parts: Vec<String> =
+        skew.iter().map(|(version, masters)| format!("{version} on {}", masters.join(", "))).collect();
+    format!("the masters run different Salt versions: {}", parts.join("; "))
+}
+
+fn auto_accept_message(master: &str, how: &[(&'static str, String)]) -> String {
+    let how: Vec<&str> = how.iter().map(|(_, text)| text.as_str()).collect();
+    format!(
+        "{master} accepts keys by itself ({}): every key it accepts is accepted on every master by replication",
+        how.join(", ")
+    )
+}
+
+/// Everything wrong, errors first: auto-accepting masters, `master.pub`
+/// mismatches and drift with each peer (`drift`: peer name → what differs),
+/// Salt version skew.
+pub fn findings(masters: &Masters<'_>, drift: &[(&str, &crate::disk::health::Drift)]) -> Vec<Finding> {
+    let mut found = Vec::new();
+    for (name, health) in masters {
+        if let Some(how) = auto_accepting(*health).filter(|how| !how.is_empty()) {
+            found.push(Finding {
+                level: Level::Error,
+                kind: "auto-accept".into(),
+                masters: vec![name.to_string()],
+                message: auto_accept_message(name, &how),
+            });
+        }
+    }
+    for (peer, drift) in drift {
+        if drift.master_pub_mismatch {
+            found.push(Finding {
+                level: Level::Error,
+                kind: "master-key".into(),
+                masters: vec![peer.to_string()],
+                message: format!(
+                    "{peer}'s master.pub differs from this master's: every master must share one master.pem/master.pub"
+                ),
+            });
+        }
+        if !drift.settings.is_empty() {
+            found.push(Finding {
+                level: Level::Warning,
+                kind: "settings".into(),
+                masters: vec![peer.to_string()],
+                message: format!("settings of {peer} differ from this master's: {}", drift.settings.join(", ")),
+            });
+        }
+    }
+    if let Some(skew) = version_skew(masters) {
+        found.push(Finding {
+            level: Level::Warning,
+            kind: "salt-version".into(),
+            masters: skew.values().flatten().cloned().collect(),
+            message: describe_skew(&skew),
+        });
+    }
+    found.sort_by_key(|f| f.level);
+    found
+}
+
+/// What was reported about every master, so each change is reported once.
+#[derive(Default)]
+pub struct Reported {
+    /// Master → the settings it auto-accepts through, as last audited.
+    auto_accept: BTreeMap<String, BTreeSet<&'static str>>,
+    /// Master → the version label exported for it.
+    salt_version: BTreeMap<String, String>,
+    skew: Option<BTreeMap<String, Vec<String>>>,
+}
+
+impl Reported {
+    /// Judges every master again (after any report changed): metrics set,
+    /// and each new or ended auto-acceptance logged and audited, each new
+    /// version skew logged. A master not known yet changes nothing.
+    pub fn evaluate(&mut self, this_node: &str, masters: &Masters<'_>, audit: &AuditLog, metrics: &Metrics) {
+        for (name, health) in masters {
+            let Some(how) = auto_accepting(*health) else { continue };
+            for setting in AUTO_ACCEPT_SETTINGS {
+                let on = how.iter().any(|(s, _)| *s == setting);
+                let label = AutoAcceptLabel { master: name.to_string(), setting };
+                metrics.master_auto_accept.get_or_create(&label).set(i64::from(on));
+            }
+            let settings: BTreeSet<&'static str> = how.iter().map(|(s, _)| *s).collect();
+            let before = self.auto_accept.insert(name.to_string(), settings.clone()).unwrap_or_default();
+            if settings == before {
+                continue;
+            }
+            let via = if *name == this_node { "local" } else { name };
+            let record = |outcome: &str, reason: String| Record {
+                origin: Some(name.to_string()),
+                peer: (*name != this_node).then(|| name.to_string()),
+                reason: Some(reason),
+                ..Record::new("auto-accept", via, outcome)
+            };
+            if !settings.is_empty() {
+                let message = auto_accept_message(name, &how);
+                tracing::error!(master = %name, "{message}; turn it off unless that is intended");
+                audit.record(record("detected", message));
+            } else {
+                tracing::info!(master = %name, "the master no longer accepts keys by itself");
+                audit.record(record("resolved", format!("{name} no longer accepts keys by itself")));
+            }
+        }
+        for (name, health) in masters {
+            let Some(health) = health else { continue };
+            let version = health.salt_version.clone().unwrap_or_default();
+            if let Some(old) = self.salt_version.insert(name.to_string(), version.clone()) {
+                if old == version {
+                    continue;
+                }
+                metrics.master_salt_info.remove(&SaltLabel { master: name.to_string(), salt_version: old });
+            }
+            metrics
+                .master_salt_info
+                .get_or_create(&SaltLabel { master: name.to_string(), salt_version: version })
+                .set(1);
+        }
+        let skew = version_skew(masters);
+        if skew != self.skew {
+            match &skew {
+                Some(skew) => tracing::warn!("{}", describe_skew(skew)),
+                None => tracing::info!("the masters' Salt versions agree again"),
+            }
+            self.skew = skew;
+        }
+    }
+
+    /// Drops a peer removed by a reload, and its series.
+    pub fn forget(&mut self, master: &str, metrics: &Metrics) {
+        self.auto_accept.remove(master);
+        for setting in AUTO_ACCEPT_SETTINGS {
+            metrics.master_auto_accept.remove(&AutoAcceptLabel { master: master.to_string(), setting });
+        }
+        if let Some(version) = self.salt_version.remove(master) {
+            metrics.master_salt_info.remove(&SaltLabel { master: master.to_string(), salt_version: version });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::disk::accept::AcceptSettings;
+    use crate::disk::audit::read_all;
+
+    fn health(version: &str, auto_accept: bool) -> MasterHealth {
+        MasterHealth {
+            salt_version: Some(version.into()),
+            accept: Some(AcceptSettings { auto_accept, ..AcceptSettings::salt_defaults() }),
+            ..MasterHealth::default()
+        }
+    }
+
+    #[test]
+    fn an_auto_accepting_peer_is_an_error_reported_once_and_when_it_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let audit = AuditLog::open(&dir.path().join("audit.jsonl"), "master-a").unwrap();
+        let metrics = Metrics::new("master-a");
+        let mut reported = Reported::default();
+        let (a, b_on, b_off) = (health("3008.3", false), health("3008.3", true), health("3008.3", false));
+
+        for _ in 0..3 {
+            reported.evaluate(
+                "master-a",
+                &vec![("master-a", Some(&a)), ("master-b", Some(&b_on)), ("master-c", None)],
+                &audit,
+                &metrics,
+            );
+        }
+        let text = metrics.encode();
+        assert!(text.contains(r#"keysync_master_auto_accept{master="master-b",setting="auto_accept"} 1"#), "{text}");
+        assert!(text.contains(r#"keysync_master_auto_accept{master="master-a",setting="auto_accept"} 0"#), "{text}");
+        assert!(!text.contains(r#"master="master-c""#), "an unknown master has no series: {text}");
+        let masters = vec![("master-a", Some(&a)), ("master-b", Some(&b_on))];
+        let found = findings(&masters, &[]);
+        assert_eq!((found[0].level, found[0].kind.as_str()), (Level::Error, "auto-accept"));
+        assert!(found[0].message.starts_with("master-b accepts keys by itself (auto_accept: True)"), "{found:?}");
+
+        // Unknown again (reconnecting) resolves nothing; fixed does.
+        reported.evaluate("master-a", &vec![("master-a", Some(&a)), ("master-b", None)], &audit, &metrics);
+        reported.evaluate("master-a", &vec![("master-a", Some(&a)), ("master-b", Some(&b_off))], &audit, &metrics);
+        let records: Vec<(String, String, Option<String>)> =
+            read_all(audit.path()).unwrap().into_iter().map(|r| (r.action, r.outcome, r.origin)).collect();
+        let b = Some("master-b".to_string());
+        assert_eq!(
+            records,
+            [("auto-accept".into(), "detected".into(), b.clone()), ("auto-accept".into(), "resolved".into(), b)]
+        );
+        assert!(findings(&vec![("master-a", Some(&a)), ("master-b", Some(&b_off))], &[]).is_empty());
+    }
+
+    #[test]
+    fn versions_are_exported_per_master_and_skew_is_a_warning() {
+        let dir = tempfile::tempdir().unwrap();
+        let audit = AuditLog::open(&dir.path().join("audit.jsonl"), "master-a").unwrap();
+        let metrics = Metrics::new("master-a");
+        let mut reported = Reported::default();
+        let (a, b_old, b_new) = (health("3008.3", false), health("3006.28", false), health("3008.3", false));
+        let skewed = vec![("master-a", Some(&a)), ("master-b", Some(&b_old))];
+        reported.evaluate("master-a", &skewed, &audit, &metrics);
+        let found = findings(&skewed, &[]);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].level, Level::Warning);
+        assert_eq!(
+            found[0].message,
+            "the masters run different Salt versions: 3006.28 on master-b; 3008.3 on master-a"
+        );
+        let upgraded = vec![("master-a", Some(&a)), ("master-b", Some(&b_new))];
+        reported.evaluate("master-a", &upgraded, &audit, &metrics);
+        let text = metrics.encode();
+        assert!(text.contains(r#"keysync_master_salt_info{master="master-b",salt_version="3008.3"} 1"#), "{text}");
+        assert!(!text.contains("3006.28"), "the old version's series is gone: {text}");
+        assert!(findings(&upgraded, &[]).is_empty());
+        reported.forget("master-b", &metrics);
+        assert!(!metrics.encode().contains(r#"master="master-b""#));
+    }
+}
