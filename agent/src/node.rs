@@ -325,6 +325,7 @@ pub fn start(parts: CoreParts) -> Result<(Core, CoreHandle, mpsc::Receiver<Reque
         max_clock_skew: parts.settings.max_clock_skew,
         rescan_interval: parts.settings.rescan_interval,
         settle: parts.settle,
+        observe: false,
     };
     let mut effects = Effects {
         node: parts.settings.node,

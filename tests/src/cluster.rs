@@ -123,9 +123,18 @@ impl TestAgent {
             None => TcpListener::bind(self.addr).await.unwrap(),
         };
         let config = Config::load(&self.files.config_path).unwrap();
+        let starts = |agent: &TestAgent| {
+            read_verified(&agent.files.audit_log)
+                .map_or(0, |records| records.iter().filter(|r| r.action == "start").count())
+        };
+        let before = starts(self);
         let shutdown = CancellationToken::new();
         let handle = tokio::spawn(salt_keysync::agent::run(config, Some(listener), shutdown.clone()));
         self.running = Some((shutdown, handle));
+        // Started: its start-up reconciliation is done and it listens. A test
+        // that changes the folders before would race the reconciliation.
+        let what = format!("{} has started", self.name());
+        crate::wait_until(Duration::from_secs(30), &what, || starts(self) > before).await;
     }
 
     async fn stop(&mut self) {

@@ -1,11 +1,12 @@
 //! The replication core: pure types and state machines, no I/O.
 //!
 //! Architecture invariant: nothing under `core/` imports tokio, tonic,
-//! notify or std::fs; the driver (`agent.rs`) feeds it readings and messages
-//! and carries out what it returns, which is what makes the seeded
-//! simulation in `tests/sim.rs` possible.
+//! notify or std::fs. The node machine (`node/`) is built from these parts;
+//! the agent carries out what the machine decides, and the seeded
+//! simulation (`tests/sim`) drives the very same machine.
 
 pub mod causal;
+pub mod claims;
 pub mod decision;
 pub mod digest;
 pub mod echo;

@@ -9,7 +9,9 @@
 //! executor and the simulation drive this same code.
 
 pub mod event;
+mod inventory;
 mod local;
+mod plan;
 mod remote;
 mod repair;
 pub mod runtime;
@@ -30,8 +32,10 @@ use crate::core::version::Hlc;
 use crate::core::{Decision, Entry, Fingerprint, Folder, MinionId, VerdictKind, Version};
 
 pub use event::{Event, Found};
+pub use inventory::Held;
+pub use plan::{Holding, PlanRow};
 pub use repair::{Summaries, FETCH_CHUNK};
-pub use runtime::{Applied, Failure, Runtime, StoreWrite};
+pub use runtime::{Applied, Failure, Kept, Runtime, StoreWrite};
 
 /// The node's settings, from the agent's config.
 #[derive(Clone, Debug)]
@@ -42,6 +46,9 @@ pub struct Settings {
     /// How often every name is compared with the store anyway.
     pub rescan_interval: Duration,
     pub settle: SettleTimings,
+    /// Observe mode: the executor writes nothing to the key folders (see
+    /// `plan.rs`); the machine only needs to know it to say what they hold.
+    pub observe: bool,
 }
 
 /// The time an input happens at: monotonic for timers, wall-clock
@@ -114,6 +121,8 @@ pub struct Node {
     /// arrives again.
     reported: HashSet<(MinionId, Version)>,
     next_rescan: Instant,
+    /// What a first start found, told once it is recorded.
+    inventory: inventory::Inventory,
     /// The latest time an input came with (a retry with no backoff pending is due then).
     seen: Instant,
     repairs: repair::Repairs,
@@ -142,6 +151,7 @@ impl Node {
             start: Start::Done,
             trouble: trouble::WriteTrouble::default(),
             reported: HashSet::new(),
+            inventory: inventory::Inventory::default(),
             repairs: repair::Repairs::default(),
         };
         node.tell_untold(loaded.untold, now, rt);

@@ -9,7 +9,7 @@ use keysync_machine::core::merge::{merge, MergeOutcome};
 use keysync_machine::core::observe::Reading;
 use keysync_machine::core::replica::{ObserveMode, Replica};
 use keysync_machine::core::version::{Hlc, Version};
-use keysync_machine::core::{Context, Decision, MinionId, PublicKey, Seen, Verdict};
+use keysync_machine::core::{claims, Context, Decision, Entry, MinionId, PublicKey, Seen, Verdict};
 use proptest::prelude::*;
 
 /// `tmpab12cd34` is a valid minion id too (Salt 3008's temporary names look like it).
@@ -42,34 +42,31 @@ fn verdict(choice: u8) -> Verdict {
     }
 }
 
-/// `at` 0 to 2: found at a first start at one of three moments (a bootstrap version);
-/// above: issued by a running node's clock at that millisecond.
-fn version(at: u64, node: usize) -> Version {
-    if at < 3 {
-        Version::bootstrap(NODES[node], BASE_MS + 1_000 * at)
-    } else {
-        Version::new(Hlc::default().tick(BASE_MS + at), NODES[node])
+/// `at` 0 to 2, for a key: a claim, found at some master's first start
+/// (named by its content, whichever master and moment); above, or for a
+/// delete: issued by a running node's clock at that millisecond.
+fn version(at: u64, node: usize, verdict: &Verdict) -> Version {
+    match (at, verdict) {
+        (0..=2, Verdict::Accepted(key)) => Version::claim(false, &key.fingerprint().0),
+        (0..=2, Verdict::Rejected(key)) => Version::claim(true, &key.fingerprint().0),
+        _ => Version::new(Hlc::default().tick(BASE_MS + at), NODES[node]),
     }
 }
 
 /// One decision. What it knew is strictly below its own version, as the clock makes it
-/// (every version seen is witnessed); a bootstrap decision knew nothing.
+/// (every version seen is witnessed); a claim knew nothing.
 fn decision() -> impl Strategy<Value = Decision> {
-    let at = (0u64..=10, 0..NODES.len());
-    (0..IDS.len(), at.clone(), 0u8..7, prop::collection::vec(at, 0..3)).prop_map(|(id, (at, node), choice, knew)| {
-        let version = version(at, node);
-        let context = if version.is_bootstrap() {
+    let at = (0u64..=10, 0..NODES.len(), 0u8..7);
+    (0..IDS.len(), at.clone(), prop::collection::vec(at, 0..3)).prop_map(|(id, (at, node, choice), knew)| {
+        let verdict = verdict(choice);
+        let version = version(at, node, &verdict);
+        let context = if version.is_claim() {
             Context::default()
         } else {
-            Context::new(knew.into_iter().map(|(at, node)| self::version(at, node)).filter(|v| *v < version))
+            let knew = knew.into_iter().map(|(at, node, choice)| self::version(at, node, &self::verdict(choice)));
+            Context::new(knew.filter(|v| *v < version))
         };
-        Decision {
-            id: MinionId::parse(IDS[id]).unwrap(),
-            verdict: verdict(choice),
-            version,
-            context,
-            relays: Default::default(),
-        }
+        Decision { id: MinionId::parse(IDS[id]).unwrap(), verdict, version, context, relays: Default::default() }
     })
 }
 
@@ -133,7 +130,8 @@ fn deliver_all<'a>(node: &str, decisions: impl IntoIterator<Item = &'a Decision>
     replica
 }
 
-/// The expected result: per id, the decision with the highest version.
+/// The expected result: per id, the decision with the highest version; the
+/// digests cover it and every claim about the id.
 fn expected(decisions: &[Decision]) -> State {
     let mut winners: BTreeMap<MinionId, &Decision> = BTreeMap::new();
     for d in decisions {
@@ -144,17 +142,26 @@ fn expected(decisions: &[Decision]) -> State {
     }
     let mut replica = Replica::new("expected", Hlc::default());
     for (id, d) in &winners {
-        replica.load(id.clone(), d.entry());
+        let mut claims: Vec<Seen> = decisions
+            .iter()
+            .filter(|c| c.id == *id && c.version.is_claim() && c.version != d.version)
+            .map(Decision::seen)
+            .collect();
+        claims.sort_by(|a, b| a.version.cmp(&b.version));
+        claims.dedup_by(|a, b| a.version == b.version);
+        replica.load(id.clone(), Entry { seen: claims.into_boxed_slice(), ..d.entry() });
     }
     State { entries: winners.into_iter().map(|(id, d)| (id, d.seen())).collect(), digests: replica.digests().clone() }
 }
 
-/// Every pair of distinct decisions of `decisions` that were made concurrently and disagree.
+/// Every pair of distinct decisions of `decisions` that conflict: two live
+/// decisions made concurrently that disagree; two claims of different keys;
+/// a claim rejecting the key a live decision accepted without knowing it.
 fn conflicting_pairs(decisions: &[&Decision]) -> Told {
     let mut pairs = Told::new();
     for (i, a) in decisions.iter().enumerate() {
         for b in &decisions[i + 1..] {
-            if a.id == b.id && a.version != b.version && concurrent(a, b) && a.verdict != b.verdict {
+            if a.id == b.id && a.version != b.version && conflict(a, b) {
                 let (winner, loser) = if a.version > b.version { (a, b) } else { (b, a) };
                 pairs.insert((a.id.clone(), winner.version.clone(), loser.version.clone()));
             }
@@ -163,9 +170,37 @@ fn conflicting_pairs(decisions: &[&Decision]) -> Told {
     pairs
 }
 
-/// The decisions of `pool` that `replica` holds: what it would send a peer.
+fn conflict(a: &Decision, b: &Decision) -> bool {
+    let keeps_rejection = |claim: &Decision, live: &Decision| match (&claim.verdict, &live.verdict) {
+        (Verdict::Rejected(rejected), Verdict::Accepted(accepted)) => {
+            rejected == accepted && !live.context.iter().any(|v| *v == claim.version)
+        }
+        _ => false,
+    };
+    match (a.version.is_claim(), b.version.is_claim()) {
+        (true, true) => a.verdict.fingerprint() != b.verdict.fingerprint(),
+        (true, false) => keeps_rejection(a, b),
+        (false, true) => keeps_rejection(b, a),
+        (false, false) => concurrent(a, b) && a.verdict != b.verdict,
+    }
+}
+
+/// The decisions of `pool` that `replica` holds or knows as claims: what it
+/// would send a peer.
 fn held<'a>(replica: &Replica, pool: &'a [Decision]) -> Vec<&'a Decision> {
-    pool.iter().filter(|d| replica.entry(&d.id).is_some_and(|entry| entry.version == d.version)).collect()
+    pool.iter()
+        .filter(|d| {
+            replica.entry(&d.id).is_some_and(|entry| {
+                entry.version == d.version
+                    || (d.version.is_claim() && entry.seen.iter().any(|s| s.version == d.version))
+            })
+        })
+        .collect()
+}
+
+/// What the digests cover of an id: the decision held and every claim known.
+fn digested(replica: &Replica, id: &MinionId) -> Option<(Seen, Vec<Seen>)> {
+    replica.entry(id).map(|e| (e.held(), e.seen.iter().filter(|s| s.version.is_claim()).cloned().collect()))
 }
 
 /// Concurrent: neither decision's origin had seen the other's version (or a later one of the
@@ -176,16 +211,18 @@ fn concurrent(a: &Decision, b: &Decision) -> bool {
 }
 
 /// Pulls from `peer` exactly as a node does in anti-entropy: digests, differing buckets'
-/// summaries, the ids newer on the peer, then those full decisions through the merge path.
+/// summaries, the ids newer on the peer, then everything the peer knows of them (the
+/// decision held and the claims) through the merge path.
 fn pull(node: &mut Replica, peer: &Replica, peer_store: &[Decision]) {
     let buckets = peer.digests().differing(node.digests().as_slice());
     let summaries = peer.summaries_in(&buckets);
-    let newer: Vec<MinionId> =
+    let mut newer: Vec<MinionId> =
         summaries.iter().filter(|(id, theirs)| node.is_newer_on_peer(id, theirs)).map(|(id, _)| id.clone()).collect();
+    newer.dedup();
     for id in newer {
-        let on_peer = peer.entry(&id).expect("the peer summarised it");
-        let decision = peer_store.iter().find(|d| d.id == id && d.version == on_peer.version).expect("in the store");
-        deliver(node, decision);
+        for decision in held(peer, peer_store).into_iter().filter(|d| d.id == id) {
+            deliver(node, decision);
+        }
     }
 }
 
@@ -242,7 +279,7 @@ proptest! {
     fn conflicts_are_concurrent_disagreements(a in decision(), b in decision()) {
         let b = Decision { id: a.id.clone(), ..b };
         prop_assume!(a.version != b.version);
-        let want: Vec<(Version, Version)> = (concurrent(&a, &b) && a.verdict != b.verdict)
+        let want: Vec<(Version, Version)> = conflict(&a, &b)
             .then(|| (a.version.clone().max(b.version.clone()), a.version.clone().min(b.version.clone())))
             .into_iter()
             .collect();
@@ -273,33 +310,45 @@ proptest! {
         prop_assert_eq!(distinct, conflicting_pairs(&seen));
     }
 
-    /// A decision found on a first start never replaces a live one, in any order.
+    /// A claim never replaces a live decision as the one held, in any order.
     #[test]
-    fn bootstrap_never_beats_live((pool, schedule) in pool_and_schedule()) {
+    fn claims_never_beat_live((pool, schedule) in pool_and_schedule()) {
         let replica = deliver_all("x", schedule.iter().map(|&i| &pool[i]));
         for id in IDS.map(|id| MinionId::parse(id).unwrap()) {
-            let live = pool.iter().filter(|d| d.id == id).any(|d| !d.version.is_bootstrap());
+            let live = pool.iter().filter(|d| d.id == id).any(|d| !d.version.is_claim());
             if live {
-                prop_assert!(!replica.entry(&id).unwrap().version.is_bootstrap(), "{id}: a bootstrap version won");
+                prop_assert!(!replica.entry(&id).unwrap().version.is_claim(), "{id}: a claim won");
             }
         }
-        for boot in pool.iter().filter(|d| d.version.is_bootstrap()) {
-            for live in pool.iter().filter(|d| d.id == boot.id && !d.version.is_bootstrap()) {
-                let kept = merge(Some(&live.entry()), boot);
-                prop_assert_eq!(kept.outcome, MergeOutcome::Superseded);
-                let replaced = merge(Some(&boot.entry()), live);
-                prop_assert_eq!(replaced.outcome, MergeOutcome::Apply);
+        for claim in pool.iter().filter(|d| d.version.is_claim()) {
+            for live in pool.iter().filter(|d| d.id == claim.id && !d.version.is_claim()) {
+                prop_assert_eq!(merge(Some(&live.entry()), claim).outcome, MergeOutcome::Superseded);
+                prop_assert_eq!(merge(Some(&claim.entry()), live).outcome, MergeOutcome::Apply);
             }
         }
     }
 
-    /// Files found at a later first start lose to those found at an earlier one (a late joiner
-    /// cannot override the cluster), and anything a running node decides beats both, whatever
-    /// the wall clocks say.
+    /// What a master shows (`claims::effective`) depends only on what it
+    /// knows and its own claim, never on the order it learnt it in.
     #[test]
-    fn a_later_first_start_never_overrides(
-        early_ms in 0u64..BASE_MS,
-        later_by in 1u64..10_000_000,
+    fn what_a_master_shows_is_independent_of_the_order((pool, schedule) in pool_and_schedule(), mine in 0usize..14) {
+        let in_order = deliver_all("x", &pool);
+        let shuffled = deliver_all("x", schedule.iter().map(|&i| &pool[i]));
+        let claims: Vec<&Decision> = pool.iter().filter(|d| d.version.is_claim()).collect();
+        for id in IDS.map(|id| MinionId::parse(id).unwrap()) {
+            let own = claims.iter().filter(|c| c.id == id).nth(mine % 3).map(|c| c.version.clone());
+            let shows = |replica: &Replica| {
+                replica.entry(&id).and_then(|e| claims::effective(&Entry { mine: own.clone(), ..e.clone() }))
+            };
+            prop_assert_eq!(shows(&in_order), shows(&shuffled), "{}", id);
+        }
+    }
+
+    /// Masters that held the same key, whenever and wherever, hold one and
+    /// the same claim; any live decision beats it, whatever the wall clocks say.
+    #[test]
+    fn a_claim_names_its_content(
+        ms in (0u64..BASE_MS, 0u64..BASE_MS),
         live_ms in any::<u64>().prop_map(|ms| ms % (2 * BASE_MS)),
         nodes in (0..NODES.len(), 0..NODES.len(), 0..NODES.len()),
         choices in (0u8..6, 0u8..6),
@@ -308,19 +357,18 @@ proptest! {
         let first_start = |node: usize, choice: u8, wall_ms: u64| {
             let mut replica = Replica::new(NODES[node], Hlc::default());
             let seen = Reading::Decided(verdict(choice));
-            replica.observe(&id, seen, wall_ms, ObserveMode::FirstStart).expect("a key file is a decision")
+            replica.observe(&id, seen, wall_ms, ObserveMode::FirstStart).expect("a key file is a claim")
         };
-        let early = first_start(nodes.0, choices.0, early_ms);
-        let late = first_start(nodes.1, choices.1, early_ms + later_by);
-        prop_assert!(early.version.is_bootstrap() && late.version.is_bootstrap());
-        let outcome = merge(Some(&early.entry()), &late);
-        prop_assert_eq!(outcome.outcome, MergeOutcome::Superseded);
+        let one = first_start(nodes.0, choices.0, ms.0);
+        let other = first_start(nodes.1, choices.1, ms.1);
+        prop_assert!(one.version.is_claim() && other.version.is_claim());
+        prop_assert_eq!(one.version == other.version, one.verdict == other.verdict);
 
         let mut running = Replica::new(NODES[nodes.2], Hlc::default());
         let live = running.observe(&id, Reading::Decided(Verdict::Accepted(key(0))), live_ms, ObserveMode::Live).unwrap();
-        prop_assert!(!live.version.is_bootstrap());
-        for boot in [&early, &late] {
-            prop_assert_eq!(merge(Some(&boot.entry()), &live).outcome, MergeOutcome::Apply);
+        prop_assert!(!live.version.is_claim());
+        for claim in [&one, &other] {
+            prop_assert_eq!(merge(Some(&claim.entry()), &live).outcome, MergeOutcome::Apply);
         }
     }
 
@@ -336,7 +384,7 @@ proptest! {
         let mut want_buckets: Vec<u32> = pool
             .iter()
             .map(|d| &d.id)
-            .filter(|id| x.entry(id).map(|e| e.held()) != y.entry(id).map(|e| e.held()))
+            .filter(|id| digested(&x, id) != digested(&y, id))
             .map(|id| bucket_of(id) as u32)
             .collect();
         want_buckets.sort();

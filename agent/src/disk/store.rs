@@ -12,12 +12,16 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use keysync_machine::node::{Loaded, StoreWrite};
 
-use crate::core::{Decision, Entry, MinionId, Seen};
+use crate::core::{Decision, Entry, MinionId};
 use crate::disk::audit::AuditHead;
 
 mod codec;
 
 const DECISIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("decisions");
+/// Claims known and not held (see `claims.rs`), with their keys: what a
+/// master shows after first contact may be one of them. Key: the id, NUL,
+/// the claim's version.
+const CLAIMS: TableDefinition<&str, &[u8]> = TableDefinition::new("claims");
 /// Conflicts committed and maybe not told yet (see `StoreWrite::conflicts`).
 const UNTOLD: TableDefinition<&str, &[u8]> = TableDefinition::new("untold");
 const JOURNAL: TableDefinition<&str, &[u8]> = TableDefinition::new("journal");
@@ -62,6 +66,7 @@ impl Store {
         {
             // Creating the tables up front lets readers assume they exist.
             txn.open_table(DECISIONS).map_err(|e| store.err(e))?;
+            txn.open_table(CLAIMS).map_err(|e| store.err(e))?;
             txn.open_table(JOURNAL).map_err(|e| store.err(e))?;
             txn.open_table(UNTOLD).map_err(|e| store.err(e))?;
             let meta = txn.open_table(META).map_err(|e| store.err(e))?;
@@ -113,13 +118,14 @@ impl Store {
         let mut entries = Vec::new();
         for row in txn.open_table(DECISIONS).map_err(|e| self.err(e))?.iter().map_err(|e| self.err(e))? {
             let (id, value) = row.map_err(|e| self.err(e))?;
-            let (decision, seen) = self.decode(id.value(), value.value())?;
-            entries.push((decision.id.clone(), Entry { seen: seen.into_boxed_slice(), ..decision.entry() }));
+            let record = self.decode(id.value(), value.value())?;
+            let entry = Entry { seen: record.seen.into_boxed_slice(), mine: record.mine, ..record.decision.entry() };
+            entries.push((record.decision.id, entry));
         }
         let mut journal = Vec::new();
         for row in txn.open_table(JOURNAL).map_err(|e| self.err(e))?.iter().map_err(|e| self.err(e))? {
             let (id, value) = row.map_err(|e| self.err(e))?;
-            journal.push(self.decode(id.value(), value.value())?.0);
+            journal.push(self.decode(id.value(), value.value())?.decision);
         }
         let mut untold = Vec::new();
         for row in txn.open_table(UNTOLD).map_err(|e| self.err(e))?.iter().map_err(|e| self.err(e))? {
@@ -137,14 +143,21 @@ impl Store {
         Ok(Loaded { entries, journal, clock, initialized, untold })
     }
 
-    /// Full decisions (with keys) for the given ids; unknown ids are skipped.
+    /// Full decisions (with keys) for the given ids: the one held and every
+    /// claim known; unknown ids are skipped.
     pub fn get(&self, ids: &[MinionId]) -> Result<Vec<Decision>, StoreError> {
         let txn = self.db.begin_read().map_err(|e| self.err(e))?;
         let table = txn.open_table(DECISIONS).map_err(|e| self.err(e))?;
+        let claims = txn.open_table(CLAIMS).map_err(|e| self.err(e))?;
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
             if let Some(value) = table.get(id.as_str()).map_err(|e| self.err(e))? {
-                out.push(self.decode(id.as_str(), value.value())?.0);
+                out.push(self.decode(id.as_str(), value.value())?.decision);
+            }
+            let (from, to) = (format!("{id}\0"), format!("{id}\u{1}"));
+            for row in claims.range(from.as_str()..to.as_str()).map_err(|e| self.err(e))? {
+                let (_, value) = row.map_err(|e| self.err(e))?;
+                out.push(self.decode(id.as_str(), value.value())?.decision);
             }
         }
         Ok(out)
@@ -161,7 +174,7 @@ impl Store {
             let mut table = txn.open_table(JOURNAL).map_err(|e| self.err(e))?;
             for decision in decisions {
                 table
-                    .insert(decision.id.as_str(), codec::encode_record(decision, &[]).as_slice())
+                    .insert(decision.id.as_str(), codec::encode_record(decision, &[], None).as_slice())
                     .map_err(|e| self.err(e))?;
             }
         }
@@ -183,20 +196,36 @@ impl Store {
         let txn = self.db.begin_write().map_err(|e| self.err(e))?;
         {
             let mut table = txn.open_table(DECISIONS).map_err(|e| self.err(e))?;
-            let seen_of =
-                |id: &MinionId| write.seen.iter().find(|(seen_id, _)| seen_id == id).map(|(_, s)| s.as_slice());
+            let mut claims = txn.open_table(CLAIMS).map_err(|e| self.err(e))?;
+            let kept = |id: &MinionId| write.kept.iter().find(|k| k.id == *id);
             for decision in write.decisions {
-                let record = codec::encode_record(decision, seen_of(&decision.id).unwrap_or_default());
-                table.insert(decision.id.as_str(), record.as_slice()).map_err(|e| self.err(e))?;
+                let (seen, mine) = kept(&decision.id).map(|k| (k.seen.as_slice(), k.mine.as_ref())).unwrap_or_default();
+                let record = codec::encode_record(decision, seen, mine);
+                let old = table.insert(decision.id.as_str(), record.as_slice()).map_err(|e| self.err(e))?;
+                let old = old.map(|v| v.value().to_vec());
+                // A claim no longer held is still known, with its key.
+                if let Some(old) = old {
+                    let old = self.decode(decision.id.as_str(), &old)?.decision;
+                    if old.version.is_claim() && old.version != decision.version {
+                        let bytes = codec::encode_record(&old, &[], None);
+                        claims.insert(claim_key(&old).as_str(), bytes.as_slice()).map_err(|e| self.err(e))?;
+                    }
+                }
+                if decision.version.is_claim() {
+                    claims.remove(claim_key(decision).as_str()).map_err(|e| self.err(e))?;
+                }
             }
-            // Ids whose held decision stays and whose seen list grew.
-            for (id, seen) in write.seen.iter().filter(|(id, _)| !write.decisions.iter().any(|d| d.id == *id)) {
-                let held = table.get(id.as_str()).map_err(|e| self.err(e))?.map(|v| v.value().to_vec());
+            for claim in write.claims {
+                let bytes = codec::encode_record(claim, &[], None);
+                claims.insert(claim_key(claim).as_str(), bytes.as_slice()).map_err(|e| self.err(e))?;
+            }
+            // Ids whose held decision stays and whose seen list or claim changed.
+            for k in write.kept.iter().filter(|k| !write.decisions.iter().any(|d| d.id == k.id)) {
+                let held = table.get(k.id.as_str()).map_err(|e| self.err(e))?.map(|v| v.value().to_vec());
                 if let Some(held) = held {
-                    let (decision, _) = self.decode(id.as_str(), &held)?;
-                    table
-                        .insert(id.as_str(), codec::encode_record(&decision, seen).as_slice())
-                        .map_err(|e| self.err(e))?;
+                    let decision = self.decode(k.id.as_str(), &held)?.decision;
+                    let record = codec::encode_record(&decision, &k.seen, k.mine.as_ref());
+                    table.insert(k.id.as_str(), record.as_slice()).map_err(|e| self.err(e))?;
                 }
             }
             let mut journal = txn.open_table(JOURNAL).map_err(|e| self.err(e))?;
@@ -243,9 +272,14 @@ impl Store {
         txn.commit().map_err(|e| self.err(e))
     }
 
-    fn decode(&self, id: &str, bytes: &[u8]) -> Result<(Decision, Vec<Seen>), StoreError> {
+    fn decode(&self, id: &str, bytes: &[u8]) -> Result<codec::Record, StoreError> {
         codec::decode_record(id, bytes).ok_or_else(|| StoreError::Corrupt { path: self.path.clone(), id: id.into() })
     }
+}
+
+/// The claims table's key for a claim.
+fn claim_key(claim: &Decision) -> String {
+    format!("{}\0{}", claim.id, claim.version)
 }
 
 /// 128 random-enough bits: the node, the time and the process, hashed.
@@ -297,11 +331,12 @@ mod tests {
             assert_eq!(stepped.entries.len(), 1);
             store.journal(std::slice::from_ref(&pending)).unwrap();
             store.journal(std::slice::from_ref(&accepted)).unwrap();
-            let seen = vec![(accepted.id.clone(), vec![older.seen()])];
+            let kept =
+                vec![keysync_machine::node::Kept { id: accepted.id.clone(), seen: vec![older.seen()], mine: None }];
             let conflicts = vec![(std::sync::Arc::from("b"), conflict.clone())];
             let write = StoreWrite {
                 decisions: &[accepted.clone(), deleted.clone()],
-                seen: &seen,
+                kept: &kept,
                 conflicts: &conflicts,
                 done: std::slice::from_ref(&accepted.id),
                 clock: 99,
@@ -322,6 +357,43 @@ mod tests {
         assert_eq!(store.get(&[accepted.id.clone(), deleted.id.clone()]).unwrap(), vec![accepted, deleted]);
         store.record(&StoreWrite { conflicts_told: true, clock: 99, ..StoreWrite::default() }, "a").unwrap();
         assert!(store.load().unwrap().untold.is_empty(), "told conflicts are forgotten");
+    }
+
+    /// Claims keep their keys after a live decision displaces them, or when
+    /// learnt below another: what a master shows may come to be one of them.
+    #[test]
+    fn claims_are_kept_with_their_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), "a").unwrap();
+        let key = PublicKey::new(PUB.as_bytes());
+        let claim = |rejected: bool| Decision {
+            version: Version::claim(rejected, &key.fingerprint().0),
+            verdict: if rejected { Verdict::Rejected(key.clone()) } else { Verdict::Accepted(key.clone()) },
+            ..decision("web01", Verdict::Deleted, 0, None)
+        };
+        let (own, other) = (claim(false), claim(true));
+        let kept = |mine: &Decision| {
+            vec![keysync_machine::node::Kept { id: own.id.clone(), seen: vec![], mine: Some(mine.version.clone()) }]
+        };
+        // This master's own claim is held; another master's claim of the same key is learnt below it... or above.
+        let (low, high) = if own.version < other.version { (&own, &other) } else { (&other, &own) };
+        let write = StoreWrite { decisions: std::slice::from_ref(high), kept: &kept(&own), ..StoreWrite::default() };
+        store.record(&write, "a").unwrap();
+        let write = StoreWrite { claims: std::slice::from_ref(low), kept: &kept(&own), ..StoreWrite::default() };
+        store.record(&write, "a").unwrap();
+        // A live delete displaces the held claim.
+        let live = decision("web01", Verdict::Deleted, 1 << 50, None);
+        let write = StoreWrite { decisions: std::slice::from_ref(&live), kept: &kept(&own), ..StoreWrite::default() };
+        store.record(&write, "a").unwrap();
+        let mut known = store.get(std::slice::from_ref(&own.id)).unwrap();
+        known.sort_by(|a, b| a.version.cmp(&b.version));
+        let mut want = vec![own.clone(), other.clone(), live.clone()];
+        want.sort_by(|a, b| a.version.cmp(&b.version));
+        assert_eq!(known, want, "the live decision and both claims, with their keys");
+        drop(store);
+        let loaded = Store::open(dir.path(), "a").unwrap().load().unwrap();
+        let (_, entry) = &loaded.entries[0];
+        assert_eq!((entry.version.clone(), entry.mine.clone()), (live.version, Some(own.version)));
     }
 
     #[test]

@@ -72,9 +72,42 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
         Event::FromTheFuture { decision, from, error } => {
             remote_record(decision, from, "refuse", "refused", Some(error.to_string()))
         }
+        Event::Inventory { held } => Record {
+            reason: Some(format!(
+                "first start: {} accepted, {} rejected, {} pending; sha256 of the accepted and rejected keys {}",
+                held.accepted, held.rejected, held.pending, held.digest
+            )),
+            ..Record::new("inventory", "local", "observed")
+        },
+        Event::Kept { decision, from, shows, wrote, why } => Record {
+            other_fingerprint: shows.as_ref().and_then(|s| s.fingerprint).map(|f| f.to_string()),
+            other_version: shows.as_ref().map(|s| s.version.to_string()),
+            reason: Some(format!(
+                "{why}; this master shows {}",
+                shows.as_ref().map_or_else(|| "no key".to_string(), describe)
+            )),
+            ..remote_record(
+                decision,
+                from,
+                decision.verdict.kind().action(),
+                if *wrote { "ruled" } else { "kept" },
+                None,
+            )
+        },
         Event::Conflict { conflict, from } => {
             let (winner, loser) = (&conflict.winner, &conflict.loser);
-            let reason = if winner.version == loser.version {
+            let reason = if winner.version.is_claim() && loser.version.is_claim() {
+                format!(
+                    "two keys were held for this id when the agents met ({} and {}); no master comes to trust the other's key: each keeps its own until an operator decides with salt-key",
+                    describe(winner),
+                    describe(loser)
+                )
+            } else if winner.version.is_claim() || loser.version.is_claim() {
+                format!(
+                    "the live {} did not know that a master had rejected this key before its agent started; that master keeps the rejection until an operator decides with salt-key",
+                    describe(if winner.version.is_claim() { loser } else { winner })
+                )
+            } else if winner.version == loser.version {
                 format!(
                     "{} carries two contents ({} and {}); {} is kept everywhere",
                     winner.version,
@@ -96,7 +129,7 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
                 minion: Some(conflict.id.to_string()),
                 fingerprint: winner.fingerprint.map(|f| f.to_string()),
                 other_fingerprint: loser.fingerprint.map(|f| f.to_string()),
-                origin: Some(winner.version.node.to_string()),
+                origin: origin_of(&winner.version),
                 version: Some(winner.version.to_string()),
                 other_version: Some(loser.version.to_string()),
                 reason: Some(reason),
@@ -152,11 +185,26 @@ pub fn log_and_count(event: &Event, metrics: &Metrics) {
                 tracing::warn!(minion = %decision.id, peer = &**from, old = %old, new = ?decision.verdict.fingerprint(), "an accepted key was replaced by another one");
             }
             let version = &decision.version;
-            // Bootstrap versions carry no decision time: no latency for them.
-            metrics.applied(if version.is_bootstrap() { 0 } else { version.millis() }, super::wall_ms());
+            // Claims carry no decision time: no latency for them.
+            metrics.applied(if version.is_claim() { 0 } else { version.millis() }, super::wall_ms());
             tracing::trace!(minion = %decision.id, peer = &**from, version = %version, "applied peer decision");
         }
         Event::Superseded { .. } | Event::PendingDiscarded { .. } => {}
+        Event::Inventory { held } => tracing::info!(
+            accepted = held.accepted,
+            rejected = held.rejected,
+            pending = held.pending,
+            digest = %held.digest,
+            "first start: what this master holds"
+        ),
+        Event::Kept { decision, from, shows, wrote, why } => tracing::info!(
+            minion = %decision.id,
+            peer = &**from,
+            shows = %shows.as_ref().map_or_else(|| "no key".to_string(), describe),
+            wrote,
+            why,
+            "first contact"
+        ),
         Event::Deferred { id, from } => {
             tracing::debug!(minion = %id, peer = &**from, "deferred: the id's own events are settling")
         }
@@ -215,6 +263,12 @@ fn describe(seen: &Seen) -> String {
     }
 }
 
+/// The master a decision was made on; none for a claim, which names its
+/// content, not a master (the audit's `via` and `relays` tell where it came from).
+fn origin_of(version: &crate::core::Version) -> Option<String> {
+    (!version.is_claim() || !version.node.starts_with('-')).then(|| version.node.to_string())
+}
+
 /// Whether `record` tells `conflict` (same id and the same two versions).
 pub fn tells(record: &Record, conflict: &Conflict) -> bool {
     record.action == "conflict"
@@ -229,7 +283,7 @@ fn remote_record(decision: &Decision, from: &str, action: &str, outcome: &str, r
     Record {
         minion: Some(decision.id.to_string()),
         fingerprint: decision.verdict.fingerprint().map(|f| f.to_string()),
-        origin: Some(decision.version.node.to_string()),
+        origin: origin_of(&decision.version),
         version: Some(decision.version.to_string()),
         relays: (!before.is_empty()).then_some(before),
         reason,

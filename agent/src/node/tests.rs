@@ -35,7 +35,8 @@ fn accept(id: &str, at: u64, node: &str) -> Decision {
     Decision {
         id: MinionId::parse(id).unwrap(),
         verdict: Verdict::Accepted(PublicKey::new(PUB.as_bytes())),
-        version: Version::new(at, node),
+        // An hlc, as a running agent's clock issues it (milliseconds << 16).
+        version: Version::new(at << 16, node),
         context: Default::default(),
         relays: Default::default(),
     }
@@ -80,7 +81,7 @@ fn queued_pushes_are_applied_together_and_answered_each() {
 
     let counts: Vec<u32> = replies.into_iter().map(|mut rx| rx.try_recv().unwrap()).collect();
     assert_eq!(counts, [2, 2, 0]);
-    assert_eq!(core.node.entry(&MinionId::parse("web01").unwrap()).unwrap().version, Version::new(now, "a"));
+    assert_eq!(core.node.entry(&MinionId::parse("web01").unwrap()).unwrap().version, Version::new(now << 16, "a"));
     assert_eq!(core.effects.pki.list().unwrap().len(), 3);
     let audit = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
     assert_eq!(audit.matches(r#""action":"conflict""#).count(), 1, "{audit}");

@@ -294,12 +294,13 @@ fn the_agent_logs_json_when_configured() {
         assert!(value["level"].is_string() && value["fields"]["message"].is_string(), "{line}");
     }
     assert!(text.lines().any(|l| l.contains("\"message\":\"agent started\"") && l.contains("\"node\":\"master-a\"")));
-    // The agent's own audit log verifies and records the start and the stop.
+    // The agent's own audit log verifies and records what the first start
+    // found (one inventory record), the start and the stop.
     let (code, out) = verify(&[&audit_log]);
     assert_eq!(code, 0, "{out}");
     let actions: Vec<String> =
         salt_keysync::disk::audit::read_all(&audit_log).unwrap().into_iter().map(|r| r.action).collect();
-    assert_eq!(actions, ["start", "stop"]);
+    assert_eq!(actions, ["inventory", "start", "stop"]);
 }
 
 #[test]
@@ -392,8 +393,8 @@ async fn the_chain_survives_kill_9_and_a_torn_line() {
     let records = salt_keysync::disk::audit::read_all(&files.audit_log).unwrap();
     let actions: Vec<&str> = records.iter().map(|r| r.action.as_str()).collect();
     // No stop after the kill; the repair comes first after the restart.
-    assert_eq!(actions[..3], ["start", "pending", "repair"], "{actions:?}");
-    assert!(actions[3..].contains(&"start") && actions.last() == Some(&"stop"), "{actions:?}");
+    assert_eq!(actions[..4], ["inventory", "start", "pending", "repair"], "{actions:?}");
+    assert!(actions[4..].contains(&"start") && actions.last() == Some(&"stop"), "{actions:?}");
     let aside = std::fs::read_dir(files.audit_log.parent().unwrap())
         .unwrap()
         .map(|e| e.unwrap().path())

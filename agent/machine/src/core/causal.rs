@@ -26,19 +26,29 @@ impl Context {
         context
     }
 
-    /// Whether a decision with this context knew `version`.
+    /// Whether a decision with this context knew `version`. A claim names
+    /// its content, not a node's history: it is known only by itself.
     pub fn knows(&self, version: &Version) -> bool {
-        self.0.iter().any(|known| known.node == version.node && known.hlc >= version.hlc)
+        if version.is_claim() {
+            return self.0.contains(version);
+        }
+        self.0.iter().any(|known| !known.is_claim() && known.node == version.node && known.hlc >= version.hlc)
     }
 
-    /// Adds `version` (raising its node's entry if it is newer).
+    /// Adds `version` (raising its node's entry if it is newer; a claim is
+    /// kept as it is, beside the others).
     pub fn add(&mut self, version: &Version) {
-        match self.0.iter().position(|known| known.node == version.node) {
+        let slot = if version.is_claim() {
+            self.0.iter().position(|known| known == version)
+        } else {
+            self.0.iter().position(|known| !known.is_claim() && known.node == version.node)
+        };
+        match slot {
             Some(at) if self.0[at].hlc >= version.hlc => {}
             Some(at) => self.0[at] = version.clone(),
             None => {
                 let mut versions = std::mem::take(&mut self.0).into_vec();
-                let at = versions.partition_point(|known| known.node < version.node);
+                let at = versions.partition_point(|known| (&known.node, known.hlc) < (&version.node, version.hlc));
                 versions.insert(at, version.clone());
                 self.0 = versions.into_boxed_slice();
             }
@@ -128,8 +138,9 @@ impl Seen {
 }
 
 /// Most decisions kept per id besides the one held, for telling conflicts.
-/// An id that has seen more forgets its oldest (a conflict with one of
-/// those is then missed, never invented).
+/// An id that has seen more forgets its oldest live decision (a conflict
+/// with one of those is then missed, never invented), and its claims only
+/// when it knows nothing else.
 pub const MAX_SEEN: usize = 64;
 
 /// Adds `seen` to an id's list of other decisions seen, oldest dropped past
@@ -141,7 +152,10 @@ pub fn remember(list: &mut Vec<Seen>, seen: Seen) {
     let at = list.partition_point(|s| (&s.version, s.content_rank()) < (&seen.version, seen.content_rank()));
     list.insert(at, seen);
     if list.len() > MAX_SEEN {
-        list.remove(0);
+        // The oldest decision goes; claims last, as what a master shows
+        // after first contact depends on every claim known (`claims.rs`).
+        let oldest = list.iter().position(|s| !s.version.is_claim()).unwrap_or(0);
+        list.remove(oldest);
     }
 }
 
@@ -149,8 +163,9 @@ pub fn remember(list: &mut Vec<Seen>, seen: Seen) {
 mod tests {
     use super::*;
 
+    /// A live version (claims are below `CLAIM_CEILING`).
     fn v(hlc: u64, node: &str) -> Version {
-        Version::new(hlc, node)
+        Version::new(crate::core::version::CLAIM_CEILING + hlc, node)
     }
 
     fn seen(hlc: u64, node: &str, kind: VerdictKind, context: &[(u64, &str)]) -> Seen {

@@ -170,6 +170,7 @@ impl Decision {
             version: self.version.clone(),
             context: self.context.clone(),
             seen: Box::default(),
+            mine: None,
         }
     }
 
@@ -195,7 +196,11 @@ pub struct Entry {
     pub version: Version,
     pub context: Context,
     /// Other decisions seen, oldest first, at most [`super::causal::MAX_SEEN`].
+    /// Every claim about the id that this node knows is either held or here.
     pub seen: Box<[Seen]>,
+    /// This master's own claim (what it held at its agent's first start), if
+    /// it had one (see `claims.rs`).
+    pub mine: Option<Version>,
 }
 
 impl Entry {

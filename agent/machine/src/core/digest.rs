@@ -49,11 +49,16 @@ impl Default for Digests {
 impl Digests {
     /// Records that `id` moved from holding `old` (if anything) to `new`.
     pub fn replace(&mut self, id: &MinionId, old: Option<&Seen>, new: &Seen) {
-        let bucket = &mut self.buckets[bucket_of(id)];
         if let Some(old) = old {
-            *bucket ^= entry_hash(id, old);
+            self.toggle(id, old);
         }
-        *bucket ^= entry_hash(id, new);
+        self.toggle(id, new);
+    }
+
+    /// Adds `part` of `id`'s state to its bucket, or takes it out if it was
+    /// in (XOR).
+    pub fn toggle(&mut self, id: &MinionId, part: &Seen) {
+        self.buckets[bucket_of(id)] ^= entry_hash(id, part);
     }
 
     pub fn as_slice(&self) -> &[u64] {

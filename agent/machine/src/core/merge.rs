@@ -4,6 +4,7 @@
 //! second of the two arrives.
 
 use super::causal::Seen;
+use super::claims;
 use super::decision::{Decision, Entry};
 use super::id::MinionId;
 
@@ -65,9 +66,18 @@ pub fn merge(held: Option<&Entry>, incoming: &Decision) -> Merged {
 }
 
 /// Two different decisions that disagree and were made without knowledge of
-/// each other, or that carry one version with two contents.
+/// each other, or that carry one version with two contents. Claims are
+/// concurrent with everything, but most of their disagreements are settled
+/// by rule (`claims.rs`): only two keys claimed for one id, and a claim
+/// rejecting the key a live decision accepted without knowing it, are
+/// conflicts.
 pub fn conflicting(a: &Seen, b: &Seen) -> bool {
-    !a.agrees_with(b) && (a.version == b.version || a.concurrent_with(b))
+    match (a.version.is_claim(), b.version.is_claim()) {
+        (true, true) => a.fingerprint != b.fingerprint,
+        (true, false) => claims::keeps_rejection(a, b),
+        (false, true) => claims::keeps_rejection(b, a),
+        (false, false) => !a.agrees_with(b) && (a.version == b.version || a.concurrent_with(b)),
+    }
 }
 
 #[cfg(test)]
@@ -78,12 +88,17 @@ mod tests {
     use crate::core::version::Version;
     use crate::testkit::PUB;
 
+    /// A live version (claims are below `CLAIM_CEILING`).
+    fn live(hlc: u64, node: &str) -> Version {
+        Version::new(crate::core::version::CLAIM_CEILING + hlc, node)
+    }
+
     fn decision(verdict: Verdict, hlc: u64, node: &str, knew: &[(u64, &str)]) -> Decision {
         Decision {
             id: MinionId::parse("web01").unwrap(),
             verdict,
-            version: Version::new(hlc, node),
-            context: Context::new(knew.iter().map(|&(h, n)| Version::new(h, n))),
+            version: live(hlc, node),
+            context: Context::new(knew.iter().map(|&(h, n)| live(h, n))),
             relays: Default::default(),
         }
     }

@@ -5,8 +5,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::causal::{remember, Seen};
-use super::decision::{Decision, Entry, Verdict};
+use super::causal::{remember, Context, Seen};
+use super::claims;
+use super::decision::{Decision, Entry, Verdict, VerdictKind};
 use super::digest::{bucket_of, Digests};
 use super::id::MinionId;
 use super::merge::{merge, Merged};
@@ -88,27 +89,39 @@ impl Replica {
         &self.digests
     }
 
+    /// What this master's folders should say for `id` now (see `claims.rs`).
+    pub fn effective(&self, id: &MinionId) -> Option<Seen> {
+        self.entries.get(id).and_then(claims::effective)
+    }
+
     /// Turns a settled folder reading into a new local decision, if it says
-    /// something other than the decision held. The decision is not held until
-    /// [`Replica::commit`].
+    /// something other than what the folders should say. The decision is
+    /// not held until [`Replica::commit`] (or [`Replica::set`]).
+    /// On a first start the reading is a claim, naming its content.
     pub fn observe(&mut self, id: &MinionId, reading: Reading, wall_ms: u64, mode: ObserveMode) -> Option<Decision> {
         let held = self.entries.get(id);
+        let shown = held.and_then(claims::effective);
         let verdict = match reading {
             Reading::Unknown => return None,
             Reading::Decided(verdict) => verdict,
-            // Pending or absent: a tombstone, unless nothing was ever decided.
-            Reading::Undecided if held.is_none() => return None,
+            // Pending or absent: a tombstone, unless nothing is decided here.
+            Reading::Undecided if shown.as_ref().is_none_or(|s| s.kind == VerdictKind::Deleted) => return None,
             Reading::Undecided => Verdict::Deleted,
         };
-        if held.is_some_and(|entry| entry.same_verdict(&verdict)) {
+        if shown.as_ref().is_some_and(|s| s.kind == verdict.kind() && s.fingerprint == verdict.fingerprint()) {
             return None;
         }
-        let version = match mode {
-            ObserveMode::Live => Version::new(self.clock.tick(wall_ms), self.node.clone()),
-            ObserveMode::FirstStart => Version::bootstrap(self.node.clone(), wall_ms),
+        let (version, context) = match (mode, verdict.fingerprint()) {
+            (ObserveMode::FirstStart, Some(fingerprint)) => {
+                (Version::claim(verdict.kind() == VerdictKind::Rejected, &fingerprint.0), Context::default())
+            }
+            // A first start finds no delete: a key in no folder is no claim.
+            (ObserveMode::FirstStart, None) => return None,
+            // It knowingly replaces everything this node has seen of the id.
+            (ObserveMode::Live, _) => {
+                (Version::new(self.clock.tick(wall_ms), self.node.clone()), held.map(Entry::known).unwrap_or_default())
+            }
         };
-        // It knowingly replaces everything this node has seen of the id.
-        let context = held.map(Entry::known).unwrap_or_default();
         Some(Decision { id: id.clone(), verdict, version, context, relays: Default::default() })
     }
 
@@ -125,49 +138,55 @@ impl Replica {
     pub fn commit(&mut self, decision: &Decision) {
         // A later local decision must outrank whatever is held.
         self.clock.witness(decision.version.hlc);
-        let incoming = decision.seen();
-        match self.entries.get_mut(&decision.id) {
-            Some(held) if held.held().same_as(&incoming) => {}
-            Some(held) if incoming.beats(&held.held()) => {
-                let old = held.held();
-                self.digests.replace(&decision.id, Some(&old), &incoming);
-                let mut seen = std::mem::take(&mut held.seen).into_vec();
-                remember(&mut seen, old);
-                *held = Entry { seen: seen.into_boxed_slice(), ..decision.entry() };
-            }
-            Some(held) => {
-                let mut seen = std::mem::take(&mut held.seen).into_vec();
-                remember(&mut seen, incoming);
-                held.seen = seen.into_boxed_slice();
-            }
-            None => {
-                self.digests.replace(&decision.id, None, &incoming);
-                self.entries.insert(decision.id.clone(), decision.entry());
+        let after = committed(self.entries.get(&decision.id), decision);
+        self.replace(&decision.id, after);
+    }
+
+    /// What the entry for `decision`'s id would be once it is committed.
+    pub fn after(&self, decision: &Decision) -> Entry {
+        committed(self.entries.get(&decision.id), decision)
+    }
+
+    /// Makes `after` (from [`Replica::after`]) the entry for `id`.
+    pub fn set(&mut self, id: &MinionId, after: Entry) {
+        self.clock.witness(after.version.hlc);
+        self.replace(id, after);
+    }
+
+    fn replace(&mut self, id: &MinionId, after: Entry) {
+        if let Some(before) = self.entries.get(id) {
+            for part in digested(before) {
+                self.digests.toggle(id, &part);
             }
         }
+        for part in digested(&after) {
+            self.digests.toggle(id, &part);
+        }
+        self.entries.insert(id.clone(), after);
     }
 
     /// The other decisions seen for `decision`'s id once it is committed
     /// (what the store keeps with it).
     pub fn seen_after(&self, decision: &Decision) -> Vec<Seen> {
-        let incoming = decision.seen();
-        let Some(held) = self.entries.get(&decision.id) else { return Vec::new() };
-        let mut seen = held.seen.to_vec();
-        if held.held().same_as(&incoming) {
-            return seen;
-        }
-        remember(&mut seen, if incoming.beats(&held.held()) { held.held() } else { incoming });
-        seen
+        committed(self.entries.get(&decision.id), decision).seen.into_vec()
+    }
+
+    /// Ids whose masters may show different things until an operator decides.
+    pub fn unsettled(&self) -> impl Iterator<Item = (&MinionId, &Entry)> {
+        self.entries.iter().filter(|(_, entry)| claims::unsettled(entry))
     }
 
     /// Loads an entry from the store at start-up.
     pub fn load(&mut self, id: MinionId, entry: Entry) {
         self.clock.witness(entry.version.hlc);
-        self.digests.replace(&id, None, &entry.held());
+        for part in digested(&entry) {
+            self.digests.toggle(&id, &part);
+        }
         self.entries.insert(id, entry);
     }
 
-    /// The entries in the given buckets, for a peer's anti-entropy.
+    /// The entries in the given buckets, for a peer's anti-entropy: per id
+    /// the decision held and every claim known.
     pub fn summaries_in(&self, buckets: &[u32]) -> Vec<(MinionId, Summary)> {
         let mut wanted = vec![false; self.digests.as_slice().len()];
         for &bucket in buckets {
@@ -179,16 +198,52 @@ impl Replica {
             .entries
             .iter()
             .filter(|(id, _)| wanted[bucket_of(id)])
-            .map(|(id, entry)| (id.clone(), Summary::of(&entry.held())))
+            .flat_map(|(id, entry)| digested(entry).into_iter().map(move |part| (id.clone(), Summary::of(&part))))
             .collect();
         out.sort();
         out
     }
 
-    /// Whether a peer's summary names a decision that beats the one held.
+    /// Whether a peer's summary names a decision this node lacks: a claim it
+    /// does not know, or a decision that beats the one held.
     pub fn is_newer_on_peer(&self, id: &MinionId, theirs: &Summary) -> bool {
-        self.entries.get(id).is_none_or(|entry| theirs.beats(&Summary::of(&entry.held())))
+        let Some(entry) = self.entries.get(id) else { return true };
+        let known = std::iter::once(entry.held())
+            .chain(entry.seen.iter().cloned())
+            .any(|s| s.version == theirs.version && theirs.content.is_none_or(|content| content == s.content_rank()));
+        if known {
+            return false;
+        }
+        theirs.version.is_claim() || theirs.beats(&Summary::of(&entry.held()))
     }
+}
+
+/// The entry `held` becomes once `decision` is committed: held if it beats
+/// what is held (which is then remembered), remembered otherwise.
+fn committed(held: Option<&Entry>, decision: &Decision) -> Entry {
+    let incoming = decision.seen();
+    let Some(held) = held else { return decision.entry() };
+    if held.held().same_as(&incoming) {
+        return held.clone();
+    }
+    let mut seen = held.seen.to_vec();
+    if incoming.beats(&held.held()) {
+        remember(&mut seen, held.held());
+        Entry { seen: seen.into_boxed_slice(), mine: held.mine.clone(), ..decision.entry() }
+    } else {
+        remember(&mut seen, incoming);
+        Entry { seen: seen.into_boxed_slice(), ..held.clone() }
+    }
+}
+
+/// What of an entry the digests cover (the state masters must agree on):
+/// the decision held and every claim known; not the other decisions a node
+/// happens to have seen.
+fn digested(entry: &Entry) -> Vec<Seen> {
+    let held = entry.held();
+    let mut parts: Vec<Seen> = entry.seen.iter().filter(|s| s.version.is_claim()).cloned().collect();
+    parts.push(held);
+    parts
 }
 
 #[cfg(test)]
@@ -246,10 +301,20 @@ mod tests {
     }
 
     #[test]
-    fn first_start_uses_the_bootstrap_version() {
-        let mut replica = Replica::new("a", Hlc::default());
-        let d = replica.observe(&id(), Reading::Decided(accepted()), 1000, ObserveMode::FirstStart).unwrap();
-        assert!(d.version.is_bootstrap());
+    fn a_first_start_finds_claims_named_by_their_content() {
+        let mut a = Replica::new("a", Hlc::default());
+        let mut b = Replica::new("b", Hlc::default());
+        let d = a.observe(&id(), Reading::Decided(accepted()), 1000, ObserveMode::FirstStart).unwrap();
+        assert!(d.version.is_claim() && d.context.is_empty());
+        // Another master holding the same key at another time: the very same claim.
+        let e = b.observe(&id(), Reading::Decided(accepted()), 99_000, ObserveMode::FirstStart).unwrap();
+        assert_eq!(d, e);
+        a.commit(&d);
+        b.commit(&e);
+        assert_eq!(a.digests(), b.digests(), "masters that agree compare equal");
+        // A key in no folder is no claim.
+        let mut c = Replica::new("c", Hlc::default());
+        assert_eq!(c.observe(&id(), Reading::Undecided, 1000, ObserveMode::FirstStart), None);
     }
 
     #[test]
@@ -258,14 +323,14 @@ mod tests {
         let newer = Decision {
             id: id(),
             verdict: Verdict::Deleted,
-            version: Version::new(9, "b"),
+            version: Version::new(crate::core::version::CLAIM_CEILING + (9), "b"),
             context: Default::default(),
             relays: Default::default(),
         };
         let older = Decision {
             id: id(),
             verdict: accepted(),
-            version: Version::new(5, "c"),
+            version: Version::new(crate::core::version::CLAIM_CEILING + (5), "c"),
             context: Default::default(),
             relays: Default::default(),
         };
@@ -277,8 +342,14 @@ mod tests {
         let bucket = bucket_of(&id()) as u32;
         assert_eq!(replica.summaries_in(&[bucket]), vec![(id(), Summary::of(&newer.seen()))]);
         assert!(!replica.is_newer_on_peer(&id(), &Summary::of(&newer.seen())));
-        assert!(!replica.is_newer_on_peer(&id(), &Summary { version: Version::new(9, "b"), content: None }));
-        assert!(replica.is_newer_on_peer(&id(), &Summary { version: Version::new(10, "a"), content: None }));
+        assert!(!replica.is_newer_on_peer(
+            &id(),
+            &Summary { version: Version::new(crate::core::version::CLAIM_CEILING + (9), "b"), content: None }
+        ));
+        assert!(replica.is_newer_on_peer(
+            &id(),
+            &Summary { version: Version::new(crate::core::version::CLAIM_CEILING + (10), "a"), content: None }
+        ));
         // The older decision is remembered, for conflicts, not held.
         assert_eq!(replica.entry(&id()).unwrap().seen.len(), 1);
     }
@@ -289,14 +360,14 @@ mod tests {
         let from_b = Decision {
             id: id(),
             verdict: accepted(),
-            version: Version::new(5 << 16, "b"),
+            version: Version::new(crate::core::version::CLAIM_CEILING + (5 << 16), "b"),
             context: Default::default(),
             relays: Default::default(),
         };
         let from_c = Decision {
             id: id(),
             verdict: Verdict::Deleted,
-            version: Version::new(4 << 16, "c"),
+            version: Version::new(crate::core::version::CLAIM_CEILING + (4 << 16), "c"),
             context: Default::default(),
             relays: Default::default(),
         };

@@ -8,9 +8,15 @@ use std::sync::Arc;
 /// Bits of an HLC value below the millisecond part: a logical counter.
 const LOGICAL_BITS: u32 = 16;
 
-/// Bootstrap versions live below this hlc; live ones (milliseconds << 16)
-/// are far above it.
-const BOOTSTRAP_CEILING: u64 = 1 << 42;
+/// Claims (what masters held at their agent's first start) live below this
+/// hlc; live decisions (milliseconds << 16) are far above it.
+pub const CLAIM_CEILING: u64 = 1 << 42;
+
+/// The origin name of claims: not a node (no DNS label starts with `-`),
+/// one per kind, so one key accepted (or rejected) on several masters is
+/// one and the same claim.
+pub const CLAIM_ACCEPT: &str = "-claim-accept";
+pub const CLAIM_REJECT: &str = "-claim-reject";
 
 /// Node names a process has seen, shared: 100,000 versions from three
 /// masters hold three allocations, not 100,000. Bounded, so a hostile peer
@@ -44,17 +50,22 @@ impl Version {
         Version { hlc, node: node.into() }
     }
 
-    /// The version of decisions found on an agent's very first start. It is
-    /// below every version a running agent issues, and among bootstrap
-    /// versions the EARLIER first start is higher, so files found on a new or
-    /// stale master never override a decision the cluster already holds,
-    /// not even another master's bootstrap decision.
-    pub fn bootstrap(node: impl Into<Arc<str>>, wall_ms: u64) -> Version {
-        Version::new(BOOTSTRAP_CEILING - 1 - wall_ms.min(BOOTSTRAP_CEILING - 1), node)
+    /// The version of a claim: what some master held at its agent's first
+    /// start (see `claims.rs`). It names the content, not the master — the
+    /// same key accepted on two masters is one claim, so agreeing masters
+    /// hold the very same decision and exchange nothing — and it is below
+    /// every version a running agent issues: any live decision beats it.
+    pub fn claim(rejected: bool, fingerprint: &[u8; 32]) -> Version {
+        let mut prefix = [0u8; 8];
+        prefix[3..].copy_from_slice(&fingerprint[..5]);
+        let node = if rejected { CLAIM_REJECT } else { CLAIM_ACCEPT };
+        Version::new(1 + u64::from_be_bytes(prefix), node_name(node))
     }
 
-    pub fn is_bootstrap(&self) -> bool {
-        self.hlc < BOOTSTRAP_CEILING
+    /// A claim (or a first-start decision of protocol 1's agents, which
+    /// used the same range), not a decision made while agents ran.
+    pub fn is_claim(&self) -> bool {
+        self.hlc < CLAIM_CEILING
     }
 
     /// Wall-clock milliseconds since the epoch at which this version was issued.
@@ -76,8 +87,14 @@ impl PartialOrd for Version {
 }
 
 impl fmt::Display for Version {
+    /// `millis.logical@node`; a claim is `claim:accept:` or `claim:reject:`
+    /// and its key's fingerprint prefix (the first five bytes, in hex).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}@{}", self.millis(), self.hlc & 0xffff, self.node)
+        match &*self.node {
+            CLAIM_ACCEPT => write!(f, "claim:accept:{:010x}", self.hlc - 1),
+            CLAIM_REJECT => write!(f, "claim:reject:{:010x}", self.hlc - 1),
+            _ => write!(f, "{}.{}@{}", self.millis(), self.hlc & 0xffff, self.node),
+        }
     }
 }
 
@@ -115,10 +132,10 @@ impl Hlc {
     }
 
     /// Issues a new value, strictly greater than any issued or observed,
-    /// and above every bootstrap version whatever the wall clock says.
+    /// and above every claim whatever the wall clock says.
     pub fn tick(&mut self, wall_ms: u64) -> u64 {
         let physical = wall_ms << LOGICAL_BITS;
-        self.last = physical.max(self.last + 1).max(BOOTSTRAP_CEILING);
+        self.last = physical.max(self.last + 1).max(CLAIM_CEILING);
         self.last
     }
 
@@ -152,11 +169,13 @@ mod tests {
         assert!(a1 < b1 && b1 < a2);
         let now_ms = 1_795_000_000_000;
         let live = Version::new(now_ms << 16, "a");
-        assert!(Version::bootstrap("zzz", now_ms) < live);
-        assert!(Version::bootstrap("a", now_ms).is_bootstrap() && !live.is_bootstrap());
-        // The master that joined first keeps its files; a later joiner's lose.
-        assert!(Version::bootstrap("b", now_ms + 1) < Version::bootstrap("a", now_ms));
-        assert!(Version::bootstrap("a", now_ms) < Version::bootstrap("b", now_ms));
+        let claim = Version::claim(true, &[0xff; 32]);
+        assert!(claim < live && claim.is_claim() && !live.is_claim());
+        // A claim names its content: the same on every master, another for another key or kind.
+        assert_eq!(Version::claim(false, &[7; 32]), Version::claim(false, &[7; 32]));
+        assert_ne!(Version::claim(false, &[7; 32]), Version::claim(true, &[7; 32]));
+        assert_ne!(Version::claim(false, &[7; 32]), Version::claim(false, &[8; 32]));
+        assert_eq!(Version::claim(true, &[0xab; 32]).to_string(), "claim:reject:ababababab");
     }
 
     #[test]
@@ -169,7 +188,7 @@ mod tests {
         assert!(t1 < t2 && t2 < t3);
         assert_eq!(t1, now_ms << 16);
         // A clock near the epoch still issues live versions.
-        assert!(!Version::new(Hlc::default().tick(5), "a").is_bootstrap());
+        assert!(!Version::new(Hlc::default().tick(5), "a").is_claim());
     }
 
     #[test]

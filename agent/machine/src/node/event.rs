@@ -82,6 +82,14 @@ pub enum Event {
     RescanFound { n: usize, why: String },
     /// The folders could not be listed for a scan.
     ListFailed { error: String },
+    /// What this master held at its agent's first start (its claims), told
+    /// once instead of one record per key.
+    Inventory { held: super::Held },
+    /// A peer's decision (a claim, or a live decision meeting one) after
+    /// which this master's folders show something other than it, by the
+    /// rules of first contact (`claims.rs`): what they show now (`None`: no
+    /// key decided), whether that took a write, and why.
+    Kept { decision: Decision, from: Arc<str>, shows: Option<crate::core::Seen>, wrote: bool, why: &'static str },
     /// Start-up reconciliation finished.
     Reconciled { n_held: usize, n_found: usize, found: Found },
     /// Decisions journalled before a stop are being finished.

@@ -7,7 +7,7 @@ use crate::core::settle::looks_like_salt_tmp;
 use crate::core::{Decision, Folder, MinionId};
 
 use super::event::{Event, Found};
-use super::runtime::{Runtime, StoreWrite};
+use super::runtime::{Kept, Runtime, StoreWrite};
 use super::{Node, Now, Start};
 
 /// Every file in the three folders.
@@ -15,7 +15,7 @@ type Listed = Vec<(Folder, String)>;
 
 /// Names read and recorded per step of the start-up reconciliation: a first
 /// start on 100,000 keys never holds them all (with their key bytes) at once.
-const RECONCILE_CHUNK: usize = 5000;
+pub(super) const RECONCILE_CHUNK: usize = 5000;
 
 impl Node {
     /// Reads the names whose events have settled.
@@ -108,11 +108,26 @@ impl Node {
             self.rescan_pending = true;
             return;
         }
-        let seen: Vec<(MinionId, Vec<crate::core::Seen>)> =
-            decisions.iter().map(|d| (d.id.clone(), self.replica.seen_after(d))).collect();
+        let after: Vec<crate::core::Entry> = decisions
+            .iter()
+            .map(|d| {
+                let mut after = self.replica.after(d);
+                if d.version.is_claim() {
+                    after.mine = Some(d.version.clone());
+                }
+                after
+            })
+            .collect();
+        let kept: Vec<Kept> = decisions.iter().zip(&after).map(|(d, after)| Kept::of(&d.id, after)).collect();
+        // A claim below one already learnt from a peer is kept beside it.
+        let (mut held, mut claims) = (Vec::new(), Vec::new());
+        for (d, after) in decisions.iter().zip(&after) {
+            if after.version == d.version { &mut held } else { &mut claims }.push(d.clone());
+        }
         let write = StoreWrite {
-            decisions: &decisions,
-            seen: &seen,
+            decisions: &held,
+            claims: &claims,
+            kept: &kept,
             clock: self.replica.clock(),
             initialize: self.start != Start::FirstInSteps,
             ..StoreWrite::default()
@@ -125,11 +140,22 @@ impl Node {
         if self.retry.is_empty() {
             self.trouble.succeeded(rt, now.mono);
         }
-        for decision in &decisions {
-            self.replica.commit(decision);
-            rt.audit(Event::Decided { decision: decision.clone(), found });
+        let mut live = Vec::with_capacity(decisions.len());
+        for (decision, after) in decisions.into_iter().zip(after) {
+            self.replica.set(&decision.id, after);
+            if decision.version.is_claim() {
+                // Claims are told as one inventory at the end of the first
+                // start, and not sent: anti-entropy compares them by digest,
+                // so masters that agree exchange nothing.
+                self.inventory.note(&decision);
+            } else {
+                rt.audit(Event::Decided { decision: decision.clone(), found });
+                live.push(decision);
+            }
         }
-        rt.send(None, decisions);
+        if !live.is_empty() {
+            rt.send(None, live);
+        }
         // Flushed after sending: the audit lines are written already, and
         // their fsync need not delay the peers (the store holds the decision).
         rt.flush_audit();
@@ -138,10 +164,14 @@ impl Node {
     /// Compares every name in the folders, and every id held, with the store.
     /// Ids whose events are still settling are left to the settler.
     pub(super) fn rescan(&mut self, why: &str, now: Now, rt: &mut impl Runtime) {
-        let Some((_, names)) = self.all_names(rt) else { return };
-        // Until a first start's files are recorded they keep bootstrap
-        // versions: a stale master must not turn them into live decisions.
+        let Some((listed, names)) = self.all_names(rt) else { return };
+        // Until a first start's files are recorded they stay claims: a stale
+        // master must not turn them into live decisions.
         let mode = if self.start == Start::FirstUnrecorded { ObserveMode::FirstStart } else { ObserveMode::Live };
+        // A salt-key run's temporary file is read once settled, never now.
+        if listed.iter().any(|(_, name)| looks_like_salt_tmp(name) && !self.settler.is_unsettled(name)) {
+            self.settler.recheck(&listed, std::iter::empty(), now.mono);
+        }
         let names: Vec<String> = names.into_iter().filter(|name| !self.settler.is_unsettled(name)).collect();
         let decisions: Vec<Decision> = names.iter().filter_map(|name| self.observe_name(name, mode, now, rt)).collect();
         if !decisions.is_empty() {
@@ -206,14 +236,22 @@ impl Node {
         // a folder): an id held but in no folder may be between its removal
         // and its rename into place; it is read once settled, like a
         // disappearance heard, never taken for a delete now.
+        // The run's temporary file itself is no minion: the settler reads it
+        // once the run is over (by then it is normally gone).
         let (names, recheck): (Vec<String>, Vec<String>) = if listed.iter().any(|(_, n)| looks_like_salt_tmp(n)) {
             let present: std::collections::HashSet<&str> = listed.iter().map(|(_, n)| n.as_str()).collect();
-            names.into_iter().partition(|name| present.contains(name.as_str()))
+            names.into_iter().partition(|name| present.contains(name.as_str()) && !looks_like_salt_tmp(name))
         } else {
             (names, Vec::new())
         };
         if !recheck.is_empty() {
             self.settler.recheck(&listed, recheck.iter().map(String::as_str), now.mono);
+        }
+        // A first start recorded in steps leaves the store uninitialized until
+        // every step is recorded: a stop in between is a first start again,
+        // never a restart whose unrecorded files would be taken as live decisions.
+        if !initialized {
+            self.start = Start::FirstInSteps;
         }
         let mut n_found = 0;
         for chunk in names.chunks(RECONCILE_CHUNK) {
@@ -223,6 +261,9 @@ impl Node {
             self.record_local(decisions, Some(found), now, rt);
         }
         rt.audit(Event::Reconciled { n_held: self.replica.len(), n_found, found });
+        if !initialized {
+            rt.audit(Event::Inventory { held: self.inventory.take(self.pending.len()) });
+        }
         self.start = Start::Done;
         // When a step failed, the retry's rescan records the rest and marks it.
         if !initialized && (self.rescan_pending || !self.mark_initialized(now, rt)) {

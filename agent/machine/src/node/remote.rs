@@ -6,17 +6,18 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::core::merge::{Conflict, MergeOutcome};
-use crate::core::{Decision, Fingerprint, MinionId, Seen, VerdictKind};
+use crate::core::{Decision, Entry, Fingerprint, MinionId, Seen, VerdictKind};
 
 use super::event::Event;
-use super::runtime::{Applied, Runtime, StoreWrite};
+use super::runtime::{Applied, Kept, Runtime, StoreWrite};
 use super::{FromPeer, Node, Now};
 
 /// A peer's decision merged in this round: to apply (it beats what is held)
 /// or only to remember (it does not, but this node had not seen it).
 struct Merged {
     decision: Decision,
-    apply: bool,
+    /// It beats the decision held: held from now on (else only remembered).
+    holds: bool,
     conflicts: Vec<Conflict>,
     /// The peer it came from ("journal" at start-up).
     from: Arc<str>,
@@ -94,8 +95,8 @@ impl Node {
                             continue;
                         }
                         ids.insert(decision.id.clone());
-                        let apply = merged.outcome == MergeOutcome::Apply;
-                        round.push(Merged { decision, apply, conflicts: merged.conflicts, from, arrival });
+                        let holds = merged.outcome == MergeOutcome::Apply;
+                        round.push(Merged { decision, holds, conflicts: merged.conflicts, from, arrival });
                     }
                 }
             }
@@ -136,77 +137,94 @@ impl Node {
             .is_some_and(|entry| entry.held().same_as(&mine) || entry.seen.iter().any(|s| s.same_as(&mine)))
     }
 
-    /// Makes one round durable: the decisions to apply journalled, written
-    /// and synced, then one store commit holding them, the others
-    /// remembered, and the round's conflicts kept until told. Returns the
-    /// applied count per arrival.
+    /// Makes one round durable: what each decision makes the folders show
+    /// (see [`Node::effect_of`]) journalled, written and synced, then one
+    /// store commit holding them, the others remembered, and the round's
+    /// conflicts kept until told. Returns the applied count per arrival.
     fn apply_round(&mut self, round: Vec<Merged>, now: Now, rt: &mut impl Runtime) -> Vec<(usize, u32)> {
         if round.is_empty() {
             return Vec::new();
         }
-        let (to_apply, to_remember): (Vec<Merged>, Vec<Merged>) = round.into_iter().partition(|m| m.apply);
-        let decisions: Vec<Decision> = to_apply.iter().map(|m| m.decision.clone()).collect();
-        let mut written: Vec<(Merged, Applied)> = Vec::new();
+        let planned: Vec<(Merged, Effect)> = round
+            .into_iter()
+            .map(|merged| {
+                let effect = self.effect_of(&merged.decision, rt);
+                (merged, effect)
+            })
+            .collect();
+        let writes: Vec<Decision> = planned.iter().filter_map(|(_, e)| e.write.clone()).collect();
+        let mut done: Vec<(Merged, Effect, Option<Applied>)> = Vec::new();
         let mut revoked = false;
-        if !decisions.is_empty() {
-            if let Err(e) = rt.journal(&decisions) {
+        if !writes.is_empty() {
+            // The peers' decisions are journalled, not what they make the
+            // folders show: finishing one merges it again, by the same rule.
+            let journal: Vec<Decision> =
+                planned.iter().filter(|(_, e)| e.write.is_some()).map(|(m, _)| m.decision.clone()).collect();
+            if let Err(e) = rt.journal(&journal) {
                 self.trouble.failed(rt, now.mono, "state store journal", &e);
-                self.retry.extend(to_apply.into_iter().map(|m| (m.from, m.decision)));
+                self.retry.extend(planned.into_iter().map(|(m, _)| (m.from, m.decision)));
                 return Vec::new();
             }
-            let results = rt.apply(&decisions.iter().collect::<Vec<_>>());
+            let mut results = rt.apply(&writes.iter().collect::<Vec<_>>()).into_iter();
             self.echoes.expire(now.mono);
-            for (merged, result) in to_apply.into_iter().zip(results) {
-                let decision = &merged.decision;
-                match result {
+            for (merged, effect) in planned {
+                let Some(target) = &effect.write else {
+                    done.push((merged, effect, None));
+                    continue;
+                };
+                match results.next().unwrap_or_else(|| Err("no result".into())) {
                     Ok(applied) => {
-                        self.echoes.expect(decision.id.as_str(), &applied.changes, now.mono);
+                        self.echoes.expect(target.id.as_str(), &applied.changes, now.mono);
                         // What reading the echo would have noted: no pending key
                         // left, and nothing refused in the folders now written.
-                        self.pending.remove(&decision.id);
+                        self.pending.remove(&target.id);
                         if !self.refused.is_empty() {
                             for folder in crate::core::Folder::ALL {
-                                self.refused.remove(&(folder, decision.id.to_string()));
+                                self.refused.remove(&(folder, target.id.to_string()));
                             }
                         }
-                        // Revoking: this master held the id as accepted, or still
-                        // had it in minions/. The held entry counts too, because a
-                        // retried or journalled decision may find its own earlier
-                        // write already there.
-                        revoked |= decision.verdict.kind() != VerdictKind::Accepted
+                        // Revoking: this master showed the id as accepted, or
+                        // still had it in minions/. What it showed counts too,
+                        // because a retried or journalled decision may find its
+                        // own earlier write already there.
+                        revoked |= target.verdict.kind() != VerdictKind::Accepted
                             && (applied.removed_accepted()
-                                || self
-                                    .replica
-                                    .entry(&decision.id)
-                                    .is_some_and(|held| held.kind == VerdictKind::Accepted));
-                        written.push((merged, applied));
+                                || effect.before.as_ref().is_some_and(|s| s.kind == VerdictKind::Accepted));
+                        done.push((merged, effect, Some(applied)));
                     }
                     Err(e) => {
                         // Nothing recorded for it: peers still see this node without it.
-                        self.trouble.failed(rt, now.mono, &format!("the key folders, for {}", decision.id), &e);
+                        self.trouble.failed(rt, now.mono, &format!("the key folders, for {}", target.id), &e);
                         self.retry.push((merged.from, merged.decision));
                     }
                 }
             }
+        } else {
+            done.extend(planned.into_iter().map(|(m, e)| (m, e, None)));
         }
-        if written.is_empty() && to_remember.is_empty() {
+        if done.is_empty() {
             return Vec::new();
         }
-        let held: Vec<Decision> = written.iter().map(|(m, _)| m.decision.clone()).collect();
-        let done: Vec<MinionId> = held.iter().map(|d| d.id.clone()).collect();
-        let all = written.iter().map(|(m, _)| m).chain(to_remember.iter());
-        let seen: Vec<(MinionId, Vec<Seen>)> =
-            all.clone().map(|m| (m.decision.id.clone(), self.replica.seen_after(&m.decision))).collect();
+        let held: Vec<Decision> = done.iter().filter(|(m, _, _)| m.holds).map(|(m, _, _)| m.decision.clone()).collect();
+        let claims: Vec<Decision> = done
+            .iter()
+            .filter(|(m, _, _)| !m.holds && m.decision.version.is_claim())
+            .map(|(m, _, _)| m.decision.clone())
+            .collect();
+        let finished: Vec<MinionId> =
+            done.iter().filter(|(_, e, _)| e.write.is_some()).map(|(m, _, _)| m.decision.id.clone()).collect();
+        let kept: Vec<Kept> = done.iter().map(|(m, e, _)| Kept::of(&m.decision.id, &e.after)).collect();
         let conflicts: Vec<(Arc<str>, Conflict)> =
-            all.flat_map(|m| m.conflicts.iter().map(|c| (m.from.clone(), c.clone()))).collect();
-        let synced = if held.is_empty() { Ok(()) } else { rt.sync_folders() };
+            done.iter().flat_map(|(m, _, _)| m.conflicts.iter().map(|c| (m.from.clone(), c.clone()))).collect();
+        let synced = if finished.is_empty() { Ok(()) } else { rt.sync_folders() };
         let durable = synced.and_then(|()| {
             rt.record(&StoreWrite {
                 decisions: &held,
-                seen: &seen,
+                claims: &claims,
+                kept: &kept,
                 conflicts: &conflicts,
                 conflicts_told: false,
-                done: &done,
+                done: &finished,
                 clock: self.replica.clock(),
                 initialize: true,
             })
@@ -214,8 +232,7 @@ impl Node {
         if let Err(e) = durable {
             // Not held, not forwarded: retried, and the journal finishes it after a crash.
             self.trouble.failed(rt, now.mono, "syncfs or state store", &e);
-            let again = written.into_iter().map(|(m, _)| m).chain(to_remember);
-            self.retry.extend(again.map(|m| (m.from, m.decision)));
+            self.retry.extend(done.into_iter().map(|(m, _, _)| (m.from, m.decision)));
             return Vec::new();
         }
         if self.retry.is_empty() && !self.rescan_pending {
@@ -232,41 +249,51 @@ impl Node {
             rt.audit(Event::Conflict { conflict: conflict.clone(), from: from.clone() });
         }
         let mut n_applied: Vec<(usize, u32)> = Vec::new();
-        for (merged, applied) in &written {
+        let mut forward: Vec<(Arc<str>, Vec<Decision>)> = Vec::new();
+        for (merged, effect, applied) in done {
             let decision = &merged.decision;
-            rt.audit(Event::Applied {
-                decision: decision.clone(),
-                from: merged.from.clone(),
-                replaced: self.replaced_key(decision),
-            });
-            if let Some(pending) = &applied.discarded_pending {
-                rt.audit(Event::PendingDiscarded {
-                    id: decision.id.clone(),
+            let wrote = effect.write.is_some();
+            let follows = effect.shows_incoming(decision);
+            if follows && (wrote || merged.holds) {
+                let replaced = replaced_key(effect.before.as_ref(), decision);
+                rt.audit(Event::Applied { decision: decision.clone(), from: merged.from.clone(), replaced });
+            } else if wrote || merged.holds || decision.version.is_claim() {
+                rt.audit(Event::Kept {
+                    decision: decision.clone(),
                     from: merged.from.clone(),
-                    origin: decision.version.node.clone(),
-                    pending: pending.fingerprint(),
-                    decided: decision.verdict.fingerprint(),
+                    shows: effect.shows.clone(),
+                    wrote,
+                    why: crate::core::claims::why(&effect.after, effect.shows.as_ref(), &decision.seen()),
                 });
-            }
-            self.replica.commit(decision);
-            n_applied.push((merged.arrival, 1));
-        }
-        for merged in &to_remember {
-            if let Some(held) = self.replica.entry(&merged.decision.id) {
+            } else if let Some(held) = self.replica.entry(&decision.id) {
                 let held = held.version.clone();
-                rt.audit(Event::Superseded { decision: merged.decision.clone(), from: merged.from.clone(), held });
+                rt.audit(Event::Superseded { decision: decision.clone(), from: merged.from.clone(), held });
             }
-            self.replica.commit(&merged.decision);
-        }
-        // Forwarded per peer of origin, which need not get its own back.
-        let mut by_peer: Vec<(Arc<str>, Vec<Decision>)> = Vec::new();
-        for ((merged, _), decision) in written.iter().zip(held) {
-            match by_peer.iter_mut().find(|(from, _)| *from == merged.from) {
-                Some((_, decisions)) => decisions.push(decision),
-                None => by_peer.push((merged.from.clone(), vec![decision])),
+            if let (Some(applied), Some(target)) = (&applied, &effect.write) {
+                if let Some(pending) = &applied.discarded_pending {
+                    rt.audit(Event::PendingDiscarded {
+                        id: decision.id.clone(),
+                        from: merged.from.clone(),
+                        origin: target.version.node.clone(),
+                        pending: pending.fingerprint(),
+                        decided: target.verdict.fingerprint(),
+                    });
+                }
+            }
+            self.replica.set(&decision.id, effect.after);
+            if wrote || merged.holds {
+                n_applied.push((merged.arrival, 1));
+            }
+            // Forwarded per peer of origin, which need not get its own back:
+            // what this node holds now, and the claims it learnt.
+            if merged.holds || decision.version.is_claim() {
+                match forward.iter_mut().find(|(from, _)| *from == merged.from) {
+                    Some((_, decisions)) => decisions.push(merged.decision),
+                    None => forward.push((merged.from, vec![merged.decision])),
+                }
             }
         }
-        for (from, decisions) in by_peer {
+        for (from, decisions) in forward {
             rt.send(Some(&from), decisions);
         }
         // After forwarding: the audit lines are written, the store holds the decisions.
@@ -277,16 +304,62 @@ impl Node {
         n_applied
     }
 
-    /// The fingerprint of an accepted key that `decision` replaces with
-    /// another accepted key (its own outcome in the audit log, not a plain accept).
-    fn replaced_key(&self, decision: &Decision) -> Option<Fingerprint> {
-        let held = self.replica.entry(&decision.id)?;
-        let new = decision.verdict.fingerprint();
-        (held.kind == VerdictKind::Accepted
-            && decision.verdict.kind() == VerdictKind::Accepted
-            && held.fingerprint != new)
-            .then_some(held.fingerprint)
-            .flatten()
+    /// What committing `decision` does here: the entry afterwards, what the
+    /// folders show before and after (see `claims.rs`: not always the
+    /// decision held), and the write that makes them show it, if any.
+    fn effect_of(&self, decision: &Decision, rt: &mut impl Runtime) -> Effect {
+        let before = self.replica.effective(&decision.id);
+        let after = self.replica.after(decision);
+        let shows = crate::core::claims::effective(&after);
+        let write = match &shows {
+            // Nothing decided here: nothing to undo, unless a key was trusted.
+            None if before.as_ref().is_none_or(|b| b.kind == VerdictKind::Deleted) => None,
+            None => Some(Decision {
+                id: decision.id.clone(),
+                verdict: crate::core::Verdict::Deleted,
+                version: decision.version.clone(),
+                context: decision.context.clone(),
+                relays: Default::default(),
+            }),
+            Some(shows) if before.as_ref().is_some_and(|b| b.agrees_with(shows)) => None,
+            Some(shows) => Some(self.materialize(decision, shows, rt)),
+        };
+        Effect { before, shows, after, write }
+    }
+
+    /// The full decision (key bytes included) that `shows` stands for: the
+    /// incoming one, or another known with the same key.
+    fn materialize(&self, incoming: &Decision, shows: &Seen, rt: &mut impl Runtime) -> Decision {
+        if incoming.seen().same_as(shows) {
+            return incoming.clone();
+        }
+        let key = match (shows.kind, incoming.verdict.key()) {
+            (VerdictKind::Deleted, _) => None,
+            (_, Some(key)) if incoming.verdict.fingerprint() == shows.fingerprint => Some(key.clone()),
+            _ => match rt.load(std::slice::from_ref(&incoming.id)) {
+                Ok(known) => known
+                    .into_iter()
+                    .find(|d| d.verdict.fingerprint() == shows.fingerprint)
+                    .and_then(|d| d.verdict.key().cloned()),
+                Err(error) => {
+                    rt.audit(Event::LoadFailed { error });
+                    None
+                }
+            },
+        };
+        let verdict = match (shows.kind, key) {
+            (VerdictKind::Accepted, Some(key)) => crate::core::Verdict::Accepted(key),
+            (VerdictKind::Rejected, Some(key)) => crate::core::Verdict::Rejected(key),
+            // A key no longer known (the store lost it): trusted by no one here.
+            _ => crate::core::Verdict::Deleted,
+        };
+        Decision {
+            id: incoming.id.clone(),
+            verdict,
+            version: shows.version.clone(),
+            context: shows.context.clone(),
+            relays: Default::default(),
+        }
     }
 
     /// The conflicts kept in the store until told are told now (the audit
@@ -328,9 +401,9 @@ impl Node {
             .into_iter()
             .filter_map(|decision| {
                 let merged = crate::core::merge::merge(self.replica.entry(&decision.id), &decision);
-                (merged.outcome == MergeOutcome::Apply).then(|| Merged {
+                (merged.outcome != MergeOutcome::Duplicate).then(|| Merged {
                     decision,
-                    apply: true,
+                    holds: merged.outcome == MergeOutcome::Apply,
                     conflicts: merged.conflicts,
                     from: from.clone(),
                     arrival: 0,
@@ -390,4 +463,35 @@ fn by_peer(decisions: Vec<FromPeer>) -> Vec<(Arc<str>, Vec<Decision>)> {
         }
     }
     grouped
+}
+
+/// The fingerprint of an accepted key that `decision` replaces with another
+/// accepted key (its own outcome in the audit log, not a plain accept).
+fn replaced_key(before: Option<&Seen>, decision: &Decision) -> Option<Fingerprint> {
+    let before = before?;
+    let new = decision.verdict.fingerprint();
+    (before.kind == VerdictKind::Accepted
+        && decision.verdict.kind() == VerdictKind::Accepted
+        && before.fingerprint != new)
+        .then_some(before.fingerprint)
+        .flatten()
+}
+
+/// What one peer's decision does to this master (see [`Node::effect_of`]).
+struct Effect {
+    /// What the folders showed.
+    before: Option<Seen>,
+    /// What they show once it is committed.
+    shows: Option<Seen>,
+    /// The id's entry once it is committed.
+    after: Entry,
+    /// What is written to make them show it (`None`: they show it already).
+    write: Option<Decision>,
+}
+
+impl Effect {
+    /// Whether the folders end up saying what `decision` says.
+    fn shows_incoming(&self, decision: &Decision) -> bool {
+        self.shows.as_ref().is_some_and(|s| s.agrees_with(&decision.seen()))
+    }
 }

@@ -58,7 +58,8 @@ impl Node {
         (buckets, summaries)
     }
 
-    /// A peer's Fetch: the full decisions held for `ids`.
+    /// A peer's Fetch: the full decisions known for `ids` (the one held and
+    /// every claim).
     pub fn fetch(&self, ids: &[MinionId], rt: &mut impl Runtime) -> Vec<Decision> {
         match rt.load(ids) {
             Ok(decisions) => decisions,
@@ -79,17 +80,33 @@ impl Node {
         summaries: Summaries,
         rt: &mut impl Runtime,
     ) -> (usize, Vec<Decision>) {
-        let theirs: HashMap<&MinionId, &Summary> = summaries.iter().map(|(id, s)| (id, s)).collect();
-        let newer_here: Vec<MinionId> = self
+        // Per id, every row the peer holds: the decision held and its claims.
+        let mut theirs: HashMap<&MinionId, Vec<&Summary>> = HashMap::new();
+        for (id, summary) in &summaries {
+            theirs.entry(id).or_default().push(summary);
+        }
+        let mut newer_here: Vec<MinionId> = self
             .replica
             .summaries_in(buckets)
             .into_iter()
-            .filter(|(id, mine)| theirs.get(id).is_none_or(|theirs| mine.beats(theirs)))
+            .filter(|(id, mine)| {
+                let Some(rows) = theirs.get(id) else { return true };
+                let known = rows.iter().any(|t| t.version == mine.version && t.content == mine.content);
+                !known && (mine.version.is_claim() || rows.iter().all(|t| mine.beats(t)))
+            })
             .map(|(id, _)| id)
             .collect();
+        newer_here.dedup();
         drop(theirs);
-        let todo: VecDeque<(MinionId, Summary)> =
+        let mut todo: VecDeque<(MinionId, Summary)> =
             summaries.into_iter().filter(|(id, theirs)| self.replica.is_newer_on_peer(id, theirs)).collect();
+        // One fetch per id brings all it has (summaries come sorted by id).
+        let mut last: Option<MinionId> = None;
+        todo.retain(|(id, _)| {
+            let again = last.as_ref() == Some(id);
+            last = Some(id.clone());
+            !again
+        });
         let n_newer_there = todo.len();
         self.repairs.plans.insert(peer.into(), Plan { large: todo.len() > FETCH_CHUNK, todo });
         (n_newer_there, self.fetch(&newer_here, rt))

@@ -36,14 +36,34 @@ impl Applied {
     }
 }
 
+/// What the store keeps with an id's decision besides it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kept {
+    pub id: MinionId,
+    /// The other decisions seen (claims among them), oldest first.
+    pub seen: Vec<Seen>,
+    /// This master's own claim, if it had one.
+    pub mine: Option<crate::core::Version>,
+}
+
+impl Kept {
+    pub fn of(id: &MinionId, entry: &crate::core::Entry) -> Kept {
+        Kept { id: id.clone(), seen: entry.seen.to_vec(), mine: entry.mine.clone() }
+    }
+}
+
 /// One durable commit of the state store.
 #[derive(Debug, Default)]
 pub struct StoreWrite<'a> {
     /// Decisions whose files are durable: held from now on.
     pub decisions: &'a [Decision],
-    /// Per id whose other decisions seen changed (each id of `decisions`
-    /// among them): that list now, kept with the id's decision.
-    pub seen: &'a [(MinionId, Vec<Seen>)],
+    /// Claims learnt and not held (another decision beats them): kept with
+    /// their keys, as what a master shows may come to be one of them.
+    pub claims: &'a [Decision],
+    /// Per id whose entry changed (each id of `decisions` among them): what
+    /// is kept with its decision besides (the other decisions seen, and this
+    /// master's own claim).
+    pub kept: &'a [Kept],
     /// Conflicts to tell, with the peer each came from: kept until told, so
     /// a stop between this commit and the audit write loses none.
     pub conflicts: &'a [(Arc<str>, Conflict)],
@@ -76,7 +96,8 @@ pub trait Runtime {
     fn journal(&mut self, decisions: &[Decision]) -> Result<(), Failure>;
     /// Durably records decisions (one transaction).
     fn record(&mut self, write: &StoreWrite<'_>) -> Result<(), Failure>;
-    /// The full decisions (keys included) held for `ids`; unknown ids are skipped.
+    /// The full decisions (keys included) known for `ids`: the one held and
+    /// every claim; unknown ids are skipped.
     fn load(&mut self, ids: &[MinionId]) -> Result<Vec<Decision>, Failure>;
     /// Whether the audit log already tells `conflict` (asked at start-up for
     /// the conflicts the store kept).

@@ -9,7 +9,7 @@ use crate::core::keyfile::check_public_key;
 use crate::core::merge::Conflict;
 use crate::core::observe::{Refusal, Slot, Slots};
 use crate::core::settle::FsChange;
-use crate::core::{Decision, Entry, Folder, MinionId, PublicKey, Seen, Verdict};
+use crate::core::{Decision, Entry, Folder, MinionId, PublicKey, Seen, Verdict, Version};
 
 use super::event::Event;
 use super::runtime::{Applied, Failure, Runtime, StoreWrite};
@@ -91,13 +91,18 @@ pub struct Faults {
     pub sync: bool,
     pub journal: bool,
     pub record: bool,
+    /// Store commits that succeed before every later one fails.
+    pub records_before_failing: Option<u32>,
 }
 
 /// A state store in memory: what the agent's redb store keeps.
 #[derive(Clone, Debug, Default)]
 pub struct MemoryStore {
-    /// Per id, the decision held (with its key) and the other decisions seen.
-    pub decisions: BTreeMap<MinionId, (Decision, Vec<Seen>)>,
+    /// Per id, the decision held (with its key), the other decisions seen
+    /// and this master's own claim.
+    pub decisions: BTreeMap<MinionId, Stored>,
+    /// Claims known and not held, with their keys.
+    pub claims: BTreeMap<(MinionId, Version), Decision>,
     pub journal: BTreeMap<MinionId, Decision>,
     pub clock: u64,
     pub initialized: bool,
@@ -105,16 +110,34 @@ pub struct MemoryStore {
     pub untold: Vec<(Arc<str>, Conflict)>,
 }
 
+/// What the store keeps for one id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stored {
+    pub held: Decision,
+    pub seen: Vec<Seen>,
+    pub mine: Option<Version>,
+}
+
 impl MemoryStore {
     /// One commit, as the agent's store makes it.
     pub fn record(&mut self, write: &StoreWrite<'_>) {
+        let kept = |id: &MinionId| write.kept.iter().find(|k| k.id == *id);
         for d in write.decisions {
-            let seen = write.seen.iter().find(|(id, _)| *id == d.id).map(|(_, s)| s.clone()).unwrap_or_default();
-            self.decisions.insert(d.id.clone(), (d.clone(), seen));
+            let (seen, mine) = kept(&d.id).map(|k| (k.seen.clone(), k.mine.clone())).unwrap_or_default();
+            let old = self.decisions.insert(d.id.clone(), Stored { held: d.clone(), seen, mine });
+            // A claim no longer held is still known.
+            if let Some(old) = old.filter(|old| old.held.version.is_claim() && old.held.version != d.version) {
+                self.claims.insert((d.id.clone(), old.held.version.clone()), old.held);
+            }
+            self.claims.remove(&(d.id.clone(), d.version.clone()));
         }
-        for (id, seen) in write.seen {
-            if let Some(stored) = self.decisions.get_mut(id) {
-                stored.1 = seen.clone();
+        for claim in write.claims {
+            self.claims.insert((claim.id.clone(), claim.version.clone()), claim.clone());
+        }
+        for k in write.kept {
+            if let Some(stored) = self.decisions.get_mut(&k.id) {
+                stored.seen = k.seen.clone();
+                stored.mine = k.mine.clone();
             }
         }
         for id in write.done {
@@ -134,7 +157,11 @@ impl MemoryStore {
             entries: self
                 .decisions
                 .iter()
-                .map(|(id, (d, seen))| (id.clone(), Entry { seen: seen.clone().into_boxed_slice(), ..d.entry() }))
+                .map(|(id, s)| {
+                    let entry =
+                        Entry { seen: s.seen.clone().into_boxed_slice(), mine: s.mine.clone(), ..s.held.entry() };
+                    (id.clone(), entry)
+                })
                 .collect(),
             journal: self.journal.values().cloned().collect(),
             clock: self.clock,
@@ -143,9 +170,21 @@ impl MemoryStore {
         }
     }
 
-    /// The decisions held, with their keys.
+    /// The decisions held and the claims known, with their keys.
     pub fn get(&self, ids: &[MinionId]) -> Vec<Decision> {
-        ids.iter().filter_map(|id| self.decisions.get(id).map(|(d, _)| d.clone())).collect()
+        let mut out = Vec::new();
+        for id in ids {
+            if let Some(stored) = self.decisions.get(id) {
+                out.push(stored.held.clone());
+            }
+            out.extend(
+                self.claims
+                    .range((id.clone(), Version::new(0, ""))..)
+                    .take_while(|((i, _), _)| i == id)
+                    .map(|(_, d)| d.clone()),
+            );
+        }
+        out
     }
 }
 
@@ -208,6 +247,12 @@ impl Runtime for Recorder {
     }
 
     fn record(&mut self, write: &StoreWrite<'_>) -> Result<(), Failure> {
+        if let Some(n) = &mut self.faults.records_before_failing {
+            if *n == 0 {
+                return Err("store: No space left on device".into());
+            }
+            *n -= 1;
+        }
         if self.faults.record {
             return Err("store: No space left on device".into());
         }

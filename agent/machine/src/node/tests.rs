@@ -22,6 +22,7 @@ fn node(name: &str, rt: &mut Recorder) -> Node {
         max_clock_skew: Duration::from_secs(60),
         rescan_interval: Duration::from_secs(3600),
         settle: SettleTimings::default(),
+        observe: false,
     };
     Node::start(settings, Default::default(), now(), rt)
 }
@@ -100,3 +101,5 @@ fn a_forwarded_decision_names_the_peers_it_came_through() {
     assert_eq!(except.as_deref(), Some("master-a"));
     assert_eq!(sent[0].relays.iter().collect::<Vec<_>>(), ["master-b", "master-a"], "forwarded with its path");
 }
+
+mod first_contact;

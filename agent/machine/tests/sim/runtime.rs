@@ -14,9 +14,9 @@ use keysync_machine::core::Folder;
 /// A master's durable state store: what the agent's redb store keeps.
 pub(crate) type Store = keysync_machine::node::testing::MemoryStore;
 
-/// A decision the store recorded, with what it held for that id before
-/// (the decision and the others seen).
-pub(crate) type Recorded = (Decision, Option<(Decision, Vec<keysync_machine::core::Seen>)>);
+/// A decision the store recorded, with what it held for that id before,
+/// and whether it is this master's own claim (found at its first start).
+pub(crate) type Recorded = (Decision, Option<keysync_machine::node::testing::Stored>, bool);
 
 /// What one input made the node do that leaves the node: messages, echoes
 /// of its writes, and whether it died on the way.
@@ -170,8 +170,9 @@ impl Runtime for SimRuntime<'_> {
         if self.full() {
             return Err("store: No space left on device".into());
         }
-        for d in write.decisions {
-            self.out.recorded.push((d.clone(), self.store.decisions.get(&d.id).cloned()));
+        for d in write.decisions.iter().chain(write.claims) {
+            let mine = write.kept.iter().any(|k| k.id == d.id && k.mine.as_ref() == Some(&d.version));
+            self.out.recorded.push((d.clone(), self.store.decisions.get(&d.id).cloned(), mine));
         }
         self.store.record(write);
         Ok(())

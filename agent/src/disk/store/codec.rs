@@ -6,7 +6,8 @@
 //!
 //! Layout 2: `0x10`, kind u8, version, context, seen count u8, each seen
 //! (version, kind u8, fingerprint, context), relay count u8, each relay (a
-//! string), then the key bytes. A version
+//! string), 0 or 1 and this master's own claim (a version), then the key
+//! bytes. A version
 //! is hlc u64 BE, node length u16 BE, node bytes; a context is a count u8
 //! and that many versions; a fingerprint is 0, or 1 and 32 bytes.
 //! Layout 1 (0.1): kind u8 (1–3), version, has_supersedes u8, [supersedes], key bytes.
@@ -18,7 +19,16 @@ use crate::core::{Context, Decision, Fingerprint, MinionId, PublicKey, Relays, S
 
 const LAYOUT_2: u8 = 0x10;
 
-pub fn encode_record(decision: &Decision, seen: &[Seen]) -> Vec<u8> {
+/// What the store keeps for one id: the decision held, the others seen and
+/// this master's own claim (see `claims.rs`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub decision: Decision,
+    pub seen: Vec<Seen>,
+    pub mine: Option<Version>,
+}
+
+pub fn encode_record(decision: &Decision, seen: &[Seen], mine: Option<&Version>) -> Vec<u8> {
     let key = decision.verdict.key().map(PublicKey::bytes).unwrap_or_default();
     let mut out = Vec::with_capacity(64 + key.len() + seen.len() * 64);
     out.push(LAYOUT_2);
@@ -34,15 +44,22 @@ pub fn encode_record(decision: &Decision, seen: &[Seen]) -> Vec<u8> {
     for relay in relays.iter().take(usize::from(u8::MAX)) {
         encode_str(&mut out, relay);
     }
+    match mine {
+        Some(mine) => {
+            out.push(1);
+            encode_version(&mut out, mine);
+        }
+        None => out.push(0),
+    }
     out.extend_from_slice(key);
     out
 }
 
-pub fn decode_record(id: &str, bytes: &[u8]) -> Option<(Decision, Vec<Seen>)> {
+pub fn decode_record(id: &str, bytes: &[u8]) -> Option<Record> {
     let id = MinionId::parse(id).ok()?;
     let (&first, rest) = bytes.split_first()?;
     if first != LAYOUT_2 {
-        return decode_layout_1(id, bytes).map(|d| (d, Vec::new()));
+        return decode_layout_1(id, bytes).map(|decision| Record { decision, seen: Vec::new(), mine: None });
     }
     let (&kind, rest) = rest.split_first()?;
     let (version, rest) = decode_version(rest)?;
@@ -61,8 +78,19 @@ pub fn decode_record(id: &str, bytes: &[u8]) -> Option<(Decision, Vec<Seen>)> {
         relays.push(crate::core::version::node_name(relay));
         rest = after;
     }
+    let (&has_mine, mut rest) = rest.split_first()?;
+    let mine = match has_mine {
+        0 => None,
+        1 => {
+            let (mine, after) = decode_version(rest)?;
+            rest = after;
+            Some(mine)
+        }
+        _ => return None,
+    };
     let verdict = verdict_of(kind, rest)?;
-    Some((Decision { id, verdict, version, context, relays: Relays::new(relays) }, seen))
+    let decision = Decision { id, verdict, version, context, relays: Relays::new(relays) };
+    Some(Record { decision, seen, mine })
 }
 
 /// A 0.1 record: its `supersedes` is its whole context.
@@ -213,6 +241,10 @@ mod tests {
         }
     }
 
+    fn key_fingerprint() -> [u8; 32] {
+        PublicKey::new(PUB.as_bytes()).fingerprint().0
+    }
+
     #[test]
     fn records_round_trip_with_what_was_seen() {
         let key = PublicKey::new(PUB.as_bytes());
@@ -222,8 +254,11 @@ mod tests {
         };
         let seen =
             vec![decision(Verdict::Rejected(key), 4, &[]).seen(), decision(Verdict::Deleted, 3, &[(1, "b")]).seen()];
-        let bytes = encode_record(&held, &seen);
-        assert_eq!(decode_record("web01", &bytes), Some((held, seen)));
+        let mine = Version::claim(false, &key_fingerprint());
+        let bytes = encode_record(&held, &seen, Some(&mine));
+        assert_eq!(decode_record("web01", &bytes), Some(Record { decision: held.clone(), seen, mine: Some(mine) }));
+        let bytes = encode_record(&held, &[], None);
+        assert_eq!(decode_record("web01", &bytes), Some(Record { decision: held, seen: vec![], mine: None }));
         assert_eq!(decode_record("web01", &bytes[..20]), None);
     }
 
@@ -234,9 +269,9 @@ mod tests {
         encode_version(&mut old, &Version::new(9, "a"));
         old.push(1);
         encode_version(&mut old, &Version::new(3, "b"));
-        let (read, seen) = decode_record("web01", &old).unwrap();
-        assert_eq!(read, decision(Verdict::Deleted, 9, &[(3, "b")]));
-        assert!(seen.is_empty());
+        let read = decode_record("web01", &old).unwrap();
+        assert_eq!(read.decision, decision(Verdict::Deleted, 9, &[(3, "b")]));
+        assert!(read.seen.is_empty() && read.mine.is_none());
     }
 
     #[test]

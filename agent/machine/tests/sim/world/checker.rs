@@ -68,11 +68,14 @@ impl Sim {
                         ));
                     }
                 }
-                // The folders say what the node holds, byte for byte.
+                // The folders say what the rules of first contact make this
+                // master show, byte for byte (computed from everything made
+                // anywhere, not from the node's entry).
                 let name = id.as_str();
                 let (accepted, rejected) = (n.disk.get(Folder::Accepted, name), n.disk.get(Folder::Rejected, name));
-                let verdict = n.store.decisions.get(id).map(|(d, _)| &d.verdict);
-                let ok = match verdict {
+                let mine = n.store.decisions.get(id).and_then(|s| s.mine.clone());
+                let verdict = expected_shown(self.made.get(id).map(Vec::as_slice).unwrap_or_default(), mine.as_ref());
+                let ok = match &verdict {
                     Some(Verdict::Accepted(key)) => {
                         accepted.map(Vec::as_slice) == Some(key.bytes()) && rejected.is_none()
                     }
@@ -91,7 +94,7 @@ impl Sim {
                         verdicts.never_applied += 1;
                     }
                     problems.push(format!(
-                        "{}: folders for {id} are {:?}, it holds {verdict:?}",
+                        "{}: folders for {id} are {:?}, it should show {verdict:?} (its own claim {mine:?})",
                         n.name,
                         n.disk.slots(name)
                     ));
@@ -105,7 +108,7 @@ impl Sim {
             if n.store
                 .decisions
                 .values()
-                .map(|(d, _)| (&d.id, &d.version))
+                .map(|s| (&s.held.id, &s.held.version))
                 .ne(machine_versions(machine).iter().map(|(i, v)| (i, v)))
             {
                 problems.push(format!("{}: the store does not hold what the node holds", n.name));
@@ -115,8 +118,8 @@ impl Sim {
         // Conflicts: exactly the pairs each master saw, each told once there.
         for n in &self.nodes {
             let mut expected: BTreeSet<(MinionId, Version, Version)> = BTreeSet::new();
-            for (id, (held, seen)) in &n.store.decisions {
-                let all: Vec<Seen> = std::iter::once(held.seen()).chain(seen.iter().cloned()).collect();
+            for (id, stored) in &n.store.decisions {
+                let all: Vec<Seen> = std::iter::once(stored.held.seen()).chain(stored.seen.iter().cloned()).collect();
                 for (i, a) in all.iter().enumerate() {
                     for b in &all[i + 1..] {
                         if conflicting(a, b) {
@@ -159,20 +162,20 @@ impl Sim {
         if digests.len() > 1 {
             problems.push(format!("{} different digest sets at the end", digests.len()));
         }
-        // A master's first-start files never override what the cluster held when it joined.
-        let joiner = self.joiner.map(|j| self.nodes[j].name.clone());
+        // A late joiner's claims never override a live decision the cluster
+        // held when it joined (only its own rejection of a key accepted live
+        // without knowing it stays, on the joiner alone: checked above).
         for (id, held) in &self.held_at_join {
             let winner = &winners[id];
-            let by_joiner = winner.version.is_bootstrap() && Some(&*winner.version.node) == joiner.as_deref();
-            if winner.verdict != held.verdict && by_joiner {
+            if !held.version.is_claim() && winner.version.is_claim() {
                 problems
-                    .push(format!("the late joiner's files overrode {id}: {:?} {}", winner.verdict, winner.version));
+                    .push(format!("the late joiner's claim {} overrode {id}'s live {}", winner.version, held.version));
             }
         }
         // Propagation: each live decision, from durable at its origin to applied on each other master.
         for made in self.made.values().flatten() {
             let d = &made.decision;
-            if d.version.is_bootstrap() {
+            if d.version.is_claim() {
                 continue;
             }
             for node in 0..self.nodes.len() {
@@ -197,6 +200,40 @@ impl Sim {
         }
         self.stats.verdicts = verdicts;
     }
+}
+
+/// What a master whose own claim is `mine` must show for an id, given every
+/// decision made about it anywhere (`None`: no key decided): the newest live
+/// decision, unless the master's own claim rejects the very key it accepted
+/// without knowing that rejection; with no live decision, the claims by
+/// rule: one key, rejected if any master rejected it, else accepted; two
+/// keys, the master's own (rejected if any master rejected that key), or
+/// none.
+fn expected_shown(made: &[Made], mine: Option<&Version>) -> Option<Verdict> {
+    let claims: Vec<&Decision> = made.iter().map(|m| &m.decision).filter(|d| d.version.is_claim()).collect();
+    let own = mine.and_then(|v| claims.iter().find(|c| c.version == *v).copied());
+    let of_key = |key: &Decision| -> Verdict {
+        let fp = key.verdict.fingerprint();
+        claims
+            .iter()
+            .find(|c| c.verdict.fingerprint() == fp && matches!(c.verdict, Verdict::Rejected(_)))
+            .map_or_else(|| key.verdict.clone(), |c| c.verdict.clone())
+    };
+    let live =
+        made.iter().map(|m| &m.decision).filter(|d| !d.version.is_claim()).max_by(|a, b| a.version.cmp(&b.version));
+    if let Some(live) = live {
+        if let (Some(own), Verdict::Accepted(key)) = (own, &live.verdict) {
+            if own.verdict == Verdict::Rejected(key.clone()) && !live.context.knows(&own.version) {
+                return Some(own.verdict.clone());
+            }
+        }
+        return Some(live.verdict.clone());
+    }
+    let first = claims.first()?;
+    if claims.iter().all(|c| c.verdict.fingerprint() == first.verdict.fingerprint()) {
+        return Some(of_key(first));
+    }
+    own.map(of_key)
 }
 
 fn machine_versions(machine: &Node) -> Vec<(MinionId, Version)> {

@@ -74,7 +74,7 @@ impl Sim {
     pub(crate) fn first_start(&mut self, node: usize) {
         trace!(self, "{} starts for the first time", self.nodes[node].name);
         if Some(node) == self.joiner {
-            for (d, _) in self.nodes.iter().flat_map(|n| n.store.decisions.values()) {
+            for d in self.nodes.iter().flat_map(|n| n.store.decisions.values().map(|s| &s.held)) {
                 let held = self.held_at_join.entry(d.id.clone()).or_insert_with(|| d.clone());
                 if d.version > held.version {
                     *held = d.clone();

@@ -1,0 +1,120 @@
+//! What first contact does on this master, before it does it: per id, what
+//! the master holds and what its folders will show (`claims.rs`), for
+//! `salt-keysync plan`. In observe mode nothing is written, so "holds" is
+//! what the folders held at the agent's start; in normal mode the folders
+//! already show what the rules say, and only unresolved conflicts remain.
+
+use crate::core::{claims, Fingerprint, MinionId, Seen, VerdictKind};
+
+use super::Node;
+
+/// What a master holds or will hold for one id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Holding {
+    /// No key in any folder (or only a tombstone: deleted).
+    Nothing,
+    Pending(Fingerprint),
+    Accepted(Fingerprint),
+    Rejected(Fingerprint),
+}
+
+/// One id on this master.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanRow {
+    pub id: MinionId,
+    pub holds: Holding,
+    pub will: Holding,
+    /// Masters may show different things for it until an operator decides.
+    pub conflict: bool,
+    /// Why it will show what it will, when that is not what it holds.
+    pub why: Option<&'static str>,
+}
+
+impl Node {
+    /// Rows for the ids whose state differs between masters as far as this
+    /// master can tell (it would change, the claims it knows disagree, or a
+    /// conflict is unresolved), or for exactly `ids` when given (another
+    /// master's rows name them: the plan shows every master for each).
+    pub fn plan(&self, ids: Option<&[MinionId]>) -> Vec<PlanRow> {
+        let row = |id: &MinionId| self.plan_row(id);
+        let mut rows: Vec<PlanRow> = match ids {
+            Some(ids) => ids.iter().map(row).collect(),
+            None => {
+                let mut ids: Vec<&MinionId> = self.replica.entries().map(|(id, _)| id).collect();
+                ids.extend(self.pending.keys());
+                ids.sort_unstable();
+                ids.dedup();
+                ids.into_iter()
+                    .filter(|id| {
+                        let entry = self.replica.entry(id);
+                        let disputed = entry.is_some_and(|e| {
+                            let claims = claims::claims(e);
+                            claims.iter().any(|c| !c.agrees_with(&claims[0]))
+                        });
+                        disputed || entry.is_some_and(claims::unsettled) || {
+                            let row = row(id);
+                            row.holds != row.will
+                        }
+                    })
+                    .map(row)
+                    .collect()
+            }
+        };
+        rows.sort_by(|a, b| a.id.cmp(&b.id));
+        rows
+    }
+
+    fn plan_row(&self, id: &MinionId) -> PlanRow {
+        let entry = self.replica.entry(id);
+        let shown = self.replica.effective(id);
+        let will = shown.as_ref().map_or(Holding::Nothing, holding);
+        let pending = self.pending.get(id).map(|fp| Holding::Pending(*fp));
+        // Observe mode writes nothing: the folders still hold this master's
+        // own claim (or its pending key, or nothing). In normal mode they
+        // show what the rules say.
+        let holds = if self.settings.observe {
+            let mine = entry.and_then(|e| e.mine.as_ref()).and_then(|mine| {
+                let e = entry?;
+                std::iter::once(e.held()).chain(e.seen.iter().cloned()).find(|s| s.version == *mine)
+            });
+            mine.as_ref().map(holding).or(pending.clone()).unwrap_or(Holding::Nothing)
+        } else {
+            match &will {
+                Holding::Nothing => pending.clone().unwrap_or(Holding::Nothing),
+                shown => shown.clone(),
+            }
+        };
+        // A pending key stays pending where nothing is decided.
+        let will = match (will, &pending) {
+            (Holding::Nothing, Some(pending)) => pending.clone(),
+            (will, _) => will,
+        };
+        let live = entry.is_some_and(|e| !e.version.is_claim());
+        let why = (holds != will).then(|| reason(&holds, &will, live));
+        PlanRow { id: id.clone(), holds, will, conflict: entry.is_some_and(claims::unsettled), why }
+    }
+}
+
+/// Why a master holding `holds` will show `will` (`live`: a decision made
+/// while agents ran is held for the id).
+fn reason(holds: &Holding, will: &Holding, live: bool) -> &'static str {
+    match (holds, will) {
+        (_, Holding::Accepted(_) | Holding::Rejected(_) | Holding::Nothing) if live => {
+            "a live decision beats every claim"
+        }
+        (_, Holding::Nothing | Holding::Pending(_)) => {
+            "two different keys were held for this id: a master that held neither trusts neither until an operator decides"
+        }
+        (Holding::Accepted(a), Holding::Rejected(b)) if a == b => "a rejection beats an acceptance of the same key",
+        (Holding::Nothing | Holding::Pending(_), _) => "accepted or rejected beats pending and absent",
+        _ => "two different keys were held for this id: this master keeps its own (rejected, if another master rejected it)",
+    }
+}
+
+fn holding(seen: &Seen) -> Holding {
+    match (seen.kind, seen.fingerprint) {
+        (VerdictKind::Accepted, Some(fp)) => Holding::Accepted(fp),
+        (VerdictKind::Rejected, Some(fp)) => Holding::Rejected(fp),
+        _ => Holding::Nothing,
+    }
+}
