@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::Config;
+use crate::config::{Config, Mode};
 use crate::core::settle::SettleTimings;
 use crate::disk::audit::{AuditLog, Record};
 use crate::disk::store::Store;
@@ -20,6 +20,9 @@ use crate::net::rpc::{audit_transport, RpcHandler};
 use crate::node::{self, CoreParts, CoreSettings};
 use crate::ops::sd_notify::Notifier;
 use crate::setup::{load_tls_material, master_id, open_pki, salt_owner, tls_setup};
+
+/// Observe mode never rescans (it reads the folders once, at its start).
+const OBSERVE_NO_RESCAN: std::time::Duration = std::time::Duration::from_secs(10 * 365 * 24 * 3600);
 
 /// What the binary adds to [`run`]: where the config came from and a
 /// channel of reload requests (SIGHUP), and systemd notifications.
@@ -62,15 +65,25 @@ pub async fn run_with(
         None => None,
     };
 
+    let observe = config.mode == Mode::Observe;
     let audit = Arc::new(AuditLog::open(&config.audit_log, &config.node)?);
-    let store = Arc::new(Store::open(&config.state_dir, &config.node).with_context(|| {
-        format!(
-            "cannot open the state store; if it is corrupt, rebuild it with `{} --config FILE` (docs/recovery.md)",
-            crate::disk::state_guard::RECOVER_COMMAND
-        )
-    })?);
-    // Records cut off the audit log while the agent was stopped are told.
-    crate::disk::audit_guard::check(&store, &audit);
+    let store = if observe {
+        // Nothing kept: the first start in normal mode afterwards is a first start.
+        Arc::new(Store::in_memory(&config.node)?)
+    } else {
+        Arc::new(Store::open(&config.state_dir, &config.node).with_context(|| {
+            format!(
+                "cannot open the state store; if it is corrupt, rebuild it with `{} --config FILE` (docs/recovery.md)",
+                crate::disk::state_guard::RECOVER_COMMAND
+            )
+        })?)
+    };
+    if !observe {
+        // Records cut off the audit log while the agent was stopped are told.
+        crate::disk::audit_guard::check(&store, &audit);
+    }
+    // Observe mode opens the folders as normal mode does (making the agent's
+    // own staging folder if missing) but writes nothing into them.
     let pki = Arc::new(open_pki(&config, true)?);
     if let Some(refused) = pki.staging_refused() {
         tracing::error!(what = %refused, "the agent's staging folder in pki_dir was not its own");
@@ -79,13 +92,15 @@ pub async fn run_with(
             ..Record::new("refuse", "local", "refused")
         });
     }
-    // A lost or replaced state folder is refused, not taken for a first start.
-    crate::disk::state_guard::check(&pki, &store, &config.state_dir)?;
-    let store_id = store.id().to_string();
-    let n_stale = pki.clean_staging().context("cannot remove stale staging files")?;
-    if n_stale > 0 {
-        tracing::info!(n = n_stale, "removed staging files left by a crash");
+    if !observe {
+        // A lost or replaced state folder is refused, not taken for a first start.
+        crate::disk::state_guard::check(&pki, &store, &config.state_dir)?;
+        let n_stale = pki.clean_staging().context("cannot remove stale staging files")?;
+        if n_stale > 0 {
+            tracing::info!(n = n_stale, "removed staging files left by a crash");
+        }
     }
+    let store_id = store.id().to_string();
     let listener = match listener {
         Some(listener) => listener,
         None => {
@@ -93,16 +108,24 @@ pub async fn run_with(
         }
     };
 
-    // Watching starts before the start-up scan, so nothing changed during it is missed.
-    let (watch, events) = crate::disk::watcher::watch(&config.pki_dir)
-        .map(|(watch, events)| (Arc::new(watch), events))
-        .with_context(|| format!("cannot watch the key folders in {}", config.pki_dir.display()))?;
+    // Watching starts before the start-up scan, so nothing changed during it
+    // is missed. Observe mode reads the folders once, at its start: what the
+    // plan shows is what they held then (restart it to read them again).
+    let (watch, events, _no_events) = if observe {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (None, rx, Some(tx))
+    } else {
+        let (watch, events) = crate::disk::watcher::watch(&config.pki_dir)
+            .with_context(|| format!("cannot watch the key folders in {}", config.pki_dir.display()))?;
+        (Some(Arc::new(watch)), events, None)
+    };
     let settings = CoreSettings {
         node: config.node.clone(),
         cachedir: config.salt.cachedir.clone(),
         master_id: master_id(&config),
         max_clock_skew: config.timings.max_clock_skew,
-        rescan_interval: config.timings.rescan_interval,
+        rescan_interval: if observe { OBSERVE_NO_RESCAN } else { config.timings.rescan_interval },
+        observe,
     };
     let settle = SettleTimings { absent_grace: config.timings.absent_grace, ..SettleTimings::default() };
     let mut metrics = crate::ops::metrics::Metrics::new(&config.node);
@@ -116,7 +139,7 @@ pub async fn run_with(
         audit: audit.clone(),
         settle,
         metrics: metrics.clone(),
-        watch: Some(watch.clone()),
+        watch: watch.clone(),
     })
     .with_context(|| {
         format!(
@@ -124,18 +147,30 @@ pub async fn run_with(
             crate::disk::state_guard::RECOVER_COMMAND
         )
     })?;
-    // The store is initialized now: from here on its loss is detected.
-    crate::disk::state_guard::mark(&pki, &store_id, &config.node)?;
+    if !observe {
+        // The store is initialized now: from here on its loss is detected.
+        crate::disk::state_guard::mark(&pki, &store_id, &config.node)?;
+    }
     let board = Arc::new(crate::ops::board::Board::new(&config, audit.clone(), metrics.clone()));
+    let observing = if observe { ", observe mode: nothing is written to the key folders" } else { "" };
     audit.record(Record {
-        reason: Some(format!("listening on {}, {} peers", listener.local_addr()?, config.peers.len())),
+        reason: Some(format!("listening on {}, {} peers{observing}", listener.local_addr()?, config.peers.len())),
         ..Record::new("start", "local", "started")
     });
-    tracing::info!(node = %config.node, listen = %listener.local_addr()?, n_peers = config.peers.len(), "agent started");
+    tracing::info!(node = %config.node, listen = %listener.local_addr()?, n_peers = config.peers.len(), observe, "agent started");
 
     let tasks = TaskTracker::new();
     tasks.spawn(core.run(events, requests, shutdown.clone()));
-    let control_ctx = Arc::new(crate::ops::control::ControlContext { board: board.clone(), core: handle.clone() });
+    let (tls_tx, tls_rx) = watch::channel(Arc::new(tls));
+    let plan = crate::ops::site_plan::Gather {
+        node: config.node.clone(),
+        observe,
+        core: handle.clone(),
+        tls: tls_rx.clone(),
+        max_message_bytes: MAX_MESSAGE_BYTES,
+    };
+    let control_ctx =
+        Arc::new(crate::ops::control::ControlContext { board: board.clone(), core: handle.clone(), plan });
     tasks.spawn(crate::ops::control::serve(
         control_socket,
         config.control_socket.clone(),
@@ -153,14 +188,15 @@ pub async fn run_with(
     }
     let handler = Arc::new(RpcHandler {
         node: config.node.clone(),
+        observe,
         core: handle.clone(),
         audit: audit.clone(),
         board: board.clone(),
     });
     let opts = ServeOptions { max_message_bytes: MAX_MESSAGE_BYTES, ..ServeOptions::default() };
-    let control = ListenerControl::new(tls.clone(), config.peers.iter().map(|p| p.name.clone()).collect());
+    let control =
+        ListenerControl::new(tls_rx.borrow().as_ref().clone(), config.peers.iter().map(|p| p.name.clone()).collect());
     control.set_peer_sources(crate::net::rpc::peer_sources(&config.peers).await);
-    let (tls_tx, tls_rx) = watch::channel(Arc::new(tls));
     let links = PeerLinks::start(
         LinkContext {
             node: config.node.clone(),
@@ -210,7 +246,8 @@ pub async fn run_with(
     drop(watch);
     audit.record(Record::new("stop", "local", "stopped"));
     audit.sync();
-    // Where the chain ends at this clean stop: a cut tail is noticed at the next start.
+    // Where the chain ends at this clean stop: a cut tail is noticed at the
+    // next start (in observe mode the store is in memory and gone with it).
     if let Err(e) = store.set_audit_head(&audit.head()) {
         tracing::error!(error = %e, "cannot note where the audit log ends");
     }

@@ -7,5 +7,6 @@ pub mod check;
 pub mod cluster;
 pub mod demo;
 pub mod generate;
+pub mod plan;
 pub mod recover;
 pub mod status;

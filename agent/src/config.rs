@@ -28,6 +28,7 @@ struct RawConfig {
     timings: RawTimings,
     control_socket: Option<PathBuf>,
     metrics_listen: Option<String>,
+    mode: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -63,6 +64,17 @@ struct RawTimings {
     max_clock_skew: Option<String>,
     absent_grace: Option<String>,
     reconnect_max: Option<String>,
+}
+
+/// How the agent treats the key folders.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Replicates: writes what the peers decided.
+    Normal,
+    /// Connects, exchanges and reports (`salt-keysync plan`), but writes
+    /// nothing to the key folders and keeps no state: the first start in
+    /// normal mode afterwards is still a first start (docs/adopting.md).
+    Observe,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -138,6 +150,7 @@ pub struct Config {
     pub control_socket: PathBuf,
     /// Where Prometheus metrics are served; `None`: no metrics listener.
     pub metrics_listen: Option<SocketAddr>,
+    pub mode: Mode,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -193,6 +206,11 @@ impl Config {
             peers.push(Peer { name: peer.name, address: peer.address });
         }
 
+        let mode = match raw.mode.as_deref() {
+            None | Some("normal") => Mode::Normal,
+            Some("observe") => Mode::Observe,
+            Some(other) => return Err(invalid("mode", format!("{other:?} is neither \"normal\" nor \"observe\""))),
+        };
         let log_format = match raw.log_format.as_deref() {
             None | Some("text") => LogFormat::Text,
             Some("json") => LogFormat::Json,
@@ -250,6 +268,7 @@ impl Config {
             timings,
             control_socket,
             metrics_listen,
+            mode,
         })
     }
 }

@@ -69,7 +69,7 @@ enum Command {
                       reloads peers and certificates.",
         after_help = RUN_EXAMPLES
     )]
-    Run,
+    Run(RunArgs),
     /// Validate the config, certificates and the salt-master set-up without starting.
     #[command(
         long_about = "Validate a set-up without starting the agent: the config file, the TLS \
@@ -95,6 +95,16 @@ one-line message when the agent is not running.",
         after_help = "Examples:\n  salt-keysync status\n  salt-keysync status --cluster\n  salt-keysync status --cluster --json | jq '.findings[] | select(.level == \"error\")'\n  salt-keysync status --config /etc/salt-keysync/config.toml --json | jq '.peers[] | select(.state != \"up\")'"
     )]
     Status(StatusArgs),
+    /// Show what first contact does on every master: per id, what each holds and will show.
+    #[command(
+        long_about = "Ask the running agent what first contact does on every master: for each id whose \
+state differs between masters, what each master holds and what it will show once the agents run in \
+normal mode, and why (the rules are in docs/adopting.md). Meant for agents in observe mode \
+(mode = \"observe\" or `run --observe`), which write nothing; in normal mode it lists the conflicts no \
+rule settles. The agent asks its peers over their mutual-TLS link.",
+        after_help = "Examples:\n  salt-keysync plan\n  salt-keysync plan --json | jq '.masters[] | {node, n: (.rows | length)}'"
+    )]
+    Plan(PlanArgs),
     /// Start three agents on 127.0.0.1 in a temporary folder and watch accept, reject and delete propagate.
     Demo(demo::DemoArgs),
     /// Review the audit log (table, --json, filters, --follow) or verify its hash chain.
@@ -135,6 +145,21 @@ struct RecoverArgs {
 }
 
 #[derive(clap::Args)]
+struct RunArgs {
+    /// Observe mode: connect, exchange and report (`salt-keysync plan`), but
+    /// write nothing to the key folders and keep no state (as `mode = "observe"`).
+    #[arg(long)]
+    observe: bool,
+}
+
+#[derive(clap::Args)]
+struct PlanArgs {
+    /// Print every master's rows as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
 struct StatusArgs {
     /// Print the whole report as one JSON object.
     #[arg(long)]
@@ -171,7 +196,8 @@ fn main() {
     no_transparent_huge_pages();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run => run(&cli.config),
+        Command::Run(args) => run(&cli.config, &args),
+        Command::Plan(args) => plan(&cli.config, &args),
         Command::Check => check::check(&cli.config),
         Command::Certs(args) => certs::certs(&args),
         Command::Status(args) => status(&cli.config, &args),
@@ -191,9 +217,12 @@ fn main() {
     }
 }
 
-fn run(path: &std::path::Path) -> Result<()> {
+fn run(path: &std::path::Path, args: &RunArgs) -> Result<()> {
     salt_keysync::disk::perms::check_config_file(path)?;
-    let config = Config::load(path)?;
+    let mut config = Config::load(path)?;
+    if args.observe {
+        config.mode = salt_keysync::config::Mode::Observe;
+    }
     init_logging(&config.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -237,6 +266,17 @@ fn status(path: &std::path::Path, args: &StatusArgs) -> Result<()> {
     Ok(())
 }
 
+fn plan(path: &std::path::Path, args: &PlanArgs) -> Result<()> {
+    let config = Config::load(path)?;
+    let plan = salt_keysync::cli::plan::query(&config.control_socket)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&plan)?);
+    } else {
+        print!("{}", salt_keysync::cli::plan::render(&plan));
+    }
+    Ok(())
+}
+
 fn recover(path: &std::path::Path, args: &RecoverArgs) -> Result<()> {
     debug_assert!(args.from_peers);
     let config = Config::load(path)?;
@@ -255,7 +295,7 @@ fn recover(path: &std::path::Path, args: &RecoverArgs) -> Result<()> {
     }
     println!(
         "recovered {} decisions into state store {}; start the agent: it applies them first, and files found \
-         only on this master get bootstrap versions that never override the peers",
+         only on this master are claims, which never override the peers' decisions",
         done.n_decisions, done.store_id
     );
     Ok(())

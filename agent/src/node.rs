@@ -63,6 +63,9 @@ pub enum Request {
     Count { reply: oneshot::Sender<usize> },
     /// Decisions held per verdict: (accepted, rejected, deleted), for `status`.
     Counts { reply: oneshot::Sender<(usize, usize, usize)> },
+    /// What first contact does here (see `keysync_machine::node::plan`):
+    /// the ids in dispute, or exactly `ids`.
+    Plan { ids: Option<Vec<MinionId>>, reply: oneshot::Sender<Vec<keysync_machine::node::PlanRow>> },
 }
 
 /// A cloneable handle on the core task.
@@ -101,6 +104,8 @@ pub struct CoreSettings {
     pub master_id: String,
     pub max_clock_skew: Duration,
     pub rescan_interval: Duration,
+    /// Observe mode: nothing written to the key folders (see `config::Mode`).
+    pub observe: bool,
 }
 
 pub struct Core {
@@ -289,6 +294,9 @@ impl Core {
             Request::Counts { reply } => {
                 let _ = reply.send(self.node.counts());
             }
+            Request::Plan { ids, reply } => {
+                let _ = reply.send(self.node.plan(ids.as_deref()));
+            }
         }
     }
 }
@@ -325,7 +333,7 @@ pub fn start(parts: CoreParts) -> Result<(Core, CoreHandle, mpsc::Receiver<Reque
         max_clock_skew: parts.settings.max_clock_skew,
         rescan_interval: parts.settings.rescan_interval,
         settle: parts.settle,
-        observe: false,
+        observe: parts.settings.observe,
     };
     let mut effects = Effects {
         node: parts.settings.node,
@@ -338,6 +346,7 @@ pub fn start(parts: CoreParts) -> Result<(Core, CoreHandle, mpsc::Receiver<Reque
         metrics: parts.metrics,
         outgoing: outgoing.clone(),
         buffered: Vec::new(),
+        observe: parts.settings.observe,
     };
     let node = Node::start(settings, loaded, now(), &mut effects);
     effects.write_told();

@@ -10,3 +10,4 @@ pub mod metrics;
 pub mod reload;
 pub mod scrape_listener;
 pub mod sd_notify;
+pub mod site_plan;

@@ -5,7 +5,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use keysync_proto::v1::key_sync_server::KeySync;
-use keysync_proto::v1::{DecisionBatch, DiffChunk, DiffRequest, FetchRequest, HelloRequest, HelloResponse, PushAck};
+use keysync_proto::v1::{
+    DecisionBatch, DiffChunk, DiffRequest, FetchRequest, HelloRequest, HelloResponse, PlanRequest, PlanResponse,
+    PushAck,
+};
 use keysync_proto::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -25,6 +28,7 @@ pub trait Handler: Send + Sync + 'static {
     async fn push(&self, peer: &PeerName, batch: DecisionBatch) -> Result<PushAck, Status>;
     async fn diff(&self, peer: &PeerName, req: DiffRequest) -> Result<Vec<DiffChunk>, Status>;
     async fn fetch(&self, peer: &PeerName, req: FetchRequest) -> Result<Vec<DecisionBatch>, Status>;
+    async fn plan(&self, peer: &PeerName, req: PlanRequest) -> Result<PlanResponse, Status>;
 }
 
 /// Acks buffered per Push stream before the handler waits for the client to read them.
@@ -150,5 +154,10 @@ impl<H: Handler> KeySync for KeySyncService<H> {
         let peer = self.peer_of(&request)?;
         let batches = self.handler.fetch(&peer, request.into_inner()).await?;
         Ok(Response::new(stream_of(batches)))
+    }
+
+    async fn plan(&self, request: Request<PlanRequest>) -> Result<Response<PlanResponse>, Status> {
+        let peer = self.peer_of(&request)?;
+        Ok(Response::new(self.handler.plan(&peer, request.into_inner()).await?))
     }
 }

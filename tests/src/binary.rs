@@ -188,9 +188,27 @@ impl ProcessCluster {
     }
 }
 
-/// A loopback address nothing listens on right now.
+/// A loopback address nothing listens on right now, for an agent that binds
+/// it later. Not one the kernel hands out by itself (port 0, or the source
+/// port of an outgoing connection, both from ip_local_port_range, 32768 and
+/// up): between this check and the agent's bind, another test's connection
+/// could take such a port ("Address already in use", seen in the fault
+/// suite). Ports 20000–31999 instead, each handed out once per process, from
+/// an offset per process.
 pub fn free_addr() -> std::net::SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let offset = std::process::id().wrapping_mul(2_654_435_761) % SPAN;
+    for _ in 0..SPAN {
+        let port = FIRST + (offset + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN;
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port as u16));
+        if std::net::TcpListener::bind(addr).is_ok() {
+            return addr;
+        }
+    }
+    panic!("no free loopback port in {FIRST}..{}", FIRST + SPAN);
 }
 
 /// Agent processes whose peers are reached through cuttable relays, and that

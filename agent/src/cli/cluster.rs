@@ -162,6 +162,7 @@ mod tests {
                 peer("master-c", LinkState::Connecting, None),
             ],
             findings: crate::ops::findings::findings(&masters, &[]),
+            conflicts: Vec::new(),
         };
         let cluster = cluster(&report);
         assert_eq!(cluster.masters.len(), 3);

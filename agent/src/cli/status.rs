@@ -25,6 +25,12 @@ pub enum StatusError {
 
 /// Asks the agent listening on `socket` for its status.
 pub fn query(socket: &Path) -> Result<StatusReport, StatusError> {
+    ask(socket, "status", TIMEOUT)
+}
+
+/// Sends `request` to the agent listening on `socket` and reads its one-line
+/// JSON answer.
+pub fn ask<T: serde::de::DeserializeOwned>(socket: &Path, request: &str, timeout: Duration) -> Result<T, StatusError> {
     let path = socket.display().to_string();
     let mut stream = UnixStream::connect(socket).map_err(|source| match source.kind() {
         std::io::ErrorKind::NotFound => StatusError::NotRunning(path.clone()),
@@ -32,9 +38,9 @@ pub fn query(socket: &Path) -> Result<StatusReport, StatusError> {
         _ => StatusError::Denied { path: path.clone(), source },
     })?;
     let no_answer = |message: String| StatusError::NoAnswer { path: path.clone(), message };
-    stream.set_read_timeout(Some(TIMEOUT)).map_err(|e| no_answer(e.to_string()))?;
-    stream.set_write_timeout(Some(TIMEOUT)).map_err(|e| no_answer(e.to_string()))?;
-    stream.write_all(b"status\n").map_err(|e| no_answer(e.to_string()))?;
+    stream.set_read_timeout(Some(timeout)).map_err(|e| no_answer(e.to_string()))?;
+    stream.set_write_timeout(Some(timeout)).map_err(|e| no_answer(e.to_string()))?;
+    stream.write_all(format!("{request}\n").as_bytes()).map_err(|e| no_answer(e.to_string()))?;
     let mut line = String::new();
     BufReader::new(stream).read_line(&mut line).map_err(|e| no_answer(e.to_string()))?;
     serde_json::from_str(&line).map_err(|e| no_answer(format!("unreadable reply ({e}): {}", line.trim())))
@@ -125,8 +131,31 @@ pub fn render(report: &StatusReport) -> String {
     for finding in report.findings.iter().filter(|f| f.kind == "auto-accept" || f.kind == "salt-version") {
         out.push_str(&format!("{}: {}\n", finding.level.to_string().to_uppercase(), finding.message));
     }
+    if !report.conflicts.is_empty() {
+        out.push_str(&format!(
+            "CONFLICTS: {} id(s) whose masters keep different keys until an operator decides with salt-key \
+             (`salt-keysync plan` shows every master):\n",
+            report.conflicts.len()
+        ));
+        for conflict in report.conflicts.iter().take(MAX_CONFLICTS_SHOWN) {
+            let shows = match &conflict.will.fingerprint {
+                Some(fp) => format!("{} {}", conflict.will.state, fp),
+                None => conflict.will.state.clone(),
+            };
+            out.push_str(&format!("  {}: this master shows {shows}\n", conflict.minion));
+        }
+        if report.conflicts.len() > MAX_CONFLICTS_SHOWN {
+            out.push_str(&format!(
+                "  … and {} more (--json lists them all)\n",
+                report.conflicts.len() - MAX_CONFLICTS_SHOWN
+            ));
+        }
+    }
     out
 }
+
+/// Conflicts listed by the table (`--json` has them all).
+const MAX_CONFLICTS_SHOWN: usize = 20;
 
 /// The report with every text in it shown safely (`text.rs`): peer names,
 /// errors and health come from others. Every field, whatever the report
@@ -232,6 +261,13 @@ mod tests {
                 masters: vec!["master-b".into()],
                 message: "master-b accepts keys by itself (open_mode: True): …".into(),
             }],
+            conflicts: vec![crate::ops::site_plan::Entry {
+                minion: "web01".into(),
+                holds: crate::ops::site_plan::Shown { state: "accepted".into(), fingerprint: Some("3f:a1".into()) },
+                will: crate::ops::site_plan::Shown { state: "accepted".into(), fingerprint: Some("3f:a1".into()) },
+                conflict: true,
+                why: None,
+            }],
         };
         let mut forged = report.clone();
         forged.peers[1].last_error = Some("refused\nmaster-x  up  1s ago\u{1b}[8m".into());
@@ -246,6 +282,8 @@ mod tests {
             "7              2        MISMATCH    DRIFT: publisher_acl  3006.28",
             "master-c  down   5s ago        ?              ?        unknown     unknown               ?",
             "ERROR: master-b accepts keys by itself (open_mode: True)",
+            "CONFLICTS: 1 id(s) whose masters keep different keys",
+            "  web01: this master shows accepted 3f:a1",
             "master-c: down — connection refused",
             "master-b: MASTER KEY MISMATCH: its master.pub is cc:dd",
             "master-b: SETTINGS DRIFT: publisher_acl",

@@ -61,7 +61,21 @@ impl Store {
     pub fn open(state_dir: &Path, node: &str) -> Result<Store, StoreError> {
         let path = state_dir.join("state.redb");
         let db = redb::Builder::new().set_cache_size(CACHE_BYTES).create(&path).map_err(|e| db_error(&path, e))?;
-        let mut store = Store { db, path, id: String::new() };
+        Store::init(Store { db, path, id: String::new() }, node)
+    }
+
+    /// A store in memory, gone when the agent stops: observe mode keeps no
+    /// state, so the first start in normal mode afterwards is a first start.
+    pub fn in_memory(node: &str) -> Result<Store, StoreError> {
+        let path = PathBuf::from("(in memory: observe mode)");
+        let db = redb::Builder::new()
+            .set_cache_size(CACHE_BYTES)
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .map_err(|e| db_error(&path, e))?;
+        Store::init(Store { db, path, id: String::new() }, node)
+    }
+
+    fn init(mut store: Store, node: &str) -> Result<Store, StoreError> {
         let txn = store.db.begin_write().map_err(|e| store.err(e))?;
         {
             // Creating the tables up front lets readers assume they exist.

@@ -86,7 +86,7 @@ impl PeerLink {
                     Ok(()) => return,
                     Err(e) => {
                         tracing::warn!(error = %e, retry_in = ?backoff, "sync failed");
-                        self.board.set_state(&self.peer.name, LinkState::Down, Some(error_chain(&e)));
+                        self.board.set_state(&self.peer.name, LinkState::Down, Some(crate::text::error_chain(&e)));
                         // A peer that answers as another node is refused; audited
                         // once per name presented, not on every retry.
                         if let SessionError::WrongName(name) = &e {
@@ -358,22 +358,6 @@ async fn send_decisions(
         push_tx.send(batch).await.map_err(|_| SessionError::PushClosed)?;
     }
     Ok(n_bytes)
-}
-
-/// `error: cause: cause`, for `status`: the transport's top-level message
-/// alone ("connecting to peer …") does not say why.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// An upper bound of a decision's encoded size: its key, id and two

@@ -23,6 +23,8 @@ const SUMMARIES_PER_CHUNK: usize = 20_000;
 
 pub struct RpcHandler {
     pub node: String,
+    /// Observe mode (said in Plan answers).
+    pub observe: bool,
     pub core: CoreHandle,
     pub audit: Arc<AuditLog>,
     /// Peer contact times and their masters' health, for `status`.
@@ -112,6 +114,15 @@ impl Handler for RpcHandler {
             .chunks(DECISIONS_PER_BATCH)
             .map(|chunk| v1::DecisionBatch { decisions: chunk.iter().map(decision_to_wire).collect() })
             .collect())
+    }
+
+    async fn plan(&self, peer: &PeerName, req: v1::PlanRequest) -> Result<v1::PlanResponse, Status> {
+        self.board.contact(&peer.0);
+        let max = crate::ops::site_plan::MAX_PLAN_IDS;
+        if req.minions.len() > max {
+            return Err(Status::invalid_argument(format!("plan of {} ids, more than {max}", req.minions.len())));
+        }
+        crate::ops::site_plan::answer(&self.node, self.observe, &self.core, req.minions).await.map_err(core_gone)
     }
 }
 

@@ -31,6 +31,9 @@ pub struct Effects {
     /// Records told and not written yet: written together at the end of
     /// each input (or every [`AUDIT_BATCH`]), not one `write()` each.
     pub(super) buffered: Vec<Record>,
+    /// Observe mode: nothing is written to the key folders or `.dfn`, and
+    /// the node's events are logged, not audited (nothing happened).
+    pub(super) observe: bool,
 }
 
 impl Effects {
@@ -61,6 +64,9 @@ impl Runtime for Effects {
     }
 
     fn apply(&mut self, decisions: &[&Decision]) -> Vec<Result<Applied, Failure>> {
+        if self.observe {
+            return decisions.iter().map(|_| Ok(Applied::default())).collect();
+        }
         let results = self.pki.apply_all(decisions);
         for _ in results.iter().filter(|r| r.is_err()) {
             self.metrics.write_failures.inc();
@@ -69,11 +75,17 @@ impl Runtime for Effects {
     }
 
     fn sync_folders(&mut self) -> Result<(), Failure> {
+        if self.observe {
+            return Ok(());
+        }
         let synced = self.pki.sync().map_err(|e| format!("syncfs {}: {e}", self.pki.root().display()));
         self.count_failure(synced)
     }
 
     fn drop_dfn(&mut self) -> Result<bool, Failure> {
+        if self.observe {
+            return Ok(false);
+        }
         drop_dfn(&self.cachedir, &self.master_id, self.owner, &self.pki.trust())
             .map_err(|e| format!("cannot drop {}/.dfn: {e}", self.cachedir.display()))
     }
@@ -101,6 +113,9 @@ impl Runtime for Effects {
 
     fn audit(&mut self, event: Event) {
         super::tell::log_and_count(&event, &self.metrics);
+        if self.observe {
+            return;
+        }
         if let Some(record) = super::tell::record(&event, &self.node) {
             self.buffered.push(record);
             if self.buffered.len() >= AUDIT_BATCH {

@@ -16,6 +16,7 @@ fn core_in(dir: &std::path::Path) -> (Core, CoreHandle, mpsc::Receiver<Request>)
             master_id: "b".into(),
             max_clock_skew: Duration::from_secs(60),
             rescan_interval: Duration::from_secs(3600),
+            observe: false,
         },
         store: {
             std::fs::create_dir(dir.join("state")).unwrap();

@@ -88,6 +88,10 @@ pub struct StatusReport {
     /// What is wrong with the masters, errors first.
     #[serde(default)]
     pub findings: Vec<Finding>,
+    /// Ids whose masters keep different keys until an operator decides
+    /// (first contact, docs/adopting.md), with what this master shows.
+    #[serde(default)]
+    pub conflicts: Vec<crate::ops::site_plan::Entry>,
 }
 
 struct PeerEntry {
@@ -175,6 +179,16 @@ impl Board {
             };
             inner.peers.insert(peer.name.clone(), PeerEntry { status, reported: None });
         }
+    }
+
+    /// The peers as configured now (after the last reload).
+    pub fn peers(&self) -> Vec<crate::config::Peer> {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner
+            .peers
+            .values()
+            .map(|e| crate::config::Peer { name: e.status.name.clone(), address: e.status.address.clone() })
+            .collect()
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -371,6 +385,7 @@ impl Board {
             health: inner.local.clone(),
             peers: inner.peers.values().map(|e| e.status.clone()).collect(),
             findings,
+            conflicts: Vec::new(),
         }
     }
 }

@@ -18,6 +18,8 @@ use crate::ops::board::Board;
 /// Unix socket paths longer than this do not fit `sockaddr_un`.
 const MAX_SOCKET_PATH: usize = 107;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// `plan` asks every peer (each within 10 s, all at once, twice at most).
+const PLAN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Binds the control socket at `path`. Its folder is created with mode 0700
 /// if missing; an existing folder other users can enter is refused (the
@@ -64,19 +66,31 @@ pub async fn bind(path: &Path, state_dir: &Path) -> Result<UnixListener> {
         Ok(_) => bail!("control_socket {} exists and is not a socket; refusing to replace it", path.display()),
         Err(_) => {}
     }
-    // Created owner-only: a chmod after bind would leave a moment in which
-    // the socket has the umask's mode. The umask is the process's; nothing
-    // else creates files this early in a start.
-    let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
-    let bound = UnixListener::bind(path);
-    rustix::process::umask(old);
-    bound.with_context(|| format!("cannot bind control socket {}", path.display()))
+    // Never wider than 0600 at its path, not even for a moment: bound under
+    // a temporary name in the same (0700) folder, made 0600, then renamed
+    // into place (a listening socket keeps working under its new name). No
+    // umask change: the umask is the whole process's, and another thread
+    // (another agent in a test, a task) could create a file meanwhile.
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let temporary = folder.join(format!(".{}.{}.tmp", std::process::id(), name.len()));
+    let fits = temporary.as_os_str().len() <= MAX_SOCKET_PATH;
+    let at = if fits { temporary.as_path() } else { path };
+    let _ = std::fs::remove_file(&temporary);
+    let listener = UnixListener::bind(at).with_context(|| format!("cannot bind control socket {}", path.display()))?;
+    std::fs::set_permissions(at, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("cannot make control socket {} owner-only", path.display()))?;
+    if fits {
+        std::fs::rename(at, path).with_context(|| format!("cannot put control socket {} in place", path.display()))?;
+    }
+    Ok(listener)
 }
 
-/// What a status request needs from the rest of the agent.
+/// What a request needs from the rest of the agent.
 pub struct ControlContext {
     pub board: Arc<Board>,
     pub core: CoreHandle,
+    /// Gathers `plan` from this node and the peers.
+    pub plan: crate::ops::site_plan::Gather,
 }
 
 /// Answers requests until `shutdown`, then removes the socket.
@@ -88,7 +102,7 @@ pub async fn serve(listener: UnixListener, path: PathBuf, ctx: Arc<ControlContex
                 Ok((stream, _)) => {
                     let ctx = ctx.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = tokio::time::timeout(REQUEST_TIMEOUT, answer(stream, &ctx)).await.unwrap_or_else(|_| Err(anyhow::anyhow!("timed out"))) {
+                        if let Err(e) = tokio::time::timeout(PLAN_TIMEOUT + REQUEST_TIMEOUT, answer(stream, &ctx)).await.unwrap_or_else(|_| Err(anyhow::anyhow!("timed out"))) {
                             tracing::debug!(error = %e, "control request failed");
                         }
                     });
@@ -108,13 +122,18 @@ async fn answer(stream: UnixStream, ctx: &ControlContext) -> Result<()> {
     let mut line = String::new();
     // A request is one short word; cap what a client can make us buffer.
     let mut reader = BufReader::new(tokio::io::AsyncReadExt::take(read, 1024));
-    reader.read_line(&mut line).await?;
+    tokio::time::timeout(REQUEST_TIMEOUT, reader.read_line(&mut line)).await??;
     let reply = match line.trim() {
         "status" => {
             let keys = ctx.board.key_counts(&ctx.core).await;
-            serde_json::to_string(&ctx.board.report_with(keys))?
+            let mut report = ctx.board.report_with(keys);
+            let rows = ctx.core.ask(|reply| crate::node::Request::Plan { ids: None, reply }).await?;
+            report.conflicts = rows.iter().filter(|r| r.conflict).map(crate::ops::site_plan::entry).collect();
+            serde_json::to_string(&report)?
         }
-        other => serde_json::json!({ "error": format!("unknown request {other:?}; expected \"status\"") }).to_string(),
+        "plan" => serde_json::to_string(&ctx.plan.site(&ctx.board.peers()).await)?,
+        other => serde_json::json!({ "error": format!("unknown request {other:?}; expected \"status\" or \"plan\"") })
+            .to_string(),
     };
     write.write_all(reply.as_bytes()).await?;
     write.write_all(b"\n").await?;

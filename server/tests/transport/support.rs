@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use keysync_proto::v1::key_sync_client::KeySyncClient;
-use keysync_proto::v1::{DecisionBatch, DiffChunk, DiffRequest, FetchRequest, HelloRequest, HelloResponse, PushAck};
+use keysync_proto::v1::{
+    DecisionBatch, DiffChunk, DiffRequest, FetchRequest, HelloRequest, HelloResponse, PlanRequest, PlanResponse,
+    PushAck,
+};
 use keysync_proto::PROTOCOL_VERSION;
 use keysync_server::{serve, CertAuthority, Handler, PeerName, ServeOptions, TlsMaterial, TlsSetup, TransportEvent};
 use rustls::pki_types::ServerName;
@@ -97,6 +100,11 @@ impl Handler for EchoHandler {
     async fn fetch(&self, peer: &PeerName, req: FetchRequest) -> Result<Vec<DecisionBatch>, Status> {
         self.saw("fetch", peer);
         Ok(req.minions.iter().map(|_| DecisionBatch::default()).collect())
+    }
+
+    async fn plan(&self, peer: &PeerName, _req: PlanRequest) -> Result<PlanResponse, Status> {
+        self.saw("plan", peer);
+        Ok(PlanResponse { node: "b".to_owned(), ..PlanResponse::default() })
     }
 }
 

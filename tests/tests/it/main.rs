@@ -11,6 +11,9 @@ mod certs;
 mod cluster_health;
 /// `salt-keysync demo`: three operations shown propagating, private files, cleanup on Ctrl-C.
 mod demo;
+/// First contact on agent processes: drifted masters started in two orders
+/// end alike, an identical site rewrites nothing, observe mode and `plan`.
+mod first_contact;
 /// The shipped alert rules and dashboard: only exported metrics, mixin
 /// conventions, a runbook section and a promtool test case per alert.
 mod monitoring;

@@ -154,6 +154,10 @@ pub(crate) struct SimNode {
     undecided_changes: BTreeSet<MinionId>,
     /// Killed at the n-th effect of its next input.
     kill_after: Option<u32>,
+    /// Ids recorded in an input the node was killed in: their audit records
+    /// may have been buffered and lost with the process (the store commit
+    /// comes before the audit write; conflicts alone are kept until told).
+    pub(crate) audit_maybe_lost: BTreeSet<MinionId>,
 }
 
 impl SimNode {
@@ -245,6 +249,7 @@ impl Sim {
                 disk_full: 0,
                 undecided_changes: BTreeSet::new(),
                 kill_after: None,
+                audit_maybe_lost: BTreeSet::new(),
             });
         }
         // Sometimes the highest-named master joins late with the folders it had at the start.
@@ -464,6 +469,20 @@ impl Sim {
         if self.trace {
             let n = &self.nodes[node];
             for event in &n.audit[out.audit_before..] {
+                match event {
+                    node::Event::Applied { decision, from, .. } => {
+                        trace!(self, "{} applies {} {} via {from}", n.name, decision.id, decision.version)
+                    }
+                    node::Event::Kept { decision, from, shows, wrote, .. } => trace!(
+                        self,
+                        "{} keeps {} {} via {from}: shows {:?}, wrote {wrote}",
+                        n.name,
+                        decision.id,
+                        decision.version,
+                        shows.as_ref().map(|s| s.version.to_string())
+                    ),
+                    _ => {}
+                }
                 if let node::Event::Conflict { conflict, from } = event {
                     trace!(
                         self,
@@ -481,6 +500,10 @@ impl Sim {
         }
         if let Some(id) = out.wrote_into_runs.first() {
             self.fail(format!("{} wrote {id} while a salt-key run on it was in progress", self.nodes[node].name));
+        }
+        if out.killed {
+            let ids = out.recorded.iter().map(|(d, _, _)| d.id.clone());
+            self.nodes[node].audit_maybe_lost.extend(ids);
         }
         self.note_recorded(node, std::mem::take(&mut out.recorded));
         let n = &self.nodes[node];

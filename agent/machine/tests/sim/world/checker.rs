@@ -7,7 +7,7 @@
 
 use super::*;
 use keysync_machine::core::merge::conflicting;
-use keysync_machine::core::{Seen, Verdict};
+use keysync_machine::core::{PublicKey, Seen, Verdict};
 
 /// What a run found; every count but the latencies must be 0.
 #[derive(Clone, Debug, Default)]
@@ -100,6 +100,7 @@ impl Sim {
                     ));
                 }
             }
+            self.check_first_contact(n, &mut problems);
             for name in n.disk.names() {
                 if !self.ids.iter().any(|id| id.as_str() == name) {
                     problems.push(format!("{} has a stray file {name}", n.name));
@@ -199,6 +200,49 @@ impl Sim {
             ));
         }
         self.stats.verdicts = verdicts;
+    }
+}
+
+impl Sim {
+    /// First contact, as the issue words it: no master trusts a key it did
+    /// not hold unless every claim agreed on it (where no live decision was
+    /// made), and every disagreement of claims is audited on every master.
+    fn check_first_contact(&self, n: &SimNode, problems: &mut Vec<String>) {
+        for id in &self.ids {
+            let made = self.made.get(id).map(Vec::as_slice).unwrap_or_default();
+            let claims: Vec<&Decision> = made.iter().map(|m| &m.decision).filter(|d| d.version.is_claim()).collect();
+            if claims.is_empty() {
+                continue;
+            }
+            let mine = n.store.decisions.get(id).and_then(|s| s.mine.clone());
+            let own = mine.as_ref().and_then(|v| claims.iter().find(|c| c.version == *v));
+            let live = made.iter().any(|m| !m.decision.version.is_claim());
+            if let (false, Some(bytes)) = (live, n.disk.get(Folder::Accepted, id.as_str())) {
+                let held_it = own.is_some_and(|o| o.verdict == Verdict::Accepted(PublicKey::new(bytes.clone())));
+                let all_agree = claims.iter().all(|c| c.verdict == Verdict::Accepted(PublicKey::new(bytes.clone())));
+                if !held_it && !all_agree {
+                    problems
+                        .push(format!("{}: trusts a key for {id} it did not hold, and the claims disagree", n.name));
+                }
+            }
+            let disagrees = claims.iter().any(|c| own.is_none_or(|o| o.verdict != c.verdict));
+            let audited = n.audit.iter().any(|e| match e {
+                node::Event::Applied { decision, .. }
+                | node::Event::Kept { decision, .. }
+                | node::Event::Superseded { decision, .. } => decision.id == *id,
+                node::Event::Conflict { conflict, .. } => conflict.id == *id,
+                _ => false,
+            });
+            if disagrees && !audited && !n.audit_maybe_lost.contains(id) {
+                problems.push(format!(
+                    "{}: the claims about {id} disagree with its own ({:?}), and it audited nothing: claims {:?}, held {:?}",
+                    n.name,
+                    own.map(|o| &o.version),
+                    claims.iter().map(|c| c.version.to_string()).collect::<Vec<_>>(),
+                    n.store.decisions.get(id).map(|s| (&s.held.version, s.seen.iter().map(|x| x.version.to_string()).collect::<Vec<_>>()))
+                ));
+            }
+        }
     }
 }
 

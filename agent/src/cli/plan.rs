@@ -1,0 +1,146 @@
+//! `salt-keysync plan`: asks the running agent what first contact does on
+//! every master (it gathers the peers' answers) and prints one line per id
+//! and master, as a table or as JSON.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::cli::status::{ask, StatusError};
+use crate::ops::site_plan::{Shown, SitePlan};
+use crate::text::shown;
+
+/// The agent asks each peer within 10 s, at most twice.
+const TIMEOUT: Duration = Duration::from_secs(40);
+
+pub fn query(socket: &Path) -> Result<SitePlan, StatusError> {
+    ask(socket, "plan", TIMEOUT)
+}
+
+/// `accepted 3f:a1:…`, `pending 3f:a1:…` or `nothing`.
+fn describe(what: &Shown) -> String {
+    match &what.fingerprint {
+        Some(fingerprint) => format!("{} {}…", shown(&what.state), shown(&fingerprint[..fingerprint.len().min(11)])),
+        None => shown(&what.state).to_string(),
+    }
+}
+
+/// One line per id and master: what it holds, what it will show, and why;
+/// masters that could not be asked first.
+pub fn render(plan: &SitePlan) -> String {
+    let mut out = String::new();
+    for master in &plan.masters {
+        let mode = if master.observe { "observe mode" } else { "normal mode" };
+        match &master.error {
+            Some(error) => out.push_str(&format!("{}: NOT ASKED: {}\n", shown(&master.node), shown(error))),
+            None => out.push_str(&format!("{}: {mode}\n", shown(&master.node))),
+        }
+        if master.truncated {
+            out.push_str(&format!(
+                "{}: more rows than one answer carries; the rest are left out\n",
+                shown(&master.node)
+            ));
+        }
+    }
+    let ids = plan.ids();
+    if ids.is_empty() {
+        out.push_str("\nno differences: every master holds the same, nothing will be written\n");
+        return out;
+    }
+    let width = |f: &dyn Fn(&str, &str) -> usize| -> usize {
+        plan.masters.iter().flat_map(|m| m.rows.iter().map(move |r| f(&m.node, &r.minion))).max().unwrap_or(0)
+    };
+    let id_width = width(&|_, id| shown(id).chars().count()).max(6);
+    let node_width = width(&|node, _| shown(node).chars().count()).max(6);
+    out.push_str(&format!("\n{:id_width$}  {:node_width$}  {:24}  {:24}  WHY\n", "MINION", "MASTER", "HOLDS", "WILL"));
+    for id in ids {
+        for master in &plan.masters {
+            let Some(row) = master.rows.iter().find(|r| r.minion == id) else { continue };
+            let (holds, will) = (describe(&row.holds), describe(&row.will));
+            let will = if row.will == row.holds { "(unchanged)".to_string() } else { will };
+            let mut why = row.why.as_deref().map(|w| shown(w).to_string()).unwrap_or_default();
+            if row.conflict {
+                why = if why.is_empty() { "CONFLICT".into() } else { format!("CONFLICT: {why}") };
+            }
+            out.push_str(
+                format!(
+                    "{:id_width$}  {:node_width$}  {holds:24}  {will:24}  {why}",
+                    shown(&row.minion),
+                    shown(&master.node)
+                )
+                .trim_end(),
+            );
+            out.push('\n');
+        }
+    }
+    let conflicts = plan
+        .masters
+        .iter()
+        .flat_map(|m| m.rows.iter().filter(|r| r.conflict).map(|r| r.minion.as_str()))
+        .collect::<std::collections::BTreeSet<_>>();
+    if !conflicts.is_empty() {
+        out.push_str(&format!(
+            "\n{} conflict(s) no rule settles: masters keep different keys until an operator decides with salt-key \
+             (accept the right key, or delete it, on any one master)\n",
+            conflicts.len()
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::site_plan::{Entry, MasterPlan};
+
+    fn at(state: &str, fp: Option<&str>) -> Shown {
+        Shown { state: state.into(), fingerprint: fp.map(str::to_string) }
+    }
+
+    #[test]
+    fn one_line_per_id_and_master_with_what_changes_and_why() {
+        let fp = "3f:a1:00:11:22:33:44:55:66:77:88:99:aa:bb:cc:dd:ee:ff:00:11:22:33:44:55:66:77:88:99:aa:bb:cc:dd";
+        let row = |holds: Shown, will: Shown, why: Option<&str>| Entry {
+            minion: "web01".into(),
+            holds,
+            will,
+            conflict: false,
+            why: why.map(str::to_string),
+        };
+        let plan = SitePlan {
+            masters: vec![
+                MasterPlan {
+                    node: "master-a".into(),
+                    observe: true,
+                    error: None,
+                    truncated: false,
+                    rows: vec![row(
+                        at("accepted", Some(fp)),
+                        at("rejected", Some(fp)),
+                        Some("a rejection beats an acceptance of the same key"),
+                    )],
+                },
+                MasterPlan {
+                    node: "master-b".into(),
+                    observe: true,
+                    error: None,
+                    truncated: false,
+                    rows: vec![row(at("rejected", Some(fp)), at("rejected", Some(fp)), None)],
+                },
+                MasterPlan {
+                    node: "master-c\u{1b}[31m".into(),
+                    observe: false,
+                    error: Some("connecting: refused".into()),
+                    truncated: false,
+                    rows: vec![],
+                },
+            ],
+        };
+        let text = render(&plan);
+        let lines: Vec<String> = text.lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect();
+        let has = |want: &str| assert!(lines.iter().any(|l| l == want), "{want:?} not in {text}");
+        has("web01 master-a accepted 3f:a1:00:11… rejected 3f:a1:00:11… a rejection beats an acceptance of the same key");
+        has("web01 master-b rejected 3f:a1:00:11… (unchanged)");
+        assert!(text.contains("NOT ASKED: connecting: refused"), "{text}");
+        assert!(!text.contains('\u{1b}'), "a peer's name cannot drive the terminal: {text}");
+    }
+}
