@@ -28,6 +28,9 @@ pub struct RunOptions {
     /// Re-read on every reload request; without it requests are ignored.
     pub config_path: Option<std::path::PathBuf>,
     pub reload: Option<mpsc::Receiver<Option<crate::ops::reload::ReloadReply>>>,
+    /// The sending side of `reload`, for `salt-keysync reload` over the
+    /// control socket (it waits for the outcome, which SIGHUP cannot).
+    pub reload_requests: Option<mpsc::Sender<Option<crate::ops::reload::ReloadReply>>>,
     pub notifier: Notifier,
 }
 
@@ -135,7 +138,12 @@ pub async fn run_with(
 
     let tasks = TaskTracker::new();
     tasks.spawn(core.run(events, requests, shutdown.clone()));
-    let control_ctx = Arc::new(crate::ops::control::ControlContext { board: board.clone(), core: handle.clone() });
+    let control_ctx = Arc::new(crate::ops::control::ControlContext {
+        board: board.clone(),
+        core: handle.clone(),
+        // Only where a reloader will answer.
+        reload: options.reload_requests.clone().filter(|_| options.config_path.is_some() && options.reload.is_some()),
+    });
     tasks.spawn(crate::ops::control::serve(
         control_socket,
         config.control_socket.clone(),

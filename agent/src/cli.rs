@@ -8,4 +8,5 @@ pub mod cluster;
 pub mod demo;
 pub mod generate;
 pub mod recover;
+pub mod reload;
 pub mod status;

@@ -1,5 +1,6 @@
 //! `salt-keysync status`: asks the running agent over its control socket
-//! and prints what it knows, as a table or as JSON.
+//! and prints what it knows, as a table or as JSON. (`ask` is also how
+//! `salt-keysync reload` talks to it.)
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -25,6 +26,15 @@ pub enum StatusError {
 
 /// Asks the agent listening on `socket` for its status.
 pub fn query(socket: &Path) -> Result<StatusReport, StatusError> {
+    let line = ask(socket, "status")?;
+    serde_json::from_str(&line).map_err(|e| StatusError::NoAnswer {
+        path: socket.display().to_string(),
+        message: format!("unreadable reply ({e}): {}", line.trim()),
+    })
+}
+
+/// Sends one `request` line to the agent listening on `socket`; its one-line answer.
+pub fn ask(socket: &Path, request: &str) -> Result<String, StatusError> {
     let path = socket.display().to_string();
     let mut stream = UnixStream::connect(socket).map_err(|source| match source.kind() {
         std::io::ErrorKind::NotFound => StatusError::NotRunning(path.clone()),
@@ -34,10 +44,10 @@ pub fn query(socket: &Path) -> Result<StatusReport, StatusError> {
     let no_answer = |message: String| StatusError::NoAnswer { path: path.clone(), message };
     stream.set_read_timeout(Some(TIMEOUT)).map_err(|e| no_answer(e.to_string()))?;
     stream.set_write_timeout(Some(TIMEOUT)).map_err(|e| no_answer(e.to_string()))?;
-    stream.write_all(b"status\n").map_err(|e| no_answer(e.to_string()))?;
+    stream.write_all(format!("{request}\n").as_bytes()).map_err(|e| no_answer(e.to_string()))?;
     let mut line = String::new();
     BufReader::new(stream).read_line(&mut line).map_err(|e| no_answer(e.to_string()))?;
-    serde_json::from_str(&line).map_err(|e| no_answer(format!("unreadable reply ({e}): {}", line.trim())))
+    Ok(line)
 }
 
 /// The human-readable form: summary lines, then one row per peer, then
