@@ -56,6 +56,11 @@ pub fn check(path: &Path) -> Result<()> {
                     problems.push(format!("salt.cachedir {e}"));
                 }
             }
+            // What `run` would refuse: a state folder lost, or swapped for another.
+            match crate::disk::state_guard::check_offline(&config.pki_dir, &options.trust, &config.state_dir) {
+                Ok(note) => ok(note),
+                Err(e) => problems.push(e.to_string()),
+            }
         }
         Err(e) => problems.push(format!("{e:#}")),
     }

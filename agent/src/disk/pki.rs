@@ -55,6 +55,7 @@ const MAX_WRITERS: usize = 4;
 /// agent's own writes stay out of its inotify watch and off the folders'
 /// large directory indexes until the final rename. Private to the agent.
 pub const STAGING_DIR: &str = ".keysync-staging";
+pub use staging::MARKER;
 
 /// A file owner: the salt master user.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -482,6 +483,19 @@ fn apart_from<'a>(staging: &OwnedFd, folders: impl Iterator<Item = Option<&'a Ow
         .zip(folders)
         .find(|(_, fd)| fd.and_then(dirs::mount_of).is_some_and(|mount| mount != staging))
         .map(|(folder, _)| folder)
+}
+
+/// The state marker's text, read for `salt-keysync check` without opening
+/// the folders for work (which may make or replace the staging folder):
+/// pki_dir checked as `open` checks it, nothing followed through a symlink.
+pub fn peek_marker(root_path: &Path, trust: &Trust) -> io::Result<Option<String>> {
+    let root = dirs::open_path(root_path, trust).map_err(|e| io::Error::other(e.to_string()))?;
+    let staging = match dirs::open_dir_at(&root, STAGING_DIR.as_bytes(), &root_path.join(STAGING_DIR)) {
+        Ok(fd) => fd,
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => return Err(io::Error::other(e.to_string())),
+    };
+    staging::read_marker_at(&staging)
 }
 
 /// What `salt-keysync check` finds of the folders `run` would use, without
