@@ -276,6 +276,7 @@ fn status(path: &std::path::Path, args: &StatusArgs) -> Result<()> {
 fn recover(path: &std::path::Path, args: &RecoverArgs) -> Result<()> {
     debug_assert!(args.from_peers);
     let config = Config::load(path)?;
+    become_agent_user(&config)?;
     init_logging(&config.log_format);
     let runtime =
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")?;
@@ -294,6 +295,40 @@ fn recover(path: &std::path::Path, args: &RecoverArgs) -> Result<()> {
          only on this master get bootstrap versions that never override the peers",
         done.n_decisions, done.store_id
     );
+    Ok(())
+}
+
+/// Run by root from a shell, `recover` acts as the agent's user: the owner
+/// of state_dir (systemd gives it to the unit's user), else of pki_dir's
+/// staging folder. The store and marker it writes are then the agent's, and
+/// the staging folder it uses is the agent's own, which root would take for
+/// a stranger's and replace. With mode 0600, as the unit's UMask= makes them.
+/// Before any thread exists: credentials change for the whole process.
+fn become_agent_user(config: &Config) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+    let staging = config.pki_dir.join(salt_keysync::disk::pki::STAGING_DIR);
+    let owner = [std::fs::metadata(&config.state_dir), std::fs::symlink_metadata(&staging)]
+        .into_iter()
+        .find_map(|meta| meta.ok().filter(|meta| meta.is_dir()).map(|meta| (meta.uid(), meta.gid())));
+    let Some((uid, gid)) = owner else { return Ok(()) };
+    if !rustix::process::geteuid().is_root() || uid == 0 {
+        return Ok(());
+    }
+    // SAFETY: system calls on this process's own credentials; the empty
+    // group list is a null pointer with a length of 0.
+    let changed = unsafe {
+        libc::setgroups(0, std::ptr::null()) == 0
+            && libc::setresgid(gid, gid, gid) == 0
+            && libc::setresuid(uid, uid, uid) == 0
+    };
+    if !changed {
+        anyhow::bail!(
+            "cannot act as the agent's user (uid {uid}, owner of {}): {}",
+            config.state_dir.display(),
+            std::io::Error::last_os_error()
+        );
+    }
     Ok(())
 }
 
