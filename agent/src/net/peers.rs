@@ -85,7 +85,8 @@ impl PeerLink {
                 match session {
                     Ok(()) => return,
                     Err(e) => {
-                        tracing::warn!(error = %e, retry_in = ?backoff, "sync failed");
+                        // With its cause ("Connection refused"), as `status` shows it.
+                        tracing::warn!(error = %error_chain(&e), retry_in = ?backoff, "sync failed");
                         self.board.set_state(&self.peer.name, LinkState::Down, Some(error_chain(&e)));
                         // A peer that answers as another node is refused; audited
                         // once per name presented, not on every retry.
