@@ -558,14 +558,9 @@ fn open_folder(root: &OwnedFd, root_path: &Path, folder: Folder, options: &PkiOp
                 Err(e) => return Err(DirError::Io { path: path.display().to_string(), source: e.into() }),
             }
             let fd = dirs::open_dir_at(root, name.as_bytes(), &path)?;
-            let chown = rustix::fs::fchown(
-                &fd,
-                Some(rustix::fs::Uid::from_raw(options.owner.uid)),
-                Some(rustix::fs::Gid::from_raw(options.owner.gid)),
-            );
-            chown
-                .and_then(|()| rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o755)))
-                .map_err(|e| DirError::Io { path: path.display().to_string(), source: e.into() })?;
+            give_to(&fd, options.owner)
+                .and_then(|()| Ok(rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o755))?))
+                .map_err(|source| DirError::Io { path: path.display().to_string(), source })?;
             fd
         }
         other => other?,
@@ -606,8 +601,20 @@ fn write_new(dir: &impl AsFd, name: &str, bytes: &[u8], mode: u32, owner: Owner)
     file.write_all(bytes)?;
     // The umask may have narrowed the mode given to open.
     rustix::fs::fchmod(&file, Mode::from_raw_mode(mode))?;
-    rustix::fs::fchown(&file, Some(rustix::fs::Uid::from_raw(owner.uid)), Some(rustix::fs::Gid::from_raw(owner.gid)))?;
-    Ok(())
+    give_to(&file, owner)
+}
+
+/// Makes `owner` own the file or folder `fd`. Only when it does not
+/// already: an agent that runs as the master's user owns what it creates,
+/// and its unit denies chown altogether (SystemCallFilter=~@privileged),
+/// even a no-op one.
+fn give_to(fd: &impl AsFd, owner: Owner) -> io::Result<()> {
+    let st = rustix::fs::fstat(fd)?;
+    if (st.st_uid, st.st_gid) == (owner.uid, owner.gid) {
+        return Ok(());
+    }
+    let (uid, gid) = (rustix::fs::Uid::from_raw(owner.uid), rustix::fs::Gid::from_raw(owner.gid));
+    Ok(rustix::fs::fchown(fd, Some(uid), Some(gid))?)
 }
 
 /// Removes `name` from `dir` (a symlink itself, never its target); true if
