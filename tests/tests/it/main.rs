@@ -31,6 +31,9 @@ mod salt_settings;
 /// Issue 4: hostile key files, hostile peer messages and strangers at the TLS
 /// door are refused, audited once each, and never reach a peer.
 mod security;
+/// Issue 18: what the systemd unit relies on: exit 78, journald priorities,
+/// `salt-keysync reload`, connect failures with their cause.
+mod service;
 /// Issue 4: start-up refuses too-open paths and masters it cannot serve.
 mod startup;
 /// `salt-keysync status` and the metrics endpoint: a stopped peer, key counts,
