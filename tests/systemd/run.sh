@@ -13,7 +13,7 @@
 # watchdog, log rotation, a lost state, upgrade, remove, purge, reinstall.
 # Ends with one line: "systemd-test: PASS (...)" or "systemd-test: FAIL: ...".
 # Fails (never skips) when something it needs is missing;
-# scripts/install-test-deps.sh installs it. KEEP=1 keeps the work folder;
+# scripts/deps.sh installs it. KEEP=1 keeps the work folder;
 # HOLD=1 keeps the container running after a failure, for a look inside.
 set -euo pipefail
 
@@ -37,7 +37,7 @@ missing=()
 for tool in systemd-nspawn mmdebstrap unshare nsenter pgrep dpkg-deb python3 flock; do
     command -v "$tool" >/dev/null || missing+=("$tool")
 done
-[ ${#missing[@]} -eq 0 ] || fail "missing ${missing[*]}: run scripts/install-test-deps.sh (apt-get install systemd-container mmdebstrap ...)"
+[ ${#missing[@]} -eq 0 ] || fail "missing ${missing[*]}: run scripts/deps.sh as root (apt-get install systemd-container mmdebstrap)"
 shopt -s nullglob
 debs=("$target"/debian/*.deb)
 [ ${#debs[@]} -eq 1 ] || fail "expected one .deb in $target/debian, found ${#debs[@]}: run scripts/package.sh"
