@@ -226,9 +226,25 @@ phase_unit() {
     python3 -c "import sys; sys.exit(0 if float('$exposure') <= 1.5 else 1)" 2>/dev/null \
         || fail "systemd-analyze security rates the unit '$exposure', above 1.5: $(inside systemd-analyze security --no-pager salt-keysync | grep '✗')"
     ok "systemd-analyze security: $exposure"
+    # Where the master runs as root, so does the agent (the unit without the
+    # generator's drop-in, under another name): still within bounds.
+    inside sh -c 'cp /usr/lib/systemd/system/salt-keysync.service /run/systemd/system/keysync-as-root.service && systemctl daemon-reload'
+    exposure=$(inside systemd-analyze security --no-pager keysync-as-root | sed -n 's/.*Overall exposure level for keysync-as-root.service: \([0-9.]*\).*/\1/p')
+    inside sh -c 'rm /run/systemd/system/keysync-as-root.service && systemctl daemon-reload'
+    python3 -c "import sys; sys.exit(0 if float('$exposure') <= 1.5 else 1)" 2>/dev/null \
+        || fail "systemd-analyze security rates the unit as root '$exposure', above 1.5"
+    ok "systemd-analyze security as root: $exposure"
     inside systemd-analyze verify --man=no /usr/lib/systemd/system/salt-keysync.service >"$work/verify.out" 2>&1 \
         || fail "systemd-analyze verify: $(cat "$work/verify.out")"
     ok "systemd-analyze verify --man=no"
+    # A folder salt-master makes after the agent started is writable to it
+    # (pki_dir is one writable mount, not a mount per folder that existed).
+    inside setpriv --reuid=salt --regid=salt --clear-groups mkdir $PKI/minions_autosign_later
+    # shellcheck disable=SC2086
+    inside nsenter --target "$pid" --mount --user $salt_ids touch $PKI/minions_autosign_later/probe \
+        || fail "a folder made in pki_dir after the agent started is not writable to it"
+    inside rm -r $PKI/minions_autosign_later
+    ok "folders made in pki_dir after the start are writable to the agent"
     [ "$(unit_prop WatchdogUSec)" = 30s ] || fail "WatchdogUSec=$(unit_prop WatchdogUSec)"
     [ "$(unit_prop LimitNOFILE)" = 8192 ] || fail "LimitNOFILE=$(unit_prop LimitNOFILE)"
     [ ! -e "$(in_root /bin/kill)" ] || fail "the container has /bin/kill: the reload test proves nothing"
@@ -271,6 +287,12 @@ phase_replication() {
     salt_key_in_a -d web2
     eventually 15 "web2 deleted on master-a is deleted on master-b" expect_folder master-b "$work/master-b/pki" web2 absent
     ok "delete on master-a reaches master-b"
+    # Staging and adoption worked in place: no EXDEV fallback (dot files
+    # staged inside the watched key folders, or keys copied).
+    if inside journalctl --no-pager -u salt-keysync -o cat | grep -E "staging beside the keys|pending keys are copied|adopted by renaming"; then
+        fail "the agent fell back from its staging folder: the key folders are not on one mount with it"
+    fi
+    ok "staged in .keysync-staging and pending keys linked into place: one mount, no fallback"
 }
 
 phase_status_and_journal() {
