@@ -62,11 +62,18 @@ async fn a_lost_or_corrupt_state_is_refused_and_rebuilt_from_the_peers() {
     assert_eq!(code, Some(78), "{output}");
     assert!(output.contains("cannot open the state store") && output.contains("recover --from-peers"), "{output}");
 
-    // systemd gives state_dir to the agent's user; recover, run by root,
-    // leaves that user's files (it wrote root's, 0644, the agent then could
-    // not open its store).
+    // As under the packaged unit, master-c's files are its agent's user's
+    // (here nobody's); recover, run by root, acts as that user. It wrote
+    // root's files, 0644, before: the agent could not open its new store, and
+    // it took the agent's staging folder for a stranger's.
     let agent_user = 65534;
-    std::os::unix::fs::chown(&state, Some(agent_user), Some(agent_user)).unwrap();
+    let chown_all = |owner: u32| {
+        let spec = format!("{owner}:{owner}");
+        let status = std::process::Command::new("chown").args(["-R", &spec]).arg(&cluster.files[2].dir).status();
+        assert!(status.unwrap().success(), "chown -R {spec} {}", cluster.files[2].dir.display());
+    };
+    std::fs::set_permissions(root.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    chown_all(agent_user);
     let recovered = run_cli(&["recover", "--from-peers", "--config", &config]);
     let stdout = String::from_utf8_lossy(&recovered.stdout);
     assert!(recovered.status.success(), "{stdout}{}", String::from_utf8_lossy(&recovered.stderr));
@@ -83,10 +90,14 @@ async fn a_lost_or_corrupt_state_is_refused_and_rebuilt_from_the_peers() {
         let meta = std::fs::metadata(&path).unwrap();
         assert_eq!((meta.uid(), meta.mode() & 0o777), (agent_user, mode), "{}", path.display());
     }
-    // This test's agents run as root: back to root's, as systemd would.
-    for path in [state.join("state.redb"), state.clone(), staging.join(".salt-keysync-state"), staging] {
-        std::os::unix::fs::chown(&path, Some(0), Some(0)).unwrap();
-    }
+    let moved_aside: Vec<_> = std::fs::read_dir(&cluster.files[2].pki)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(".refused-"))
+        .collect();
+    assert!(moved_aside.is_empty(), "recover replaced the agent's staging folder: {moved_aside:?}");
+    // This test's agents run as root: back to root's.
+    chown_all(0);
 
     cluster.start(2).await;
     converged(&cluster, Duration::from_secs(30)).await;
