@@ -75,8 +75,10 @@ enum Command {
     #[command(
         long_about = "Validate a set-up without starting the agent: the config file, the TLS \
                       certificates (chain, node name, expiry), the three key folders, the salt \
-                      user, and that the master uses the local key store. Prints one line per \
-                      check; exits 1 if any failed.",
+                      user, that the master uses the local key store, and that the state is not \
+                      lost. Run by root, it checks as the agent's user (the owner of state_dir, \
+                      as the packaged unit runs it). Prints one line per check; exits 1 if any \
+                      failed.",
         after_help = CHECK_EXAMPLES
     )]
     Check,
@@ -185,7 +187,11 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run => run(&cli.config),
-        Command::Check => check::check(&cli.config),
+        // As the agent would find things: run by root, as the agent's user.
+        Command::Check => match Config::load(&cli.config) {
+            Ok(config) => become_agent_user(&config).and_then(|()| check::check(&cli.config)),
+            Err(_) => check::check(&cli.config),
+        },
         Command::Reload => salt_keysync::cli::reload::reload(&cli.config).map(|summary| println!("{summary}")),
         Command::Certs(args) => certs::certs(&args),
         Command::Status(args) => status(&cli.config, &args),
@@ -298,11 +304,12 @@ fn recover(path: &std::path::Path, args: &RecoverArgs) -> Result<()> {
     Ok(())
 }
 
-/// Run by root from a shell, `recover` acts as the agent's user: the owner
-/// of state_dir (systemd gives it to the unit's user), else of pki_dir's
-/// staging folder. The store and marker it writes are then the agent's, and
-/// the staging folder it uses is the agent's own, which root would take for
-/// a stranger's and replace. With mode 0600, as the unit's UMask= makes them.
+/// Run by root from a shell, `recover` and `check` act as the agent's user:
+/// the owner of state_dir (systemd gives it to the unit's user), else of
+/// pki_dir's staging folder. The store and marker `recover` writes are then
+/// the agent's, the staging folder it uses is the agent's own (root would
+/// take it for a stranger's and replace it), and `check` judges owners as
+/// the agent would. Files get mode 0600, as the unit's UMask= makes them.
 /// Before any thread exists: credentials change for the whole process.
 fn become_agent_user(config: &Config) -> Result<()> {
     use std::os::unix::fs::MetadataExt;

@@ -74,6 +74,11 @@ async fn a_lost_or_corrupt_state_is_refused_and_rebuilt_from_the_peers() {
     };
     std::fs::set_permissions(root.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     chown_all(agent_user);
+    // `check` run by root judges owners as that user would, as the agent does.
+    let check = run_cli(&["check", "--config", &config]);
+    let report = String::from_utf8_lossy(&check.stdout);
+    let fails: Vec<&str> = report.lines().filter(|l| l.starts_with("FAIL")).collect();
+    assert!(fails.len() == 1 && fails[0].contains("state lost"), "only the lost state: {report}");
     let recovered = run_cli(&["recover", "--from-peers", "--config", &config]);
     let stdout = String::from_utf8_lossy(&recovered.stdout);
     assert!(recovered.status.success(), "{stdout}{}", String::from_utf8_lossy(&recovered.stderr));
