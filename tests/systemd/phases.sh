@@ -44,12 +44,13 @@ expect_peer_state() {
 }
 
 # pending_on_both ID...: a minion's key pending on master-a and master-b,
-# as if it had sent it to both (written as salt-master writes it: by salt).
+# as if it had sent it to both (written as salt-master 3008 writes it: by
+# its user, mode 0600).
 pending_on_both() {
     local id
     for id in "$@"; do
-        inside install -o salt -g salt -m 0644 "keys/$id.pub" "$PKI/minions_pre/$id"
-        install -m 0644 "$share/keys/$id.pub" "$work/master-b/pki/minions_pre/$id"
+        inside install -o salt -g salt -m 0600 "keys/$id.pub" "$PKI/minions_pre/$id"
+        install -m 0600 "$share/keys/$id.pub" "$work/master-b/pki/minions_pre/$id"
     done
 }
 
@@ -257,7 +258,8 @@ phase_replication() {
     eventually 15 "web0 accepted on master-b reaches master-a" expect_folder master-a "$(in_root $PKI)" web0 minions
     cmp -s "$work/master-b/pki/minions/web0" "$(in_root $PKI/minions/web0)" || fail "web0's key differs between master-b and master-a"
     [ "$(salt_key_state_in_a web0)" = accepted ] || fail "salt-key -L on master-a: web0 is $(salt_key_state_in_a web0)"
-    ok "accept on master-b: on master-a, byte for byte, salt-key -L lists it ($(inside stat -c '%U %a' $PKI/minions/web0))"
+    replicated_key=$(inside stat -c '%U %a' $PKI/minions/web0)
+    ok "accept on master-b: on master-a, byte for byte, salt-key -L lists it ($replicated_key)"
 
     # A reject or delete of an ACCEPTED key revokes it: the master must
     # rotate its AES key (.dfn). A pending key's needs no rotation.
@@ -503,4 +505,13 @@ phase_remove_purge_reinstall() {
         expect_folder master-a "$(in_root $PKI)" web8 minions
     eventually 30 "master-b up after the reinstall" expect_peer_state master-b up
     ok "reinstalled after the purge: starts as a new master and catches up"
+}
+
+# Last, so that every other check has run when it fails: a key the agent
+# put in place is as Salt 3008's own salt-key leaves it (owner salt, 0600).
+phase_key_modes() {
+    step "key files as Salt 3008 writes them"
+    [ "$replicated_key" = "salt 600" ] \
+        || fail "a replicated key on master-a is '$replicated_key' (owner, mode); Salt 3008 writes 'salt 600'"
+    ok "replicated keys: owner salt, mode 0600, as Salt 3008 writes them"
 }

@@ -111,5 +111,6 @@ phase_logrotate_and_watchdog
 phase_state_lost
 phase_upgrade
 phase_remove_purge_reinstall
+phase_key_modes
 
 printf 'systemd-test: PASS (%d checks, %d s)\n' "$n_checks" $((SECONDS - started_at))
