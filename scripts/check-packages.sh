@@ -2,9 +2,10 @@
 # Checks the packages ./scripts/package.sh made: every expected file with its
 # mode and kind, conffiles, maintainer scripts; then, where the machine
 # allows (root, dpkg, no salt-keysync installed by someone else), installs
-# the .deb, runs the binary, `check` and `systemd-analyze verify` on the
-# installed unit, removes and purges it, and checks that purge keeps the
-# audit log unless SALT_KEYSYNC_PURGE_AUDIT=yes.
+# the .deb, runs the binary, `check`, `systemd-analyze verify` on the
+# installed unit and its generator, removes and purges it, and checks that
+# purge keeps the audit log unless SALT_KEYSYNC_PURGE_AUDIT=yes. The package
+# under a real systemd beside a real salt-master is tests/systemd/run.sh.
 #
 # The .rpm is read with `rpm -qp` if rpm is installed, else by reading its
 # header directly (a small parser below: lead, signature and main header;
@@ -28,6 +29,9 @@ man_pages=(target/release/package-assets/man/*.1.gz)
 common=(
     "usr/bin/salt-keysync 100755"
     "usr/lib/systemd/system/salt-keysync.service 100644"
+    "usr/lib/systemd/system-generators/salt-keysync-generator 100755"
+    "usr/lib/salt-keysync/master-user 100755"
+    "usr/lib/salt-keysync/owners 100755"
     "etc/salt-keysync/config.toml 100600"
     "etc/logrotate.d/salt-keysync 100644"
     "usr/share/bash-completion/completions/salt-keysync 100644"
@@ -43,8 +47,9 @@ for page in "${man_pages[@]}"; do common+=("usr/share/man/man1/$(basename "$page
 deb_only=("usr/share/zsh/vendor-completions/_salt-keysync 100644")
 rpm_only=("usr/share/zsh/site-functions/_salt-keysync 100644")
 # Neither tool ships empty folders: both packages' post-install scripts make
-# the state and audit log folders, private.
-private_dirs="install -d -m 0700 -o root -g root /var/lib/salt-keysync /var/log/salt-keysync"
+# the state and audit log folders, private and owned by the agent's user
+# (packaging/owners).
+private_dirs="/usr/lib/salt-keysync/owners"
 
 # Asserts that every expected "path mode" line is in the listing file $1.
 expect_all() {
@@ -176,19 +181,31 @@ echo "== dpkg -i $deb"
 dpkg -i "$deb"
 [ "$(salt-keysync --version)" = "salt-keysync $version" ] || fail "installed --version: $(salt-keysync --version)"
 salt-keysync check --help | grep -q "Examples:" || fail "installed check --help has no examples"
-for dir in /var/lib/salt-keysync /var/log/salt-keysync /etc/salt-keysync; do
-    [ "$(mode_of $dir)" = 700 ] || fail "$dir has mode $(mode_of $dir), not 700"
+# No salt-master here: the agent's user is root (the systemd test in
+# tests/systemd/ installs the package beside a salt-master running as salt).
+for dir in /var/lib/salt-keysync /var/log/salt-keysync; do
+    [ "$(stat -c '%a %U' $dir)" = "700 root" ] || fail "$dir: $(stat -c '%a %U' $dir), not 700 root"
 done
-[ "$(mode_of /etc/salt-keysync/config.toml)" = 600 ] || fail "config.toml mode $(mode_of /etc/salt-keysync/config.toml)"
+[ "$(stat -c '%a %U:%G' /etc/salt-keysync)" = "750 root:root" ] || fail "/etc/salt-keysync: $(stat -c '%a %U:%G' /etc/salt-keysync)"
+[ "$(mode_of /etc/salt-keysync/config.toml)" = 640 ] || fail "config.toml mode $(mode_of /etc/salt-keysync/config.toml)"
 # The packaged config parses; check then stops at the certificates that the
 # operator has yet to make, naming them.
 if salt-keysync check >"$work/check.out" 2>&1; then fail "check passed without certificates"; fi
 grep -q "/etc/salt-keysync/tls" "$work/check.out" || fail "check does not name the missing certificates: $(cat "$work/check.out")"
 echo "ok   salt-keysync check on the packaged config: $(grep -m1 FAIL "$work/check.out" || tail -1 "$work/check.out")"
 if command -v systemd-analyze >/dev/null; then
-    systemd-analyze verify /usr/lib/systemd/system/salt-keysync.service || fail "systemd-analyze verify of the installed unit"
-    echo "ok   systemd-analyze verify /usr/lib/systemd/system/salt-keysync.service"
+    # --man=no: the unit's Documentation= names man pages, which systemd
+    # looks up with man(1); a host without man-db would fail the check.
+    systemd-analyze verify --man=no /usr/lib/systemd/system/salt-keysync.service \
+        || fail "systemd-analyze verify of the installed unit"
+    echo "ok   systemd-analyze verify --man=no /usr/lib/systemd/system/salt-keysync.service"
 fi
+# The generator that sets User= from the master config: root here (no
+# salt-master), written where systemd would read it.
+/usr/lib/systemd/system-generators/salt-keysync-generator "$work/generator"
+grep -qx "User=root" "$work/generator/salt-keysync.service.d/50-master-user.conf" \
+    || fail "the generator's drop-in does not say User=root: $(cat "$work/generator/salt-keysync.service.d/50-master-user.conf")"
+echo "ok   salt-keysync-generator: User=root without a salt-master config"
 if command -v man >/dev/null; then
     [ "$(man -w salt-keysync)" = /usr/share/man/man1/salt-keysync.1.gz ] || fail "man -w salt-keysync: $(man -w salt-keysync)"
 fi

@@ -8,6 +8,12 @@ set -euo pipefail
 # "command package" pairs.
 needed=(
     "rsync rsync"
+    # tests/systemd/run.sh: boots a minimal Debian under systemd-nspawn,
+    # built with mmdebstrap; unshare, nsenter and flock come with util-linux.
+    "systemd-nspawn systemd-container"
+    "mmdebstrap mmdebstrap"
+    "unshare util-linux"
+    "pgrep procps"
 )
 
 missing=()

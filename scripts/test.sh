@@ -4,7 +4,10 @@
 # need (made once, cached under target/), and the whole workspace's tests
 # (unit, simulation, multi-agent, black-box, real salt-key), then builds
 # the .deb and .rpm and checks them (installing the .deb where the machine
-# allows). This is the README's test command; .ci/run calls it.
+# allows), and runs the .deb under a real systemd in a minimal Debian
+# container (tests/systemd/run.sh; scripts/deps.sh first installs, as root,
+# the Debian packages it needs). This is the README's test command; .ci/run
+# calls it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -16,10 +19,12 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== alert rules (promtool check rules, promtool test rules)"
 scripts/check-monitoring.sh
-echo "== Salt venvs (3008.3, 3006.28)"
+echo "== Salt venvs (3008.3, 3007.15, 3006.28)"
 tests/salt/venv.sh
 echo "== cargo test"
 cargo test --workspace --locked
 echo "== packages (.deb and .rpm)"
 scripts/package.sh
 scripts/check-packages.sh
+echo "== the .deb under systemd, beside a salt-master running as salt"
+tests/systemd/run.sh

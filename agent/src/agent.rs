@@ -31,6 +31,9 @@ pub struct RunOptions {
     /// Re-read on every reload request; without it requests are ignored.
     pub config_path: Option<std::path::PathBuf>,
     pub reload: Option<mpsc::Receiver<Option<crate::ops::reload::ReloadReply>>>,
+    /// The sending side of `reload`, for `salt-keysync reload` over the
+    /// control socket (it waits for the outcome, which SIGHUP cannot).
+    pub reload_requests: Option<mpsc::Sender<Option<crate::ops::reload::ReloadReply>>>,
     pub notifier: Notifier,
 }
 
@@ -169,8 +172,13 @@ pub async fn run_with(
         tls: tls_rx.clone(),
         max_message_bytes: MAX_MESSAGE_BYTES,
     };
-    let control_ctx =
-        Arc::new(crate::ops::control::ControlContext { board: board.clone(), core: handle.clone(), plan });
+    let control_ctx = Arc::new(crate::ops::control::ControlContext {
+        board: board.clone(),
+        core: handle.clone(),
+        // Only where a reloader will answer.
+        reload: options.reload_requests.clone().filter(|_| options.config_path.is_some() && options.reload.is_some()),
+        plan,
+    });
     tasks.spawn(crate::ops::control::serve(
         control_socket,
         config.control_socket.clone(),

@@ -9,4 +9,5 @@ pub mod demo;
 pub mod generate;
 pub mod plan;
 pub mod recover;
+pub mod reload;
 pub mod status;

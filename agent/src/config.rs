@@ -163,6 +163,9 @@ pub enum ConfigError {
     Invalid { path: PathBuf, key: String, message: String },
 }
 
+/// `state_dir` when the config does not set it.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/salt-keysync";
+
 impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
@@ -181,7 +184,7 @@ impl Config {
         check_name(&raw.node).map_err(|m| invalid("node", m))?;
         let listen_raw = raw.listen.unwrap_or_else(|| "0.0.0.0:4515".into());
         let listen = listen_raw.parse().map_err(|_| invalid("listen", format!("{listen_raw:?} is not ip:port")))?;
-        let state_dir = resolve(raw.state_dir.unwrap_or_else(|| "/var/lib/salt-keysync".into()));
+        let state_dir = resolve(raw.state_dir.unwrap_or_else(|| DEFAULT_STATE_DIR.into()));
         let audit_log = raw.audit_log.map(resolve).unwrap_or_else(|| state_dir.join("audit.jsonl"));
         let control_socket = raw.control_socket.map(resolve).unwrap_or_else(|| state_dir.join("control.sock"));
         let metrics_listen = match raw.metrics_listen {

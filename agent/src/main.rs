@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use clap::{CommandFactory, Parser, Subcommand};
 use salt_keysync::cli::{audit_cmd, certs, check, demo, generate};
 use salt_keysync::config::{Config, LogFormat, DEFAULT_CONFIG};
+use salt_keysync::ops::logging;
 use tokio_util::sync::CancellationToken;
 
 /// mimalloc instead of glibc malloc: glibc keeps the memory of a large batch
@@ -74,11 +75,23 @@ enum Command {
     #[command(
         long_about = "Validate a set-up without starting the agent: the config file, the TLS \
                       certificates (chain, node name, expiry), the three key folders, the salt \
-                      user, and that the master uses the local key store. Prints one line per \
-                      check; exits 1 if any failed.",
+                      user, that the master uses the local key store, and that the state is not \
+                      lost. Run by root, it checks as the agent's user (the owner of state_dir, \
+                      as the packaged unit runs it). Prints one line per check; exits 1 if any \
+                      failed.",
         after_help = CHECK_EXAMPLES
     )]
     Check,
+    /// Ask the running agent to re-read peers and certificates, and wait for the outcome.
+    #[command(
+        long_about = "Ask the running agent, over its control socket, to re-read its config as SIGHUP \
+                      does: [[peer]] and [tls] (files included) apply at once; a config that does not \
+                      load, or that changes any other key, is refused and the running config stays in \
+                      force. Prints what changed; exits 1 with the reason when the reload is refused or \
+                      the agent is not running. The packaged unit's ExecReload.",
+        after_help = "Examples:\n  salt-keysync reload\n  systemctl reload salt-keysync          # runs it"
+    )]
+    Reload,
     /// Make a CA (`certs init`) and node certificates (`certs issue NAME`) for sites without a PKI.
     Certs(certs::CertsArgs),
     /// Ask the running agent about its peers, keys and cluster health.
@@ -174,13 +187,15 @@ Examples:
   salt-keysync run                                  # /etc/salt-keysync/config.toml
   salt-keysync run --config ./config.toml
   SALT_KEYSYNC_LOG=debug salt-keysync run           # more detail
-  systemctl start salt-keysync                      # as packaged (runs `check` first)
-  kill -HUP $(pidof salt-keysync)                   # or: systemctl reload salt-keysync
+  systemctl start salt-keysync                      # as packaged
+  salt-keysync reload                               # or: systemctl reload salt-keysync, kill -HUP
 
-On SIGHUP the config is read again: [[peer]] and [tls] (files included)
-apply at once, without dropping unchanged links; a config that does not
-load, or that changes any other key, is refused with the reason in the log
-and the audit log, and the running config stays in force.
+On SIGHUP (or `salt-keysync reload`) the config is read again: [[peer]]
+and [tls] (files included) apply at once, without dropping unchanged
+links; a config that does not load, or that changes any other key, is
+refused with the reason in the log and the audit log, and the running
+config stays in force. A start refused before the agent is ready (config,
+certificates, permissions, a lost state) exits with status 78.
 Under systemd (Type=notify) it reports READY=1, RELOADING=1, STOPPING=1 and
 pings the watchdog when WatchdogSec= is set.";
 
@@ -198,7 +213,12 @@ fn main() {
     let result = match cli.command {
         Command::Run(args) => run(&cli.config, &args),
         Command::Plan(args) => plan(&cli.config, &args),
-        Command::Check => check::check(&cli.config),
+        // As the agent would find things: run by root, as the agent's user.
+        Command::Check => match Config::load(&cli.config) {
+            Ok(config) => become_agent_user(&config).and_then(|()| check::check(&cli.config)),
+            Err(_) => check::check(&cli.config),
+        },
+        Command::Reload => salt_keysync::cli::reload::reload(&cli.config).map(|summary| println!("{summary}")),
         Command::Certs(args) => certs::certs(&args),
         Command::Status(args) => status(&cli.config, &args),
         Command::Demo(args) => {
@@ -212,14 +232,30 @@ fn main() {
         Command::Generate(args) => generate::generate(&args, Cli::command()),
     };
     if let Err(e) = result {
-        eprintln!("salt-keysync: {e:#}");
-        std::process::exit(1);
+        exit_with(&e, 1);
     }
 }
 
+/// sysexits' EX_CONFIG: `run` stopped before it was ready (config,
+/// certificates, permissions, a lost state: what only the operator can fix).
+/// The unit does not restart it (RestartPreventExitStatus=78), where a
+/// restart would only fail the same way five times.
+const EXIT_REFUSED: i32 = 78;
+
+/// Prints `error` for the operator (at err priority when stderr is the
+/// journal) and exits with `code`.
+fn exit_with(error: &anyhow::Error, code: i32) -> ! {
+    use std::os::fd::AsFd;
+    let line = format!("salt-keysync: {error:#}");
+    eprintln!("{}", logging::with_priority(std::io::stderr().as_fd(), tracing::Level::ERROR, &line));
+    std::process::exit(code)
+}
+
 fn run(path: &std::path::Path, args: &RunArgs) -> Result<()> {
-    salt_keysync::disk::perms::check_config_file(path)?;
-    let mut config = Config::load(path)?;
+    let mut config = salt_keysync::disk::perms::check_config_file(path)
+        .map_err(anyhow::Error::from)
+        .and_then(|()| Ok(Config::load(path)?))
+        .unwrap_or_else(|e| exit_with(&e, EXIT_REFUSED));
     if args.observe {
         config.mode = salt_keysync::config::Mode::Observe;
     }
@@ -230,22 +266,28 @@ fn run(path: &std::path::Path, args: &RunArgs) -> Result<()> {
         .on_thread_park(collect_freed_memory)
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(async {
+    let notifier = salt_keysync::ops::sd_notify::Notifier::from_env();
+    let outcome = runtime.block_on(async {
         let shutdown = CancellationToken::new();
         // One pending request is enough: several SIGHUPs in a row are one reload.
         let (reload_tx, reload_rx) = tokio::sync::mpsc::channel(1);
-        tokio::spawn(on_signals(shutdown.clone(), reload_tx));
+        tokio::spawn(on_signals(shutdown.clone(), reload_tx.clone()));
         let options = salt_keysync::agent::RunOptions {
             config_path: Some(path.to_path_buf()),
             reload: Some(reload_rx),
-            notifier: salt_keysync::ops::sd_notify::Notifier::from_env(),
+            reload_requests: Some(reload_tx),
+            notifier: notifier.clone(),
         };
         // On a worker, not this thread: memory the start-up allocates (a first
         // start reads every key) is then returned by `collect_freed_memory`.
         tokio::spawn(salt_keysync::agent::run_with(config, None, shutdown, options))
             .await
             .context("the agent's main task failed")?
-    })
+    });
+    match outcome {
+        Err(e) if !notifier.has_been_ready() => exit_with(&e, EXIT_REFUSED),
+        outcome => outcome,
+    }
 }
 
 fn status(path: &std::path::Path, args: &StatusArgs) -> Result<()> {
@@ -280,6 +322,7 @@ fn plan(path: &std::path::Path, args: &PlanArgs) -> Result<()> {
 fn recover(path: &std::path::Path, args: &RecoverArgs) -> Result<()> {
     debug_assert!(args.from_peers);
     let config = Config::load(path)?;
+    become_agent_user(&config)?;
     init_logging(&config.log_format);
     let runtime =
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")?;
@@ -298,6 +341,41 @@ fn recover(path: &std::path::Path, args: &RecoverArgs) -> Result<()> {
          only on this master are claims, which never override the peers' decisions",
         done.n_decisions, done.store_id
     );
+    Ok(())
+}
+
+/// Run by root from a shell, `recover` and `check` act as the agent's user:
+/// the owner of state_dir (systemd gives it to the unit's user), else of
+/// pki_dir's staging folder. The store and marker `recover` writes are then
+/// the agent's, the staging folder it uses is the agent's own (root would
+/// take it for a stranger's and replace it), and `check` judges owners as
+/// the agent would. Files get mode 0600, as the unit's UMask= makes them.
+/// Before any thread exists: credentials change for the whole process.
+fn become_agent_user(config: &Config) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+    let staging = config.pki_dir.join(salt_keysync::disk::pki::STAGING_DIR);
+    let owner = [std::fs::metadata(&config.state_dir), std::fs::symlink_metadata(&staging)]
+        .into_iter()
+        .find_map(|meta| meta.ok().filter(|meta| meta.is_dir()).map(|meta| (meta.uid(), meta.gid())));
+    let Some((uid, gid)) = owner else { return Ok(()) };
+    if !rustix::process::geteuid().is_root() || uid == 0 {
+        return Ok(());
+    }
+    // SAFETY: system calls on this process's own credentials; the empty
+    // group list is a null pointer with a length of 0.
+    let changed = unsafe {
+        libc::setgroups(0, std::ptr::null()) == 0
+            && libc::setresgid(gid, gid, gid) == 0
+            && libc::setresuid(uid, uid, uid) == 0
+    };
+    if !changed {
+        anyhow::bail!(
+            "cannot act as the agent's user (uid {uid}, owner of {}): {}",
+            config.state_dir.display(),
+            std::io::Error::last_os_error()
+        );
+    }
     Ok(())
 }
 
@@ -331,7 +409,7 @@ fn init_logging(format: &LogFormat) {
     let filter = EnvFilter::try_from_env("SALT_KEYSYNC_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     // journald stamps every line itself and reads a `<N>` priority prefix.
-    let under_journald = std::env::var_os("JOURNAL_STREAM").is_some();
+    let under_journald = logging::is_journal(std::os::fd::AsFd::as_fd(&std::io::stderr()));
     use salt_keysync::ops::logging::{Escaped, JournaldPriority};
     match (format, under_journald) {
         (LogFormat::Json, _) => builder.json().init(),

@@ -1,7 +1,10 @@
 //! Three real agent processes for the benchmark, on loopback with mTLS, with
 //! the harness's files made private (0600 files, 0700 folders) and the
-//! production timings (the test harness shortens them).
+//! production timings (the test harness shortens them); each, if asked, in
+//! a mount namespace of its own where its folders are mounted as the
+//! packaged systemd unit mounts them.
 
+use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -12,11 +15,50 @@ use keysync_tests::cluster::AgentFiles;
 
 use crate::Settings;
 
+/// How an agent's folders are mounted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Layout {
+    /// As they are: no mount of their own.
+    Plain,
+    /// As packaging/salt-keysync.service makes them: pki_dir one bind mount
+    /// (ReadWritePaths=), state_dir another.
+    Unit,
+    /// As the unit did before issue 18: each key folder and the staging
+    /// folder a bind mount of its own, so renames and links between them
+    /// fail with EXDEV.
+    Folders,
+}
+
+impl Layout {
+    /// The command each agent is started under: `unshare` into a private
+    /// mount namespace, the bind mounts, then the agent. None for `Plain`.
+    fn wrapper(self, files: &AgentFiles) -> Vec<OsString> {
+        let mounts: Vec<PathBuf> = match self {
+            Layout::Plain => return Vec::new(),
+            Layout::Unit => vec![files.pki.clone(), files.dir.join("state")],
+            Layout::Folders => [".keysync-staging", "minions", "minions_pre", "minions_rejected"]
+                .iter()
+                .map(|folder| files.pki.join(folder))
+                .chain([files.dir.join("state")])
+                .collect(),
+        };
+        // `sh -c SCRIPT sh DIR... -- AGENT ARGS`: each DIR bound onto itself.
+        let script = r#"while [ "$1" != -- ]; do mount --bind "$1" "$1" || exit 1; shift; done; shift; exec "$@""#;
+        let mut wrapper: Vec<OsString> =
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"].map(OsString::from).into();
+        wrapper.extend(mounts.into_iter().map(PathBuf::into_os_string));
+        wrapper.push("--".into());
+        wrapper
+    }
+}
+
 /// Three agents' files; each agent started when the benchmark says so.
 pub struct BenchCluster {
     pub files: Vec<AgentFiles>,
     agents: Vec<Option<AgentProcess>>,
     log_filter: String,
+    layout: Layout,
     _root: Option<tempfile::TempDir>,
 }
 
@@ -38,9 +80,25 @@ impl BenchCluster {
         let files = ProcessCluster::write_files(&path, 3);
         for f in &files {
             use_default_timings(&f.config_path)?;
+            // Mount points must exist (the old unit made the staging folder in ExecStartPre).
+            for dir in [f.dir.join("state"), f.pki.join(".keysync-staging")] {
+                std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            }
             make_private(&f.dir)?;
         }
-        Ok(BenchCluster { files, agents: vec![None, None, None], log_filter: settings.log_filter.clone(), _root: root })
+        if settings.layout != Layout::Plain && !rustix::process::geteuid().is_root() {
+            bail!(
+                "--layout {:?} bind-mounts the agents' folders in mount namespaces of their own: run it as root",
+                settings.layout
+            );
+        }
+        Ok(BenchCluster {
+            files,
+            agents: vec![None, None, None],
+            log_filter: settings.log_filter.clone(),
+            layout: settings.layout,
+            _root: root,
+        })
     }
 
     pub fn pki(&self, idx: usize) -> &Path {
@@ -51,7 +109,8 @@ impl BenchCluster {
     /// start-up reconciliation).
     pub fn start(&mut self, idx: usize) -> anyhow::Result<()> {
         let f = &self.files[idx];
-        let agent = AgentProcess::start_logging(&f.config_path, f.dir.join("agent.log"), &self.log_filter);
+        let wrapper = self.layout.wrapper(f);
+        let agent = AgentProcess::start_wrapped(&f.config_path, f.dir.join("agent.log"), &self.log_filter, &wrapper);
         let log = agent.log.clone();
         self.agents[idx] = Some(agent);
         let deadline = Instant::now() + Duration::from_secs(120);

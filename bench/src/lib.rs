@@ -30,6 +30,8 @@ pub struct Settings {
     pub log_filter: String,
     /// Keeps the temporary folders (agents' logs, audit logs) for a look afterwards.
     pub keep: Option<PathBuf>,
+    /// How each agent sees its folders (see [`cluster::Layout`]).
+    pub layout: cluster::Layout,
 }
 
 impl Settings {
@@ -42,6 +44,7 @@ impl Settings {
             idle: Duration::from_secs(60),
             log_filter: "info".into(),
             keep: None,
+            layout: cluster::Layout::Plain,
         }
     }
 

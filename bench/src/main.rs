@@ -10,7 +10,7 @@ use clap::Parser;
 #[command(
     name = "keysync-bench",
     about = "Benchmark salt-keysync: three real agents, Salt-style key operations, join versus rsync",
-    after_help = "Examples:\n  scripts/bench.sh                      # full run, a few minutes\n  scripts/bench.sh --quick --json out.json\n  target/release/keysync-bench --ops 200 --bulk 2000 --join 20000 --idle 10\n\nThe agent binary is looked up next to this program (SALT_KEYSYNC_BIN overrides)."
+    after_help = "Examples:\n  scripts/bench.sh                      # full run, a few minutes\n  scripts/bench.sh --quick --json out.json\n  target/release/keysync-bench --ops 200 --bulk 2000 --join 20000 --idle 10\n  target/release/keysync-bench --ops 0 --bulk 10000 --join 0 --idle 0 --layout unit\n\nThe agent binary is looked up next to this program (SALT_KEYSYNC_BIN overrides)."
 )]
 struct Args {
     /// Small counts: seconds instead of minutes (what CI runs).
@@ -37,6 +37,11 @@ struct Args {
     /// Keep the agents' folders and logs under DIR.
     #[arg(long, value_name = "DIR")]
     keep: Option<PathBuf>,
+    /// How each agent's folders are mounted: plain; unit (as the packaged
+    /// systemd unit mounts them: pki_dir one bind mount); folders (as the
+    /// unit did before: each key folder its own mount). Needs root unless plain.
+    #[arg(long, value_enum, default_value = "plain")]
+    layout: keysync_bench::cluster::Layout,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -47,6 +52,7 @@ fn main() -> anyhow::Result<()> {
     settings.n_join = args.join.unwrap_or(settings.n_join);
     settings.idle = args.idle.map_or(settings.idle, Duration::from_secs);
     settings.keep = args.keep;
+    settings.layout = args.layout;
     settings.log_filter = args.log.unwrap_or(settings.log_filter);
     let report = keysync_bench::run(&settings)?;
     println!("{}", report.table());

@@ -2,7 +2,7 @@
 # Create (or reuse) Python virtualenvs holding real Salt, for the real-Salt tests.
 #
 # Usage:
-#   tests/salt/venv.sh              # both supported versions (3008.3 and 3006.28)
+#   tests/salt/venv.sh              # every supported version (3008.3, 3007.15, 3006.28)
 #   tests/salt/venv.sh 3008.3       # only the named version(s)
 #
 # Venvs live in the build folder, never in the source tree:
@@ -31,7 +31,8 @@ case "$target" in /*) ;; *) target="$PWD/$target" ;; esac   # cargo reads it rel
 base="$target/salt-venvs"
 python="${SALT_VENV_PYTHON:-python3}"
 
-supported=(3008.3 3006.28)
+# One release of each supported Salt line (3007.15: see its constraints file).
+supported=(3008.3 3007.15 3006.28)
 if [ "$#" -gt 0 ]; then versions=("$@"); else versions=("${supported[@]}"); fi
 
 log() { printf 'salt-venv: %s\n' "$*" >&2; }

@@ -33,28 +33,41 @@ pub struct AgentProcess {
 
 impl AgentProcess {
     pub fn start(config: &Path, log: PathBuf) -> AgentProcess {
-        AgentProcess::launch(config, log, &[], "info", false)
+        AgentProcess::launch(config, log, &[], "info", false, &[])
     }
 
     /// Starts with extra environment variables (e.g. a fake systemd's NOTIFY_SOCKET).
     pub fn start_with_env(config: &Path, log: PathBuf, env: &[(&str, &str)]) -> AgentProcess {
-        AgentProcess::launch(config, log, env, "info", false)
+        AgentProcess::launch(config, log, env, "info", false, &[])
     }
 
     /// Starts with extra environment (the test-only fault knobs), appending
     /// its output to `log` (kept across restarts).
     pub fn start_with(config: &Path, log: PathBuf, env: &[(String, String)]) -> AgentProcess {
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        AgentProcess::launch(config, log, &env, "info", true)
+        AgentProcess::launch(config, log, &env, "info", true, &[])
     }
 
     /// Starts with `SALT_KEYSYNC_LOG=filter` (the benchmark logs less).
     pub fn start_logging(config: &Path, log: PathBuf, filter: &str) -> AgentProcess {
-        AgentProcess::launch(config, log, &[], filter, false)
+        AgentProcess::launch(config, log, &[], filter, false, &[])
+    }
+
+    /// Starts as `wrapper... <binary> run --config config` (the benchmark
+    /// runs each agent in a mount namespace laid out as the unit makes it).
+    pub fn start_wrapped(config: &Path, log: PathBuf, filter: &str, wrapper: &[std::ffi::OsString]) -> AgentProcess {
+        AgentProcess::launch(config, log, &[], filter, false, wrapper)
     }
 
     /// `run --config config`, its output in `log` (mode 0600), truncated or appended.
-    fn launch(config: &Path, log: PathBuf, env: &[(&str, &str)], filter: &str, append: bool) -> AgentProcess {
+    fn launch(
+        config: &Path,
+        log: PathBuf,
+        env: &[(&str, &str)],
+        filter: &str,
+        append: bool,
+        wrapper: &[std::ffi::OsString],
+    ) -> AgentProcess {
         let log_file = {
             use std::os::unix::fs::OpenOptionsExt;
             let mut options = std::fs::OpenOptions::new();
@@ -66,7 +79,15 @@ impl AgentProcess {
             }
             options.open(&log).unwrap()
         };
-        let child = Command::new(binary())
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(binary());
+                command
+            }
+            None => Command::new(binary()),
+        };
+        let child = command
             .args(["run", "--config"])
             .arg(config)
             .env("SALT_KEYSYNC_LOG", filter)

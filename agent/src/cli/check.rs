@@ -1,16 +1,22 @@
 //! `salt-keysync check`: validates a set-up without starting the agent and
 //! says plainly what is wrong.
 
+use std::os::fd::AsFd;
 use std::path::Path;
 
+use tracing::Level;
+
 use crate::config::Config;
+use crate::ops::logging::with_priority;
 use crate::setup::{load_tls, pki_options};
 use anyhow::{bail, Result};
 
 pub fn check(path: &Path) -> Result<()> {
     let config = Config::load(path)?;
     let mut problems = Vec::new();
-    let ok = |what: String| println!("ok   {what}");
+    // At err priority when stdout is the journal (check run by a unit).
+    let print = |level: Level, line: String| println!("{}", with_priority(std::io::stdout().as_fd(), level, &line));
+    let ok = |what: String| print(Level::INFO, format!("ok   {what}"));
     ok(format!("config {} ({} peers)", path.display(), config.peers.len()));
     let mut too_open: Vec<String> =
         crate::disk::perms::check_config_file(path).err().map(|e| e.to_string()).into_iter().collect();
@@ -39,7 +45,7 @@ pub fn check(path: &Path) -> Result<()> {
                 ok(format!("key folders in {} (owners, modes, no symlinks)", config.pki_dir.display()));
             }
             problems.extend(found);
-            notes.into_iter().for_each(|note| println!("note {note}"));
+            notes.into_iter().for_each(|note| print(Level::INFO, format!("note {note}")));
             // Every key file is handed to the salt user: a user that cannot chown
             // would start, and then fail every write.
             if let Err(e) = can_give_files_to(options.owner) {
@@ -50,6 +56,11 @@ pub fn check(path: &Path) -> Result<()> {
                     problems.push(format!("salt.cachedir {e}"));
                 }
             }
+            // What `run` would refuse: a state folder lost, or swapped for another.
+            match crate::disk::state_guard::check_offline(&config.pki_dir, &options.trust, &config.state_dir) {
+                Ok(note) => ok(note),
+                Err(e) => problems.push(e.to_string()),
+            }
         }
         Err(e) => problems.push(format!("{e:#}")),
     }
@@ -59,11 +70,11 @@ pub fn check(path: &Path) -> Result<()> {
         Err(e) => problems.push(e),
     }
     if problems.is_empty() {
-        println!("all checks passed");
+        print(Level::INFO, "all checks passed".into());
         return Ok(());
     }
     for problem in &problems {
-        println!("FAIL {problem}");
+        print(Level::ERROR, format!("FAIL {problem}"));
     }
     bail!("{} problem(s) found", problems.len())
 }

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::cli::status::{ask, StatusError};
+use crate::cli::status::{ask_json, StatusError};
 use crate::ops::site_plan::{Shown, SitePlan};
 use crate::text::shown;
 
@@ -13,7 +13,7 @@ use crate::text::shown;
 const TIMEOUT: Duration = Duration::from_secs(40);
 
 pub fn query(socket: &Path) -> Result<SitePlan, StatusError> {
-    ask(socket, "plan", TIMEOUT)
+    ask_json(socket, "plan", TIMEOUT)
 }
 
 /// `accepted 3f:a1:…`, `pending 3f:a1:…` or `nothing`.

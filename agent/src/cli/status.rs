@@ -1,5 +1,6 @@
 //! `salt-keysync status`: asks the running agent over its control socket
-//! and prints what it knows, as a table or as JSON.
+//! and prints what it knows, as a table or as JSON. (`ask` is also how
+//! `salt-keysync reload` talks to it.)
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -25,12 +26,29 @@ pub enum StatusError {
 
 /// Asks the agent listening on `socket` for its status.
 pub fn query(socket: &Path) -> Result<StatusReport, StatusError> {
-    ask(socket, "status", TIMEOUT)
+    ask_json(socket, "status", TIMEOUT)
 }
 
-/// Sends `request` to the agent listening on `socket` and reads its one-line
-/// JSON answer.
-pub fn ask<T: serde::de::DeserializeOwned>(socket: &Path, request: &str, timeout: Duration) -> Result<T, StatusError> {
+/// Sends `request` and reads the agent's one-line JSON answer.
+pub fn ask_json<T: serde::de::DeserializeOwned>(
+    socket: &Path,
+    request: &str,
+    timeout: Duration,
+) -> Result<T, StatusError> {
+    let line = ask_with(socket, request, timeout)?;
+    serde_json::from_str(&line).map_err(|e| StatusError::NoAnswer {
+        path: socket.display().to_string(),
+        message: format!("unreadable reply ({e}): {}", line.trim()),
+    })
+}
+
+/// Sends one `request` line to the agent listening on `socket`; its one-line answer.
+pub fn ask(socket: &Path, request: &str) -> Result<String, StatusError> {
+    ask_with(socket, request, TIMEOUT)
+}
+
+/// [`ask`], waiting at most `timeout` for the answer.
+pub fn ask_with(socket: &Path, request: &str, timeout: Duration) -> Result<String, StatusError> {
     let path = socket.display().to_string();
     let mut stream = UnixStream::connect(socket).map_err(|source| match source.kind() {
         std::io::ErrorKind::NotFound => StatusError::NotRunning(path.clone()),
@@ -43,7 +61,7 @@ pub fn ask<T: serde::de::DeserializeOwned>(socket: &Path, request: &str, timeout
     stream.write_all(format!("{request}\n").as_bytes()).map_err(|e| no_answer(e.to_string()))?;
     let mut line = String::new();
     BufReader::new(stream).read_line(&mut line).map_err(|e| no_answer(e.to_string()))?;
-    serde_json::from_str(&line).map_err(|e| no_answer(format!("unreadable reply ({e}): {}", line.trim())))
+    Ok(line)
 }
 
 /// The human-readable form: summary lines, then one row per peer, then

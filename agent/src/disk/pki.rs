@@ -55,6 +55,7 @@ const MAX_WRITERS: usize = 4;
 /// agent's own writes stay out of its inotify watch and off the folders'
 /// large directory indexes until the final rename. Private to the agent.
 pub const STAGING_DIR: &str = ".keysync-staging";
+pub use staging::MARKER;
 
 /// A file owner: the salt master user.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -484,6 +485,19 @@ fn apart_from<'a>(staging: &OwnedFd, folders: impl Iterator<Item = Option<&'a Ow
         .map(|(folder, _)| folder)
 }
 
+/// The state marker's text, read for `salt-keysync check` without opening
+/// the folders for work (which may make or replace the staging folder):
+/// pki_dir checked as `open` checks it, nothing followed through a symlink.
+pub fn peek_marker(root_path: &Path, trust: &Trust) -> io::Result<Option<String>> {
+    let root = dirs::open_path(root_path, trust).map_err(|e| io::Error::other(e.to_string()))?;
+    let staging = match dirs::open_dir_at(&root, STAGING_DIR.as_bytes(), &root_path.join(STAGING_DIR)) {
+        Ok(fd) => fd,
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => return Err(io::Error::other(e.to_string())),
+    };
+    staging::read_marker_at(&staging)
+}
+
 /// What `salt-keysync check` finds of the folders `run` would use, without
 /// changing anything: problems that stop `run`, and notes.
 pub fn inspect(root_path: &Path, trust: &Trust) -> (Vec<String>, Vec<String>) {
@@ -544,14 +558,9 @@ fn open_folder(root: &OwnedFd, root_path: &Path, folder: Folder, options: &PkiOp
                 Err(e) => return Err(DirError::Io { path: path.display().to_string(), source: e.into() }),
             }
             let fd = dirs::open_dir_at(root, name.as_bytes(), &path)?;
-            let chown = rustix::fs::fchown(
-                &fd,
-                Some(rustix::fs::Uid::from_raw(options.owner.uid)),
-                Some(rustix::fs::Gid::from_raw(options.owner.gid)),
-            );
-            chown
-                .and_then(|()| rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o755)))
-                .map_err(|e| DirError::Io { path: path.display().to_string(), source: e.into() })?;
+            give_to(&fd, options.owner)
+                .and_then(|()| Ok(rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o755))?))
+                .map_err(|source| DirError::Io { path: path.display().to_string(), source })?;
             fd
         }
         other => other?,
@@ -592,8 +601,20 @@ fn write_new(dir: &impl AsFd, name: &str, bytes: &[u8], mode: u32, owner: Owner)
     file.write_all(bytes)?;
     // The umask may have narrowed the mode given to open.
     rustix::fs::fchmod(&file, Mode::from_raw_mode(mode))?;
-    rustix::fs::fchown(&file, Some(rustix::fs::Uid::from_raw(owner.uid)), Some(rustix::fs::Gid::from_raw(owner.gid)))?;
-    Ok(())
+    give_to(&file, owner)
+}
+
+/// Makes `owner` own the file or folder `fd`. Only when it does not
+/// already: an agent that runs as the master's user owns what it creates,
+/// and its unit denies chown altogether (SystemCallFilter=~@privileged),
+/// even a no-op one.
+fn give_to(fd: &impl AsFd, owner: Owner) -> io::Result<()> {
+    let st = rustix::fs::fstat(fd)?;
+    if (st.st_uid, st.st_gid) == (owner.uid, owner.gid) {
+        return Ok(());
+    }
+    let (uid, gid) = (rustix::fs::Uid::from_raw(owner.uid), rustix::fs::Gid::from_raw(owner.gid));
+    Ok(rustix::fs::fchown(fd, Some(uid), Some(gid))?)
 }
 
 /// Removes `name` from `dir` (a symlink itself, never its target); true if

@@ -15,8 +15,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::disk::pki::Pki;
-use crate::disk::store::Store;
+use crate::disk::pki::{Pki, Trust};
+use crate::disk::store::{Peek, Store};
 
 pub const RECOVER_COMMAND: &str = "salt-keysync recover --from-peers";
 
@@ -65,17 +65,48 @@ pub fn check(pki: &Pki, store: &Store, state_dir: &Path) -> Result<(), GuardErro
         return Ok(());
     }
     let found = match store.is_initialized() {
-        Ok(true) => format!("another state store ({}), restored or copied from elsewhere", store.id()),
+        Ok(true) => swapped(store.id()),
         Ok(false) => "no state (a new, empty store)".to_string(),
         Err(e) => format!("a store that cannot be read ({e})"),
     };
-    Err(GuardError::Lost {
-        marker: pki.marker_path(),
+    Err(lost(pki.marker_path(), marker, state_dir, found))
+}
+
+/// [`check`] for `salt-keysync check`, which must change nothing (no store
+/// created, no staging folder made or moved): the same verdicts from a
+/// read-only look at the marker and at `state_dir`. Ok: what it found.
+pub fn check_offline(pki_dir: &Path, trust: &Trust, state_dir: &Path) -> Result<String, GuardError> {
+    let marker_path = pki_dir.join(crate::disk::pki::STAGING_DIR).join(crate::disk::pki::MARKER);
+    let text = crate::disk::pki::peek_marker(pki_dir, trust)
+        .map_err(|source| GuardError::Read { path: marker_path.clone(), source })?;
+    let Some(marker) = text.as_deref().map(parse) else {
+        return Ok(format!("no state marker in {} yet: a first start", pki_dir.display()));
+    };
+    let found = match Store::peek(state_dir) {
+        Ok(Peek::InUse) => return Ok("state store in use by the running agent".to_string()),
+        Ok(Peek::Found { id, .. }) if id == marker.store_id => {
+            return Ok(format!("state store {id} is the one {} names", marker_path.display()))
+        }
+        Ok(Peek::Missing) => "no state (state.redb is missing)".to_string(),
+        Ok(Peek::Found { id, initialized: true }) => swapped(&id),
+        Ok(Peek::Found { initialized: false, .. }) => "no state (a new, empty store)".to_string(),
+        Err(e) => format!("a store that cannot be read ({e})"),
+    };
+    Err(lost(marker_path, marker, state_dir, found))
+}
+
+fn swapped(id: &str) -> String {
+    format!("another state store ({id}), restored or copied from elsewhere")
+}
+
+fn lost(marker_path: PathBuf, marker: Marker, state_dir: &Path, found: String) -> GuardError {
+    GuardError::Lost {
+        marker: marker_path,
         expected: marker.store_id,
         node: marker.node,
         state: state_dir.to_path_buf(),
         found,
-    })
+    }
 }
 
 /// Writes the marker naming `store_id`.
@@ -114,5 +145,37 @@ mod tests {
         let fresh = Store::open(lost.path(), "a").unwrap();
         let err = check(&pki, &fresh, lost.path()).unwrap_err().to_string();
         assert!(err.contains("state lost") && err.contains("no state") && err.contains(RECOVER_COMMAND), "{err}");
+    }
+
+    /// `check` (the command) saw a lost state as healthy: the unit then
+    /// failed at every start while `check` passed (issue 18).
+    #[test]
+    fn the_offline_check_tells_what_the_start_would_refuse_and_creates_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = crate::disk::pki::tests::open(dir.path());
+        let trust = pki.trust();
+        let state = tempfile::tempdir().unwrap();
+        let note = check_offline(dir.path(), &trust, state.path()).unwrap();
+        assert!(note.contains("first start"), "{note}");
+        let store = Store::open(state.path(), "a").unwrap();
+        let id = store.id().to_string();
+        store.record(&keysync_machine::node::StoreWrite { initialize: true, ..Default::default() }, "a").unwrap();
+        mark(&pki, &id, "a").unwrap();
+        assert!(check_offline(dir.path(), &trust, state.path()).unwrap().contains("in use by the running agent"));
+        drop(store);
+        let note = check_offline(dir.path(), &trust, state.path()).unwrap();
+        assert!(note.contains(&id), "{note}");
+
+        let lost = tempfile::tempdir().unwrap();
+        let err = check_offline(dir.path(), &trust, lost.path()).unwrap_err().to_string();
+        assert!(err.contains("state lost") && err.contains("state.redb is missing"), "{err}");
+        assert!(!lost.path().join("state.redb").exists(), "check must not create a store");
+
+        let other = tempfile::tempdir().unwrap();
+        let swapped = Store::open(other.path(), "a").unwrap();
+        swapped.record(&keysync_machine::node::StoreWrite { initialize: true, ..Default::default() }, "a").unwrap();
+        drop(swapped);
+        let err = check_offline(dir.path(), &trust, other.path()).unwrap_err().to_string();
+        assert!(err.contains("another state store"), "{err}");
     }
 }

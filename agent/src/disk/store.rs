@@ -57,6 +57,20 @@ pub struct Store {
     id: String,
 }
 
+/// What `salt-keysync check` can know of a store without opening it for
+/// writing (which would create one where there is none).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Peek {
+    Missing,
+    /// Held open by the running agent.
+    InUse,
+    /// Its id, and whether an agent has started with it.
+    Found {
+        id: String,
+        initialized: bool,
+    },
+}
+
 impl Store {
     pub fn open(state_dir: &Path, node: &str) -> Result<Store, StoreError> {
         let path = state_dir.join("state.redb");
@@ -107,6 +121,31 @@ impl Store {
         }
         txn.commit().map_err(|e| store.err(e))?;
         Ok(store)
+    }
+
+    /// A read-only look at the store in `state_dir`.
+    pub fn peek(state_dir: &Path) -> Result<Peek, StoreError> {
+        let path = state_dir.join("state.redb");
+        if !path.exists() {
+            return Ok(Peek::Missing);
+        }
+        let db = match redb::ReadOnlyDatabase::open(&path) {
+            Ok(db) => db,
+            Err(redb::DatabaseError::DatabaseAlreadyOpen) => return Ok(Peek::InUse),
+            Err(e) => return Err(db_error(&path, e)),
+        };
+        let txn = db.begin_read().map_err(|e| db_error(&path, e))?;
+        let meta = match txn.open_table(META) {
+            Ok(meta) => meta,
+            Err(redb::TableError::TableDoesNotExist(_)) => {
+                return Ok(Peek::Found { id: String::new(), initialized: false })
+            }
+            Err(e) => return Err(db_error(&path, e)),
+        };
+        let text = |key: &str| -> Result<Option<String>, StoreError> {
+            Ok(meta.get(key).map_err(|e| db_error(&path, e))?.map(|v| String::from_utf8_lossy(v.value()).into_owned()))
+        };
+        Ok(Peek::Found { id: text(META_STORE_ID)?.unwrap_or_default(), initialized: text(META_NODE)?.is_some() })
     }
 
     /// This store's random id (see `state_guard.rs`).

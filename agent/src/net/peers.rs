@@ -85,8 +85,10 @@ impl PeerLink {
                 match session {
                     Ok(()) => return,
                     Err(e) => {
-                        tracing::warn!(error = %e, retry_in = ?backoff, "sync failed");
-                        self.board.set_state(&self.peer.name, LinkState::Down, Some(crate::text::error_chain(&e)));
+                        // With its cause ("Connection refused"), as `status` shows it.
+                        let cause = crate::text::error_chain(&e);
+                        tracing::warn!(error = %cause, retry_in = ?backoff, "sync failed");
+                        self.board.set_state(&self.peer.name, LinkState::Down, Some(cause));
                         // A peer that answers as another node is refused; audited
                         // once per name presented, not on every retry.
                         if let SessionError::WrongName(name) = &e {

@@ -1,6 +1,7 @@
-//! The local control socket `salt-keysync status` talks to: a Unix socket,
-//! mode 0600 in a folder of mode 0700, so only the agent's own user (and
-//! root) can ask. One request line in (`status`), one JSON line out.
+//! The local control socket `salt-keysync status` and `salt-keysync reload`
+//! talk to: a Unix socket, mode 0600 in a folder of mode 0700, so only the
+//! agent's own user (and root) can ask. One request line in (`status` or
+//! `reload`), one JSON line out.
 
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -10,10 +11,12 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::node::CoreHandle;
 use crate::ops::board::Board;
+use crate::ops::reload::ReloadReply;
 
 /// Unix socket paths longer than this do not fit `sockaddr_un`.
 const MAX_SOCKET_PATH: usize = 107;
@@ -89,6 +92,9 @@ pub async fn bind(path: &Path, state_dir: &Path) -> Result<UnixListener> {
 pub struct ControlContext {
     pub board: Arc<Board>,
     pub core: CoreHandle,
+    /// The reloader's queue (the one SIGHUP feeds); `None` when the agent
+    /// was started without a config file to re-read.
+    pub reload: Option<mpsc::Sender<Option<ReloadReply>>>,
     /// Gathers `plan` from this node and the peers.
     pub plan: crate::ops::site_plan::Gather,
 }
@@ -132,13 +138,33 @@ async fn answer(stream: UnixStream, ctx: &ControlContext) -> Result<()> {
             serde_json::to_string(&report)?
         }
         "plan" => serde_json::to_string(&ctx.plan.site(&ctx.board.peers()).await)?,
-        other => serde_json::json!({ "error": format!("unknown request {other:?}; expected \"status\" or \"plan\"") })
-            .to_string(),
+        "reload" => reload(ctx).await.to_string(),
+        other => serde_json::json!({
+            "error": format!("unknown request {other:?}; expected \"status\", \"plan\" or \"reload\"")
+        })
+        .to_string(),
     };
     write.write_all(reply.as_bytes()).await?;
     write.write_all(b"\n").await?;
     write.shutdown().await?;
     Ok(())
+}
+
+/// Reloads as SIGHUP does, and says how it went: `{"reloaded": summary}`,
+/// `{"refused": reason}` (the running config stays in force) or `{"error": …}`.
+async fn reload(ctx: &ControlContext) -> serde_json::Value {
+    let Some(requests) = &ctx.reload else {
+        return serde_json::json!({ "error": "this agent was started without a config file to reload" });
+    };
+    let (reply, outcome) = oneshot::channel();
+    if requests.send(Some(reply)).await.is_err() {
+        return serde_json::json!({ "error": "the agent is stopping" });
+    }
+    match outcome.await {
+        Ok(Ok(summary)) => serde_json::json!({ "reloaded": summary }),
+        Ok(Err(reason)) => serde_json::json!({ "refused": reason }),
+        Err(_) => serde_json::json!({ "error": "the agent stopped before the reload finished" }),
+    }
 }
 
 #[cfg(test)]

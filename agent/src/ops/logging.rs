@@ -2,9 +2,13 @@
 //! (the sd-daemon convention journald reads from stderr by default), so
 //! `journalctl -p warning` selects the agent's warnings and errors; and
 //! everywhere, minion ids and peer names shown safely (`text.rs`): one
-//! event, one line, no escape sequence reaching the terminal.
+//! event, one line, no escape sequence reaching the terminal. The same
+//! prefix on the lines the binary prints itself (a refused start, `check`),
+//! when their stream is the journal's.
 
+use std::ffi::OsStr;
 use std::fmt;
+use std::os::fd::BorrowedFd;
 
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
@@ -55,6 +59,34 @@ where
     }
 }
 
+/// Whether `stream` (stdout or stderr) is the journal's: systemd sets
+/// `JOURNAL_STREAM=<dev>:<inode>` for a service whose output goes to the
+/// journal, and a child that inherited the variable but writes elsewhere (a
+/// terminal, a pipe) must not get the prefixes, so the stream itself is
+/// compared, as sd_journal_stream_fd(3) advises.
+pub fn is_journal(stream: BorrowedFd<'_>) -> bool {
+    names_stream(std::env::var_os("JOURNAL_STREAM").as_deref(), stream)
+}
+
+fn names_stream(journal_stream: Option<&OsStr>, stream: BorrowedFd<'_>) -> bool {
+    let (Some(expected), Ok(stat)) = (journal_stream, rustix::fs::fstat(stream)) else { return false };
+    expected.to_str() == Some(&format!("{}:{}", stat.st_dev, stat.st_ino))
+}
+
+/// `line` as journald should file it when `stream` is the journal's: with
+/// the `<N>` prefix of `level`; unchanged otherwise.
+pub fn with_priority(stream: BorrowedFd<'_>, level: Level, line: &str) -> String {
+    prefixed(is_journal(stream), level, line)
+}
+
+fn prefixed(journal: bool, level: Level, line: &str) -> String {
+    if journal {
+        format!("<{}>{line}", priority(&level))
+    } else {
+        line.to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,5 +123,23 @@ mod tests {
         let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
         assert_eq!(text.lines().count(), 1, "{text:?}");
         assert!(text.starts_with("<4>") && text.contains("evil\\u{a}<3>forged line\\u{1b}[8m"), "{text:?}");
+    }
+
+    #[test]
+    fn only_the_stream_systemd_named_gets_priorities() {
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let journal = std::fs::File::create(dir.path().join("journal")).unwrap();
+        let other = std::fs::File::create(dir.path().join("other")).unwrap();
+        let meta = journal.metadata().unwrap();
+        let named = std::ffi::OsString::from(format!("{}:{}", meta.dev(), meta.ino()));
+        assert!(names_stream(Some(&named), journal.as_fd()));
+        assert!(!names_stream(Some(&named), other.as_fd()), "inherited, but this stream is not the journal");
+        assert!(!names_stream(None, journal.as_fd()));
+        assert!(!names_stream(Some(OsStr::new("garbage")), journal.as_fd()));
+        assert_eq!(prefixed(true, Level::ERROR, "salt-keysync: x"), "<3>salt-keysync: x");
+        assert_eq!(prefixed(true, Level::INFO, "ok   y"), "<6>ok   y");
+        assert_eq!(prefixed(false, Level::ERROR, "salt-keysync: x"), "salt-keysync: x");
     }
 }

@@ -14,6 +14,9 @@ use crate::node::{CoreHandle, Request};
 #[derive(Clone, Debug, Default)]
 pub struct Notifier {
     target: Option<std::sync::Arc<Target>>,
+    /// Set at the first READY=1, with or without systemd: a failure before
+    /// it is a refused start (see `has_been_ready`).
+    ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[derive(Debug)]
@@ -34,7 +37,7 @@ impl Notifier {
             std::env::var("WATCHDOG_PID").ok().as_deref(),
         );
         match Self::open(&path, watchdog) {
-            Ok(target) => Notifier { target: Some(std::sync::Arc::new(target)) },
+            Ok(target) => Notifier { target: Some(std::sync::Arc::new(target)), ..Notifier::default() },
             Err(e) => {
                 tracing::warn!(socket = ?path, error = %e, "NOTIFY_SOCKET is set but unusable: no readiness or watchdog notifications");
                 Notifier::default()
@@ -71,7 +74,14 @@ impl Notifier {
 
     /// Listening, and the folders reconciled with the store.
     pub fn ready(&self, status: &str) {
+        self.ready.store(true, std::sync::atomic::Ordering::Relaxed);
         self.send(&format!("READY=1\nSTATUS={}", one_line(status)));
+    }
+
+    /// Whether the agent got as far as READY=1: an error before that is a
+    /// set-up the operator must fix, which a restart would only repeat.
+    pub fn has_been_ready(&self) -> bool {
+        self.ready.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A reload began; systemd waits for the next READY=1.
@@ -146,8 +156,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("notify");
         let listener = UnixDatagram::bind(&path).unwrap();
-        let notifier = Notifier { target: Some(std::sync::Arc::new(Notifier::open(path.as_os_str(), None).unwrap())) };
+        let notifier = Notifier {
+            target: Some(std::sync::Arc::new(Notifier::open(path.as_os_str(), None).unwrap())),
+            ..Notifier::default()
+        };
+        let seen_by_main = notifier.clone();
+        assert!(!seen_by_main.has_been_ready());
         notifier.ready("listening on 127.0.0.1:1\nreally");
+        assert!(seen_by_main.has_been_ready(), "a clone sees READY=1 too");
         notifier.reloading();
         let mut buf = [0u8; 256];
         let n = listener.recv(&mut buf).unwrap();

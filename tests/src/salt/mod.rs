@@ -21,7 +21,7 @@ pub use master::{KeyList, SaltMaster};
 pub use minion::SaltMinion;
 
 /// The Salt releases the suite runs against, newest first.
-pub const VERSIONS: [&str; 2] = ["3008.3", "3006.28"];
+pub const VERSIONS: [&str; 3] = ["3008.3", "3007.15", "3006.28"];
 
 /// The loopback addresses of masters A, B and C (Linux routes all of 127/8 to lo).
 pub const MASTER_IPS: [Ipv4Addr; 3] =

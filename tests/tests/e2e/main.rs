@@ -1,4 +1,4 @@
-//! End-to-end tests against real Salt: for Salt 3008.3 and for 3006.28, three
+//! End-to-end tests against real Salt: for Salt 3008.3, 3007.15 and 3006.28, three
 //! real salt-masters on 127.0.0.2/.3/.4 with a salt-keysync agent beside each
 //! (real mTLS) and real salt-minions listing all three masters. Issue 3's
 //! scenarios 1–5 and issue 4's revocation scenario run in sequence on one
@@ -63,6 +63,11 @@ fn end_to_end(version: &str) {
 #[test]
 fn salt_3008_end_to_end() {
     end_to_end("3008.3");
+}
+
+#[test]
+fn salt_3007_end_to_end() {
+    end_to_end("3007.15");
 }
 
 #[test]

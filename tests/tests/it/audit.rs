@@ -266,7 +266,9 @@ impl Drop for KillOnDrop {
 
 /// Runs one agent (no peers) until it logged its start, stops it, and returns
 /// its stderr and its audit log path.
-fn run_agent_once(log_format: Option<&str>, env: &[(&str, &str)]) -> (String, PathBuf, tempfile::TempDir) {
+/// One start and stop of an agent; `journal`: its output stream is the one
+/// JOURNAL_STREAM names, as under systemd.
+fn run_agent_once(log_format: Option<&str>, journal: bool) -> (String, PathBuf, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let ca = CertAuthority::new("ca").unwrap();
     let files = write_agent_files(dir.path(), &ca, "master-a", free_addr(), &[]);
@@ -275,6 +277,13 @@ fn run_agent_once(log_format: Option<&str>, env: &[(&str, &str)]) -> (String, Pa
         std::fs::write(&files.config_path, format!("log_format = \"{format}\"\n{config}")).unwrap();
     }
     let log_path = dir.path().join("agent.log");
+    // The log file keeps its inode: the agent is started on it truncated.
+    let stream = {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::File::create(&log_path).unwrap().metadata().unwrap();
+        format!("{}:{}", meta.dev(), meta.ino())
+    };
+    let env: &[(&str, &str)] = if journal { &[("JOURNAL_STREAM", &stream)] } else { &[] };
     let agent = AgentProcess::start_with_env(&files.config_path, log_path.clone(), env);
     let started = (0..400).any(|_| {
         std::thread::sleep(Duration::from_millis(50));
@@ -288,7 +297,7 @@ fn run_agent_once(log_format: Option<&str>, env: &[(&str, &str)]) -> (String, Pa
 
 #[test]
 fn the_agent_logs_json_when_configured() {
-    let (text, audit_log, _dir) = run_agent_once(Some("json"), &[]);
+    let (text, audit_log, _dir) = run_agent_once(Some("json"), false);
     for line in text.lines() {
         let value: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
         assert!(value["level"].is_string() && value["fields"]["message"].is_string(), "{line}");
@@ -305,15 +314,15 @@ fn the_agent_logs_json_when_configured() {
 
 #[test]
 fn the_agent_logs_plain_text_for_journald_by_default() {
-    // Under systemd (JOURNAL_STREAM set): no timestamp, no colours, a
-    // syslog priority journald turns into the entry's PRIORITY.
-    let (text, _, _dir) = run_agent_once(None, &[("JOURNAL_STREAM", "8:12345")]);
+    // Under systemd (JOURNAL_STREAM names the output stream): no timestamp,
+    // no colours, a syslog priority journald turns into the entry's PRIORITY.
+    let (text, _, _dir) = run_agent_once(None, true);
     let started = text.lines().find(|l| l.contains("agent started")).unwrap_or_else(|| panic!("{text}"));
     assert!(started.starts_with("<6> INFO "), "{started}");
     assert!(started.contains("node=master-a"), "{started}");
     assert!(text.lines().all(|l| l.starts_with('<')), "{text}");
     // Elsewhere (a file here): timestamps, and still no colour codes off a terminal.
-    let (text, _, _dir) = run_agent_once(Some("text"), &[]);
+    let (text, _, _dir) = run_agent_once(Some("text"), false);
     let started = text.lines().find(|l| l.contains("agent started")).unwrap_or_else(|| panic!("{text}"));
     assert!(started.starts_with("20") && started.contains(" INFO "), "{started}");
     assert!(!text.contains('\x1b'), "{text}");

@@ -27,13 +27,16 @@ mod reload;
 /// In-process three-agent clusters over real mTLS: accept, reject and delete
 /// in both Salt patterns, restarts, transitive propagation, partitions.
 mod replication;
-/// Real `salt-key` from Salt 3008.3 and 3006.28 driving three agent processes.
+/// Real `salt-key` from Salt 3008.3, 3007.15 and 3006.28 driving three agent processes.
 mod salt_key;
 /// The key-acceptance settings read as real Salt 3008.3 and 3006.28 read them.
 mod salt_settings;
 /// Issue 4: hostile key files, hostile peer messages and strangers at the TLS
 /// door are refused, audited once each, and never reach a peer.
 mod security;
+/// Issue 18: what the systemd unit relies on: exit 78, journald priorities,
+/// `salt-keysync reload`, connect failures with their cause.
+mod service;
 /// Issue 4: start-up refuses too-open paths and masters it cannot serve.
 mod startup;
 /// `salt-keysync status` and the metrics endpoint: a stopped peer, key counts,

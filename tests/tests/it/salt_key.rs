@@ -1,4 +1,4 @@
-//! Real `salt-key` (Salt 3008.3 and 3006.28 from PyPI) on one of three pki
+//! Real `salt-key` (Salt 3008.3, 3007.15 and 3006.28 from PyPI) on one of three pki
 //! folders, three agent processes: every decision shows up, byte for byte,
 //! on the other two masters. The venvs come from `tests/salt/venv.sh`, which
 //! the test command runs first; a missing venv is a failure, never a skip.
@@ -87,6 +87,11 @@ fn real_salt_key_decisions_replicate(version: &str) {
 #[test]
 fn salt_3008_salt_key_accept_reject_delete_replicate() {
     real_salt_key_decisions_replicate("3008.3");
+}
+
+#[test]
+fn salt_3007_salt_key_accept_reject_delete_replicate() {
+    real_salt_key_decisions_replicate("3007.15");
 }
 
 #[test]

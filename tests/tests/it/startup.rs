@@ -176,7 +176,8 @@ fn the_binary_refuses_a_readable_config_and_check_lists_every_problem() {
     }
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    // EX_CONFIG: a refused start, which the unit does not restart.
+    assert_eq!(output.status.code(), Some(78), "{stderr}");
     let config_problem = format!(
         "permissions 0644 for '{}' are too open: it must not be readable by others nor writable by group or others (chmod 640)",
         files.config_path.display()

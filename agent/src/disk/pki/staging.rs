@@ -105,19 +105,7 @@ impl Staging {
     }
 
     pub(super) fn read_marker(&self) -> io::Result<Option<String>> {
-        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-        let fd = match rustix::fs::openat(&*self.fd, MARKER, flags, Mode::empty()) {
-            Ok(fd) => fd,
-            Err(rustix::io::Errno::NOENT) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        let st = rustix::fs::fstat(&fd)?;
-        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "the marker is not a regular file"));
-        }
-        let mut text = String::new();
-        std::fs::File::from(fd).take(MAX_MARKER_BYTES).read_to_string(&mut text)?;
-        Ok(Some(text))
+        read_marker_at(&*self.fd)
     }
 
     pub(super) fn write_marker(&self, text: &str) -> io::Result<()> {
@@ -155,6 +143,24 @@ enum Found {
     Missing,
     NotOurs(String),
     Io(io::Error),
+}
+
+/// The marker's text in the staging folder `dir` (never through a symlink,
+/// a regular file of at most MAX_MARKER_BYTES), if there is one.
+pub(super) fn read_marker_at(dir: &impl AsFd) -> io::Result<Option<String>> {
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let fd = match rustix::fs::openat(dir, MARKER, flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let st = rustix::fs::fstat(&fd)?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "the marker is not a regular file"));
+    }
+    let mut text = String::new();
+    std::fs::File::from(fd).take(MAX_MARKER_BYTES).read_to_string(&mut text)?;
+    Ok(Some(text))
 }
 
 /// Opens `name` in `dir` if it is a folder of the agent's user with mode 0700.
