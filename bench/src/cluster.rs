@@ -22,12 +22,11 @@ pub enum Layout {
     /// As they are: no mount of their own.
     Plain,
     /// As packaging/salt-keysync.service makes them: pki_dir one bind mount
-    /// (ReadWritePaths=), state_dir another.
+    /// (ReadWritePaths=), state_dir another. (The unit of earlier releases
+    /// made each key folder a mount of its own; the agent now refuses that
+    /// layout at start, as `tests/faults/bind_mounts.rs` checks, so there is
+    /// nothing left to measure there.)
     Unit,
-    /// As the unit did before issue 18: each key folder and the staging
-    /// folder a bind mount of its own, so renames and links between them
-    /// fail with EXDEV.
-    Folders,
 }
 
 impl Layout {
@@ -37,11 +36,6 @@ impl Layout {
         let mounts: Vec<PathBuf> = match self {
             Layout::Plain => return Vec::new(),
             Layout::Unit => vec![files.pki.clone(), files.dir.join("state")],
-            Layout::Folders => [".keysync-staging", "minions", "minions_pre", "minions_rejected"]
-                .iter()
-                .map(|folder| files.pki.join(folder))
-                .chain([files.dir.join("state")])
-                .collect(),
         };
         // `sh -c SCRIPT sh DIR... -- AGENT ARGS`: each DIR bound onto itself.
         let script = r#"while [ "$1" != -- ]; do mount --bind "$1" "$1" || exit 1; shift; done; shift; exec "$@""#;

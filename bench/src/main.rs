@@ -38,8 +38,7 @@ struct Args {
     #[arg(long, value_name = "DIR")]
     keep: Option<PathBuf>,
     /// How each agent's folders are mounted: plain; unit (as the packaged
-    /// systemd unit mounts them: pki_dir one bind mount); folders (as the
-    /// unit did before: each key folder its own mount). Needs root unless plain.
+    /// systemd unit mounts them: pki_dir one bind mount). Needs root unless plain.
     #[arg(long, value_enum, default_value = "plain")]
     layout: keysync_bench::cluster::Layout,
 }

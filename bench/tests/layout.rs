@@ -1,7 +1,7 @@
 //! `keysync-bench --layout`: each agent runs in a mount namespace of its own
 //! where its folders are mounted as the packaged unit mounts them (pki_dir one
-//! bind mount) or as it did before issue 18 (each key folder its own). The
-//! agent's own /proc/<pid>/mountinfo shows the mounts; the benchmark's does not.
+//! bind mount). The agent's own /proc/<pid>/mountinfo shows the mounts; the
+//! benchmark's does not.
 
 use keysync_bench::cluster::{BenchCluster, Layout};
 
@@ -20,14 +20,7 @@ fn mount_points(pid: &str, root: &std::path::Path) -> Vec<String> {
 
 #[test]
 fn each_layout_mounts_what_the_unit_mounts_and_only_for_the_agent() {
-    for (layout, want) in [
-        (Layout::Unit, vec!["/pki", "/state"]),
-        (
-            Layout::Folders,
-            vec!["/pki/.keysync-staging", "/pki/minions", "/pki/minions_pre", "/pki/minions_rejected", "/state"],
-        ),
-        (Layout::Plain, vec![]),
-    ] {
+    for (layout, want) in [(Layout::Unit, vec!["/pki", "/state"]), (Layout::Plain, vec![])] {
         let mut settings = keysync_bench::Settings::quick();
         settings.layout = layout;
         let mut cluster = BenchCluster::new(&settings, "layout").expect("the agents' files");
