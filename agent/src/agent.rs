@@ -235,6 +235,9 @@ pub async fn run_with(
         };
         tasks.spawn(reloader.run(requests, shutdown.clone()));
     }
+    if config.salt.key_mode.is_none() {
+        tasks.spawn(follow_key_mode(pki.clone(), board.clone(), shutdown.clone()));
+    }
     tasks.spawn(notifier.clone().watchdog(handle.clone(), shutdown.clone()));
     tasks.spawn({
         let (notifier, shutdown) = (notifier.clone(), shutdown.clone());
@@ -260,4 +263,26 @@ pub async fn run_with(
         tracing::error!(error = %e, "cannot note where the audit log ends");
     }
     served.context("gRPC listener failed")
+}
+
+/// `salt.key_mode = "auto"`: key files get the mode the master's own
+/// salt-key gives them (see `pki::key_mode_for`), followed as its version
+/// is learnt and after an upgrade.
+async fn follow_key_mode(
+    pki: Arc<crate::disk::pki::Pki>,
+    board: Arc<crate::ops::board::Board>,
+    shutdown: CancellationToken,
+) {
+    let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        let Some(mode) = board.salt_version().as_deref().and_then(crate::disk::pki::key_mode_for) else { continue };
+        if pki.key_mode() != mode {
+            tracing::info!(mode = format!("{mode:04o}"), version = ?board.salt_version(), "key files get the mode this master's Salt gives them");
+            pki.set_key_mode(mode);
+        }
+    }
 }

@@ -54,6 +54,7 @@ struct RawSalt {
     master_id: Option<String>,
     user: Option<String>,
     version_command: Option<Vec<String>>,
+    key_mode: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -110,6 +111,10 @@ pub struct Salt {
     pub user: Option<String>,
     /// Prints the salt-master version (program and arguments).
     pub version_command: Vec<String>,
+    /// Mode of the key files the agent writes; `None` ("auto"): as the
+    /// master's Salt line does (0600 from 3008 on, 0644 before; 0600 while
+    /// its version is unknown).
+    pub key_mode: Option<u32>,
 }
 
 #[derive(Clone, Debug)]
@@ -250,12 +255,21 @@ impl Config {
                 "must name a program, e.g. [\"salt-master\", \"--version\"]".into(),
             ));
         }
+        let key_mode = match raw.salt.key_mode.as_deref() {
+            None | Some("auto") => None,
+            Some("0600") => Some(0o600),
+            Some("0644") => Some(0o644),
+            Some(other) => {
+                return Err(invalid("salt.key_mode", format!("{other:?} is none of \"auto\", \"0600\", \"0644\"")))
+            }
+        };
         let salt = Salt {
             master_config: resolve(raw.salt.master_config.unwrap_or_else(|| "/etc/salt/master".into())),
             cachedir: resolve(raw.salt.cachedir.unwrap_or_else(|| "/var/cache/salt/master".into())),
             master_id: raw.salt.master_id,
             user: raw.salt.user,
             version_command,
+            key_mode,
         };
 
         Ok(Config {

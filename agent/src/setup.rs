@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use keysync_server::{TlsMaterial, TlsSetup};
 
 use crate::config::Config;
-use crate::disk::pki::{Owner, Pki, PkiOptions, Trust, KEY_MODE};
+use crate::disk::pki::{Owner, Pki, PkiOptions, Trust, KEY_MODE_3008};
 
 /// Loads the TLS material the config names.
 pub fn load_tls(config: &Config) -> Result<TlsSetup> {
@@ -58,7 +58,8 @@ pub fn salt_owner(config: &Config) -> Result<Owner> {
 /// folders trusted if owned by root, the agent's user or that owner.
 pub fn pki_options(config: &Config, create: bool) -> Result<PkiOptions> {
     let owner = salt_owner(config)?;
-    Ok(PkiOptions { owner, trust: Trust::of(owner.uid, owner.gid), key_mode: KEY_MODE, create })
+    let key_mode = config.salt.key_mode.unwrap_or(KEY_MODE_3008);
+    Ok(PkiOptions { owner, trust: Trust::of(owner.uid, owner.gid), key_mode, create })
 }
 
 /// Opens pki_dir, its key folders and the agent's staging folder (see `disk::pki`).

@@ -15,7 +15,7 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use rustix::fs::{AtFlags, Mode, OFlags};
@@ -35,9 +35,23 @@ use adopt::Adoption;
 pub use dfn::drop_dfn;
 pub use dirs::{DirError, Trust};
 
-/// Mode of the key files the agent writes when nothing says otherwise, as
-/// Salt 3006 leaves accepted keys (3008 leaves 0600: see `salt.key_mode`).
+/// Mode of the key files the agent writes as Salt 3006 and 3007 leave
+/// accepted keys (their master's auth writes pending keys 0644, and salt-key
+/// renames them); see [`key_mode_for`].
 pub const KEY_MODE: u32 = 0o644;
+
+/// Mode of the key files Salt 3008 writes (mkstemp, then rename), and the
+/// agent's choice while the master's version is unknown: every Salt line
+/// reads it, as the files belong to the master's user.
+pub const KEY_MODE_3008: u32 = 0o600;
+
+/// The mode the master's own salt-key gives key files, from its version as
+/// `salt-master --version` prints it ("3008.3"): 0600 from 3008 on, 0644
+/// before; `None` when the version does not say.
+pub fn key_mode_for(salt_version: &str) -> Option<u32> {
+    let major: u32 = salt_version.split(['.', ' ']).next()?.parse().ok()?;
+    Some(if major >= 3008 { KEY_MODE_3008 } else { KEY_MODE })
+}
 
 /// Names Salt uses for the master's own keys; never read as minion keys even
 /// if someone puts one into a key folder.
@@ -133,6 +147,8 @@ pub struct Pki {
     /// EEXIST (no /proc, a hard-link restriction): pending keys are adopted
     /// by renaming from now on.
     no_link: AtomicBool,
+    /// Mode of the key files written from now on (see [`Pki::set_key_mode`]).
+    key_mode: AtomicU32,
 }
 
 /// Why the key folders cannot be used.
@@ -168,6 +184,7 @@ impl Pki {
             });
         }
         let [accepted, pending, rejected]: [KeyFolder; 3] = opened.try_into().expect("three folders");
+        let key_mode = AtomicU32::new(options.key_mode);
         Ok(Pki {
             root_path: root_path.to_path_buf(),
             root,
@@ -177,11 +194,21 @@ impl Pki {
             replaced: Mutex::new(Vec::new()),
             no_adopt: AtomicBool::new(false),
             no_link: AtomicBool::new(false),
+            key_mode,
         })
     }
 
     pub fn root(&self) -> &Path {
         &self.root_path
+    }
+
+    /// Writes key files with `mode` from now on (the master's Salt line, once known).
+    pub fn set_key_mode(&self, mode: u32) {
+        self.key_mode.store(mode, Ordering::Relaxed);
+    }
+
+    pub fn key_mode(&self) -> u32 {
+        self.key_mode.load(Ordering::Relaxed)
     }
 
     /// Who may own the folders the agent works in.
@@ -427,7 +454,7 @@ impl Pki {
     fn write_key(&self, dir: &OwnedFd, folder: Folder, id: &str, bytes: &[u8], lane: usize) -> io::Result<()> {
         let name = staged_name("keysync");
         let staging = self.staging.lane(&self.root, lane)?;
-        let result = write_new(&*staging, &name, bytes, self.options.key_mode, self.options.owner)
+        let result = write_new(&*staging, &name, bytes, self.key_mode(), self.options.owner)
             .and_then(|()| rustix::fs::renameat(&*staging, &name, dir, id).map_err(io::Error::from));
         if let Err(e) = &result {
             let _ = rustix::fs::unlinkat(&*staging, &name, AtFlags::empty());

@@ -181,6 +181,11 @@ impl Board {
         }
     }
 
+    /// This master's Salt version, once `salt.version_command` told it.
+    pub fn salt_version(&self) -> Option<String> {
+        self.salt_version.current().ok()
+    }
+
     /// The peers as configured now (after the last reload).
     pub fn peers(&self) -> Vec<crate::config::Peer> {
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());

@@ -117,6 +117,7 @@ fn example_config_documents_the_real_defaults() {
     same("listen", as_shipped.listen.to_string(), explicit.listen.to_string());
     same("log_format", format!("{:?}", as_shipped.log_format), format!("{:?}", explicit.log_format));
     same("mode", format!("{:?}", as_shipped.mode), format!("{:?}", explicit.mode));
+    same("salt.key_mode", format!("{:?}", as_shipped.salt.key_mode), format!("{:?}", explicit.salt.key_mode));
     same(
         "salt.master_config",
         format!("{:?}", as_shipped.salt.master_config),

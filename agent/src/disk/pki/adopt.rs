@@ -173,8 +173,8 @@ impl Pki {
     /// Gives an adopted file the mode and owner the agent writes keys with.
     fn fix_mode_and_owner(&self, file: &File) -> std::io::Result<()> {
         let st = rustix::fs::fstat(file)?;
-        if st.st_mode & 0o7777 != self.options.key_mode {
-            rustix::fs::fchmod(file, Mode::from_raw_mode(self.options.key_mode))?;
+        if st.st_mode & 0o7777 != self.key_mode() {
+            rustix::fs::fchmod(file, Mode::from_raw_mode(self.key_mode()))?;
         }
         let owner = self.options.owner;
         if (st.st_uid, st.st_gid) != (owner.uid, owner.gid) {

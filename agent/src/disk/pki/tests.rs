@@ -384,3 +384,34 @@ fn a_staging_folder_that_is_not_the_agents_own_is_never_used() {
         assert_eq!(pki.read_marker().unwrap().as_deref(), Some("store x\nnode a\n"));
     }
 }
+
+/// The mode the master's own salt-key gives key files, by Salt line.
+#[test]
+fn key_files_get_the_mode_of_the_masters_salt_line() {
+    assert_eq!(super::key_mode_for("3008.3"), Some(0o600));
+    assert_eq!(super::key_mode_for("3009.0"), Some(0o600));
+    assert_eq!(super::key_mode_for("3007.15"), Some(0o644));
+    assert_eq!(super::key_mode_for("3006.28"), Some(0o644));
+    assert_eq!(super::key_mode_for("unknown"), None);
+}
+
+/// A key written after the mode changed gets the new mode (an adopted
+/// pending key too).
+#[test]
+fn a_changed_key_mode_applies_to_the_next_writes() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = open(dir.path());
+    pki.set_key_mode(0o600);
+    let id = crate::core::MinionId::parse("web01").unwrap();
+    let decision = crate::core::Decision {
+        id: id.clone(),
+        verdict: crate::core::Verdict::Accepted(crate::core::PublicKey::new(keysync_machine::testkit::PUB.as_bytes())),
+        version: crate::core::Version::new(1 << 50, "a"),
+        context: Default::default(),
+        relays: Default::default(),
+    };
+    pki.apply(&decision).unwrap();
+    let mode = std::fs::metadata(dir.path().join("minions/web01")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+}
