@@ -9,6 +9,8 @@
 //! executor and the simulation drive this same code.
 
 pub mod event;
+mod guard;
+mod held;
 mod inventory;
 mod local;
 mod plan;
@@ -31,7 +33,9 @@ use crate::core::settle::{FsChange, SettleTimings, Settler};
 use crate::core::version::Hlc;
 use crate::core::{Decision, Entry, Fingerprint, Folder, MinionId, VerdictKind, Version};
 
-pub use event::{Event, Found};
+pub use event::{Event, Found, Settled};
+pub use guard::{GuardSettings, HeldDelete};
+pub use held::{OperatorAction, Outcome};
 pub use inventory::Held;
 pub use plan::{Holding, PlanRow};
 pub use repair::{Summaries, FETCH_CHUNK};
@@ -49,6 +53,8 @@ pub struct Settings {
     /// Observe mode: the executor writes nothing to the key folders (see
     /// `plan.rs`); the machine only needs to know it to say what they hold.
     pub observe: bool,
+    /// The blast-radius guard (`guard.rs`).
+    pub guard: GuardSettings,
 }
 
 /// The time an input happens at: monotonic for timers, wall-clock
@@ -70,6 +76,8 @@ pub struct Loaded {
     pub initialized: bool,
     /// Conflicts kept in the store that may not have been told (see [`StoreWrite::conflicts`]).
     pub untold: Vec<(Arc<str>, crate::core::merge::Conflict)>,
+    /// Peers' deletes the guard held (see `guard.rs`).
+    pub held: Vec<HeldDelete>,
 }
 
 /// A file event in one of the three key folders.
@@ -126,6 +134,7 @@ pub struct Node {
     /// The latest time an input came with (a retry with no backoff pending is due then).
     seen: Instant,
     repairs: repair::Repairs,
+    guard: guard::Guard,
 }
 
 impl Node {
@@ -138,6 +147,7 @@ impl Node {
         }
         let mut node = Node {
             settler: Settler::new(settings.settle.clone()),
+            guard: guard::Guard::new(settings.guard.clone()),
             next_rescan: now.mono + settings.rescan_interval,
             seen: now.mono,
             settings,
@@ -154,9 +164,13 @@ impl Node {
             inventory: inventory::Inventory::default(),
             repairs: repair::Repairs::default(),
         };
+        for held in loaded.held {
+            node.guard.load(held);
+        }
         node.tell_untold(loaded.untold, now, rt);
         node.finish_journal(loaded.journal, now, rt);
         node.reconcile(loaded.initialized, now, rt);
+        node.recheck_held(now, rt);
         node
     }
 
@@ -195,13 +209,15 @@ impl Node {
             self.echoes.expire(now.mono);
             self.rescan("periodic safety net", now, rt);
         }
+        self.guard_tick(now, rt);
     }
 
     /// When [`Node::on_tick`] next has something to do.
     pub fn poll_at(&self) -> Option<Instant> {
         let retry =
             (!self.retry.is_empty() || self.rescan_pending).then(|| self.trouble.next_try().unwrap_or(self.seen));
-        [self.settler.next_due(), retry, Some(self.next_rescan)].into_iter().flatten().min()
+        let guard = [self.guard.next_due(self.seen), self.guard_retry_at()];
+        [self.settler.next_due(), retry, Some(self.next_rescan)].into_iter().chain(guard).flatten().min()
     }
 
     /// Number of decisions held.
@@ -243,6 +259,23 @@ impl Node {
 
     /// Whether nothing waits: no unsettled name, no retry, no deferred decision.
     pub fn is_quiet(&self) -> bool {
-        self.settler.is_idle() && self.retry.is_empty() && self.deferred.is_empty() && !self.rescan_pending
+        self.settler.is_idle()
+            && self.retry.is_empty()
+            && self.deferred.is_empty()
+            && !self.rescan_pending
+            && !self.guard.is_waiting()
+    }
+
+    /// Peers' deletes the guard holds, by id.
+    pub fn held(&self) -> impl Iterator<Item = &HeldDelete> {
+        self.guard.held()
+    }
+
+    /// Keys accepted here (what the folders show).
+    fn n_accepted(&self) -> usize {
+        self.replica
+            .entries()
+            .filter(|(_, entry)| crate::core::claims::effective(entry).is_some_and(|s| s.kind == VerdictKind::Accepted))
+            .count()
     }
 }

@@ -125,6 +125,12 @@ impl Replica {
         Some(Decision { id: id.clone(), verdict, version, context, relays: Default::default() })
     }
 
+    /// A fresh version from this node, above every version seen (for an
+    /// operator's decision not read from the folders).
+    pub fn next_version(&mut self, wall_ms: u64) -> Version {
+        Version::new(self.clock.tick(wall_ms), self.node.clone())
+    }
+
     /// Checks a peer's decision against the skew bound and the decision held.
     /// The decision is not held until [`Replica::commit`].
     pub fn merge(&mut self, incoming: &Decision, wall_ms: u64, max_skew_ms: u64) -> Result<Merged, SkewError> {

@@ -96,4 +96,30 @@ pub enum Event {
     FinishingJournal { n: usize },
     /// Decisions a peer asked for could not be read from the store.
     LoadFailed { error: String },
+    /// A burst of deletes of accepted keys from one origin went past the
+    /// guard's limit: held here, with every later one from that origin until
+    /// it has been quiet for a window (`first`: the first ids held).
+    DeletesHeld { origin: Arc<str>, n: usize, limit: usize, first: Vec<MinionId> },
+    /// A held burst's origin has been quiet for a window: `n` deletes held in all.
+    HoldEnded { origin: Arc<str>, n: usize },
+    /// This master's operator deleted more accepted keys than the guard lets
+    /// through: the peers hold these deletes until released or reverted.
+    MassDeleteHere { n: usize, limit: usize },
+    /// A held delete settled without an operator here.
+    HeldSettled { held: super::HeldDelete, how: Settled },
+    /// An operator here released or reverted a held delete: `decision` is
+    /// the new decision that does it everywhere.
+    Operator { action: super::OperatorAction, decision: Decision, by: String, held: super::HeldDelete },
+    /// Deletes held before the agent stopped, held still.
+    StillHeld { n: usize, origins: Vec<Arc<str>> },
+}
+
+/// How a held delete settled without an operator here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// A newer decision about the id (or one that knew the held delete:
+    /// an operator's release or revert on another master) is held now.
+    By(crate::core::Seen),
+    /// The key is no longer accepted here: the delete is applied as any other.
+    NotAccepted,
 }

@@ -124,12 +124,19 @@ impl Node {
         for (d, after) in decisions.iter().zip(&after) {
             if after.version == d.version { &mut held } else { &mut claims }.push(d.clone());
         }
+        let unheld: Vec<MinionId> = decisions
+            .iter()
+            .zip(&after)
+            .filter(|(d, after)| self.settles_held(&d.id, after))
+            .map(|(d, _)| d.id.clone())
+            .collect();
         let write = StoreWrite {
             decisions: &held,
             claims: &claims,
             kept: &kept,
             clock: self.replica.clock(),
             initialize: self.start != Start::FirstInSteps,
+            unheld: &unheld,
             ..StoreWrite::default()
         };
         if let Err(e) = rt.record(&write) {
@@ -141,7 +148,18 @@ impl Node {
             self.trouble.succeeded(rt, now.mono);
         }
         let mut live = Vec::with_capacity(decisions.len());
+        let mut n_deleted_accepted = 0;
         for (decision, after) in decisions.into_iter().zip(after) {
+            if !decision.version.is_claim()
+                && decision.verdict.kind() == crate::core::VerdictKind::Deleted
+                && self.replica.effective(&decision.id).is_some_and(|s| s.kind == crate::core::VerdictKind::Accepted)
+            {
+                n_deleted_accepted += 1;
+            }
+            if unheld.contains(&decision.id) {
+                self.settle_held(&decision, &after, true, rt);
+            }
+            self.guard.forget_waiting(&decision.id, &after.version);
             self.replica.set(&decision.id, after);
             if decision.version.is_claim() {
                 // Claims are told as one inventory at the end of the first
@@ -155,6 +173,12 @@ impl Node {
         }
         if !live.is_empty() {
             rt.send(None, live);
+        }
+        if n_deleted_accepted > 0 && self.guard.settings.enabled {
+            let n_accepted = self.n_accepted();
+            if let Some((n, limit)) = self.guard.local_deletes(n_deleted_accepted, n_accepted, now.mono) {
+                rt.audit(Event::MassDeleteHere { n, limit });
+            }
         }
         // Flushed after sending: the audit lines are written already, and
         // their fsync need not delay the peers (the store holds the decision).

@@ -14,15 +14,18 @@ use super::{FromPeer, Node, Now};
 
 /// A peer's decision merged in this round: to apply (it beats what is held)
 /// or only to remember (it does not, but this node had not seen it).
-struct Merged {
-    decision: Decision,
+pub(super) struct Merged {
+    pub decision: Decision,
     /// It beats the decision held: held from now on (else only remembered).
-    holds: bool,
-    conflicts: Vec<Conflict>,
-    /// The peer it came from ("journal" at start-up).
-    from: Arc<str>,
+    pub holds: bool,
+    pub conflicts: Vec<Conflict>,
+    /// The peer it came from ("journal" at start-up; this node for an
+    /// operator's release or revert).
+    pub from: Arc<str>,
     /// Which of the arrivals handled together brought it.
-    arrival: usize,
+    pub arrival: usize,
+    /// An operator's release or revert of a held delete (see `held.rs`).
+    pub operator: Option<(super::OperatorAction, String, super::HeldDelete)>,
 }
 
 impl Node {
@@ -37,15 +40,18 @@ impl Node {
         rt: &mut impl Runtime,
     ) -> Vec<u32> {
         self.seen = now.mono;
-        self.apply_arrivals(arrivals, now, rt)
+        self.apply_arrivals(arrivals, false, now, rt)
     }
 
     /// Merges and applies in rounds, each handling one decision per id, so
     /// several decisions about one id (from several peers, or one peer's
     /// backlog) meet one after the other, as if they had come separately.
-    fn apply_arrivals(
+    /// Deletes of accepted keys go to the guard first, unless `judged`
+    /// already (retried, or let through by the guard).
+    pub(super) fn apply_arrivals(
         &mut self,
         arrivals: Vec<(Arc<str>, Vec<Decision>)>,
+        judged: bool,
         now: Now,
         rt: &mut impl Runtime,
     ) -> Vec<u32> {
@@ -59,6 +65,7 @@ impl Node {
                 (arrival, from.clone(), d)
             }));
         }
+        let mut guarded: Vec<(Arc<str>, Decision)> = Vec::new();
         while !todo.is_empty() {
             let mut round: Vec<Merged> = Vec::new();
             let mut ids: HashSet<MinionId> = HashSet::new();
@@ -76,7 +83,10 @@ impl Node {
                     continue;
                 }
                 let decision = self.doubt_claims(decision, &from, rt);
-                if *decision.version.node == *self.settings.node && !self.issued(&decision) {
+                // (An operator's release or revert retried after a failed write
+                // comes from this node itself: it made it.)
+                let retried_own = *from == *self.settings.node;
+                if *decision.version.node == *self.settings.node && !retried_own && !self.issued(&decision) {
                     // Claims this node as its origin, and this node never made it.
                     if self.reported.insert((decision.id.clone(), decision.version.clone())) {
                         rt.audit(Event::NotOurs { decision, from });
@@ -94,9 +104,14 @@ impl Node {
                         if merged.outcome == MergeOutcome::Duplicate {
                             continue;
                         }
-                        ids.insert(decision.id.clone());
                         let holds = merged.outcome == MergeOutcome::Apply;
-                        round.push(Merged { decision, holds, conflicts: merged.conflicts, from, arrival });
+                        if holds && !judged && self.guards(&decision) {
+                            guarded.push((from, decision));
+                            continue;
+                        }
+                        ids.insert(decision.id.clone());
+                        let conflicts = merged.conflicts;
+                        round.push(Merged { decision, holds, conflicts, from, arrival, operator: None });
                     }
                 }
             }
@@ -106,6 +121,7 @@ impl Node {
             }
             todo = later;
         }
+        self.offer_guarded(guarded, now, rt);
         n_applied
     }
 
@@ -141,7 +157,7 @@ impl Node {
     /// (see [`Node::effect_of`]) journalled, written and synced, then one
     /// store commit holding them, the others remembered, and the round's
     /// conflicts kept until told. Returns the applied count per arrival.
-    fn apply_round(&mut self, round: Vec<Merged>, now: Now, rt: &mut impl Runtime) -> Vec<(usize, u32)> {
+    pub(super) fn apply_round(&mut self, round: Vec<Merged>, now: Now, rt: &mut impl Runtime) -> Vec<(usize, u32)> {
         if round.is_empty() {
             return Vec::new();
         }
@@ -162,7 +178,7 @@ impl Node {
                 planned.iter().filter(|(_, e)| e.write.is_some()).map(|(m, _)| m.decision.clone()).collect();
             if let Err(e) = rt.journal(&journal) {
                 self.trouble.failed(rt, now.mono, "state store journal", &e);
-                self.retry.extend(planned.into_iter().map(|(m, _)| (m.from, m.decision)));
+                self.retry_later(planned.into_iter().map(|(m, _)| m));
                 return Vec::new();
             }
             let mut results = rt.apply(&writes.iter().collect::<Vec<_>>()).into_iter();
@@ -195,7 +211,7 @@ impl Node {
                     Err(e) => {
                         // Nothing recorded for it: peers still see this node without it.
                         self.trouble.failed(rt, now.mono, &format!("the key folders, for {}", target.id), &e);
-                        self.retry.push((merged.from, merged.decision));
+                        self.retry_later(std::iter::once(merged));
                     }
                 }
             }
@@ -216,6 +232,11 @@ impl Node {
         let kept: Vec<Kept> = done.iter().map(|(m, e, _)| Kept::of(&m.decision.id, &e.after)).collect();
         let conflicts: Vec<(Arc<str>, Conflict)> =
             done.iter().flat_map(|(m, _, _)| m.conflicts.iter().map(|c| (m.from.clone(), c.clone()))).collect();
+        let unheld: Vec<MinionId> = done
+            .iter()
+            .filter(|(m, e, _)| self.settles_held(&m.decision.id, &e.after))
+            .map(|(m, _, _)| m.decision.id.clone())
+            .collect();
         let synced = if finished.is_empty() { Ok(()) } else { rt.sync_folders() };
         let durable = synced.and_then(|()| {
             rt.record(&StoreWrite {
@@ -227,12 +248,14 @@ impl Node {
                 done: &finished,
                 clock: self.replica.clock(),
                 initialize: true,
+                unheld: &unheld,
+                ..StoreWrite::default()
             })
         });
         if let Err(e) = durable {
             // Not held, not forwarded: retried, and the journal finishes it after a crash.
             self.trouble.failed(rt, now.mono, "syncfs or state store", &e);
-            self.retry.extend(done.into_iter().map(|(m, _, _)| (m.from, m.decision)));
+            self.retry_later(done.into_iter().map(|(m, _, _)| m));
             return Vec::new();
         }
         if self.retry.is_empty() && !self.rescan_pending {
@@ -254,7 +277,10 @@ impl Node {
             let decision = &merged.decision;
             let wrote = effect.write.is_some();
             let follows = effect.shows_incoming(decision);
-            if follows && (wrote || merged.holds) {
+            if let Some((action, by, held)) = &merged.operator {
+                let (action, by, held) = (*action, by.clone(), held.clone());
+                rt.audit(Event::Operator { action, decision: decision.clone(), by, held });
+            } else if follows && (wrote || merged.holds) {
                 let replaced = replaced_key(effect.before.as_ref(), decision);
                 rt.audit(Event::Applied { decision: decision.clone(), from: merged.from.clone(), replaced });
             } else if wrote || merged.holds || decision.version.is_claim() {
@@ -280,6 +306,10 @@ impl Node {
                     });
                 }
             }
+            if unheld.contains(&decision.id) {
+                self.settle_held(decision, &effect.after, merged.operator.is_none(), rt);
+            }
+            self.guard.forget_waiting(&decision.id, &effect.after.version);
             self.replica.set(&decision.id, effect.after);
             if wrote || merged.holds {
                 n_applied.push((merged.arrival, 1));
@@ -304,6 +334,13 @@ impl Node {
         n_applied
     }
 
+    /// Decisions whose apply failed, retried after the backoff: peers', and
+    /// an operator's release or revert (from this node: its command stands,
+    /// and the folders may already show part of it).
+    fn retry_later(&mut self, failed: impl Iterator<Item = Merged>) {
+        self.retry.extend(failed.map(|m| (m.from, m.decision)));
+    }
+
     /// What committing `decision` does here: the entry afterwards, what the
     /// folders show before and after (see `claims.rs`: not always the
     /// decision held), and the write that makes them show it, if any.
@@ -311,9 +348,13 @@ impl Node {
         let before = self.replica.effective(&decision.id);
         let after = self.replica.after(decision);
         let shows = crate::core::claims::effective(&after);
+        // A write for the id failed to be recorded (it waits in the retry
+        // list): the folders may already show something else than what is
+        // held, so they are written whatever they should show.
+        let unsure = self.retry.iter().any(|(_, d)| d.id == decision.id);
         let write = match &shows {
             // Nothing decided here: nothing to undo, unless a key was trusted.
-            None if before.as_ref().is_none_or(|b| b.kind == VerdictKind::Deleted) => None,
+            None if !unsure && before.as_ref().is_none_or(|b| b.kind == VerdictKind::Deleted) => None,
             None => Some(Decision {
                 id: decision.id.clone(),
                 verdict: crate::core::Verdict::Deleted,
@@ -321,7 +362,7 @@ impl Node {
                 context: decision.context.clone(),
                 relays: Default::default(),
             }),
-            Some(shows) if before.as_ref().is_some_and(|b| b.agrees_with(shows)) => None,
+            Some(shows) if !unsure && before.as_ref().is_some_and(|b| b.agrees_with(shows)) => None,
             Some(shows) => Some(self.materialize(decision, shows, rt)),
         };
         Effect { before, shows, after, write }
@@ -407,6 +448,7 @@ impl Node {
                     conflicts: merged.conflicts,
                     from: from.clone(),
                     arrival: 0,
+                    operator: None,
                 })
             })
             .collect();
@@ -425,7 +467,8 @@ impl Node {
         }
         let retry = std::mem::take(&mut self.retry);
         if !retry.is_empty() {
-            self.apply_arrivals(by_peer(retry), now, rt);
+            // Judged already: a held delete never reaches the retry list.
+            self.apply_arrivals(by_peer(retry), true, now, rt);
         }
         if !self.rescan_pending {
             self.apply_deferred(now, rt);
@@ -447,14 +490,14 @@ impl Node {
             .partition(|(_, d)| !self.settler.is_unsettled(d.id.as_str()));
         self.deferred = waiting;
         if !ready.is_empty() {
-            self.apply_arrivals(by_peer(ready), now, rt);
+            self.apply_arrivals(by_peer(ready), false, now, rt);
         }
     }
 }
 
 /// Peers' decisions grouped by the peer they came from, one arrival each,
 /// in the order the peers first appear (the same run always merges alike).
-fn by_peer(decisions: Vec<FromPeer>) -> Vec<(Arc<str>, Vec<Decision>)> {
+pub(super) fn by_peer(decisions: Vec<FromPeer>) -> Vec<(Arc<str>, Vec<Decision>)> {
     let mut grouped: Vec<(Arc<str>, Vec<Decision>)> = Vec::new();
     for (from, decision) in decisions {
         match grouped.iter_mut().find(|(peer, _)| *peer == from) {

@@ -75,6 +75,10 @@ pub struct StoreWrite<'a> {
     pub clock: u64,
     /// Marks the store initialized: the next start is not a first start.
     pub initialize: bool,
+    /// Peers' deletes the guard holds from now on.
+    pub held: &'a [super::HeldDelete],
+    /// Ids whose held delete is settled (released, reverted, superseded).
+    pub unheld: &'a [MinionId],
 }
 
 /// The effects of the node machine.

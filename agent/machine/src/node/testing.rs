@@ -108,6 +108,8 @@ pub struct MemoryStore {
     pub initialized: bool,
     /// Conflicts kept until told.
     pub untold: Vec<(Arc<str>, Conflict)>,
+    /// Peers' deletes the guard holds.
+    pub held: BTreeMap<MinionId, super::HeldDelete>,
 }
 
 /// What the store keeps for one id.
@@ -147,6 +149,12 @@ impl MemoryStore {
             self.untold.clear();
         }
         self.untold.extend(write.conflicts.iter().cloned());
+        for held in write.held {
+            self.held.insert(held.decision.id.clone(), held.clone());
+        }
+        for id in write.unheld {
+            self.held.remove(id);
+        }
         self.clock = write.clock;
         self.initialized |= write.initialize;
     }
@@ -167,6 +175,7 @@ impl MemoryStore {
             clock: self.clock,
             initialized: self.initialized,
             untold: self.untold.clone(),
+            held: self.held.values().cloned().collect(),
         }
     }
 

@@ -16,15 +16,22 @@ fn now() -> Now {
     Now { mono: Instant::now(), wall_ms: NOW_MS }
 }
 
+/// A node without the guard (its own tests, `tests/guard.rs`, turn it on):
+/// a peer's delete here is applied at once.
 fn node(name: &str, rt: &mut Recorder) -> Node {
+    node_with(name, GuardSettings { enabled: false, ..GuardSettings::default() }, Default::default(), rt)
+}
+
+fn node_with(name: &str, guard: GuardSettings, loaded: Loaded, rt: &mut Recorder) -> Node {
     let settings = Settings {
         node: name.into(),
         max_clock_skew: Duration::from_secs(60),
         rescan_interval: Duration::from_secs(3600),
         settle: SettleTimings::default(),
         observe: false,
+        guard,
     };
-    Node::start(settings, Default::default(), now(), rt)
+    Node::start(settings, loaded, now(), rt)
 }
 
 fn key(variant: &str) -> PublicKey {
@@ -103,3 +110,28 @@ fn a_forwarded_decision_names_the_peers_it_came_through() {
 }
 
 mod first_contact;
+mod guard;
+
+/// A peer's decision written but not recorded (the store failed) waits for
+/// its retry; a newer decision meanwhile must not trust the folders to show
+/// what is held: the key removed by the unrecorded delete is written back
+/// (found by the simulation, seed 78 with the guard's timings).
+#[test]
+fn a_newer_decision_rewrites_what_an_unrecorded_write_changed() {
+    let mut rt = Recorder::default();
+    rt.folders.put(crate::core::Folder::Accepted, "web01", key("mwIDAQAB").bytes());
+    let mut a = node("master-a", &mut rt);
+    let delete = decision(Verdict::Deleted, NOW_MS - 20, "master-b", &[]);
+    rt.faults.record = true;
+    assert_eq!(push(&mut a, &mut rt, "master-b", vec![delete.clone()]), 0, "not recorded");
+    assert!(rt.folders.get(crate::core::Folder::Accepted, "web01").is_none(), "but written");
+    rt.faults.record = false;
+    // Before the retry: master-c accepts the same key again, knowing the delete.
+    let accept = decision(Verdict::Accepted(key("mwIDAQAB")), NOW_MS - 10, "master-c", &[delete.version]);
+    assert_eq!(push(&mut a, &mut rt, "master-c", vec![accept]), 1);
+    assert_eq!(
+        rt.folders.get(crate::core::Folder::Accepted, "web01").map(Vec::as_slice),
+        Some(key("mwIDAQAB").bytes()),
+        "the folders say what is held"
+    );
+}

@@ -116,7 +116,9 @@ fn masters_converge_under_chaos() {
          lost 0, stale 0, resurrected 0, never applied 0; {} conflicts told, 0 missed, 0 duplicated; \
          propagation p50 {} ms, p99 {} ms, max {} ms (virtual); \
          {} messages dropped, {} duplicated, {} lost to a down or partitioned node, {} link timeouts; \
-         {} kills between inputs, {} inside one, {} full disks, {} partitions, {} inotify overflows; {} .dfn drops",
+         {} kills between inputs, {} inside one, {} full disks, {} partitions, {} inotify overflows; {} .dfn drops; \
+         guard: {} mass deletes, {} bursts held, {} held deletes released and {} reverted by operators, \
+         {} settled otherwise, 0 lost or applied unreleased",
         seeds.len(),
         started.elapsed(),
         t.decisions,
@@ -136,6 +138,11 @@ fn masters_converge_under_chaos() {
         t.partitions,
         t.overflows,
         t.dfn,
+        t.mass_deletes,
+        t.bursts_held,
+        t.released,
+        t.reverted,
+        t.settled,
     );
 }
 
@@ -155,6 +162,11 @@ pub(crate) struct Stats {
     overflows: u64,
     dfn: u64,
     conflicts: u64,
+    pub(crate) mass_deletes: u64,
+    bursts_held: u64,
+    released: u64,
+    reverted: u64,
+    settled: u64,
     latencies_ms: Vec<u64>,
     verdicts: world::Verdicts,
 }
@@ -175,6 +187,11 @@ impl Stats {
         self.overflows += o.overflows;
         self.dfn += o.dfn;
         self.conflicts += o.verdicts.conflicts_told;
+        self.mass_deletes += o.mass_deletes;
+        self.bursts_held += o.bursts_held;
+        self.released += o.released;
+        self.reverted += o.reverted;
+        self.settled += o.settled;
         self.latencies_ms.extend(&o.verdicts.latencies_ms);
     }
 }

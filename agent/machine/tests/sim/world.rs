@@ -18,6 +18,7 @@ use crate::*;
 
 mod checker;
 mod faults;
+mod guard;
 mod links;
 
 pub(crate) use checker::Verdicts;
@@ -98,6 +99,15 @@ pub(crate) enum Event {
     Calm,
     Final,
     FinalRound,
+    /// The rest of a `salt-key -D` run.
+    MassDelete {
+        node: usize,
+        ids: Vec<MinionId>,
+    },
+    /// After the final restart: operators release or revert what is held.
+    Resolve {
+        round: u32,
+    },
 }
 
 pub(crate) struct Queued {
@@ -158,6 +168,11 @@ pub(crate) struct SimNode {
     /// may have been buffered and lost with the process (the store commit
     /// comes before the audit write; conflicts alone are kept until told).
     pub(crate) audit_maybe_lost: BTreeSet<MinionId>,
+    /// Every delete its guard ever held (id, version).
+    pub(crate) ever_held: BTreeSet<(MinionId, Version)>,
+    /// Per id an operator's release or revert named, what the store held
+    /// then (a failed write may delay its decision past later ones).
+    pub(crate) commanded: BTreeMap<MinionId, keysync_machine::node::testing::Stored>,
 }
 
 impl SimNode {
@@ -250,6 +265,8 @@ impl Sim {
                 undecided_changes: BTreeSet::new(),
                 kill_after: None,
                 audit_maybe_lost: BTreeSet::new(),
+                ever_held: BTreeSet::new(),
+                commanded: BTreeMap::new(),
             });
         }
         // Sometimes the highest-named master joins late with the folders it had at the start.
@@ -332,6 +349,7 @@ impl Sim {
             rescan_interval: Duration::from_millis(RESCAN_MS),
             settle: SettleTimings::default(),
             observe: false,
+            guard: guard::settings(),
         }
     }
 
@@ -395,6 +413,8 @@ impl Sim {
                     self.anti_entropy(node);
                 }
             }
+            Event::Resolve { round } => self.resolve(round),
+            Event::MassDelete { node, ids } => self.mass_delete_next(node, ids),
         }
     }
 
@@ -411,6 +431,7 @@ impl Sim {
         let n = &mut self.nodes[node];
         let mut machine = n.machine.take()?;
         let audit_before = n.audit.len();
+        let held_before = guard::held_versions(&n.store);
         let mut rt = SimRuntime {
             disk: &mut n.disk,
             store: &mut n.store,
@@ -427,6 +448,7 @@ impl Sim {
         if !out.killed {
             self.nodes[node].machine = Some(machine);
         }
+        self.check_held(node, &held_before, out.killed);
         self.after_input(node, out);
         Some(result)
     }
@@ -441,6 +463,7 @@ impl Sim {
         n.links = (0..n.links.len()).map(|_| links::Link::default()).collect();
         let loaded: Loaded = n.store.loaded();
         let audit_before = n.audit.len();
+        let held_before = guard::held_versions(&n.store);
         let mut rt = SimRuntime {
             disk: &mut n.disk,
             store: &mut n.store,
@@ -457,6 +480,7 @@ impl Sim {
         if !out.killed {
             self.nodes[node].machine = Some(machine);
         }
+        self.check_held(node, &held_before, out.killed);
         self.after_input(node, out);
         // Whatever start-up did not decide needed no decision; a salt-key run
         // still going on is judged as it finishes.
@@ -481,6 +505,18 @@ impl Sim {
                         decision.version,
                         shows.as_ref().map(|s| s.version.to_string())
                     ),
+                    _ => {}
+                }
+                match event {
+                    node::Event::DeletesHeld { origin, n: count, .. } => {
+                        trace!(self, "{} holds {count} deletes from {origin}", n.name)
+                    }
+                    node::Event::HeldSettled { held, how } => {
+                        trace!(self, "{} settles held {} {}: {how:?}", n.name, held.decision.id, held.decision.version)
+                    }
+                    node::Event::Operator { action, decision, .. } => {
+                        trace!(self, "{} {action:?}s {} as {}", n.name, decision.id, decision.version)
+                    }
                     _ => {}
                 }
                 if let node::Event::Conflict { conflict, from } = event {
@@ -543,10 +579,13 @@ impl Sim {
             let own = if decision.version.is_claim() { mine } else { *decision.version.node == *name };
             if own && !self.applied_at.contains_key(&(node, id.clone(), decision.version.clone())) {
                 self.check_local(node, &decision);
-                self.check_context(node, &decision, before.as_ref());
+                let commanded = self.nodes[node].commanded.remove(&id);
+                self.check_context(node, &decision, commanded.as_ref().or(before.as_ref()));
                 self.delivered[node].entry(id.clone()).or_default().insert(decision.version.clone());
                 self.made.entry(id.clone()).or_default().push(Made { decision: decision.clone(), at: self.now });
                 self.stats.decisions += 1;
+            } else if !own {
+                self.check_not_held(node, &decision);
             }
             self.applied_at.entry((node, id, decision.version.clone())).or_insert(self.now);
         }
@@ -648,6 +687,21 @@ impl Sim {
         }
         let next = self.now + self.rng.between(30, 400);
         self.schedule(next, Event::Operator);
+        let roll = self.rng.below(100);
+        if roll < 6 {
+            // Now and then an operator releases or reverts what a master's guard
+            // holds, or runs salt-key -D.
+            let up: Vec<usize> = (0..self.nodes.len()).filter(|&n| self.nodes[n].up()).collect();
+            if !up.is_empty() {
+                let node = up[self.rng.index(up.len())];
+                if roll < 1 {
+                    self.mass_delete(node);
+                } else {
+                    self.resolve_held(node);
+                }
+            }
+            return;
+        }
         let up: Vec<usize> = (0..self.nodes.len()).filter(|&n| self.nodes[n].up()).collect();
         let down: Vec<usize> = (0..self.nodes.len()).filter(|&n| !self.nodes[n].up() && self.nodes[n].joined).collect();
         // Mostly on a running master; sometimes on one whose agent is down (found at its restart).
@@ -793,5 +847,7 @@ fn event_kind(event: &Event) -> (u8, usize, usize) {
         Event::Calm => (17, 0, 0),
         Event::Final => (18, 0, 0),
         Event::FinalRound => (19, 0, 0),
+        Event::Resolve { round } => (20, *round as usize, 0),
+        Event::MassDelete { node, ids } => (21, *node, ids.len()),
     }
 }

@@ -116,6 +116,7 @@ impl Sim {
             }
             let _ = idx;
         }
+        self.check_nothing_held(&mut problems);
         // Conflicts: exactly the pairs each master saw, each told once there.
         for n in &self.nodes {
             let mut expected: BTreeSet<(MinionId, Version, Version)> = BTreeSet::new();

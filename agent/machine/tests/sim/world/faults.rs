@@ -123,5 +123,6 @@ impl Sim {
         for round in 1..=FINAL_ROUNDS {
             self.schedule(self.now + round * 1_000, Event::FinalRound);
         }
+        self.schedule(self.now + (FINAL_ROUNDS + 1) * 1_000, Event::Resolve { round: 0 });
     }
 }
