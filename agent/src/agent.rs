@@ -129,6 +129,7 @@ pub async fn run_with(
         max_clock_skew: config.timings.max_clock_skew,
         rescan_interval: if observe { OBSERVE_NO_RESCAN } else { config.timings.rescan_interval },
         observe,
+        guard: config.guard.clone(),
     };
     let settle = SettleTimings { absent_grace: config.timings.absent_grace, ..SettleTimings::default() };
     let mut metrics = crate::ops::metrics::Metrics::new(&config.node);

@@ -7,6 +7,7 @@ pub mod check;
 pub mod cluster;
 pub mod demo;
 pub mod generate;
+pub mod held;
 pub mod plan;
 pub mod recover;
 pub mod reload;

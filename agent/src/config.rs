@@ -29,6 +29,18 @@ struct RawConfig {
     control_socket: Option<PathBuf>,
     metrics_listen: Option<String>,
     mode: Option<String>,
+    #[serde(default)]
+    guard: RawGuard,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGuard {
+    enabled: Option<bool>,
+    quiet: Option<String>,
+    window: Option<String>,
+    max_deletes: Option<i64>,
+    max_share: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -156,6 +168,8 @@ pub struct Config {
     /// Where Prometheus metrics are served; `None`: no metrics listener.
     pub metrics_listen: Option<SocketAddr>,
     pub mode: Mode,
+    /// The blast-radius guard (`[guard]`; see `keysync_machine::node::GuardSettings`).
+    pub guard: keysync_machine::node::GuardSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -272,6 +286,7 @@ impl Config {
             key_mode,
         };
 
+        let guard = guard(raw.guard, &invalid)?;
         Ok(Config {
             node: raw.node,
             pki_dir: resolve(raw.pki_dir.unwrap_or_else(|| "/etc/salt/pki/master".into())),
@@ -286,8 +301,49 @@ impl Config {
             control_socket,
             metrics_listen,
             mode,
+            guard,
         })
     }
+}
+
+/// The `[guard]` table, validated; defaults from `GuardSettings::default()`.
+fn guard(
+    raw: RawGuard,
+    invalid: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<keysync_machine::node::GuardSettings, ConfigError> {
+    let defaults = keysync_machine::node::GuardSettings::default();
+    let duration = |key: &str, text: Option<String>, default: Duration| match text {
+        None => Ok(default),
+        Some(text) => humantime::parse_duration(&text)
+            .map_err(|e| invalid(&format!("guard.{key}"), format!("{text:?} is not a duration ({e})"))),
+    };
+    let quiet = duration("quiet", raw.quiet, defaults.quiet)?;
+    let window = duration("window", raw.window, defaults.window)?;
+    // Every peer's delete of an accepted key waits `quiet`: a minute is
+    // already far past any salt-key run's pauses.
+    if quiet.is_zero() || quiet > Duration::from_secs(60) {
+        return Err(invalid("guard.quiet", format!("{quiet:?} is not between 1ms and 60s")));
+    }
+    if window < quiet || window > Duration::from_secs(24 * 3600) {
+        return Err(invalid("guard.window", format!("{window:?} is not between guard.quiet ({quiet:?}) and 24h")));
+    }
+    let max_deletes = match raw.max_deletes {
+        None => defaults.max_deletes,
+        Some(n) if n >= 1 => n as usize,
+        Some(n) => return Err(invalid("guard.max_deletes", format!("{n} is not a count of at least 1"))),
+    };
+    let max_share = match raw.max_share {
+        None => defaults.max_share,
+        Some(share) if share > 0.0 && share <= 1.0 => share,
+        Some(share) => return Err(invalid("guard.max_share", format!("{share} is not a share above 0 and at most 1"))),
+    };
+    Ok(keysync_machine::node::GuardSettings {
+        enabled: raw.enabled.unwrap_or(defaults.enabled),
+        quiet,
+        window,
+        max_deletes,
+        max_share,
+    })
 }
 
 /// Node names are DNS names of certificates.

@@ -118,6 +118,34 @@ rule settles. The agent asks its peers over their mutual-TLS link.",
         after_help = "Examples:\n  salt-keysync plan\n  salt-keysync plan --json | jq '.masters[] | {node, n: (.rows | length)}'"
     )]
     Plan(PlanArgs),
+    /// List the peers' deletes this master's blast-radius guard holds.
+    #[command(
+        long_about = "List, from the running agent, the peers' deletes of accepted keys that its \
+blast-radius guard holds: a burst of deletes from one master that came faster than [guard] lets \
+through (salt-key -D, a script, manage.key_regen). They are not applied here until an operator \
+releases them (`salt-keysync release`) or reverts them (`salt-keysync revert`); a newer decision \
+about an id (salt-key -a on any master) settles it too. Rejections are never held.",
+        after_help = "Examples:\n  salt-keysync held\n  salt-keysync held --json | jq -r '.held[].minion'"
+    )]
+    Held(HeldArgs),
+    /// Apply held deletes on every master (the guard lets them through everywhere).
+    #[command(
+        long_about = "Release deletes this master's guard holds: each becomes a new delete from this \
+master that knew the held one, applied here (its key file removed, .dfn dropped so the master \
+rotates its AES key) and sent to every peer, whose guard lets it through. Without --origin or ids, \
+everything held here. Audited as `release`, naming the user who ran it.",
+        after_help = "Examples:\n  salt-keysync release --origin master-a\n  salt-keysync release web01 web02"
+    )]
+    Release(OperatorArgs),
+    /// Undo held deletes: accept the keys again everywhere, the master they were deleted on included.
+    #[command(
+        long_about = "Revert deletes this master's guard holds: each becomes a new accept, from this \
+master, of the key it still holds, which wins on every master — the master where the delete was \
+made writes the key back (a pending copy of the same key is moved into place). Without --origin or \
+ids, everything held here. Audited as `revert`, naming the user who ran it.",
+        after_help = "Examples:\n  salt-keysync revert --origin master-a\n  salt-keysync revert web01"
+    )]
+    Revert(OperatorArgs),
     /// Start three agents on 127.0.0.1 in a temporary folder and watch accept, reject and delete propagate.
     Demo(demo::DemoArgs),
     /// Review the audit log (table, --json, filters, --follow) or verify its hash chain.
@@ -173,6 +201,26 @@ struct PlanArgs {
 }
 
 #[derive(clap::Args)]
+struct HeldArgs {
+    /// Print the list as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct OperatorArgs {
+    /// Only the deletes made on this master.
+    #[arg(long, value_name = "NAME")]
+    origin: Option<String>,
+    /// Only these minion ids.
+    #[arg(value_name = "ID")]
+    ids: Vec<String>,
+    /// Print the outcome as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
 struct StatusArgs {
     /// Print the whole report as one JSON object.
     #[arg(long)]
@@ -221,6 +269,9 @@ fn main() {
         Command::Reload => salt_keysync::cli::reload::reload(&cli.config).map(|summary| println!("{summary}")),
         Command::Certs(args) => certs::certs(&args),
         Command::Status(args) => status(&cli.config, &args),
+        Command::Held(args) => held(&cli.config, &args),
+        Command::Release(args) => operate(&cli.config, "release", args),
+        Command::Revert(args) => operate(&cli.config, "revert", args),
         Command::Demo(args) => {
             if std::env::var_os("SALT_KEYSYNC_LOG").is_some() {
                 init_logging(&LogFormat::Text);
@@ -304,6 +355,28 @@ fn status(path: &std::path::Path, args: &StatusArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", salt_keysync::cli::status::render(&report));
+    }
+    Ok(())
+}
+
+fn held(path: &std::path::Path, args: &HeldArgs) -> Result<()> {
+    let config = Config::load(path)?;
+    let list = salt_keysync::cli::held::query(&config.control_socket)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+    } else {
+        print!("{}", salt_keysync::cli::held::render(&list));
+    }
+    Ok(())
+}
+
+fn operate(path: &std::path::Path, action: &str, args: OperatorArgs) -> Result<()> {
+    let config = Config::load(path)?;
+    let reply = salt_keysync::cli::held::operate(&config.control_socket, action, args.origin, args.ids)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&reply)?);
+    } else {
+        print!("{}", salt_keysync::cli::held::render_reply(&reply));
     }
     Ok(())
 }

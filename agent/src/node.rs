@@ -12,7 +12,7 @@ mod tell;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use keysync_machine::node::{FsEvent, Node, Now, Runtime, Settings, Summaries};
+use keysync_machine::node::{FsEvent, HeldDelete, Node, Now, OperatorAction, Outcome, Runtime, Settings, Summaries};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -66,6 +66,17 @@ pub enum Request {
     /// What first contact does here (see `keysync_machine::node::plan`):
     /// the ids in dispute, or exactly `ids`.
     Plan { ids: Option<Vec<MinionId>>, reply: oneshot::Sender<Vec<keysync_machine::node::PlanRow>> },
+    /// The peers' deletes the blast-radius guard holds here.
+    Held { reply: oneshot::Sender<Vec<HeldDelete>> },
+    /// An operator releases or reverts held deletes (from `origin`, of `ids`
+    /// if any); `by`: who asked, for the audit log.
+    Operator {
+        action: OperatorAction,
+        origin: Option<String>,
+        ids: Vec<MinionId>,
+        by: String,
+        reply: oneshot::Sender<Result<Outcome, String>>,
+    },
 }
 
 /// A cloneable handle on the core task.
@@ -106,6 +117,8 @@ pub struct CoreSettings {
     pub rescan_interval: Duration,
     /// Observe mode: nothing written to the key folders (see `config::Mode`).
     pub observe: bool,
+    /// The blast-radius guard.
+    pub guard: keysync_machine::node::GuardSettings,
 }
 
 pub struct Core {
@@ -113,6 +126,8 @@ pub struct Core {
     effects: Effects,
     /// To watch a key folder again once it was replaced and reopened.
     watch: Option<Arc<FolderWatch>>,
+    /// Held deletes per origin as last exported to the metrics.
+    held_exported: std::collections::BTreeMap<String, i64>,
 }
 
 /// Wall-clock milliseconds for the HLC.
@@ -171,6 +186,7 @@ impl Core {
             }
             self.folders_replaced();
             self.effects.write_told();
+            self.export_held();
         }
         self.effects.flush_audit();
     }
@@ -213,6 +229,29 @@ impl Core {
         if reopened {
             self.node.on_lost("a key folder was replaced", now(), &mut self.effects);
         }
+    }
+
+    /// Sets the held-deletes gauge per origin when it changed.
+    fn export_held(&mut self) {
+        if self.held_exported.is_empty() && self.node.held().next().is_none() {
+            return;
+        }
+        let mut now: std::collections::BTreeMap<String, i64> = std::collections::BTreeMap::new();
+        for held in self.node.held() {
+            *now.entry(held.origin().to_string()).or_default() += 1;
+        }
+        if now == self.held_exported {
+            return;
+        }
+        for origin in self.held_exported.keys().filter(|o| !now.contains_key(*o)) {
+            let label = crate::ops::metrics::OriginLabel { origin: origin.clone() };
+            self.effects.metrics.held_deletes.get_or_create(&label).set(0);
+        }
+        for (origin, n) in &now {
+            let label = crate::ops::metrics::OriginLabel { origin: origin.clone() };
+            self.effects.metrics.held_deletes.get_or_create(&label).set(*n);
+        }
+        self.held_exported = now;
     }
 
     fn on_watch_event(&mut self, event: WatchEvent) {
@@ -297,6 +336,17 @@ impl Core {
             Request::Plan { ids, reply } => {
                 let _ = reply.send(self.node.plan(ids.as_deref()));
             }
+            Request::Held { reply } => {
+                let _ = reply.send(self.node.held().cloned().collect());
+            }
+            Request::Operator { action, origin, ids, by, reply } => {
+                let (origin, now) = (origin.as_deref(), now());
+                let outcome = match action {
+                    OperatorAction::Release => self.node.release_held(origin, &ids, &by, now, &mut self.effects),
+                    OperatorAction::Revert => self.node.revert_held(origin, &ids, &by, now, &mut self.effects),
+                };
+                let _ = reply.send(outcome);
+            }
         }
     }
 }
@@ -334,6 +384,7 @@ pub fn start(parts: CoreParts) -> Result<(Core, CoreHandle, mpsc::Receiver<Reque
         rescan_interval: parts.settings.rescan_interval,
         settle: parts.settle,
         observe: parts.settings.observe,
+        guard: parts.settings.guard.clone(),
     };
     let mut effects = Effects {
         node: parts.settings.node,
@@ -350,7 +401,8 @@ pub fn start(parts: CoreParts) -> Result<(Core, CoreHandle, mpsc::Receiver<Reque
     };
     let node = Node::start(settings, loaded, now(), &mut effects);
     effects.write_told();
-    Ok((Core { node, effects, watch: parts.watch }, CoreHandle { requests: tx, outgoing }, rx))
+    let core = Core { node, effects, watch: parts.watch, held_exported: Default::default() };
+    Ok((core, CoreHandle { requests: tx, outgoing }, rx))
 }
 
 #[cfg(test)]

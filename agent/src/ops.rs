@@ -5,6 +5,7 @@
 pub mod board;
 pub mod control;
 pub mod findings;
+pub mod held;
 pub mod logging;
 pub mod metrics;
 pub mod reload;

@@ -163,6 +163,7 @@ mod tests {
             ],
             findings: crate::ops::findings::findings(&masters, &[]),
             conflicts: Vec::new(),
+            held: Vec::new(),
         };
         let cluster = cluster(&report);
         assert_eq!(cluster.masters.len(), 3);

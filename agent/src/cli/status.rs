@@ -149,6 +149,21 @@ pub fn render(report: &StatusReport) -> String {
     for finding in report.findings.iter().filter(|f| f.kind == "auto-accept" || f.kind == "salt-version") {
         out.push_str(&format!("{}: {}\n", finding.level.to_string().to_uppercase(), finding.message));
     }
+    for burst in &report.held {
+        let more = if burst.count > burst.first.len() { ", …" } else { "" };
+        out.push_str(&format!(
+            "HELD DELETES: {} from {} since {} ({}{more}): a mass delete the guard keeps from this master's keys; \
+             `salt-keysync held` lists them, `salt-keysync release --origin {}` applies them everywhere, \
+             `salt-keysync revert --origin {}` restores the keys on {}\n",
+            burst.count,
+            burst.origin,
+            burst.since,
+            burst.first.join(", "),
+            burst.origin,
+            burst.origin,
+            burst.origin
+        ));
+    }
     if !report.conflicts.is_empty() {
         out.push_str(&format!(
             "CONFLICTS: {} id(s) whose masters keep different keys until an operator decides with salt-key \
@@ -286,6 +301,12 @@ mod tests {
                 conflict: true,
                 why: None,
             }],
+            held: vec![crate::ops::held::HeldBurst {
+                origin: "master-c".into(),
+                count: 302,
+                since: "2026-11-21T11:59:58Z".into(),
+                first: vec!["web001".into(), "web002".into()],
+            }],
         };
         let mut forged = report.clone();
         forged.peers[1].last_error = Some("refused\nmaster-x  up  1s ago\u{1b}[8m".into());
@@ -302,6 +323,8 @@ mod tests {
             "ERROR: master-b accepts keys by itself (open_mode: True)",
             "CONFLICTS: 1 id(s) whose masters keep different keys",
             "  web01: this master shows accepted 3f:a1",
+            "HELD DELETES: 302 from master-c since 2026-11-21T11:59:58Z (web001, web002, …)",
+            "salt-keysync release --origin master-c",
             "master-c: down — connection refused",
             "master-b: MASTER KEY MISMATCH: its master.pub is cc:dd",
             "master-b: SETTINGS DRIFT: publisher_acl",

@@ -25,6 +25,8 @@ const CLAIMS: TableDefinition<&str, &[u8]> = TableDefinition::new("claims");
 /// Conflicts committed and maybe not told yet (see `StoreWrite::conflicts`).
 const UNTOLD: TableDefinition<&str, &[u8]> = TableDefinition::new("untold");
 const JOURNAL: TableDefinition<&str, &[u8]> = TableDefinition::new("journal");
+/// Peers' deletes the blast-radius guard holds, by id.
+const HELD: TableDefinition<&str, &[u8]> = TableDefinition::new("held");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
 /// redb's page cache. Its default (1 GiB) lets an agent holding 100,000
@@ -97,6 +99,7 @@ impl Store {
             txn.open_table(CLAIMS).map_err(|e| store.err(e))?;
             txn.open_table(JOURNAL).map_err(|e| store.err(e))?;
             txn.open_table(UNTOLD).map_err(|e| store.err(e))?;
+            txn.open_table(HELD).map_err(|e| store.err(e))?;
             let meta = txn.open_table(META).map_err(|e| store.err(e))?;
             let found =
                 meta.get(META_NODE).map_err(|e| store.err(e))?.map(|v| String::from_utf8_lossy(v.value()).into_owned());
@@ -193,7 +196,13 @@ impl Store {
             None => 0,
         };
         let initialized = meta.get(META_NODE).map_err(|e| self.err(e))?.is_some();
-        Ok(Loaded { entries, journal, clock, initialized, untold })
+        let mut held = Vec::new();
+        for row in txn.open_table(HELD).map_err(|e| self.err(e))?.iter().map_err(|e| self.err(e))? {
+            let (id, value) = row.map_err(|e| self.err(e))?;
+            let corrupt = || StoreError::Corrupt { path: self.path.clone(), id: id.value().to_string() };
+            held.push(codec::decode_held(id.value(), value.value()).ok_or_else(corrupt)?);
+        }
+        Ok(Loaded { entries, journal, clock, initialized, untold, held })
     }
 
     /// Full decisions (with keys) for the given ids: the one held and every
@@ -294,6 +303,13 @@ impl Store {
                 untold
                     .insert(key.as_str(), codec::encode_conflict(from, conflict).as_slice())
                     .map_err(|e| self.err(e))?;
+            }
+            let mut held = txn.open_table(HELD).map_err(|e| self.err(e))?;
+            for id in write.unheld {
+                held.remove(id.as_str()).map_err(|e| self.err(e))?;
+            }
+            for h in write.held {
+                held.insert(h.decision.id.as_str(), codec::encode_held(h).as_slice()).map_err(|e| self.err(e))?;
             }
             let mut meta = txn.open_table(META).map_err(|e| self.err(e))?;
             meta.insert(META_CLOCK, write.clock.to_be_bytes().as_slice()).map_err(|e| self.err(e))?;

@@ -7,7 +7,7 @@ use keysync_machine::node::Event;
 
 use crate::core::{Decision, Seen};
 use crate::disk::audit::Record;
-use crate::ops::metrics::Metrics;
+use crate::ops::metrics::{Metrics, OriginLabel};
 
 /// The audit record of `event`, recorded on `node`; `None` for events that
 /// are only logged.
@@ -155,6 +155,83 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
             reason: Some(format!("writes succeed again after {lasted:.1?} (first error: {first_error})")),
             ..Record::new("write", "local", "recovered")
         },
+        Event::DeletesHeld { origin, n, limit, first } => Record {
+            origin: Some(origin.to_string()),
+            reason: Some(format!(
+                "{n} deletes of accepted keys made on {origin} came faster than the guard lets through (at most {limit} \
+                 within its window here): held, with every further one from {origin} until it has been quiet for a \
+                 window; first held: {}; `salt-keysync held` lists them, `release` applies them everywhere, \
+                 `revert` restores the keys on {origin}",
+                first.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+            )),
+            ..Record::new("hold", origin, "held")
+        },
+        Event::HoldEnded { origin, n } => Record {
+            origin: Some(origin.to_string()),
+            reason: Some(format!(
+                "{origin} has been quiet for a window: {n} of its deletes were held in this burst (held still, \
+                 until released or reverted); its next deletes are judged afresh"
+            )),
+            ..Record::new("hold", origin, "ended")
+        },
+        Event::MassDeleteHere { n, limit } => Record {
+            origin: Some(node.to_string()),
+            reason: Some(format!(
+                "{n} accepted keys were deleted on this master within the guard's window (more than {limit}): the \
+                 other masters hold these deletes until an operator releases or reverts them there"
+            )),
+            ..Record::new("hold", "local", "detected")
+        },
+        Event::HeldSettled { held, how } => {
+            let reason = match how {
+                keysync_machine::node::Settled::By(by) => format!(
+                    "the held delete {} from {} is settled by {} ({}), which knew it or is newer",
+                    held.decision.version,
+                    held.origin(),
+                    by.version,
+                    describe(by)
+                ),
+                keysync_machine::node::Settled::NotAccepted => format!(
+                    "the held delete {} from {} no longer deletes an accepted key here: applied as any other",
+                    held.decision.version,
+                    held.origin()
+                ),
+            };
+            let outcome = match how {
+                keysync_machine::node::Settled::By(_) => "superseded",
+                keysync_machine::node::Settled::NotAccepted => "unheld",
+            };
+            Record { other_version: Some(held.decision.version.to_string()), ..remote_record(&held.decision, &held.from, "delete", outcome, Some(reason)) }
+        }
+        Event::Operator { action, decision, by, held } => Record {
+            minion: Some(decision.id.to_string()),
+            fingerprint: decision.verdict.fingerprint().map(|f| f.to_string()),
+            origin: Some(node.to_string()),
+            version: Some(decision.version.to_string()),
+            other_version: Some(held.decision.version.to_string()),
+            reason: Some(match action {
+                keysync_machine::node::OperatorAction::Release => format!(
+                    "run by {by}: releases the delete {} made on {} that the guard held; every master applies it",
+                    held.decision.version,
+                    held.origin()
+                ),
+                keysync_machine::node::OperatorAction::Revert => format!(
+                    "run by {by}: reverts the delete {} made on {} that the guard held; the key is accepted again on \
+                     every master, {} included",
+                    held.decision.version,
+                    held.origin(),
+                    held.origin()
+                ),
+            }),
+            ..Record::new(action.name(), "local", "applied")
+        },
+        Event::StillHeld { n, origins } => Record {
+            reason: Some(format!(
+                "{n} deletes held before the agent stopped are held still (from {})",
+                origins.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+            )),
+            ..Record::new("hold", "local", "held")
+        },
         Event::Rotated
         | Event::Deferred { .. }
         | Event::EventsLost { .. }
@@ -252,6 +329,44 @@ pub fn log_and_count(event: &Event, metrics: &Metrics) {
         }
         Event::FinishingJournal { n } => tracing::info!(n, "finishing decisions interrupted by a stop"),
         Event::LoadFailed { error } => tracing::error!(error = %error, "cannot read decisions for a peer"),
+        Event::DeletesHeld { origin, n, limit, first } => {
+            metrics.held_bursts.get_or_create(&OriginLabel { origin: origin.to_string() }).inc();
+            tracing::warn!(
+                origin = &**origin,
+                n,
+                limit,
+                first = %first.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+                "a mass delete from a peer is held: `salt-keysync held` lists it, `release` or `revert` ends it"
+            )
+        }
+        Event::HoldEnded { origin, n } => {
+            tracing::warn!(
+                origin = &**origin,
+                n,
+                "the held burst ended; its deletes stay held until released or reverted"
+            )
+        }
+        Event::MassDeleteHere { n, limit } => {
+            metrics.mass_deletes_here.inc();
+            tracing::warn!(
+                n,
+                limit,
+                "accepted keys deleted here faster than the guard lets through: the other masters hold these deletes"
+            )
+        }
+        Event::HeldSettled { held, .. } => tracing::info!(
+            minion = %held.decision.id,
+            origin = &**held.origin(),
+            "a held delete settled by a newer decision"
+        ),
+        Event::Operator { action, decision, by, .. } => {
+            tracing::info!(minion = %decision.id, action = action.name(), by = %by, "an operator ended a held delete")
+        }
+        Event::StillHeld { n, origins } => tracing::warn!(
+            n,
+            origins = %origins.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+            "deletes held before the stop are held still"
+        ),
     }
 }
 

@@ -17,6 +17,8 @@ fn core_in(dir: &std::path::Path) -> (Core, CoreHandle, mpsc::Receiver<Request>)
             max_clock_skew: Duration::from_secs(60),
             rescan_interval: Duration::from_secs(3600),
             observe: false,
+            // The guard's own tests are the machine's; here a delete applies at once.
+            guard: keysync_machine::node::GuardSettings { enabled: false, ..Default::default() },
         },
         store: {
             std::fs::create_dir(dir.join("state")).unwrap();

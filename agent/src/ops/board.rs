@@ -92,6 +92,9 @@ pub struct StatusReport {
     /// (first contact, docs/adopting.md), with what this master shows.
     #[serde(default)]
     pub conflicts: Vec<crate::ops::site_plan::Entry>,
+    /// Peers' deletes the blast-radius guard holds here, per origin.
+    #[serde(default)]
+    pub held: Vec<crate::ops::held::HeldBurst>,
 }
 
 struct PeerEntry {
@@ -391,7 +394,13 @@ impl Board {
             peers: inner.peers.values().map(|e| e.status.clone()).collect(),
             findings,
             conflicts: Vec::new(),
+            held: Vec::new(),
         }
+    }
+
+    /// This agent's node name.
+    pub fn node(&self) -> &str {
+        &self.node
     }
 }
 

@@ -1,7 +1,8 @@
-//! The local control socket `salt-keysync status` and `salt-keysync reload`
-//! talk to: a Unix socket, mode 0600 in a folder of mode 0700, so only the
-//! agent's own user (and root) can ask. One request line in (`status` or
-//! `reload`), one JSON line out.
+//! The local control socket `salt-keysync status`, `reload`, `plan`, `held`,
+//! `release` and `revert` talk to: a Unix socket, mode 0600 in a folder of
+//! mode 0700, so only the agent's own user (and root) can ask. One request
+//! line in (a word, and for `release` and `revert` a JSON object after it),
+//! one JSON line out.
 
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -21,6 +22,8 @@ use crate::ops::reload::ReloadReply;
 /// Unix socket paths longer than this do not fit `sockaddr_un`.
 const MAX_SOCKET_PATH: usize = 107;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest request line: `release` or `revert` naming a few thousand ids.
+const MAX_REQUEST_BYTES: u64 = 1024 * 1024;
 /// `plan` asks every peer (each within 10 s, all at once, twice at most).
 const PLAN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -124,23 +127,35 @@ pub async fn serve(listener: UnixListener, path: PathBuf, ctx: Arc<ControlContex
 }
 
 async fn answer(stream: UnixStream, ctx: &ControlContext) -> Result<()> {
+    let by = crate::ops::held::who(&stream);
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
-    // A request is one short word; cap what a client can make us buffer.
-    let mut reader = BufReader::new(tokio::io::AsyncReadExt::take(read, 1024));
+    // A request is a word, or `release`/`revert` with the ids they name;
+    // cap what a client can make us buffer.
+    let mut reader = BufReader::new(tokio::io::AsyncReadExt::take(read, MAX_REQUEST_BYTES));
     tokio::time::timeout(REQUEST_TIMEOUT, reader.read_line(&mut line)).await??;
-    let reply = match line.trim() {
+    let (word, args) = line.trim().split_once(' ').unwrap_or((line.trim(), ""));
+    let operator = |action| crate::ops::held::operate(&ctx.core, action, args, by.clone());
+    let reply = match word {
         "status" => {
             let keys = ctx.board.key_counts(&ctx.core).await;
             let mut report = ctx.board.report_with(keys);
             let rows = ctx.core.ask(|reply| crate::node::Request::Plan { ids: None, reply }).await?;
             report.conflicts = rows.iter().filter(|r| r.conflict).map(crate::ops::site_plan::entry).collect();
+            let held = ctx.core.ask(|reply| crate::node::Request::Held { reply }).await?;
+            report.held = crate::ops::held::bursts(&held);
             serde_json::to_string(&report)?
         }
         "plan" => serde_json::to_string(&ctx.plan.site(&ctx.board.peers()).await)?,
         "reload" => reload(ctx).await.to_string(),
+        "held" => serde_json::to_string(&crate::ops::held::list(&ctx.core, ctx.board.node()).await?)?,
+        "release" => serde_json::to_string(&operator(keysync_machine::node::OperatorAction::Release).await)?,
+        "revert" => serde_json::to_string(&operator(keysync_machine::node::OperatorAction::Revert).await)?,
         other => serde_json::json!({
-            "error": format!("unknown request {other:?}; expected \"status\", \"plan\" or \"reload\"")
+            "error": format!(
+                "unknown request {:?}; expected \"status\", \"plan\", \"reload\", \"held\", \"release\" or \"revert\"",
+                crate::text::shown(other)
+            )
         })
         .to_string(),
     };

@@ -43,6 +43,12 @@ struct BuildLabel {
     protocol_version: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OriginLabel {
+    /// The master where the deletes were made.
+    pub origin: String,
+}
+
 /// A master (this one or a peer) and one of its key-acceptance settings.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AutoAcceptLabel {
@@ -75,6 +81,12 @@ pub struct Metrics {
     pub master_salt_info: Family<SaltLabel, Gauge>,
     /// Failed writes of key files, syncfs, the store or its journal.
     pub write_failures: Counter,
+    /// Peers' deletes of accepted keys the blast-radius guard holds here, per origin.
+    pub held_deletes: Family<OriginLabel, Gauge>,
+    /// Bursts of deletes the guard held here, per origin.
+    pub held_bursts: Family<OriginLabel, Counter>,
+    /// Mass deletes made on this master that its peers' guards hold.
+    pub mass_deletes_here: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -130,6 +142,9 @@ impl Metrics {
         let master_auto_accept = Family::default();
         let master_salt_info = Family::default();
         let write_failures = Counter::default();
+        let held_deletes = Family::default();
+        let held_bursts = Family::default();
+        let mass_deletes_here = Counter::default();
         registry.register(
             "decisions_applied",
             "Decisions from peers that were newer and were written to this master's key folders",
@@ -187,6 +202,21 @@ impl Metrics {
             "Failed writes of key files, syncfs, the state store or its journal (each failed retry counts)",
             write_failures.clone(),
         );
+        registry.register(
+            "held_deletes",
+            "Peers' deletes of accepted keys the blast-radius guard holds here until an operator releases or reverts them, per origin master",
+            held_deletes.clone(),
+        );
+        registry.register(
+            "held_bursts",
+            "Bursts of deletes of accepted keys from one origin that went past the guard's limit here",
+            held_bursts.clone(),
+        );
+        registry.register(
+            "mass_deletes_here",
+            "Bursts of deletes of accepted keys made on this master past the guard's limit (its peers hold them)",
+            mass_deletes_here.clone(),
+        );
         Metrics {
             registry,
             decisions_applied,
@@ -202,6 +232,9 @@ impl Metrics {
             master_auto_accept,
             master_salt_info,
             write_failures,
+            held_deletes,
+            held_bursts,
+            mass_deletes_here,
         }
     }
 

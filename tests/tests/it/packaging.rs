@@ -130,6 +130,7 @@ fn example_config_documents_the_real_defaults() {
         format!("{:?}", explicit.salt.version_command),
     );
     same("timings", format!("{:?}", as_shipped.timings), format!("{:?}", explicit.timings));
+    same("guard", format!("{:?}", as_shipped.guard), format!("{:?}", explicit.guard));
     // master_id and user are examples (their defaults depend on the host).
     assert_eq!(explicit.salt.user.as_deref(), Some("salt"));
     assert_eq!(as_shipped.audit_log, Path::new("/var/log/salt-keysync/audit.jsonl"));

@@ -127,6 +127,27 @@ pub fn decode_conflict(bytes: &[u8]) -> Option<(Arc<str>, Conflict)> {
     rest.is_empty().then(|| (Arc::from(from), Conflict { id, winner, loser }))
 }
 
+/// A delete the guard holds: the peer it came from, when it was held
+/// (wall-clock ms, u64 BE), then the decision as a decision record.
+pub fn encode_held(held: &keysync_machine::node::HeldDelete) -> Vec<u8> {
+    let mut out = Vec::with_capacity(128);
+    encode_str(&mut out, &held.from);
+    out.extend_from_slice(&held.since_ms.to_be_bytes());
+    out.extend_from_slice(&encode_record(&held.decision, &[], None));
+    out
+}
+
+pub fn decode_held(id: &str, bytes: &[u8]) -> Option<keysync_machine::node::HeldDelete> {
+    let (from, rest) = decode_str(bytes)?;
+    let (since, rest) = rest.split_first_chunk::<8>()?;
+    let decision = decode_record(id, rest)?.decision;
+    (decision.verdict == Verdict::Deleted).then(|| keysync_machine::node::HeldDelete {
+        decision,
+        from: Arc::from(from),
+        since_ms: u64::from_be_bytes(*since),
+    })
+}
+
 /// The untold table's key for a conflict: one row per pair.
 pub fn conflict_key(conflict: &Conflict) -> String {
     format!("{}\0{}\0{}", conflict.id, conflict.winner.version, conflict.loser.version)
