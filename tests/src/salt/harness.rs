@@ -133,6 +133,23 @@ impl SaltCluster {
         });
     }
 
+    /// Runs `salt-keysync ARGS --config <agent i's config>` (the CLI an
+    /// operator uses on that master); its stdout, failing the test if it fails.
+    pub fn keysync(&self, i: usize, args: &[&str]) -> String {
+        let config = self.agent_configs[i].to_str().unwrap();
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--config", config]);
+        let out = crate::binary::run_cli(&all);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "salt-keysync {args:?} on {}: {text}{}",
+            MASTER_IDS[i],
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    }
+
     /// Stops agent `i` with SIGTERM; it must exit cleanly.
     pub fn stop_agent(&mut self, i: usize) {
         let agent = self.agents[i].take().unwrap_or_else(|| panic!("agent {} is not running", MASTER_IDS[i]));

@@ -19,6 +19,8 @@ mod bulk;
 /// Scenario 1–3: accept, reject and delete with `salt-key` on one master, seen
 /// by Salt on all three, with minions answering `test.ping`.
 mod decisions;
+/// Issue 17: a mass delete held by the other masters, reverted, then released.
+mod guard;
 /// Issue 4, item 4: a minion rejected on one master is cut off on all of them.
 mod revoke;
 
@@ -36,13 +38,15 @@ fn end_to_end(version: &str) {
     let mut times: Vec<(&str, Duration)> = Vec::new();
     let mut cluster = SaltCluster::start(version, &MINIONS, N_BULK);
     times.push(("start 3 masters, 3 agents, 3 minions", started.elapsed()));
-    let scenarios: [(&str, Scenario); 6] = [
+    let scenarios: [(&str, Scenario); 8] = [
         ("1 accept on A, test.ping from A, B, C", decisions::accept_on_a_answers_everywhere),
         ("2 reject on B, listed on A and C", decisions::reject_on_b_listed_everywhere),
         ("revocation: reject on A, cut off on all", revoke::reject_on_a_cuts_off_everywhere),
         ("3 delete on C, re-submitted pending", decisions::delete_on_c_then_pending_again),
         ("4 salt-key -A of 200 keys on B", bulk::accept_all_200_on_b),
         ("5 stopped agent catches up", bulk::stopped_agent_catches_up),
+        ("6 salt-key -D on A: held on B and C, reverted", guard::mass_delete_on_a_is_held_and_reverted),
+        ("7 salt-key -D on A again: released everywhere", guard::mass_delete_released_goes_everywhere),
     ];
     for (name, scenario) in scenarios {
         let t = Instant::now();
