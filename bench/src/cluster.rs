@@ -102,26 +102,45 @@ impl BenchCluster {
     /// Starts agent `idx` and waits until it logged its start (after its
     /// start-up reconciliation).
     pub fn start(&mut self, idx: usize) -> anyhow::Result<()> {
-        let f = &self.files[idx];
-        let wrapper = self.layout.wrapper(f);
-        let agent = AgentProcess::start_wrapped(&f.config_path, f.dir.join("agent.log"), &self.log_filter, &wrapper);
-        let log = agent.log.clone();
-        self.agents[idx] = Some(agent);
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if text.contains("agent started") {
-                return Ok(());
-            }
-            if Instant::now() > deadline || text.contains("Error") {
-                bail!("{} did not start: {}", f.name, text);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.spawn(idx);
+        self.wait_started(idx)
     }
 
     pub fn start_all(&mut self) -> anyhow::Result<()> {
         (0..self.files.len()).try_for_each(|idx| self.start(idx))
+    }
+
+    /// Starts agent `idx`'s process and returns at once.
+    pub fn spawn(&mut self, idx: usize) {
+        let f = &self.files[idx];
+        let wrapper = self.layout.wrapper(f);
+        let agent = AgentProcess::start_wrapped(&f.config_path, f.dir.join("agent.log"), &self.log_filter, &wrapper);
+        self.agents[idx] = Some(agent);
+    }
+
+    /// Waits until agent `idx` logged its start.
+    fn wait_started(&self, idx: usize) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !self.has_started(idx)? {
+            if Instant::now() > deadline {
+                bail!("{} did not start within 120 s; see {}", self.files[idx].name, self.log(idx).display());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
+    /// Whether agent `idx` logged its start (after its start-up
+    /// reconciliation); an error once it logged an error instead.
+    pub fn has_started(&self, idx: usize) -> anyhow::Result<bool> {
+        let text = std::fs::read_to_string(self.log(idx)).unwrap_or_default();
+        if text.contains("agent started") {
+            return Ok(true);
+        }
+        if text.contains("Error") {
+            bail!("{} did not start: {}", self.files[idx].name, text);
+        }
+        Ok(false)
     }
 
     pub fn pid(&self, idx: usize) -> Option<u32> {

@@ -12,6 +12,7 @@ use anyhow::{bail, Context};
 use keysync_tests::salt_ops::{path, FOLDERS};
 
 use crate::cluster::{count_keys, write_key, BenchCluster};
+use crate::procfs::{clock_ticks, cpu_ticks};
 use crate::report::{AgentRow, JoinRow};
 use crate::Settings;
 
@@ -187,37 +188,14 @@ fn idle(cluster: &BenchCluster, idle: Duration) -> anyhow::Result<Vec<AgentRow>>
     let mut rows = Vec::new();
     for (idx, &pid) in pids.iter().enumerate() {
         let cpu = (cpu_ticks(pid)? - before[idx]) as f64 / ticks_per_sec;
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-        let kib = |field: &str| -> u64 {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(field))
-                .and_then(|rest| rest.split_whitespace().next())
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
+        let memory = crate::procfs::memory(pid)?;
         rows.push(AgentRow {
             node: cluster.files[idx].name.clone(),
-            rss_mib: kib("VmRSS:") as f64 / 1024.0,
-            peak_rss_mib: kib("VmHWM:") as f64 / 1024.0,
+            rss_mib: memory.rss_mib,
+            peak_rss_mib: memory.peak_rss_mib,
             idle_cpu_secs: cpu,
             idle_secs: idle.as_secs_f64(),
         });
     }
     Ok(rows)
-}
-
-/// utime + stime of a process, in clock ticks (/proc/PID/stat fields 14, 15).
-fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // The command name (field 2) may hold spaces: count from its closing parenthesis.
-    let after = stat.rsplit_once(')').map(|(_, rest)| rest).context("malformed /proc/PID/stat")?;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let field = |n: usize| -> anyhow::Result<u64> { Ok(fields.get(n - 3).context("short /proc/PID/stat")?.parse()?) };
-    Ok(field(14)? + field(15)?)
-}
-
-fn clock_ticks() -> anyhow::Result<f64> {
-    let out = Command::new("getconf").arg("CLK_TCK").output().context("cannot run getconf CLK_TCK")?;
-    Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
 }

@@ -1,12 +1,15 @@
 //! The salt-keysync benchmark: three real agent processes on loopback with
 //! mTLS, Salt-style key operations on one master, inotify on the other two,
-//! and the DESIGN §7 figures (latency, bulk, join versus `rsync -a`, memory,
-//! idle CPU). `main.rs` is the command line; `tests/reduced.rs` runs it small.
+//! and the DESIGN §7 figures (latency, bulk, join versus `rsync -a`, first
+//! contact on masters that already agree, memory at its peak, idle CPU).
+//! `main.rs` is the command line; `tests/reduced.rs` runs it small.
 #![forbid(unsafe_code)]
 
+pub mod adopt;
 pub mod cluster;
 pub mod join;
 pub mod latency;
+pub mod procfs;
 pub mod report;
 pub mod watch;
 
@@ -22,8 +25,11 @@ pub struct Settings {
     pub n_ops: usize,
     /// Pending keys accepted in one burst (once per Salt line).
     pub n_bulk: usize,
-    /// Decided keys the two peers hold when the empty master joins.
+    /// Decided keys the two peers hold when the empty master joins (0: no join).
     pub n_join: usize,
+    /// Decided keys three masters already agree on when their agents first
+    /// start together (0: no adoption).
+    pub n_adopt: usize,
     /// Idle time over which the agents' CPU use is measured.
     pub idle: Duration,
     /// Agents' log filter (`SALT_KEYSYNC_LOG`).
@@ -41,6 +47,7 @@ impl Settings {
             n_ops: 1000,
             n_bulk: 10_000,
             n_join: 100_000,
+            n_adopt: 100_000,
             idle: Duration::from_secs(60),
             log_filter: "info".into(),
             keep: None,
@@ -50,7 +57,14 @@ impl Settings {
 
     /// The reduced form CI runs: seconds, sane output, no targets.
     pub fn quick() -> Settings {
-        Settings { n_ops: 20, n_bulk: 200, n_join: 2_000, idle: Duration::from_secs(3), ..Settings::full() }
+        Settings {
+            n_ops: 20,
+            n_bulk: 200,
+            n_join: 2_000,
+            n_adopt: 2_000,
+            idle: Duration::from_secs(3),
+            ..Settings::full()
+        }
     }
 }
 
@@ -59,13 +73,16 @@ pub fn run(settings: &Settings) -> anyhow::Result<Report> {
     let started = Instant::now();
     let load_before = report::load_average();
     let keys = cluster::key_pool(256);
-    // `--ops 0 --bulk 0` runs the join alone (for profiling it).
+    // `--ops 0 --bulk 0` leaves the live figures out, `--join 0` the join and
+    // `--adopt 0` the adoption: each can run alone (for profiling it).
     let live = if settings.n_ops + settings.n_bulk > 0 {
         latency::run(settings, &keys)?
     } else {
         latency::Live { ops: Vec::new(), bulk: Vec::new() }
     };
-    let join = join::run(settings, &keys)?;
+    let join = if settings.n_join > 0 { Some(join::run(settings, &keys)?) } else { None };
+    let adopt = if settings.n_adopt > 0 { Some(adopt::run(settings, &keys)?) } else { None };
+    let (join, agents) = join.map_or((None, Vec::new()), |j| (Some(j.join), j.agents));
     Ok(Report {
         settings: settings.clone(),
         load_before,
@@ -73,8 +90,9 @@ pub fn run(settings: &Settings) -> anyhow::Result<Report> {
         wall_secs: started.elapsed().as_secs_f64(),
         ops: live.ops,
         bulk: live.bulk,
-        join: join.join,
-        agents: join.agents,
+        join,
+        agents,
+        adopt,
     })
 }
 

@@ -9,8 +9,8 @@ use clap::Parser;
 #[derive(Parser)]
 #[command(
     name = "keysync-bench",
-    about = "Benchmark salt-keysync: three real agents, Salt-style key operations, join versus rsync",
-    after_help = "Examples:\n  scripts/bench.sh                      # full run, a few minutes\n  scripts/bench.sh --quick --json out.json\n  target/release/keysync-bench --ops 200 --bulk 2000 --join 20000 --idle 10\n  target/release/keysync-bench --ops 0 --bulk 10000 --join 0 --idle 0 --layout unit\n\nThe agent binary is looked up next to this program (SALT_KEYSYNC_BIN overrides)."
+    about = "Benchmark salt-keysync: three real agents, Salt-style key operations, join versus rsync, first contact on agreeing masters",
+    after_help = "Examples:\n  scripts/bench.sh                      # full run, a few minutes\n  scripts/bench.sh --quick --json out.json\n  target/release/keysync-bench --ops 200 --bulk 2000 --join 20000 --idle 10\n  target/release/keysync-bench --ops 0 --bulk 10000 --join 0 --adopt 0 --idle 0 --layout unit\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 100000\n\nThe agent binary is looked up next to this program (SALT_KEYSYNC_BIN overrides)."
 )]
 struct Args {
     /// Small counts: seconds instead of minutes (what CI runs).
@@ -25,10 +25,13 @@ struct Args {
     /// Pending keys accepted in one burst.
     #[arg(long)]
     bulk: Option<usize>,
-    /// Decided keys held by the peers when the empty master joins.
+    /// Decided keys held by the peers when the empty master joins (0: no join, no idle figures).
     #[arg(long)]
     join: Option<usize>,
-    /// Seconds of idling over which CPU time is measured.
+    /// Decided keys three masters already agree on when their agents first start together (0: skip).
+    #[arg(long)]
+    adopt: Option<usize>,
+    /// Seconds of idling after the join over which CPU time is measured.
     #[arg(long)]
     idle: Option<u64>,
     /// The agents' log filter (SALT_KEYSYNC_LOG), e.g. "info,salt_keysync::node=debug" for batch timings.
@@ -49,6 +52,7 @@ fn main() -> anyhow::Result<()> {
     settings.n_ops = args.ops.unwrap_or(settings.n_ops);
     settings.n_bulk = args.bulk.unwrap_or(settings.n_bulk);
     settings.n_join = args.join.unwrap_or(settings.n_join);
+    settings.n_adopt = args.adopt.unwrap_or(settings.n_adopt);
     settings.idle = args.idle.map_or(settings.idle, Duration::from_secs);
     settings.keep = args.keep;
     settings.layout = args.layout;

@@ -17,8 +17,12 @@ pub struct Report {
     pub wall_secs: f64,
     pub ops: Vec<OpRow>,
     pub bulk: Vec<BulkRow>,
-    pub join: JoinRow,
+    /// `null` when skipped (`--join 0`), and `agents` empty.
+    pub join: Option<JoinRow>,
+    /// The three agents after the join and idling.
     pub agents: Vec<AgentRow>,
+    /// `null` when skipped (`--adopt 0`).
+    pub adopt: Option<AdoptRow>,
 }
 
 /// Latency of one kind of operation: one sample per operation and peer.
@@ -108,10 +112,58 @@ pub struct JoinRow {
 pub struct AgentRow {
     pub node: String,
     pub rss_mib: f64,
+    /// VmHWM: the resident set's high-water mark since the agent started
+    /// (its join, or A's first start, included).
     pub peak_rss_mib: f64,
     pub idle_cpu_secs: f64,
     pub idle_secs: f64,
 }
+
+/// First contact on three masters that already agree (see `adopt.rs`).
+#[derive(Debug, Serialize)]
+pub struct AdoptRow {
+    /// Decided keys each master holds (the same on all three).
+    pub n_keys: usize,
+    /// Writing them into the three masters' folders, and `sync` (untimed).
+    pub seed_secs: f64,
+    /// From starting the three agents until they were quiet: DESIGN §7's figure.
+    pub quiet_secs: f64,
+    /// From starting them until every link was seen up (digests compared).
+    pub links_up_secs: f64,
+    /// What "quiet" means: at most `quiet_ticks` clock ticks of CPU between
+    /// the three agents over `quiet_window_secs`.
+    pub quiet_window_secs: f64,
+    pub quiet_ticks: u64,
+    /// Key files on the three masters, compared before and after.
+    pub files_checked: usize,
+    /// Key files created, removed, or with another inode or mtime: must be 0.
+    pub files_written: usize,
+    /// Key files whose ctime alone changed (mode, owner or link count).
+    pub files_touched: usize,
+    pub agents: Vec<AdoptAgentRow>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct AdoptAgentRow {
+    pub node: String,
+    /// From starting the agents until this one logged its start (its first
+    /// start's reading and recording of every key done).
+    pub started_secs: f64,
+    /// CPU time (user + system) from its start until the agents were quiet.
+    pub cpu_secs: f64,
+    /// Lines in its audit log.
+    pub audit_records: usize,
+    pub files_written: usize,
+    pub rss_mib: f64,
+    /// VmHWM: the resident set's high-water mark since the agent started.
+    pub peak_rss_mib: f64,
+    /// When the highest resident set sampled (every 100 ms) was seen: before
+    /// `started_secs`, the peak is the first start's reading of the folders.
+    pub peak_sampled_at_secs: f64,
+}
+
+/// DESIGN §7: an agent's resident memory at its PEAK, at most 64 MiB.
+pub const PEAK_RSS_TARGET_MIB: f64 = 64.0;
 
 pub fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_string()
@@ -174,30 +226,73 @@ impl Report {
                 mark(met)
             );
         }
-        let j = &self.join;
-        let _ = writeln!(out, "\njoin of an empty master, {} decided keys", j.n_keys);
-        let _ =
-            writeln!(out, "  seeding A's folders {:.1} s; A's first start {:.1} s", j.seed_secs, j.first_start_secs);
-        let _ = writeln!(out, "  B joining A:         {:.2} s", j.join_one_peer_secs);
-        let _ = writeln!(
-            out,
-            "  C joining A and B:   {:.2} s  target <=10 s: {}",
-            j.join_two_peers_secs,
-            mark(j.join_two_peers_secs <= 10.0)
-        );
-        let _ = writeln!(out, "  rsync -a, same folders: {:.2} s  (join / rsync = {:.1})", j.rsync_secs, j.ratio);
-        let _ = writeln!(out, "\nagents holding {} keys, then idle {:.0} s", j.n_keys, s.idle.as_secs_f64());
-        for a in &self.agents {
+        if let Some(j) = &self.join {
+            let _ = writeln!(out, "\njoin of an empty master, {} decided keys", j.n_keys);
             let _ = writeln!(
                 out,
-                "  {:<9} RSS {:>6.1} MiB (peak {:>6.1})  target <=64: {}   idle CPU {:.3} s ({:.2} %)",
-                a.node,
-                a.rss_mib,
-                a.peak_rss_mib,
-                mark(a.rss_mib <= 64.0),
-                a.idle_cpu_secs,
-                100.0 * a.idle_cpu_secs / a.idle_secs
+                "  seeding A's folders {:.1} s; A's first start {:.1} s",
+                j.seed_secs, j.first_start_secs
             );
+            let _ = writeln!(out, "  B joining A:         {:.2} s", j.join_one_peer_secs);
+            let _ = writeln!(
+                out,
+                "  C joining A and B:   {:.2} s  target <=10 s: {}",
+                j.join_two_peers_secs,
+                mark(j.join_two_peers_secs <= 10.0)
+            );
+            let _ = writeln!(out, "  rsync -a, same folders: {:.2} s  (join / rsync = {:.1})", j.rsync_secs, j.ratio);
+            let _ = writeln!(out, "\nagents holding {} keys, then idle {:.0} s", j.n_keys, s.idle.as_secs_f64());
+            for a in &self.agents {
+                let _ = writeln!(
+                    out,
+                    "  {:<9} RSS {:>6.1} MiB, peak {:>6.1} MiB  target peak <=64: {}   idle CPU {:.3} s ({:.2} %)",
+                    a.node,
+                    a.rss_mib,
+                    a.peak_rss_mib,
+                    mark(a.peak_rss_mib <= PEAK_RSS_TARGET_MIB),
+                    a.idle_cpu_secs,
+                    100.0 * a.idle_cpu_secs / a.idle_secs
+                );
+            }
+        }
+        if let Some(a) = &self.adopt {
+            let _ = writeln!(
+                out,
+                "\nfirst contact: 3 masters already agreeing on {} keys, agents started together",
+                a.n_keys
+            );
+            let _ = writeln!(out, "  seeding the three masters' folders {:.1} s (untimed)", a.seed_secs);
+            let _ = writeln!(
+                out,
+                "  quiet after {:.2} s (links up after {:.2} s; quiet: <= {} CPU ticks between the agents over {:.0} s)  target <=10 s: {}",
+                a.quiet_secs,
+                a.links_up_secs,
+                a.quiet_ticks,
+                a.quiet_window_secs,
+                mark(a.quiet_secs <= 10.0)
+            );
+            let _ = writeln!(
+                out,
+                "  key files written: {} of {} (only ctime changed: {})  target 0: {}",
+                a.files_written,
+                a.files_checked,
+                a.files_touched,
+                mark(a.files_written == 0)
+            );
+            for g in &a.agents {
+                let _ = writeln!(
+                    out,
+                    "  {:<9} started {:>5.2} s  CPU {:>5.2} s  audit records {:>5}  RSS {:>6.1} MiB, peak {:>6.1} MiB (near {:.1} s)  target peak <=64: {}",
+                    g.node,
+                    g.started_secs,
+                    g.cpu_secs,
+                    g.audit_records,
+                    g.rss_mib,
+                    g.peak_rss_mib,
+                    g.peak_sampled_at_secs,
+                    mark(g.peak_rss_mib <= PEAK_RSS_TARGET_MIB)
+                );
+            }
         }
         out
     }

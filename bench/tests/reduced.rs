@@ -1,7 +1,8 @@
 //! The benchmark in its reduced form (`--quick` counts), so it cannot rot:
 //! it must run end to end against the real binary and report sane figures.
 //! Timing targets are not asserted here (CI machines vary); the full run
-//! (`scripts/bench.sh`) reports them.
+//! (`scripts/bench.sh`) reports them. That first contact on agreeing masters
+//! writes no key file is no timing but correctness: asserted.
 
 #[test]
 fn reduced_benchmark_runs_and_reports_sane_figures() {
@@ -23,7 +24,7 @@ fn reduced_benchmark_runs_and_reports_sane_figures() {
         assert_eq!(row.n_keys, settings.n_bulk);
         assert!(row.all_ms.is_some(), "both peers held every bulk key: {row:?}");
     }
-    let join = &report.join;
+    let join = report.join.as_ref().expect("the join ran");
     assert_eq!(join.n_keys, settings.n_join);
     assert!(join.join_two_peers_secs > 0.0 && join.rsync_secs > 0.0 && join.ratio.is_finite(), "{join:?}");
     assert_eq!(report.agents.len(), 3);
@@ -31,6 +32,25 @@ fn reduced_benchmark_runs_and_reports_sane_figures() {
         assert!(agent.rss_mib > 1.0 && agent.peak_rss_mib >= agent.rss_mib, "{agent:?}");
         assert!(agent.idle_cpu_secs >= 0.0, "{agent:?}");
     }
+    let adopt = report.adopt.as_ref().expect("the adoption ran");
+    assert_eq!(adopt.n_keys, settings.n_adopt);
+    assert_eq!(adopt.files_checked, 3 * settings.n_adopt, "every key file of the three masters compared");
+    assert_eq!(adopt.files_written, 0, "masters that already agree: no key file written: {adopt:?}");
+    assert!(adopt.quiet_secs > 0.0 && adopt.quiet_secs >= adopt.links_up_secs, "{adopt:?}");
+    assert_eq!(adopt.agents.len(), 3);
+    for agent in &adopt.agents {
+        assert!(agent.peak_rss_mib > 1.0 && agent.peak_rss_mib >= agent.rss_mib, "{agent:?}");
+        assert!(agent.cpu_secs > 0.0 && agent.audit_records > 0, "{agent:?}");
+    }
     let json: serde_json::Value = serde_json::from_str(&report.to_json()).expect("the summary is JSON");
     assert!(json["ops"][0]["p99_ms"].is_number(), "{json}");
+    assert!(json["agents"][0]["peak_rss_mib"].is_number(), "the join's peak RSS: {json}");
+    for field in ["quiet_secs", "links_up_secs", "files_checked", "files_written", "files_touched"] {
+        assert!(json["adopt"][field].is_number(), "adopt.{field}: {json}");
+    }
+    for field in ["peak_rss_mib", "rss_mib", "cpu_secs", "audit_records", "started_secs"] {
+        assert!(json["adopt"]["agents"][0][field].is_number(), "adopt.agents[].{field}: {json}");
+    }
+    let table = report.table();
+    assert!(table.contains("key files written: 0 of") && table.contains("peak"), "{table}");
 }

@@ -1,11 +1,13 @@
 //! First contact on real agent processes: drifted masters whose agents start
 //! in different orders end alike, by the rules of docs/adopting.md; an
 //! identical site rewrites no file; observe mode writes nothing, `plan`
-//! tells what normal mode then does, and it does exactly that.
+//! tells what normal mode then does, and it does exactly that; the
+//! inventory's digest is the one docs/adopting.md's recipe recomputes.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use keysync_tests::binary::{run_cli, FaultCluster};
@@ -125,6 +127,7 @@ async fn adopt_in_order(order: [usize; 3]) -> Vec<(BTreeMap<String, (u64, i64, i
     let keys = keys(&ids.iter().map(String::as_str).collect::<Vec<_>>());
     let mut cluster = cluster(root.path(), &keys, false).await;
     let before: Vec<_> = cluster.files.iter().map(|f| snapshot(&f.pki)).collect();
+    let digests: Vec<String> = cluster.files.iter().map(|f| documented_digest(&f.pki)).collect();
     for idx in order {
         cluster.start(idx).await;
     }
@@ -142,7 +145,14 @@ async fn adopt_in_order(order: [usize; 3]) -> Vec<(BTreeMap<String, (u64, i64, i
         let audit = salt_keysync::disk::audit::read_all(&files.audit_log).unwrap();
         let per_key = audit.iter().filter(|r| r.minion.as_deref().is_some_and(|m| m.starts_with("same"))).count();
         assert_eq!(per_key, 0, "master {idx}: no record per agreed key");
-        assert_eq!(audit.iter().filter(|r| r.action == "inventory").count(), 1, "master {idx}: one inventory");
+        let inventories: Vec<_> = audit.iter().filter(|r| r.action == "inventory").collect();
+        assert_eq!(inventories.len(), 1, "master {idx}: one inventory");
+        let reason = inventories[0].reason.as_deref().unwrap_or_default();
+        assert!(
+            reason.ends_with(&format!(" {}", digests[idx])),
+            "master {idx}: {reason:?}, documented {}",
+            digests[idx]
+        );
         let two_keys = audit.iter().filter(|r| r.action == "conflict" && r.minion.as_deref() == Some("two-keys"));
         assert_eq!(two_keys.count(), 1, "master {idx}: the two keys told once");
         let told: Vec<String> = audit
@@ -271,6 +281,21 @@ async fn observe_then_plan_then_normal_mode_does_what_the_plan_said() {
     for idx in 0..3 {
         cluster.stop(idx);
     }
+}
+
+/// The inventory digest of `pki`'s folders as docs/adopting.md tells an
+/// operator to recompute it: its marked shell block, run as written there
+/// but in `pki` instead of /etc/salt/pki/master.
+fn documented_digest(pki: &Path) -> String {
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/adopting.md")).unwrap();
+    let after =
+        doc.split_once("<!-- first-contact: inventory digest -->").expect("docs/adopting.md marks the recipe").1;
+    let block = after.split_once("```sh\n").expect("a ```sh block after the marker").1;
+    let block = block.split_once("```").expect("the block ends").0;
+    let script = block.strip_prefix("cd /etc/salt/pki/master\n").expect("the recipe starts in the pki_dir");
+    let out = Command::new("bash").args(["-euo", "pipefail", "-c", script]).current_dir(pki).output().unwrap();
+    assert!(out.status.success(), "{script}\nfailed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().split_whitespace().next().expect("sha256sum's output").to_string()
 }
 
 /// The colon-hex sha256 of a key's bytes, as the plan shows it.

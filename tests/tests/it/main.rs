@@ -27,7 +27,8 @@ mod reload;
 /// In-process three-agent clusters over real mTLS: accept, reject and delete
 /// in both Salt patterns, restarts, transitive propagation, partitions.
 mod replication;
-/// Real `salt-key` from Salt 3008.3, 3007.15 and 3006.28 driving three agent processes.
+/// Real `salt-key` from Salt 3008.3, 3007.15 and 3006.28 driving three agent
+/// processes; a first-contact conflict settled by one live `salt-key -d`.
 mod salt_key;
 /// The key-acceptance settings read as real Salt 3008.3 and 3006.28 read them.
 mod salt_settings;
