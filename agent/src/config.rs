@@ -160,8 +160,9 @@ pub struct Config {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    /// The cause is in the message, not a `source()`: `{:#}` would print it twice.
+    #[error("cannot read config {path}: {cause}")]
+    Read { path: PathBuf, cause: std::io::Error },
     #[error("config {path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("config {path}: {key}: {message}")]
@@ -173,7 +174,7 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/salt-keysync";
 
 impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read { path: path.into(), cause })?;
         Config::parse(&text, path)
     }
 

@@ -90,8 +90,9 @@ impl Record {
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
-    #[error("audit log {path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
+    /// The cause is in the message, not a `source()`: `{:#}` would print it twice.
+    #[error("audit log {path}: {cause}")]
+    Io { path: PathBuf, cause: io::Error },
     #[error("audit log {path}: line {line}: {why}")]
     Broken { path: PathBuf, line: usize, why: String },
 }
@@ -116,7 +117,7 @@ pub fn read_verified(path: &std::path::Path) -> Result<Vec<Record>, AuditError> 
 /// Reads a log without checking the chain; lines that are not records are
 /// left out.
 pub fn read_all(path: &std::path::Path) -> Result<Vec<Record>, AuditError> {
-    let scan = scan(path).map_err(|source| AuditError::Io { path: path.into(), source })?;
+    let scan = scan(path).map_err(|cause| AuditError::Io { path: path.into(), cause })?;
     Ok(scan.lines.into_iter().filter_map(|line| line.record.ok()).collect())
 }
 

@@ -36,7 +36,7 @@ const PUSH_BATCH_DECISIONS: usize = 10_000;
 enum SessionError {
     #[error(transparent)]
     Connect(#[from] keysync_server::ConnectError),
-    #[error("{0}")]
+    #[error(transparent)]
     Rpc(#[from] tonic::Status),
     #[error("peer answered Hello as {0:?}")]
     WrongName(String),

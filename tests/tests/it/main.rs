@@ -19,6 +19,9 @@ mod first_contact;
 mod monitoring;
 /// sd_notify with a fake systemd socket: READY, WATCHDOG, RELOADING, STOPPING.
 mod notify;
+/// Issue 20: what the binary tells an operator: each cause once, `--json`
+/// errors as JSON, filter values checked, options only where they act.
+mod operator;
 /// What the packages ship: man pages and completions from `generate`,
 /// examples in `--help`, the example config's documented defaults.
 mod packaging;

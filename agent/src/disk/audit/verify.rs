@@ -67,7 +67,7 @@ pub fn verify_files(paths: &[PathBuf]) -> Result<VerifyReport, AuditError> {
     let mut metas: Vec<Meta> = Vec::new();
     let mut malformed: Option<Break> = None;
     for (file_idx, path) in paths.iter().enumerate() {
-        let io_err = |source| AuditError::Io { path: path.clone(), source };
+        let io_err = |cause| AuditError::Io { path: path.clone(), cause };
         let file = File::open(path).map_err(io_err)?;
         let torn = each_line(BufReader::new(file), 1, |line| {
             if malformed.is_some() {

@@ -137,7 +137,7 @@ impl AuditLog {
     /// last line; an empty log continues `<path>.1` when that exists (rotated
     /// while the agent was stopped).
     pub fn open(path: &Path, node: &str) -> Result<AuditLog, AuditError> {
-        let io_err = |source| AuditError::Io { path: path.into(), source };
+        let io_err = |cause| AuditError::Io { path: path.into(), cause };
         if let Some(parent) = path.parent() {
             // A folder made here is the agent's own: nobody else reads the log.
             std::fs::DirBuilder::new().recursive(true).mode(0o700).create(parent).map_err(io_err)?;

@@ -1,0 +1,61 @@
+//! Issue 20: what the real binary tells an operator. Each cause said once
+//! (no `X: X`, no `salt-keysync: salt-keysync`).
+
+use std::path::Path;
+
+use keysync_server::CertAuthority;
+use keysync_tests::binary::{free_addr, run_cli};
+use keysync_tests::cluster::{write_agent_files, AgentFiles};
+
+fn agent_files(root: &Path) -> AgentFiles {
+    write_agent_files(root, &CertAuthority::new("ca").unwrap(), "master-a", free_addr(), &[])
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// No cause printed twice in a row (`a: b: b`), and no program name twice.
+fn assert_said_once(out: &str) {
+    assert!(!out.contains("salt-keysync: salt-keysync"), "program name twice: {out}");
+    for line in out.lines() {
+        let parts: Vec<&str> = line.split(": ").collect();
+        for pair in parts.windows(2) {
+            assert_ne!(pair[0], pair[1], "doubled text in {line:?}");
+        }
+        for (i, part) in parts.iter().enumerate().filter(|(_, p)| p.len() > 8) {
+            assert!(!parts[i + 1..].contains(part), "{part:?} said twice in {line:?}");
+        }
+    }
+}
+
+#[test]
+fn a_missing_config_and_a_stopped_agent_each_say_their_cause_once() {
+    let root = tempfile::tempdir().unwrap();
+    let missing = root.path().join("nowhere.toml");
+    let missing = missing.to_str().unwrap();
+    for args in [
+        vec!["status", "--config", missing],
+        vec!["check", "--config", missing],
+        vec!["run", "--config", missing],
+        vec!["audit", "--config", missing],
+    ] {
+        let out = run_cli(&args);
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: one line: {stderr}");
+        assert_eq!(stderr.matches("No such file or directory").count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.starts_with(&format!("salt-keysync: cannot read config {missing}: ")), "{args:?}: {stderr}");
+        assert_said_once(&stderr);
+    }
+
+    let files = agent_files(root.path());
+    let config = files.config_path.to_str().unwrap();
+    for args in [vec!["status", "--config", config], vec!["reload", "--config", config]] {
+        let out = run_cli(&args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.starts_with("salt-keysync: the agent is not running (no control socket at "), "{stderr}");
+        assert_said_once(&stderr);
+    }
+}
