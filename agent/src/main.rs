@@ -167,14 +167,14 @@ struct RunArgs {
 
 #[derive(clap::Args)]
 struct PlanArgs {
-    /// Print every master's rows as one JSON object.
+    /// Print every master's rows as one JSON object (an error as {"error": "..."}).
     #[arg(long)]
     json: bool,
 }
 
 #[derive(clap::Args)]
 struct StatusArgs {
-    /// Print the whole report as one JSON object.
+    /// Print the whole report as one JSON object (an error as {"error": "..."}).
     #[arg(long)]
     json: bool,
     /// One row per master of the site as this agent knows it (link, last contact, key counts, Salt version, findings).
@@ -212,7 +212,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(&cli.config, &args),
-        Command::Plan(args) => plan(&cli.config, &args),
+        Command::Plan(args) => json_errors(args.json, plan(&cli.config, &args)),
         // As the agent would find things: run by root, as the agent's user.
         Command::Check => match Config::load(&cli.config) {
             Ok(config) => become_agent_user(&config).and_then(|()| check::check(&cli.config)),
@@ -220,7 +220,7 @@ fn main() {
         },
         Command::Reload => salt_keysync::cli::reload::reload(&cli.config).map(|summary| println!("{summary}")),
         Command::Certs(args) => certs::certs(&args),
-        Command::Status(args) => status(&cli.config, &args),
+        Command::Status(args) => json_errors(args.json, status(&cli.config, &args)),
         Command::Demo(args) => {
             if std::env::var_os("SALT_KEYSYNC_LOG").is_some() {
                 init_logging(&LogFormat::Text);
@@ -249,6 +249,18 @@ fn exit_with(error: &anyhow::Error, code: i32) -> ! {
     let line = format!("salt-keysync: {error:#}");
     eprintln!("{}", logging::with_priority(std::io::stderr().as_fd(), tracing::Level::ERROR, &line));
     std::process::exit(code)
+}
+
+/// With `--json`, an error is JSON too: one object, `{"error": "..."}`, on
+/// stdout (where the script reads), and exit status 1.
+fn json_errors(json: bool, result: Result<()>) -> Result<()> {
+    match result {
+        Err(e) if json => {
+            println!("{}", serde_json::json!({ "error": format!("{e:#}") }));
+            std::process::exit(1)
+        }
+        result => result,
+    }
 }
 
 fn run(path: &std::path::Path, args: &RunArgs) -> Result<()> {

@@ -57,7 +57,8 @@ pub struct AuditArgs {
     /// rotated files, oldest first (--follow follows the last).
     #[arg(long, value_name = "PATH")]
     file: Vec<PathBuf>,
-    /// Print the matching records as they are in the log, one JSON object per line.
+    /// Print the matching records as they are in the log, one JSON object per line
+    /// (an error as {"error": "..."}).
     #[arg(long)]
     json: bool,
     /// Only records for minion ids matching this glob (`web*`, `db-[0-9]?`).
@@ -99,6 +100,11 @@ enum AuditCommand {
 pub fn audit(config: &Path, args: &AuditArgs) -> i32 {
     match run(config, args) {
         Ok(code) => code,
+        // With --json, the error is JSON on stdout as well.
+        Err(e) if args.json => {
+            println!("{}", serde_json::json!({ "error": format!("{e:#}") }));
+            EXIT_UNREADABLE
+        }
         Err(e) => {
             eprintln!("salt-keysync: {e:#}");
             EXIT_UNREADABLE

@@ -1,5 +1,7 @@
 //! Issue 20: what the real binary tells an operator. Each cause said once
-//! (no `X: X`, no `salt-keysync: salt-keysync`).
+//! (no `X: X`, no `salt-keysync: salt-keysync`), `--json` errors as JSON,
+//! filter values checked, `check` never calling a missing file ok, options
+//! only where they act, and no control socket left by a start that failed.
 
 use std::path::Path;
 
@@ -58,4 +60,32 @@ fn a_missing_config_and_a_stopped_agent_each_say_their_cause_once() {
         assert!(stderr.starts_with("salt-keysync: the agent is not running (no control socket at "), "{stderr}");
         assert_said_once(&stderr);
     }
+}
+
+/// With `--json`, an error is one JSON object on stdout (`{"error": …}`),
+/// nothing else there, and a non-zero exit.
+fn assert_json_error(args: &[&str], want: &str) {
+    let out = run_cli(args);
+    let stdout = text(&out.stdout);
+    assert!(!out.status.success(), "{args:?}: {stdout}");
+    let value: serde_json::Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{args:?}: not one JSON object ({e}): {stdout:?}"));
+    let error = value["error"].as_str().unwrap_or_else(|| panic!("{args:?}: no \"error\": {value}"));
+    assert!(error.contains(want), "{args:?}: {error:?} should contain {want:?}");
+    assert_said_once(error);
+}
+
+#[test]
+fn json_output_turns_errors_into_json_too() {
+    let root = tempfile::tempdir().unwrap();
+    let files = agent_files(root.path());
+    let config = files.config_path.to_str().unwrap();
+    let missing = root.path().join("nowhere.toml");
+    let missing = missing.to_str().unwrap();
+    assert_json_error(&["status", "--json", "--config", config], "the agent is not running");
+    assert_json_error(&["status", "--cluster", "--json", "--config", config], "the agent is not running");
+    assert_json_error(&["status", "--json", "--config", missing], "cannot read config");
+    assert_json_error(&["plan", "--json", "--config", config], "the agent is not running");
+    assert_json_error(&["audit", "--json", "--config", missing], "cannot read config");
+    assert_json_error(&["audit", "--json", "--file", missing], "cannot read audit log");
 }
