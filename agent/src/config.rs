@@ -292,7 +292,7 @@ impl Config {
 }
 
 /// Node names are DNS names of certificates.
-fn check_name(name: &str) -> Result<(), String> {
+pub fn check_name(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= 253
         && name.split('.').all(|label| {

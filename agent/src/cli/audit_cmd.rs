@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::disk::audit::{each_line, parse_time_bound, verify_files, Filter, Follower, Line, Record};
+use crate::disk::audit::{each_line, parse_time_bound, verify_files, Filter, Follower, Line, Record, ACTIONS};
 use crate::text::shown;
 use clap::{Args, Subcommand};
 
@@ -64,7 +64,8 @@ pub struct AuditArgs {
     /// Only records for minion ids matching this glob (`web*`, `db-[0-9]?`).
     #[arg(long, value_name = "GLOB")]
     minion: Option<String>,
-    /// Only these actions (accept, reject, delete, pending, conflict, refuse, connect, ...).
+    /// Only these actions (accept, reject, delete, pending, conflict, refuse, connect, ...;
+    /// an unknown one is an error that lists them all).
     #[arg(long, value_name = "ACTION", value_delimiter = ',')]
     action: Vec<String>,
     /// Only decisions made on these nodes.
@@ -147,10 +148,20 @@ fn filter(args: &AuditArgs) -> anyhow::Result<Filter> {
     };
     let minion = match &args.minion {
         Some(glob) => {
+            check_minion_glob(glob)?;
             Some(glob::Pattern::new(glob).map_err(|e| anyhow::anyhow!("--minion: {glob:?} is not a glob: {e}"))?)
         }
         None => None,
     };
+    // A misspelt value would match nothing and look like an empty log.
+    for action in &args.action {
+        if !ACTIONS.contains(&action.as_str()) {
+            anyhow::bail!("--action: {action:?} is not an audit action (one of {})", ACTIONS.join(", "));
+        }
+    }
+    for origin in &args.origin {
+        crate::config::check_name(origin).map_err(|e| anyhow::anyhow!("--origin: {e} (origins are node names)"))?;
+    }
     Ok(Filter {
         minion,
         actions: args.action.clone(),
@@ -158,6 +169,19 @@ fn filter(args: &AuditArgs) -> anyhow::Result<Filter> {
         since: bound("--since", &args.since)?,
         until: bound("--until", &args.until)?,
     })
+}
+
+/// A glob that no minion id can match is a mistake, not an empty answer:
+/// Salt's ids never hold '/', '\\' or NUL, and this agent's never start
+/// with a dot.
+fn check_minion_glob(glob: &str) -> anyhow::Result<()> {
+    if glob.contains(['/', '\\', '\0']) {
+        anyhow::bail!("--minion: {glob:?} can never match a minion id (ids contain no '/', '\\' or NUL)");
+    }
+    if glob.starts_with('.') {
+        anyhow::bail!("--minion: {glob:?} can never match a minion id (ids do not start with a dot)");
+    }
+    Ok(())
 }
 
 fn verify(files: &[PathBuf]) -> anyhow::Result<i32> {

@@ -34,6 +34,32 @@ pub const GENESIS: &str = "00000000000000000000000000000000000000000000000000000
 /// the chain of a rotated one.
 pub const CONTINUE: &str = "continue";
 
+/// Every action a record can have (`salt-keysync audit --action` takes
+/// these; a test keeps the list whole).
+pub const ACTIONS: &[&str] = &[
+    "accept",
+    "reject",
+    "delete",
+    "pending",
+    "conflict",
+    "refuse",
+    "connect",
+    "inventory",
+    "write",
+    "rotate",
+    "master-key",
+    "settings",
+    "auto-accept",
+    "reload",
+    "folder",
+    "start",
+    "stop",
+    "gap",
+    "lost",
+    "repair",
+    CONTINUE,
+];
+
 /// One audit record. Field names are part of the user-facing contract.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {

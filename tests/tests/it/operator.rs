@@ -1,7 +1,6 @@
 //! Issue 20: what the real binary tells an operator. Each cause said once
 //! (no `X: X`, no `salt-keysync: salt-keysync`), `--json` errors as JSON,
-//! filter values checked, `check` never calling a missing file ok, options
-//! only where they act, and no control socket left by a start that failed.
+//! filter values checked.
 
 use std::path::Path;
 
@@ -88,4 +87,37 @@ fn json_output_turns_errors_into_json_too() {
     assert_json_error(&["plan", "--json", "--config", config], "the agent is not running");
     assert_json_error(&["audit", "--json", "--config", missing], "cannot read config");
     assert_json_error(&["audit", "--json", "--file", missing], "cannot read audit log");
+    assert_json_error(&["audit", "--json", "--file", missing, "--action", "acept"], "acept");
+    assert_json_error(&["audit", "--json", "--file", missing, "--action", "acept"], "acept");
+}
+
+#[test]
+fn audit_filter_values_are_checked() {
+    let root = tempfile::tempdir().unwrap();
+    let log = root.path().join("audit.jsonl");
+    std::fs::write(&log, "").unwrap();
+    let log = log.to_str().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (&["--action", "acept"], "--action: \"acept\" is not an audit action"),
+        (&["--action", "accept,rejct"], "\"rejct\""),
+        (&["--minion", "web/01"], "--minion: \"web/01\""),
+        (&["--origin", "master b"], "--origin: \"master b\""),
+        (&["--since", "soon"], "--since: \"soon\""),
+    ];
+    for (filter, want) in cases {
+        let args = [&["audit", "--file", log][..], filter].concat();
+        let out = run_cli(&args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(want), "{args:?}: {stderr:?} should contain {want:?}");
+        assert_said_once(&stderr);
+    }
+    // The error lists what is known.
+    let out = run_cli(&["audit", "--file", log, "--action", "acept"]);
+    assert!(text(&out.stderr).contains("accept, reject, delete"), "{}", text(&out.stderr));
+    for ok in [&["--action", "accept,refuse,conflict"][..], &["--minion", "web*"], &["--origin", "master-b"]] {
+        let args = [&["audit", "--file", log][..], ok].concat();
+        let out = run_cli(&args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    }
 }

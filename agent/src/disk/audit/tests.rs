@@ -285,3 +285,37 @@ fn follower_reads_appends_across_rename_and_truncation() {
     assert_eq!(polled.rotated, Some("truncated"));
     assert_eq!(polled.lines.last().unwrap().record.as_ref().unwrap().minion.as_deref(), Some("web5"));
 }
+
+/// Every action the agent records is one `audit --action` accepts: each
+/// literal action given to `Record::new` in the agent's source, and the
+/// verdicts' actions.
+#[test]
+fn every_recorded_action_is_a_known_one() {
+    use crate::core::decision::VerdictKind;
+    fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                sources(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    sources(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut files);
+    let mut found = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for (_, rest) in text.match_indices("Record::new(\"").map(|(i, m)| (i, &text[i + m.len()..])) {
+            found.push(rest[..rest.find('"').unwrap()].to_string());
+        }
+    }
+    assert!(found.len() > 20, "too few Record::new calls found: {found:?}");
+    for kind in [VerdictKind::Accepted, VerdictKind::Rejected, VerdictKind::Deleted] {
+        found.push(kind.action().to_string());
+    }
+    for action in found {
+        assert!(ACTIONS.contains(&action.as_str()), "{action:?} is recorded but not in audit::ACTIONS");
+    }
+}
