@@ -1,6 +1,6 @@
 //! Issue 20: what the real binary tells an operator. Each cause said once
 //! (no `X: X`, no `salt-keysync: salt-keysync`), `--json` errors as JSON,
-//! filter values checked.
+//! filter values checked, `check` never calling a missing file ok.
 
 use std::path::Path;
 
@@ -88,7 +88,6 @@ fn json_output_turns_errors_into_json_too() {
     assert_json_error(&["audit", "--json", "--config", missing], "cannot read config");
     assert_json_error(&["audit", "--json", "--file", missing], "cannot read audit log");
     assert_json_error(&["audit", "--json", "--file", missing, "--action", "acept"], "acept");
-    assert_json_error(&["audit", "--json", "--file", missing, "--action", "acept"], "acept");
 }
 
 #[test]
@@ -120,4 +119,17 @@ fn audit_filter_values_are_checked() {
         let out = run_cli(&args);
         assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
     }
+}
+
+#[test]
+fn check_never_calls_a_missing_file_ok() {
+    let root = tempfile::tempdir().unwrap();
+    let files = agent_files(root.path());
+    std::fs::remove_file(files.dir.join("node.key")).unwrap();
+    let out = run_cli(&["check", "--config", files.config_path.to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.lines().any(|l| l.starts_with("FAIL ") && l.contains("node.key")), "{stdout}");
+    assert!(!stdout.lines().any(|l| l.starts_with("ok") && l.contains("permissions")), "{stdout}");
+    assert!(stdout.contains("not checked") && stdout.contains("node.key"), "says what it could not check: {stdout}");
 }
