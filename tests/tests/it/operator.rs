@@ -1,11 +1,14 @@
 //! Issue 20: what the real binary tells an operator. Each cause said once
 //! (no `X: X`, no `salt-keysync: salt-keysync`), `--json` errors as JSON,
-//! filter values checked, `check` never calling a missing file ok.
+//! filter values checked, `check` never calling a missing file ok, and no
+//! control socket left by a start that failed.
 
 use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use keysync_server::CertAuthority;
-use keysync_tests::binary::{free_addr, run_cli};
+use keysync_tests::binary::{binary, free_addr, run_cli};
 use keysync_tests::cluster::{write_agent_files, AgentFiles};
 
 fn agent_files(root: &Path) -> AgentFiles {
@@ -132,4 +135,46 @@ fn check_never_calls_a_missing_file_ok() {
     assert!(stdout.lines().any(|l| l.starts_with("FAIL ") && l.contains("node.key")), "{stdout}");
     assert!(!stdout.lines().any(|l| l.starts_with("ok") && l.contains("permissions")), "{stdout}");
     assert!(stdout.contains("not checked") && stdout.contains("node.key"), "says what it could not check: {stdout}");
+}
+
+/// Starts `run --config config` and waits (bounded) for it to exit.
+fn run_until_exit(config: &Path) -> (Option<i32>, String) {
+    let mut child = Command::new(binary())
+        .args(["run", "--config"])
+        .arg(config)
+        .env_remove("JOURNAL_STREAM")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("the agent did not stop within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let Output { status, stderr, .. } = child.wait_with_output().unwrap();
+    (status.code(), text(&stderr))
+}
+
+#[test]
+fn a_start_that_cannot_listen_leaves_no_control_socket() {
+    let root = tempfile::tempdir().unwrap();
+    let files = agent_files(root.path());
+    let config_text = std::fs::read_to_string(&files.config_path).unwrap();
+    let listen = config_text.lines().find_map(|l| l.strip_prefix("listen = ")).unwrap().trim_matches('"');
+    let _taken = std::net::TcpListener::bind(listen).unwrap();
+    let (code, stderr) = run_until_exit(&files.config_path);
+    assert_eq!(code, Some(78), "{stderr}");
+    assert!(stderr.contains(&format!("cannot listen on {listen}")), "{stderr}");
+    assert!(stderr.contains("Address already in use"), "{stderr}");
+    assert_said_once(&stderr);
+    let socket = files.dir.join("state/control.sock");
+    assert!(!socket.exists(), "{} left behind", socket.display());
+    let out = run_cli(&["status", "--config", files.config_path.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("no control socket"), "not a killed agent's socket: {stderr}");
 }
