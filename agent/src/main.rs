@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{CommandFactory, Parser, Subcommand};
-use salt_keysync::cli::{audit_cmd, certs, check, demo, generate};
+use salt_keysync::cli::{audit_cmd, certs, check, demo, generate, ConfigArg};
 use salt_keysync::config::{Config, LogFormat, DEFAULT_CONFIG};
 use salt_keysync::ops::logging;
 use tokio_util::sync::CancellationToken;
@@ -53,8 +53,9 @@ fn no_transparent_huge_pages() {
 #[derive(Parser)]
 #[command(name = "salt-keysync", version, about = "Replicates salt-key decisions between SaltStack masters")]
 struct Cli {
-    /// Config file.
-    #[arg(long, global = true, default_value = DEFAULT_CONFIG)]
+    /// The config file of the subcommand (its `--config`: only the
+    /// subcommands that read the config have one), set after parsing.
+    #[arg(skip)]
     config: PathBuf,
     #[command(subcommand)]
     command: Command,
@@ -81,7 +82,7 @@ enum Command {
                       failed.",
         after_help = CHECK_EXAMPLES
     )]
-    Check,
+    Check(ConfigArg),
     /// Ask the running agent to re-read peers and certificates, and wait for the outcome.
     #[command(
         long_about = "Ask the running agent, over its control socket, to re-read its config as SIGHUP \
@@ -91,7 +92,7 @@ enum Command {
                       the agent is not running. The packaged unit's ExecReload.",
         after_help = "Examples:\n  salt-keysync reload\n  systemctl reload salt-keysync          # runs it"
     )]
-    Reload,
+    Reload(ConfigArg),
     /// Make a CA (`certs init`) and node certificates (`certs issue NAME`) for sites without a PKI.
     Certs(certs::CertsArgs),
     /// Ask the running agent about its peers, keys and cluster health.
@@ -130,6 +131,22 @@ rule settles. The agent asks its peers over their mutual-TLS link.",
     Generate(generate::GenerateArgs),
 }
 
+impl Command {
+    /// The `--config` of the subcommands that read the config file.
+    fn config_file(&self) -> Option<&std::path::Path> {
+        let arg = match self {
+            Command::Run(args) => &args.config,
+            Command::Check(arg) | Command::Reload(arg) => arg,
+            Command::Status(args) => &args.config,
+            Command::Plan(args) => &args.config,
+            Command::Audit(args) => &args.config,
+            Command::Recover(args) => &args.config,
+            Command::Certs(_) | Command::Demo(_) | Command::Generate(_) => return None,
+        };
+        Some(&arg.config)
+    }
+}
+
 const RECOVER_EXAMPLES: &str = "\
 The agent refuses to start when its state folder is gone or unreadable but the
 key folders were already synced (pki_dir/.keysync-staging/.salt-keysync-state names the state
@@ -149,6 +166,8 @@ See docs/recovery.md for every recovery case.";
 
 #[derive(clap::Args)]
 struct RecoverArgs {
+    #[command(flatten)]
+    config: ConfigArg,
     /// Rebuild from the configured peers (the only source there is; required).
     #[arg(long, required = true)]
     from_peers: bool,
@@ -159,6 +178,8 @@ struct RecoverArgs {
 
 #[derive(clap::Args)]
 struct RunArgs {
+    #[command(flatten)]
+    config: ConfigArg,
     /// Observe mode: connect, exchange and report (`salt-keysync plan`), but
     /// write nothing to the key folders and keep no state (as `mode = "observe"`).
     #[arg(long)]
@@ -167,6 +188,8 @@ struct RunArgs {
 
 #[derive(clap::Args)]
 struct PlanArgs {
+    #[command(flatten)]
+    config: ConfigArg,
     /// Print every master's rows as one JSON object (an error as {"error": "..."}).
     #[arg(long)]
     json: bool,
@@ -174,6 +197,8 @@ struct PlanArgs {
 
 #[derive(clap::Args)]
 struct StatusArgs {
+    #[command(flatten)]
+    config: ConfigArg,
     /// Print the whole report as one JSON object (an error as {"error": "..."}).
     #[arg(long)]
     json: bool,
@@ -209,16 +234,17 @@ const GENERATE_EXAMPLES: &str = "Examples:
 
 fn main() {
     no_transparent_huge_pages();
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    cli.config = cli.command.config_file().unwrap_or(std::path::Path::new(DEFAULT_CONFIG)).to_path_buf();
     let result = match cli.command {
         Command::Run(args) => run(&cli.config, &args),
         Command::Plan(args) => json_errors(args.json, plan(&cli.config, &args)),
         // As the agent would find things: run by root, as the agent's user.
-        Command::Check => match Config::load(&cli.config) {
+        Command::Check(_) => match Config::load(&cli.config) {
             Ok(config) => become_agent_user(&config).and_then(|()| check::check(&cli.config)),
             Err(_) => check::check(&cli.config),
         },
-        Command::Reload => salt_keysync::cli::reload::reload(&cli.config).map(|summary| println!("{summary}")),
+        Command::Reload(_) => salt_keysync::cli::reload::reload(&cli.config).map(|summary| println!("{summary}")),
         Command::Certs(args) => certs::certs(&args),
         Command::Status(args) => json_errors(args.json, status(&cli.config, &args)),
         Command::Demo(args) => {

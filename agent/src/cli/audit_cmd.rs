@@ -51,6 +51,8 @@ warning. Exit status: 0 intact, 1 broken, 2 unreadable.";
 #[derive(Args)]
 #[command(after_help = EXAMPLES, args_conflicts_with_subcommands = true)]
 pub struct AuditArgs {
+    #[command(flatten)]
+    pub config: crate::cli::ConfigArg,
     #[command(subcommand)]
     command: Option<AuditCommand>,
     /// Read this audit file instead of the config's `audit_log`; repeat for

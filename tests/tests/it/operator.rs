@@ -1,7 +1,7 @@
 //! Issue 20: what the real binary tells an operator. Each cause said once
 //! (no `X: X`, no `salt-keysync: salt-keysync`), `--json` errors as JSON,
-//! filter values checked, `check` never calling a missing file ok, and no
-//! control socket left by a start that failed.
+//! filter values checked, `check` never calling a missing file ok, options
+//! only where they act, and no control socket left by a start that failed.
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -135,6 +135,46 @@ fn check_never_calls_a_missing_file_ok() {
     assert!(stdout.lines().any(|l| l.starts_with("FAIL ") && l.contains("node.key")), "{stdout}");
     assert!(!stdout.lines().any(|l| l.starts_with("ok") && l.contains("permissions")), "{stdout}");
     assert!(stdout.contains("not checked") && stdout.contains("node.key"), "says what it could not check: {stdout}");
+}
+
+#[test]
+fn config_is_offered_only_where_it_is_read() {
+    let root = tempfile::tempdir().unwrap();
+    let missing = root.path().join("nowhere.toml");
+    let missing = missing.to_str().unwrap();
+    for args in [
+        vec!["certs", "init", "--dir", missing, "--config", missing],
+        vec!["certs", "issue", "master-a", "--dir", missing, "--config", missing],
+        vec!["demo", "--config", missing],
+    ] {
+        let out = run_cli(&args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("unexpected argument '--config'"), "{args:?}: {stderr}");
+    }
+    for help in [vec!["certs", "init", "--help"], vec!["demo", "--help"], vec!["--help"]] {
+        let out = run_cli(&help);
+        assert!(!text(&out.stdout).contains("--config"), "{help:?} offers --config: {}", text(&out.stdout));
+    }
+    // Where it is read, it is taken, also after a nested subcommand (the
+    // missing file is the error; `reload` then asks the default socket).
+    for args in [
+        vec!["run", "--config", missing],
+        vec!["check", "--config", missing],
+        vec!["reload", "--config", missing],
+        vec!["status", "--config", missing],
+        vec!["plan", "--config", missing],
+        vec!["audit", "--config", missing],
+        vec!["audit", "verify", "--config", missing],
+        vec!["recover", "--from-peers", "--config", missing],
+    ] {
+        let out = run_cli(&args);
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {stderr}");
+        assert!(!stderr.contains("unexpected argument"), "{args:?}: {stderr}");
+        let help = run_cli(&[&args[..args.len() - 2], &["--help"]].concat());
+        assert!(text(&help.stdout).contains("--config"), "{args:?} --help: {}", text(&help.stdout));
+    }
 }
 
 /// Starts `run --config config` and waits (bounded) for it to exit.
