@@ -25,7 +25,7 @@ pub mod tls;
 mod verifier;
 
 pub use certgen::{CertAuthority, CertError, IssuedCert};
-pub use client::{connect, ConnectError};
+pub use client::{alert_received, connect, tls_refusal, ConnectError};
 pub use control::ListenerControl;
 pub use events::{EventFn, TransportEvent};
 pub use identity::PeerName;

@@ -25,6 +25,9 @@ mod operator;
 /// What the packages ship: man pages and completions from `generate`,
 /// examples in `--help`, the example config's documented defaults.
 mod packaging;
+/// Issue 20: a peer that refuses this master, or cannot be reached, told
+/// in one line with its cause: at run time, in `status` and by `check`.
+mod peer_causes;
 /// SIGHUP reloads on agent processes: peers, certificates, refused broken configs.
 mod reload;
 /// In-process three-agent clusters over real mTLS: accept, reject and delete
