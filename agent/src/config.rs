@@ -276,7 +276,13 @@ impl Config {
                 return Err(invalid(&format!("peer[{idx}].name"), format!("{:?} is listed twice", peer.name)));
             }
             if !is_host_port(&peer.address) {
-                return Err(invalid(&format!("peer[{idx}].address"), format!("{:?} is not host:port", peer.address)));
+                return Err(invalid(
+                    &format!("peer[{idx}].address"),
+                    format!(
+                        "{:?} is not host:port (host: an IPv4 address, an IPv6 address in [brackets] or a DNS name)",
+                        peer.address
+                    ),
+                ));
             }
             peers.push(Peer { name: peer.name, address: peer.address });
         }
@@ -381,10 +387,20 @@ pub fn check_name(name: &str) -> Result<(), String> {
     }
 }
 
+/// `host:port` where host is an IPv4 address, `[IPv6]` or a DNS name:
+/// strictly, so that `10.0.0.300` is a typo found here, not a name looked
+/// up at every reconnect.
 fn is_host_port(address: &str) -> bool {
     let Some((host, port)) = address.rsplit_once(':') else { return false };
-    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
-    !host.is_empty() && !host.contains(char::is_whitespace) && port.parse::<u16>().is_ok_and(|p| p > 0)
+    let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        // All-numeric labels can only be an IPv4 address.
+        None if host.split('.').all(|label| label.bytes().all(|b| b.is_ascii_digit())) => {
+            host.parse::<std::net::Ipv4Addr>().is_ok()
+        }
+        None => check_name(host).is_ok(),
+    };
+    host_ok && port.parse::<u16>().is_ok_and(|p| p > 0)
 }
 
 #[cfg(test)]
@@ -429,6 +445,10 @@ address = "10.0.0.12:4515"
         let cases = [
             (format!("{MINIMAL}\nbogus = 1"), "unknown field `bogus`"),
             (MINIMAL.replace("10.0.0.12:4515", "x"), "peer[0].address: \"x\" is not host:port"),
+            (
+                MINIMAL.replace("10.0.0.12", "10.0.0.300"),
+                "peer[0].address: \"10.0.0.300:4515\" is not host:port (host: ",
+            ),
             (MINIMAL.replace("name = \"master-b\"", "name = \"master-a\""), "peer[0].name: \"master-a\" is this node"),
             (MINIMAL.replace("node = \"master-a\"", "node = \"a b\""), "node: \"a b\" is not a DNS name"),
             (format!("listen = \"nope\"\n{MINIMAL}"), "listen: \"nope\" is not ip:port"),
@@ -484,10 +504,23 @@ address = "10.0.0.12:4515"
 
     #[test]
     fn host_port_forms() {
-        for ok in ["10.0.0.1:4515", "master-b.example.com:1", "[::1]:4515"] {
+        for ok in ["10.0.0.1:4515", "master-b.example.com:1", "[::1]:4515", "master-b.invalid:4515", "localhost:1"] {
             assert!(is_host_port(ok), "{ok}");
         }
-        for bad in ["10.0.0.1", ":4515", "h:0", "h:99999", "a b:1"] {
+        for bad in [
+            "10.0.0.1",
+            ":4515",
+            "h:0",
+            "h:99999",
+            "a b:1",
+            "10.0.0.300:4515",
+            "10.0.0:4515",
+            "::1:4515",
+            "[zz]:1",
+            "under_score:1",
+            "-lead.example:1",
+            "a..b:1",
+        ] {
             assert!(!is_host_port(bad), "{bad}");
         }
     }

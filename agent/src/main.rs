@@ -77,9 +77,11 @@ enum Command {
         long_about = "Validate a set-up without starting the agent: the config file, the TLS \
                       certificates (chain, node name, expiry), the three key folders, the salt \
                       user, that the master uses the local key store, and that the state is not \
-                      lost. Run by root, it checks as the agent's user (the owner of state_dir, \
-                      as the packaged unit runs it). Prints one line per check; exits 1 if any \
-                      failed.",
+                      lost; then probes every peer at once, within 3 s each (name, TCP, TLS both \
+                      ways, the peer's answer). Run by root, it checks as the agent's user (the owner \
+                      of state_dir, as the packaged unit runs it). Prints one line per check; exits 1 \
+                      if any failed. A peer that is down or refuses this master is a WARN line, not a \
+                      failure: the agent starts anyway and retries it.",
         after_help = CHECK_EXAMPLES
     )]
     Check(ConfigArg),
