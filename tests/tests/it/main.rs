@@ -28,6 +28,9 @@ mod packaging;
 /// Issue 20: a peer that refuses this master, or cannot be reached, told
 /// in one line with its cause: at run time, in `status` and by `check`.
 mod peer_causes;
+/// Issue 20: documented procedures run as written (a stolen certificate cut
+/// off by renaming the master).
+mod procedures;
 /// SIGHUP reloads on agent processes: peers, certificates, refused broken configs.
 mod reload;
 /// In-process three-agent clusters over real mTLS: accept, reject and delete
