@@ -77,8 +77,9 @@ pub async fn run_with(
     } else {
         Arc::new(Store::open(&config.state_dir, &config.node).with_context(|| {
             format!(
-                "cannot open the state store; if it is corrupt, rebuild it with `{} --config FILE` (docs/recovery.md)",
-                crate::disk::state_guard::RECOVER_COMMAND
+                "cannot open the state store; if it is corrupt, rebuild it with `{} --config FILE` ({})",
+                crate::disk::state_guard::RECOVER_COMMAND,
+                crate::disk::state_guard::RECOVERY_GUIDE
             )
         })?)
     };
@@ -147,8 +148,9 @@ pub async fn run_with(
     })
     .with_context(|| {
         format!(
-            "cannot load the state store; if it is corrupt, rebuild it with `{} --config FILE` (docs/recovery.md)",
-            crate::disk::state_guard::RECOVER_COMMAND
+            "cannot load the state store; if it is corrupt, rebuild it with `{} --config FILE` ({})",
+            crate::disk::state_guard::RECOVER_COMMAND,
+            crate::disk::state_guard::RECOVERY_GUIDE
         )
     })?;
     if !observe {

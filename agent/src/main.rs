@@ -164,7 +164,7 @@ Examples:
   # state restored from an old backup (it looks healthy, but is stale):
   salt-keysync recover --from-peers --force
 
-See docs/recovery.md for every recovery case.";
+See /usr/share/doc/salt-keysync/recovery.md for every recovery case.";
 
 #[derive(clap::Args)]
 struct RecoverArgs {

@@ -20,12 +20,16 @@ use crate::disk::store::{Peek, Store};
 
 pub const RECOVER_COMMAND: &str = "salt-keysync recover --from-peers";
 
+/// The recovery guide where the packages install it (messages name this,
+/// not the repository's `docs/recovery.md`).
+pub const RECOVERY_GUIDE: &str = "/usr/share/doc/salt-keysync/recovery.md";
+
 #[derive(Debug, thiserror::Error)]
 pub enum GuardError {
     #[error(
         "state lost: {marker} says this master was synced by state store {expected} (node {node:?}), but {state} \
          holds {found}; refusing to guess which files are decisions. Rebuild the state from the peers with \
-         `{RECOVER_COMMAND} --config FILE` (see docs/recovery.md)"
+         `{RECOVER_COMMAND} --config FILE` (see {RECOVERY_GUIDE})"
     )]
     Lost { marker: PathBuf, expected: String, node: String, state: PathBuf, found: String },
     // Causes are in the messages, not `source()`s: `{:#}` would print them twice.
@@ -113,7 +117,7 @@ fn lost(marker_path: PathBuf, marker: Marker, state_dir: &Path, found: String) -
 /// Writes the marker naming `store_id`.
 pub fn write_marker(pki: &Pki, store_id: &str, node: &str) -> Result<(), GuardError> {
     let text = format!(
-        "# salt-keysync: the state store that syncs this pki_dir; see docs/recovery.md\nstore {store_id}\nnode {node}\n"
+        "# salt-keysync: the state store that syncs this pki_dir; see {RECOVERY_GUIDE}\nstore {store_id}\nnode {node}\n"
     );
     pki.write_marker(&text).map_err(|cause| GuardError::Write { path: pki.marker_path(), cause })
 }

@@ -134,3 +134,60 @@ fn example_config_documents_the_real_defaults() {
     assert_eq!(explicit.salt.user.as_deref(), Some("salt"));
     assert_eq!(as_shipped.audit_log, Path::new("/var/log/salt-keysync/audit.jsonl"));
 }
+
+/// Every document a message or `--help` points to is installed by both
+/// packages, and named where it is installed: an operator on a host has no
+/// repository (`docs/recovery.md` there means nothing).
+#[test]
+fn every_document_the_binary_names_is_installed() {
+    const DOC_DIR: &str = "/usr/share/doc/salt-keysync/";
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let manifest = read(&repo.join("agent/Cargo.toml"));
+    let mut sources = Vec::new();
+    let mut folders = vec![repo.join("agent/src")];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                folders.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                sources.push(path);
+            }
+        }
+    }
+    let mut named = std::collections::BTreeSet::new();
+    for source in &sources {
+        let text = read(source);
+        // Not in comments: what the binary prints.
+        for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            for repo_path in ["docs/recovery.md", "SECURITY.md"] {
+                assert!(
+                    !line.contains(&format!(" {repo_path}")) && !line.contains(&format!("({repo_path}")),
+                    "{}: names the repository's {repo_path}, not the installed {DOC_DIR}…: {line}",
+                    source.display()
+                );
+            }
+            for (at, _) in line.match_indices(DOC_DIR) {
+                let rest = &line[at + DOC_DIR.len()..];
+                let name: String =
+                    rest.chars().take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')).collect();
+                named.insert(name);
+            }
+        }
+    }
+    assert!(named.contains("recovery.md"), "no message names the installed recovery guide: {named:?}");
+    for name in &named {
+        let deb = format!("\"usr/share/doc/salt-keysync/{name}\"");
+        let rpm = format!("dest = \"/usr/share/doc/salt-keysync/{name}\"");
+        assert!(manifest.contains(&deb), "{name} is named by the binary but not in the .deb's assets");
+        assert!(manifest.contains(&rpm), "{name} is named by the binary but not in the .rpm's assets");
+    }
+    // SECURITY.md ships too: the guarantees and the certificate procedures.
+    for name in ["SECURITY.md", "recovery.md"] {
+        assert!(manifest.contains(&format!("\"usr/share/doc/salt-keysync/{name}\"")), "{name}: not in the .deb");
+        assert!(
+            manifest.contains(&format!("dest = \"/usr/share/doc/salt-keysync/{name}\"")),
+            "{name}: not in the .rpm"
+        );
+    }
+}
