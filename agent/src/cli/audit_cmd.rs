@@ -23,13 +23,14 @@ Examples:
   salt-keysync audit --action accept,reject --origin master-b
   salt-keysync audit --since 2026-11-21T08:00:00Z --until 2026-11-21T12:00:00Z --json
   salt-keysync audit --follow --action refuse,conflict
-  salt-keysync audit --file audit.jsonl.1 --file audit.jsonl   rotated files too, oldest first
+  salt-keysync audit --file audit.jsonl-20261101 --file audit.jsonl   rotated files too, oldest first
   salt-keysync audit verify
-  salt-keysync audit verify audit.jsonl.2 audit.jsonl.1 audit.jsonl
+  salt-keysync audit verify audit.jsonl-20261001 audit.jsonl-20261101 audit.jsonl
 
 Filters combine (all must match); --action and --origin take several values,
 comma-separated or repeated. Times are RFC 3339, a date (midnight UTC), or a
-duration ago (2h, 30m, 1day).
+duration ago (2h, 30m, 1day). The packaged logrotate names rotated files
+audit.jsonl-YYYYMMDD (dateext).
 
 Exit status: 0 success (verify: chain intact), 1 verify found the chain
 broken (the first bad record is named), 2 the log cannot be read.";
@@ -38,7 +39,7 @@ const VERIFY_EXAMPLES: &str = "\
 Examples:
   salt-keysync audit verify                      the config's audit_log
   salt-keysync audit verify --config /etc/salt-keysync/config.toml
-  salt-keysync audit verify audit.jsonl.1 audit.jsonl    rotated files, oldest first
+  salt-keysync audit verify audit.jsonl-20261101 audit.jsonl    rotated files, oldest first
   salt-keysync audit verify --head SEQ:HASH              the chain must reach this record
 
 Each record holds the sha256 of the line before it (prev) and a sequence

@@ -147,6 +147,29 @@ pub fn read_all(path: &std::path::Path) -> Result<Vec<Record>, AuditError> {
     Ok(scan.lines.into_iter().filter_map(|line| line.record.ok()).collect())
 }
 
+/// The newest file logrotate made of `path`, in its folder: `<name>.N`, or
+/// `<name>-<digits>` as `dateext` names it (`-YYYYMMDD` by default, any
+/// `dateformat` of digits), uncompressed; the most recently modified one.
+pub fn newest_rotated(path: &std::path::Path) -> Option<std::path::PathBuf> {
+    let name = path.file_name()?.to_str()?;
+    let folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let rotated = |entry: &std::fs::DirEntry| {
+        let file = entry.file_name();
+        let rest = file.to_str()?.strip_prefix(name)?;
+        let suffix = rest.strip_prefix('.').or_else(|| rest.strip_prefix('-'))?;
+        let ok = suffix.bytes().any(|b| b.is_ascii_digit())
+            && suffix.bytes().all(|b| b.is_ascii_digit() || matches!(b, b'-' | b'_'));
+        let meta = entry.metadata().ok().filter(|meta| meta.is_file())?;
+        ok.then(|| (meta.modified().ok(), file.to_string_lossy().into_owned(), entry.path()))
+    };
+    let entries = std::fs::read_dir(folder).ok()?;
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| rotated(&entry))
+        .max_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)))
+        .map(|(_, _, path)| path)
+}
+
 pub fn now_rfc3339() -> String {
     time::OffsetDateTime::now_utc()
         .format(&time::format_description::well_known::Rfc3339)

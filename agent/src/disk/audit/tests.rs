@@ -196,6 +196,36 @@ fn an_empty_log_at_start_continues_the_rotated_one() {
     assert_eq!(read_all(&path).unwrap()[0].action, CONTINUE);
 }
 
+/// logrotate as packaged (`dateext`) names the rotated file
+/// `audit.jsonl-YYYYMMDD`, not `audit.jsonl.1`: an empty log at start
+/// continues whichever rotated file is newest, and verify's hint names it.
+#[test]
+fn an_empty_log_continues_the_newest_rotated_file_whatever_its_name() {
+    for (older, newest) in [
+        ("audit.jsonl-20261001", "audit.jsonl-20261101"),
+        ("audit.jsonl.2", "audit.jsonl.1"),
+        ("audit.jsonl-1761955200", "audit.jsonl-1764547200"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let (older, newest) = (dir.path().join(older), dir.path().join(newest));
+        drop(write_log(&path, 2));
+        std::fs::rename(&path, &older).unwrap();
+        drop(write_log(&path, 1));
+        std::fs::rename(&path, &newest).unwrap();
+        // The older file was written before: by modification time too.
+        let earlier = std::time::SystemTime::now() - std::time::Duration::from_secs(86_400);
+        std::fs::File::options().append(true).open(&older).unwrap().set_modified(earlier).unwrap();
+        drop(write_log(&path, 1));
+        assert_eq!(read_all(&path).unwrap()[0].action, CONTINUE, "{}", newest.display());
+        let report = verify_files(&[older.clone(), newest.clone(), path.clone()]).unwrap();
+        assert_eq!((report.broken, report.n_records), (None, 6), "{}", newest.display());
+        let alone = verify_files(std::slice::from_ref(&path)).unwrap();
+        let hint = format!("salt-keysync audit verify {} {}", newest.display(), path.display());
+        assert!(alone.notes[0].contains(&hint), "{:?} should name {hint:?}", alone.notes);
+    }
+}
+
 #[test]
 fn a_new_chain_in_a_later_file_is_a_note() {
     let dir = tempfile::tempdir().unwrap();
