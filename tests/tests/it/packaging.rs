@@ -56,6 +56,43 @@ fn man_pages_cover_every_subcommand() {
     assert!(read(&man.join("salt-keysync-check.1")).contains("Examples:"));
 }
 
+/// Every page has the sections a man page reader looks for, the examples
+/// as written (one command per line, not reflowed into a paragraph), and
+/// the files and exit statuses the binary really uses.
+#[test]
+fn man_pages_have_files_exit_status_examples_and_see_also() {
+    let dir = tempfile::tempdir().unwrap();
+    let man = dir.path().join("man");
+    generate(&["generate", "man", man.to_str().unwrap()]);
+    let mut pages: Vec<PathBuf> = std::fs::read_dir(&man).unwrap().map(|e| e.unwrap().path()).collect();
+    pages.sort();
+    assert!(pages.len() >= 12, "{pages:?}");
+    for page in &pages {
+        let text = read(page);
+        for section in ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "EXAMPLES", "FILES", "EXIT STATUS", "SEE ALSO"] {
+            assert!(
+                text.contains(&format!(".SH \"{section}\"")) || text.contains(&format!(".SH {section}\n")),
+                "{}: no {section}:\n{text}",
+                page.display()
+            );
+        }
+        let examples = &text[text.find("EXAMPLES").unwrap()..];
+        assert!(
+            examples.contains("\n.nf\n") && examples.contains("\n.fi\n"),
+            "{}: examples reflowed:\n{examples}",
+            page.display()
+        );
+        for named in ["/etc/salt\\-keysync/config.toml", "/usr/share/doc/salt\\-keysync/recovery.md", "78"] {
+            assert!(text.contains(named), "{}: {named} missing:\n{text}", page.display());
+        }
+    }
+    let check = read(&man.join("salt-keysync-check.1"));
+    let line =
+        "  salt\\-keysync check \\-\\-config /etc/salt\\-keysync/config.toml && systemctl restart salt\\-keysync";
+    assert!(check.lines().any(|l| l == line), "the example is not a line of its own:\n{check}");
+    assert!(check.contains("\\fBsalt\\-keysync\\fR(1)"), "SEE ALSO names the main page:\n{check}");
+}
+
 #[test]
 fn completions_offer_every_subcommand_and_not_the_hidden_one() {
     let dir = tempfile::tempdir().unwrap();
@@ -160,9 +197,9 @@ fn every_document_the_binary_names_is_installed() {
         let text = read(source);
         // Not in comments: what the binary prints.
         for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
-            for repo_path in ["docs/recovery.md", "SECURITY.md"] {
+            for repo_path in ["docs/recovery.md", "see SECURITY.md", "(SECURITY.md"] {
                 assert!(
-                    !line.contains(&format!(" {repo_path}")) && !line.contains(&format!("({repo_path}")),
+                    !line.contains(repo_path),
                     "{}: names the repository's {repo_path}, not the installed {DOC_DIR}…: {line}",
                     source.display()
                 );
