@@ -2,7 +2,7 @@
 # Checks the packages ./scripts/package.sh made: every expected file with its
 # mode and kind, conffiles, maintainer scripts; then, where the machine
 # allows (root, dpkg, no salt-keysync installed by someone else), installs
-# the .deb, runs the binary, `check`, `systemd-analyze verify` on the
+# the .deb, runs the binary, checks that the documents it names are there, `check`, `systemd-analyze verify` on the
 # installed unit and its generator, removes and purges it, and checks that
 # purge keeps the audit log unless SALT_KEYSYNC_PURGE_AUDIT=yes. The package
 # under a real systemd beside a real salt-master is tests/systemd/run.sh.
@@ -37,6 +37,8 @@ common=(
     "usr/share/bash-completion/completions/salt-keysync 100644"
     "usr/share/fish/vendor_completions.d/salt-keysync.fish 100644"
     "usr/share/doc/salt-keysync/operations.md 100644"
+    "usr/share/doc/salt-keysync/recovery.md 100644"
+    "usr/share/doc/salt-keysync/SECURITY.md 100644"
     "usr/share/doc/salt-keysync/README.md 100644"
     "usr/share/doc/salt-keysync/monitoring.md 100644"
     "usr/share/doc/salt-keysync/monitoring-dashboard.png 100644"
@@ -181,6 +183,12 @@ echo "== dpkg -i $deb"
 dpkg -i "$deb"
 [ "$(salt-keysync --version)" = "salt-keysync $version" ] || fail "installed --version: $(salt-keysync --version)"
 salt-keysync check --help | grep -q "Examples:" || fail "installed check --help has no examples"
+# Every document the binary points an operator to is on the host.
+named_docs=$(salt-keysync recover --help | grep -o '/usr/share/doc/salt-keysync/[A-Za-z0-9._-]*' | sort -u)
+[ -n "$named_docs" ] || fail "recover --help names no installed document"
+for doc in $named_docs /usr/share/doc/salt-keysync/SECURITY.md; do
+    [ -f "$doc" ] || fail "$doc is named but not installed"
+done
 # No salt-master here: the agent's user is root (the systemd test in
 # tests/systemd/ installs the package beside a salt-master running as salt).
 for dir in /var/lib/salt-keysync /var/log/salt-keysync; do

@@ -22,7 +22,9 @@ scripts/check-monitoring.sh
 echo "== Salt venvs (3008.3, 3007.15, 3006.28)"
 tests/salt/venv.sh
 echo "== cargo test"
-cargo test --workspace --locked
+# Every test binary, also after one failed: a failure in the first must not
+# hide the others' (cargo still exits non-zero).
+cargo test --workspace --locked --no-fail-fast
 echo "== packages (.deb and .rpm)"
 scripts/package.sh
 scripts/check-packages.sh

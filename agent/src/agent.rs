@@ -61,7 +61,8 @@ pub async fn run_with(
     std::fs::create_dir_all(&config.state_dir)
         .with_context(|| format!("cannot create state_dir {}", config.state_dir.display()))?;
     // Bound before the store, the audit log or the folders are touched: another agent on this state
-    // folder, or a metrics port in use, stops the start while nothing changed.
+    // folder, or a metrics port in use, stops the start while nothing changed. A start that fails
+    // later removes it again (dropped).
     let control_socket = crate::ops::control::bind(&config.control_socket, &config.state_dir).await?;
     let metrics_listener = match config.metrics_listen {
         Some(address) => Some(crate::ops::metrics::bind(address).await?),
@@ -76,8 +77,9 @@ pub async fn run_with(
     } else {
         Arc::new(Store::open(&config.state_dir, &config.node).with_context(|| {
             format!(
-                "cannot open the state store; if it is corrupt, rebuild it with `{} --config FILE` (docs/recovery.md)",
-                crate::disk::state_guard::RECOVER_COMMAND
+                "cannot open the state store; if it is corrupt, rebuild it with `{} --config FILE` ({})",
+                crate::disk::state_guard::RECOVER_COMMAND,
+                crate::disk::state_guard::RECOVERY_GUIDE
             )
         })?)
     };
@@ -147,8 +149,9 @@ pub async fn run_with(
     })
     .with_context(|| {
         format!(
-            "cannot load the state store; if it is corrupt, rebuild it with `{} --config FILE` (docs/recovery.md)",
-            crate::disk::state_guard::RECOVER_COMMAND
+            "cannot load the state store; if it is corrupt, rebuild it with `{} --config FILE` ({})",
+            crate::disk::state_guard::RECOVER_COMMAND,
+            crate::disk::state_guard::RECOVERY_GUIDE
         )
     })?;
     if !observe {
@@ -180,12 +183,7 @@ pub async fn run_with(
         reload: options.reload_requests.clone().filter(|_| options.config_path.is_some() && options.reload.is_some()),
         plan,
     });
-    tasks.spawn(crate::ops::control::serve(
-        control_socket,
-        config.control_socket.clone(),
-        control_ctx,
-        shutdown.clone(),
-    ));
+    tasks.spawn(crate::ops::control::serve(control_socket, control_ctx, shutdown.clone()));
     if let Some(listener) = metrics_listener {
         tracing::info!(address = %listener.local_addr()?, "serving Prometheus metrics on /metrics");
         let (metrics, shutdown) = (metrics.clone(), shutdown.clone());

@@ -150,6 +150,72 @@ impl Default for Timings {
     }
 }
 
+/// The safe range of one `[timings]` value, and why each end is there.
+struct TimingBound {
+    key: &'static str,
+    min: Duration,
+    below: &'static str,
+    max: Duration,
+    above: &'static str,
+}
+
+impl TimingBound {
+    fn check(&self, text: &str, value: Duration) -> Result<Duration, String> {
+        let shown = |d: Duration| humantime::format_duration(d).to_string();
+        if value < self.min {
+            return Err(format!("{text:?} is below the minimum {}: {}", shown(self.min), self.below));
+        }
+        if value > self.max {
+            return Err(format!("{text:?} is above the maximum {}: {}", shown(self.max), self.above));
+        }
+        Ok(value)
+    }
+}
+
+const TIMING_BOUNDS: &[TimingBound] = &[
+    TimingBound {
+        key: "absent_grace",
+        // tests/salt/FINDINGS.md §3: 0.2–0.5 ms between the remove and the
+        // rename on an idle machine; a loaded master stretches it.
+        min: Duration::from_millis(10),
+        below: "Salt 3008 removes a key from every folder before writing it back (0.2-0.5 ms measured, longer on a \
+                loaded master); a shorter grace can take such an accept for a delete and replicate it",
+        // The settler holds no disappearance longer than 5 s (settle.rs max_hold).
+        max: Duration::from_secs(5),
+        above: "a delete waits this long before it replicates, and no disappearance is held longer than 5s anyway",
+    },
+    TimingBound {
+        key: "anti_entropy_interval",
+        min: Duration::from_secs(1),
+        below: "every round asks each peer for 1,024 bucket digests",
+        max: Duration::from_secs(3600),
+        above: "a decision a link missed (it was down when the decision was made) waits this long to reach that peer",
+    },
+    TimingBound {
+        key: "rescan_interval",
+        min: Duration::from_secs(10),
+        below: "every rescan lists and reads all three key folders",
+        max: Duration::from_secs(86_400),
+        above:
+            "the rescan is the safety net for changes inotify did not report; a day is the longest they may go unseen",
+    },
+    TimingBound {
+        key: "max_clock_skew",
+        min: Duration::from_secs(1),
+        below:
+            "masters' clocks differ by more than that after an ordinary NTP step, and their decisions would be refused",
+        max: Duration::from_secs(86_400),
+        above: "a decision stamped that far in the future outranks every later decision for that long",
+    },
+    TimingBound {
+        key: "reconnect_max",
+        min: Duration::from_millis(100),
+        below: "a peer that is down would be retried more than ten times a second",
+        max: Duration::from_secs(3600),
+        above: "a peer back up waits up to this long to be reconnected",
+    },
+];
+
 /// The validated configuration.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -174,8 +240,9 @@ pub struct Config {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    /// The cause is in the message, not a `source()`: `{:#}` would print it twice.
+    #[error("cannot read config {path}: {cause}")]
+    Read { path: PathBuf, cause: std::io::Error },
     #[error("config {path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("config {path}: {key}: {message}")]
@@ -187,7 +254,7 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/salt-keysync";
 
 impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read { path: path.into(), cause })?;
         Config::parse(&text, path)
     }
 
@@ -223,7 +290,13 @@ impl Config {
                 return Err(invalid(&format!("peer[{idx}].name"), format!("{:?} is listed twice", peer.name)));
             }
             if !is_host_port(&peer.address) {
-                return Err(invalid(&format!("peer[{idx}].address"), format!("{:?} is not host:port", peer.address)));
+                return Err(invalid(
+                    &format!("peer[{idx}].address"),
+                    format!(
+                        "{:?} is not host:port (host: an IPv4 address, an IPv6 address in [brackets] or a DNS name)",
+                        peer.address
+                    ),
+                ));
             }
             peers.push(Peer { name: peer.name, address: peer.address });
         }
@@ -246,6 +319,15 @@ impl Config {
             Some(text) => humantime::parse_duration(&text)
                 .map_err(|e| invalid(&format!("timings.{key}"), format!("{text:?} is not a duration ({e})"))),
         };
+        // Each value within its bounds (`TIMING_BOUNDS`), the reason named.
+        let duration = |key: &str, raw: Option<String>, default: Duration| {
+            let value = duration(key, raw.clone(), default)?;
+            let Some(text) = raw else { return Ok(value) };
+            match TIMING_BOUNDS.iter().find(|bound| bound.key == key) {
+                Some(bound) => bound.check(&text, value).map_err(|m| invalid(&format!("timings.{key}"), m)),
+                None => Ok(value),
+            }
+        };
         let timings = Timings {
             anti_entropy_interval: duration(
                 "anti_entropy_interval",
@@ -257,9 +339,6 @@ impl Config {
             absent_grace: duration("absent_grace", t.absent_grace, defaults.absent_grace)?,
             reconnect_max: duration("reconnect_max", t.reconnect_max, defaults.reconnect_max)?,
         };
-        if timings.anti_entropy_interval.is_zero() || timings.rescan_interval.is_zero() {
-            return Err(invalid("timings", "intervals must be greater than zero".into()));
-        }
 
         let version_command =
             raw.salt.version_command.unwrap_or_else(|| vec!["salt-master".into(), "--version".into()]);
@@ -347,7 +426,7 @@ fn guard(
 }
 
 /// Node names are DNS names of certificates.
-fn check_name(name: &str) -> Result<(), String> {
+pub fn check_name(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= 253
         && name.split('.').all(|label| {
@@ -364,10 +443,20 @@ fn check_name(name: &str) -> Result<(), String> {
     }
 }
 
+/// `host:port` where host is an IPv4 address, `[IPv6]` or a DNS name:
+/// strictly, so that `10.0.0.300` is a typo found here, not a name looked
+/// up at every reconnect.
 fn is_host_port(address: &str) -> bool {
     let Some((host, port)) = address.rsplit_once(':') else { return false };
-    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
-    !host.is_empty() && !host.contains(char::is_whitespace) && port.parse::<u16>().is_ok_and(|p| p > 0)
+    let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        // All-numeric labels can only be an IPv4 address.
+        None if host.split('.').all(|label| label.bytes().all(|b| b.is_ascii_digit())) => {
+            host.parse::<std::net::Ipv4Addr>().is_ok()
+        }
+        None => check_name(host).is_ok(),
+    };
+    host_ok && port.parse::<u16>().is_ok_and(|p| p > 0)
 }
 
 #[cfg(test)]
@@ -412,6 +501,10 @@ address = "10.0.0.12:4515"
         let cases = [
             (format!("{MINIMAL}\nbogus = 1"), "unknown field `bogus`"),
             (MINIMAL.replace("10.0.0.12:4515", "x"), "peer[0].address: \"x\" is not host:port"),
+            (
+                MINIMAL.replace("10.0.0.12", "10.0.0.300"),
+                "peer[0].address: \"10.0.0.300:4515\" is not host:port (host: ",
+            ),
             (MINIMAL.replace("name = \"master-b\"", "name = \"master-a\""), "peer[0].name: \"master-a\" is this node"),
             (MINIMAL.replace("node = \"master-a\"", "node = \"a b\""), "node: \"a b\" is not a DNS name"),
             (format!("listen = \"nope\"\n{MINIMAL}"), "listen: \"nope\" is not ip:port"),
@@ -433,11 +526,57 @@ address = "10.0.0.12:4515"
     }
 
     #[test]
+    fn timings_outside_safe_bounds_are_refused_with_the_reason() {
+        let timing = |line: &str| parse(&format!("{MINIMAL}\n[timings]\n{line}"));
+        let refused = [
+            ("absent_grace = \"0s\"", "timings.absent_grace: \"0s\" is below the minimum 10ms: Salt 3008"),
+            ("absent_grace = \"5ms\"", "timings.absent_grace: \"5ms\" is below the minimum 10ms"),
+            ("absent_grace = \"100d\"", "timings.absent_grace: \"100d\" is above the maximum 5s: "),
+            ("anti_entropy_interval = \"0s\"", "timings.anti_entropy_interval: \"0s\" is below the minimum 1s: "),
+            ("anti_entropy_interval = \"2days\"", "timings.anti_entropy_interval: \"2days\" is above the maximum 1h"),
+            ("rescan_interval = \"1ms\"", "timings.rescan_interval: \"1ms\" is below the minimum 10s: "),
+            ("rescan_interval = \"1year\"", "timings.rescan_interval: \"1year\" is above the maximum 1day"),
+            ("max_clock_skew = \"0s\"", "timings.max_clock_skew: \"0s\" is below the minimum 1s: "),
+            ("max_clock_skew = \"30days\"", "timings.max_clock_skew: \"30days\" is above the maximum 1day"),
+            ("reconnect_max = \"1ms\"", "timings.reconnect_max: \"1ms\" is below the minimum 100ms: "),
+            ("reconnect_max = \"1day\"", "timings.reconnect_max: \"1day\" is above the maximum 1h"),
+        ];
+        for (line, want) in refused {
+            let err = timing(line).unwrap_err();
+            assert!(err.contains(want), "{line}: {err:?} should contain {want:?}");
+        }
+        // The bounds themselves, and what the tests and the fault suite use.
+        for line in [
+            "absent_grace = \"10ms\"",
+            "absent_grace = \"5s\"",
+            "anti_entropy_interval = \"1s\"",
+            "rescan_interval = \"1h\"",
+            "max_clock_skew = \"4h\"",
+            "reconnect_max = \"300ms\"",
+        ] {
+            assert!(timing(line).is_ok(), "{line}: {:?}", timing(line).err());
+        }
+    }
+
+    #[test]
     fn host_port_forms() {
-        for ok in ["10.0.0.1:4515", "master-b.example.com:1", "[::1]:4515"] {
+        for ok in ["10.0.0.1:4515", "master-b.example.com:1", "[::1]:4515", "master-b.invalid:4515", "localhost:1"] {
             assert!(is_host_port(ok), "{ok}");
         }
-        for bad in ["10.0.0.1", ":4515", "h:0", "h:99999", "a b:1"] {
+        for bad in [
+            "10.0.0.1",
+            ":4515",
+            "h:0",
+            "h:99999",
+            "a b:1",
+            "10.0.0.300:4515",
+            "10.0.0:4515",
+            "::1:4515",
+            "[zz]:1",
+            "under_score:1",
+            "-lead.example:1",
+            "a..b:1",
+        ] {
             assert!(!is_host_port(bad), "{bad}");
         }
     }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{CommandFactory, Parser, Subcommand};
-use salt_keysync::cli::{audit_cmd, certs, check, demo, generate};
+use salt_keysync::cli::{audit_cmd, certs, check, demo, generate, ConfigArg};
 use salt_keysync::config::{Config, LogFormat, DEFAULT_CONFIG};
 use salt_keysync::ops::logging;
 use tokio_util::sync::CancellationToken;
@@ -53,8 +53,9 @@ fn no_transparent_huge_pages() {
 #[derive(Parser)]
 #[command(name = "salt-keysync", version, about = "Replicates salt-key decisions between SaltStack masters")]
 struct Cli {
-    /// Config file.
-    #[arg(long, global = true, default_value = DEFAULT_CONFIG)]
+    /// The config file of the subcommand (its `--config`: only the
+    /// subcommands that read the config have one), set after parsing.
+    #[arg(skip)]
     config: PathBuf,
     #[command(subcommand)]
     command: Command,
@@ -76,12 +77,14 @@ enum Command {
         long_about = "Validate a set-up without starting the agent: the config file, the TLS \
                       certificates (chain, node name, expiry), the three key folders, the salt \
                       user, that the master uses the local key store, and that the state is not \
-                      lost. Run by root, it checks as the agent's user (the owner of state_dir, \
-                      as the packaged unit runs it). Prints one line per check; exits 1 if any \
-                      failed.",
+                      lost; then probes every peer at once, within 3 s each (name, TCP, TLS both \
+                      ways, the peer's answer). Run by root, it checks as the agent's user (the owner \
+                      of state_dir, as the packaged unit runs it). Prints one line per check; exits 1 \
+                      if any failed. A peer that is down or refuses this master is a WARN line, not a \
+                      failure: the agent starts anyway and retries it.",
         after_help = CHECK_EXAMPLES
     )]
-    Check,
+    Check(ConfigArg),
     /// Ask the running agent to re-read peers and certificates, and wait for the outcome.
     #[command(
         long_about = "Ask the running agent, over its control socket, to re-read its config as SIGHUP \
@@ -91,7 +94,7 @@ enum Command {
                       the agent is not running. The packaged unit's ExecReload.",
         after_help = "Examples:\n  salt-keysync reload\n  systemctl reload salt-keysync          # runs it"
     )]
-    Reload,
+    Reload(ConfigArg),
     /// Make a CA (`certs init`) and node certificates (`certs issue NAME`) for sites without a PKI.
     Certs(certs::CertsArgs),
     /// Ask the running agent about its peers, keys and cluster health.
@@ -158,6 +161,24 @@ ids, everything held here. Audited as `revert`, naming the user who ran it.",
     Generate(generate::GenerateArgs),
 }
 
+impl Command {
+    /// The `--config` of the subcommands that read the config file.
+    fn config_file(&self) -> Option<&std::path::Path> {
+        let arg = match self {
+            Command::Run(args) => &args.config,
+            Command::Check(arg) | Command::Reload(arg) => arg,
+            Command::Status(args) => &args.config,
+            Command::Plan(args) => &args.config,
+            Command::Audit(args) => &args.config,
+            Command::Recover(args) => &args.config,
+            Command::Held(args) => &args.config,
+            Command::Release(args) | Command::Revert(args) => &args.config,
+            Command::Certs(_) | Command::Demo(_) | Command::Generate(_) => return None,
+        };
+        Some(&arg.config)
+    }
+}
+
 const RECOVER_EXAMPLES: &str = "\
 The agent refuses to start when its state folder is gone or unreadable but the
 key folders were already synced (pki_dir/.keysync-staging/.salt-keysync-state names the state
@@ -173,10 +194,12 @@ Examples:
   # state restored from an old backup (it looks healthy, but is stale):
   salt-keysync recover --from-peers --force
 
-See docs/recovery.md for every recovery case.";
+See /usr/share/doc/salt-keysync/recovery.md for every recovery case.";
 
 #[derive(clap::Args)]
 struct RecoverArgs {
+    #[command(flatten)]
+    config: ConfigArg,
     /// Rebuild from the configured peers (the only source there is; required).
     #[arg(long, required = true)]
     from_peers: bool,
@@ -187,6 +210,8 @@ struct RecoverArgs {
 
 #[derive(clap::Args)]
 struct RunArgs {
+    #[command(flatten)]
+    config: ConfigArg,
     /// Observe mode: connect, exchange and report (`salt-keysync plan`), but
     /// write nothing to the key folders and keep no state (as `mode = "observe"`).
     #[arg(long)]
@@ -195,34 +220,42 @@ struct RunArgs {
 
 #[derive(clap::Args)]
 struct PlanArgs {
-    /// Print every master's rows as one JSON object.
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Print every master's rows as one JSON object (an error as {"error": "..."}).
     #[arg(long)]
     json: bool,
 }
 
 #[derive(clap::Args)]
 struct HeldArgs {
-    /// Print the list as one JSON object.
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Print the list as one JSON object (an error as {"error": "..."}).
     #[arg(long)]
     json: bool,
 }
 
 #[derive(clap::Args)]
 struct OperatorArgs {
+    #[command(flatten)]
+    config: ConfigArg,
     /// Only the deletes made on this master.
     #[arg(long, value_name = "NAME")]
     origin: Option<String>,
     /// Only these minion ids.
     #[arg(value_name = "ID")]
     ids: Vec<String>,
-    /// Print the outcome as one JSON object.
+    /// Print the outcome as one JSON object (an error as {"error": "..."}).
     #[arg(long)]
     json: bool,
 }
 
 #[derive(clap::Args)]
 struct StatusArgs {
-    /// Print the whole report as one JSON object.
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Print the whole report as one JSON object (an error as {"error": "..."}).
     #[arg(long)]
     json: bool,
     /// One row per master of the site as this agent knows it (link, last contact, key counts, Salt version, findings).
@@ -257,21 +290,22 @@ const GENERATE_EXAMPLES: &str = "Examples:
 
 fn main() {
     no_transparent_huge_pages();
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    cli.config = cli.command.config_file().unwrap_or(std::path::Path::new(DEFAULT_CONFIG)).to_path_buf();
     let result = match cli.command {
         Command::Run(args) => run(&cli.config, &args),
-        Command::Plan(args) => plan(&cli.config, &args),
+        Command::Plan(args) => json_errors(args.json, plan(&cli.config, &args)),
         // As the agent would find things: run by root, as the agent's user.
-        Command::Check => match Config::load(&cli.config) {
+        Command::Check(_) => match Config::load(&cli.config) {
             Ok(config) => become_agent_user(&config).and_then(|()| check::check(&cli.config)),
             Err(_) => check::check(&cli.config),
         },
-        Command::Reload => salt_keysync::cli::reload::reload(&cli.config).map(|summary| println!("{summary}")),
+        Command::Reload(_) => salt_keysync::cli::reload::reload(&cli.config).map(|summary| println!("{summary}")),
         Command::Certs(args) => certs::certs(&args),
-        Command::Status(args) => status(&cli.config, &args),
-        Command::Held(args) => held(&cli.config, &args),
-        Command::Release(args) => operate(&cli.config, "release", args),
-        Command::Revert(args) => operate(&cli.config, "revert", args),
+        Command::Status(args) => json_errors(args.json, status(&cli.config, &args)),
+        Command::Held(args) => json_errors(args.json, held(&cli.config, &args)),
+        Command::Release(args) => json_errors(args.json, operate(&cli.config, "release", args)),
+        Command::Revert(args) => json_errors(args.json, operate(&cli.config, "revert", args)),
         Command::Demo(args) => {
             if std::env::var_os("SALT_KEYSYNC_LOG").is_some() {
                 init_logging(&LogFormat::Text);
@@ -300,6 +334,18 @@ fn exit_with(error: &anyhow::Error, code: i32) -> ! {
     let line = format!("salt-keysync: {error:#}");
     eprintln!("{}", logging::with_priority(std::io::stderr().as_fd(), tracing::Level::ERROR, &line));
     std::process::exit(code)
+}
+
+/// With `--json`, an error is JSON too: one object, `{"error": "..."}`, on
+/// stdout (where the script reads), and exit status 1.
+fn json_errors(json: bool, result: Result<()>) -> Result<()> {
+    match result {
+        Err(e) if json => {
+            println!("{}", serde_json::json!({ "error": format!("{e:#}") }));
+            std::process::exit(1)
+        }
+        result => result,
+    }
 }
 
 fn run(path: &std::path::Path, args: &RunArgs) -> Result<()> {

@@ -42,22 +42,74 @@ pub enum ConnectError {
 impl ConnectError {
     /// The TLS error behind this failure when the handshake itself refused the peer (for example
     /// its certificate names another server, or chains to another CA), as rustls words it, with
-    /// the names the peer presented. `None` for plain network failures (refused, timed out).
+    /// the names the peer presented. `None` for plain network failures (refused, timed out), and
+    /// when it was the peer that refused us (an alert it sent: [`alert_received`]).
     pub fn tls_refusal(&self) -> Option<String> {
-        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(self);
-        while let Some(error) = source {
-            if let Some(tls) = error.downcast_ref::<rustls::Error>() {
-                return Some(tls.to_string());
-            }
-            // io::Error::source skips the error it wraps, so look inside it directly.
-            let inner = error.downcast_ref::<io::Error>().and_then(io::Error::get_ref);
-            if let Some(tls) = inner.and_then(|inner| inner.downcast_ref::<rustls::Error>()) {
-                return Some(tls.to_string());
-            }
-            source = error.source();
-        }
-        None
+        tls_refusal(self)
     }
+}
+
+/// The errors of `error`'s chain, each io::Error's wrapped error included
+/// (io::Error::source skips the error it wraps).
+fn chain<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(error), |error| error.source()).flat_map(|error| {
+        let inner = error.downcast_ref::<io::Error>().and_then(io::Error::get_ref);
+        std::iter::once(error).chain(inner.map(|inner| inner as &(dyn std::error::Error + 'static)))
+    })
+}
+
+/// What this side's TLS refused in `error`'s chain (the peer's certificate:
+/// another name, another CA, expired), as rustls words it; not an alert the
+/// peer sent.
+pub fn tls_refusal(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    chain(error)
+        .filter_map(|error| error.downcast_ref::<rustls::Error>())
+        .find(|tls| !matches!(tls, rustls::Error::AlertReceived(_)))
+        .map(ToString::to_string)
+}
+
+/// The TLS alert the peer ended the connection with, if `error` is one: its
+/// name in words ("access denied", "unknown CA", "certificate expired"). The
+/// alert's refusal of our certificate reaches the first call (TLS 1.3
+/// finishes the client side first), where it may be only text by then.
+pub fn alert_received(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    const RECEIVED: &str = "received fatal alert: ";
+    chain(error).find_map(|error| {
+        if let Some(rustls::Error::AlertReceived(alert)) = error.downcast_ref::<rustls::Error>() {
+            return Some(words(&format!("{alert:?}")));
+        }
+        let text = error.to_string();
+        let name = &text[text.find(RECEIVED)? + RECEIVED.len()..];
+        let name = &name[..name.find(|c: char| !c.is_ascii_alphanumeric()).unwrap_or(name.len())];
+        (!name.is_empty()).then(|| words(name))
+    })
+}
+
+/// `AccessDenied` → "access denied", `UnknownCA` → "unknown CA".
+fn words(camel: &str) -> String {
+    let mut words: Vec<String> = Vec::new();
+    let chars: Vec<char> = camel.chars().collect();
+    for (i, &c) in chars.iter().enumerate() {
+        let starts = i > 0 && c.is_ascii_uppercase() && !chars[i - 1].is_ascii_uppercase();
+        if words.is_empty() || starts {
+            words.push(String::new());
+        }
+        words.last_mut().expect("a word was started").push(c);
+    }
+    let words: Vec<String> =
+        words
+            .into_iter()
+            .map(|word| {
+                if word.len() > 1 && word.chars().all(|c| c.is_ascii_uppercase()) {
+                    word
+                } else {
+                    word.to_lowercase()
+                }
+            })
+            .collect();
+    words.join(" ")
 }
 
 /// Opens a mutually authenticated TLS 1.3 connection to `address` (`host:port`), verifying that
@@ -124,4 +176,29 @@ async fn open_tls(
     let tcp = TcpStream::connect(address).await?;
     tcp.set_nodelay(true)?;
     connector.connect(server_name, tcp).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alerts_are_named_in_words_also_when_only_text_is_left() {
+        let typed = io::Error::new(
+            io::ErrorKind::InvalidData,
+            rustls::Error::AlertReceived(rustls::AlertDescription::UnknownCA),
+        );
+        assert_eq!(alert_received(&typed).as_deref(), Some("unknown CA"));
+        let text = io::Error::new(io::ErrorKind::InvalidData, "received fatal alert: AccessDenied");
+        assert_eq!(alert_received(&text).as_deref(), Some("access denied"));
+        assert_eq!(tls_refusal(&text), None);
+        let ours = io::Error::new(
+            io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::Expired),
+        );
+        assert_eq!(alert_received(&ours), None);
+        assert!(tls_refusal(&ours).is_some_and(|t| t.to_lowercase().contains("expired")));
+        assert_eq!(alert_received(&io::Error::from(io::ErrorKind::ConnectionRefused)), None);
+        assert_eq!(words("CertificateExpired"), "certificate expired");
+    }
 }

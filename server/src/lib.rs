@@ -7,7 +7,8 @@
 //! - [`tls`]: PEM material to rustls configurations.
 //! - [`serve`]: the listener; per-connection handshakes, peer identification, audit events.
 //!   [`serve_with`] and [`ListenerControl`] change its TLS material and peers while it runs.
-//! - [`connect`]: an authenticated client channel to one peer.
+//! - [`connect`]: an authenticated client channel to one peer; [`probe`]: whether a peer can
+//!   be reached and accepts this node, each step told apart (for `salt-keysync check`).
 //! - [`certgen`]: a small CA for sites without a PKI, and for tests.
 
 #![forbid(unsafe_code)]
@@ -19,17 +20,19 @@ mod events;
 mod identity;
 mod limits;
 mod listener;
+mod probe;
 mod refusals;
 mod service;
 pub mod tls;
 mod verifier;
 
 pub use certgen::{CertAuthority, CertError, IssuedCert};
-pub use client::{connect, ConnectError};
+pub use client::{alert_received, connect, tls_refusal, ConnectError};
 pub use control::ListenerControl;
 pub use events::{EventFn, TransportEvent};
 pub use identity::PeerName;
 pub use limits::ConnectionLimits;
 pub use listener::{serve, serve_with, ServeError, ServeOptions};
+pub use probe::{probe, ProbeError, Stage};
 pub use service::Handler;
 pub use tls::{PemInput, TlsError, TlsMaterial, TlsSetup};

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::disk::audit::{each_line, parse_time_bound, verify_files, Filter, Follower, Line, Record};
+use crate::disk::audit::{each_line, parse_time_bound, verify_files, Filter, Follower, Line, Record, ACTIONS};
 use crate::text::shown;
 use clap::{Args, Subcommand};
 
@@ -23,13 +23,14 @@ Examples:
   salt-keysync audit --action accept,reject --origin master-b
   salt-keysync audit --since 2026-11-21T08:00:00Z --until 2026-11-21T12:00:00Z --json
   salt-keysync audit --follow --action refuse,conflict
-  salt-keysync audit --file audit.jsonl.1 --file audit.jsonl   rotated files too, oldest first
+  salt-keysync audit --file audit.jsonl-20261101 --file audit.jsonl   rotated files too, oldest first
   salt-keysync audit verify
-  salt-keysync audit verify audit.jsonl.2 audit.jsonl.1 audit.jsonl
+  salt-keysync audit verify audit.jsonl-20261001 audit.jsonl-20261101 audit.jsonl
 
 Filters combine (all must match); --action and --origin take several values,
 comma-separated or repeated. Times are RFC 3339, a date (midnight UTC), or a
-duration ago (2h, 30m, 1day).
+duration ago (2h, 30m, 1day). The packaged logrotate names rotated files
+audit.jsonl-YYYYMMDD (dateext).
 
 Exit status: 0 success (verify: chain intact), 1 verify found the chain
 broken (the first bad record is named), 2 the log cannot be read.";
@@ -38,7 +39,7 @@ const VERIFY_EXAMPLES: &str = "\
 Examples:
   salt-keysync audit verify                      the config's audit_log
   salt-keysync audit verify --config /etc/salt-keysync/config.toml
-  salt-keysync audit verify audit.jsonl.1 audit.jsonl    rotated files, oldest first
+  salt-keysync audit verify audit.jsonl-20261101 audit.jsonl    rotated files, oldest first
   salt-keysync audit verify --head SEQ:HASH              the chain must reach this record
 
 Each record holds the sha256 of the line before it (prev) and a sequence
@@ -51,19 +52,23 @@ warning. Exit status: 0 intact, 1 broken, 2 unreadable.";
 #[derive(Args)]
 #[command(after_help = EXAMPLES, args_conflicts_with_subcommands = true)]
 pub struct AuditArgs {
+    #[command(flatten)]
+    pub config: crate::cli::ConfigArg,
     #[command(subcommand)]
     command: Option<AuditCommand>,
     /// Read this audit file instead of the config's `audit_log`; repeat for
     /// rotated files, oldest first (--follow follows the last).
     #[arg(long, value_name = "PATH")]
     file: Vec<PathBuf>,
-    /// Print the matching records as they are in the log, one JSON object per line.
+    /// Print the matching records as they are in the log, one JSON object per line
+    /// (an error as {"error": "..."}).
     #[arg(long)]
     json: bool,
     /// Only records for minion ids matching this glob (`web*`, `db-[0-9]?`).
     #[arg(long, value_name = "GLOB")]
     minion: Option<String>,
-    /// Only these actions (accept, reject, delete, pending, conflict, refuse, connect, ...).
+    /// Only these actions (accept, reject, delete, pending, conflict, refuse, connect, ...;
+    /// an unknown one is an error that lists them all).
     #[arg(long, value_name = "ACTION", value_delimiter = ',')]
     action: Vec<String>,
     /// Only decisions made on these nodes.
@@ -99,6 +104,11 @@ enum AuditCommand {
 pub fn audit(config: &Path, args: &AuditArgs) -> i32 {
     match run(config, args) {
         Ok(code) => code,
+        // With --json, the error is JSON on stdout as well.
+        Err(e) if args.json => {
+            println!("{}", serde_json::json!({ "error": format!("{e:#}") }));
+            EXIT_UNREADABLE
+        }
         Err(e) => {
             eprintln!("salt-keysync: {e:#}");
             EXIT_UNREADABLE
@@ -141,10 +151,20 @@ fn filter(args: &AuditArgs) -> anyhow::Result<Filter> {
     };
     let minion = match &args.minion {
         Some(glob) => {
+            check_minion_glob(glob)?;
             Some(glob::Pattern::new(glob).map_err(|e| anyhow::anyhow!("--minion: {glob:?} is not a glob: {e}"))?)
         }
         None => None,
     };
+    // A misspelt value would match nothing and look like an empty log.
+    for action in &args.action {
+        if !ACTIONS.contains(&action.as_str()) {
+            anyhow::bail!("--action: {action:?} is not an audit action (one of {})", ACTIONS.join(", "));
+        }
+    }
+    for origin in &args.origin {
+        crate::config::check_name(origin).map_err(|e| anyhow::anyhow!("--origin: {e} (origins are node names)"))?;
+    }
     Ok(Filter {
         minion,
         actions: args.action.clone(),
@@ -152,6 +172,19 @@ fn filter(args: &AuditArgs) -> anyhow::Result<Filter> {
         since: bound("--since", &args.since)?,
         until: bound("--until", &args.until)?,
     })
+}
+
+/// A glob that no minion id can match is a mistake, not an empty answer:
+/// Salt's ids never hold '/', '\\' or NUL, and this agent's never start
+/// with a dot.
+fn check_minion_glob(glob: &str) -> anyhow::Result<()> {
+    if glob.contains(['/', '\\', '\0']) {
+        anyhow::bail!("--minion: {glob:?} can never match a minion id (ids contain no '/', '\\' or NUL)");
+    }
+    if glob.starts_with('.') {
+        anyhow::bail!("--minion: {glob:?} can never match a minion id (ids do not start with a dot)");
+    }
+    Ok(())
 }
 
 fn verify(files: &[PathBuf]) -> anyhow::Result<i32> {

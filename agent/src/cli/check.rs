@@ -21,11 +21,18 @@ pub fn check(path: &Path) -> Result<()> {
     let mut too_open: Vec<String> =
         crate::disk::perms::check_config_file(path).err().map(|e| e.to_string()).into_iter().collect();
     too_open.extend(crate::disk::perms::check_config_paths(&config).iter().map(ToString::to_string));
-    if too_open.is_empty() {
+    // What does not exist was not checked: never "ok" for it (what is
+    // missing is a FAIL of its own below, where it is read).
+    let missing = crate::disk::perms::missing_paths(&config);
+    if too_open.is_empty() && missing.is_empty() {
         ok("permissions of the config, TLS files, state_dir and pki_dir".into());
+    } else if !missing.is_empty() {
+        let list: Vec<String> = missing.iter().map(|p| p.display().to_string()).collect();
+        print(Level::INFO, format!("note permissions not checked for what does not exist: {}", list.join(", ")));
     }
     problems.extend(too_open);
-    match load_tls(&config) {
+    let tls = load_tls(&config);
+    match &tls {
         Ok(tls) => {
             let days_left = (tls.own_not_after() - time::OffsetDateTime::now_utc().unix_timestamp()) / 86_400;
             if days_left < 0 {
@@ -69,14 +76,95 @@ pub fn check(path: &Path) -> Result<()> {
         Ok(None) => ok(format!("no master config at {} (defaults assumed)", config.salt.master_config.display())),
         Err(e) => problems.push(e),
     }
+    // Each peer, last: the set-up above is this master's own, a peer's state
+    // is not (see `probe_peers`).
+    let warned = match &tls {
+        Ok(tls) => probe_peers(&config, tls, &print),
+        Err(_) if !config.peers.is_empty() => {
+            print(Level::INFO, "note peers not probed: no usable TLS material (above)".into());
+            0
+        }
+        Err(_) => 0,
+    };
     if problems.is_empty() {
-        print(Level::INFO, "all checks passed".into());
+        let warned = match warned {
+            0 => String::new(),
+            n => format!(" ({n} peer warning(s) above: the agent starts anyway and keeps retrying those links)"),
+        };
+        print(Level::INFO, format!("all checks passed{warned}"));
         return Ok(());
     }
     for problem in &problems {
         print(Level::ERROR, format!("FAIL {problem}"));
     }
     bail!("{} problem(s) found", problems.len())
+}
+
+/// How long one peer may take to resolve, connect, shake hands and answer.
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Probes every peer at once, each within [`PROBE_TIMEOUT`], and prints one
+/// line per peer: `ok   peer NAME ADDRESS`, or `WARN peer NAME ADDRESS:
+/// cause`. A peer that is down, or refuses this master, is a warning, not a
+/// failure: the agent serves its other peers and keeps retrying this one,
+/// and what is wrong may be the peer's to fix (its `[[peer]]` list), so
+/// `check && systemctl restart salt-keysync` must not be stopped by it.
+/// Returns how many peers were warned about.
+fn probe_peers(config: &Config, tls: &keysync_server::TlsSetup, print: &dyn Fn(Level, String)) -> usize {
+    if config.peers.is_empty() {
+        return 0;
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            print(Level::WARN, format!("WARN peers not probed: cannot start the async runtime: {e}"));
+            return config.peers.len();
+        }
+    };
+    let mut probes = tokio::task::JoinSet::new();
+    for (idx, peer) in config.peers.iter().enumerate() {
+        let (peer, tls) = (peer.clone(), tls.clone());
+        probes.spawn_on(
+            async move {
+                (idx, tokio::time::timeout(PROBE_TIMEOUT, keysync_server::probe(&peer.address, &peer.name, &tls)).await)
+            },
+            runtime.handle(),
+        );
+    }
+    let mut results: Vec<_> = runtime.block_on(probes.join_all());
+    results.sort_by_key(|(idx, _)| *idx);
+    let mut unreachable = 0;
+    for (idx, probed) in results {
+        let peer = &config.peers[idx];
+        match probed {
+            Ok(Ok(addr)) => print(Level::INFO, format!("ok   peer {} {addr}", peer.name)),
+            Ok(Err(e)) => {
+                unreachable += 1;
+                let at = e.addr.map_or_else(|| peer.address.clone(), |addr| addr.to_string());
+                let tls_told = keysync_server::alert_received(&e.cause).is_some()
+                    || keysync_server::tls_refusal(&e.cause).is_some();
+                let why = if tls_told {
+                    crate::net::cause::describe(&e.cause, &peer.name, &config.node)
+                } else {
+                    e.to_string()
+                };
+                print(Level::WARN, format!("WARN peer {} {at}: {why}", peer.name));
+            }
+            Err(_) => {
+                unreachable += 1;
+                print(
+                    Level::WARN,
+                    format!(
+                        "WARN peer {} {}: no answer within {}s (host down, or a firewall drops the port)",
+                        peer.name,
+                        peer.address,
+                        PROBE_TIMEOUT.as_secs()
+                    ),
+                );
+            }
+        }
+    }
+    unreachable
 }
 
 /// Whether this user can make files owned by `owner` (as every key file and

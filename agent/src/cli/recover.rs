@@ -47,7 +47,7 @@ pub async fn recover_from_peers(config: &Config, force: bool) -> Result<Recovere
     let pki = crate::setup::open_pki(config, true)?;
     if state_file.exists() {
         match Store::open(&config.state_dir, &config.node) {
-            Err(StoreError::Db { source, .. }) if matches!(*source, redb::Error::DatabaseAlreadyOpen) => {
+            Err(StoreError::Db { cause, .. }) if matches!(*cause, redb::Error::DatabaseAlreadyOpen) => {
                 bail!("{} is in use: stop the agent before recovering", state_file.display())
             }
             Ok(store) if !force && state_guard::check(&pki, &store, &config.state_dir).is_ok() => bail!(

@@ -14,12 +14,13 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
-    #[error("salt-keysync is not running (no control socket at {0}): start it with `systemctl start salt-keysync`")]
+    // Not "salt-keysync is …": the binary prints every error after "salt-keysync: ".
+    #[error("the agent is not running (no control socket at {0}): start it with `systemctl start salt-keysync`")]
     NotRunning(String),
-    #[error("salt-keysync is not running (nothing answers on {0}, left by an agent that was killed): start it with `systemctl start salt-keysync`")]
+    #[error("the agent is not running (nothing answers on {0}, left by an agent that was killed): start it with `systemctl start salt-keysync`")]
     Stale(String),
-    #[error("cannot reach the agent at {path}: {source} (run status as the agent's user, usually root)")]
-    Denied { path: String, source: std::io::Error },
+    #[error("cannot reach the agent at {path}: {cause} (run status as the agent's user, usually root)")]
+    Denied { path: String, cause: std::io::Error },
     #[error("the agent at {path} did not answer: {message}")]
     NoAnswer { path: String, message: String },
 }
@@ -53,7 +54,7 @@ pub fn ask_with(socket: &Path, request: &str, timeout: Duration) -> Result<Strin
     let mut stream = UnixStream::connect(socket).map_err(|source| match source.kind() {
         std::io::ErrorKind::NotFound => StatusError::NotRunning(path.clone()),
         std::io::ErrorKind::ConnectionRefused => StatusError::Stale(path.clone()),
-        _ => StatusError::Denied { path: path.clone(), source },
+        _ => StatusError::Denied { path: path.clone(), cause: source },
     })?;
     let no_answer = |message: String| StatusError::NoAnswer { path: path.clone(), message };
     stream.set_read_timeout(Some(timeout)).map_err(|e| no_answer(e.to_string()))?;

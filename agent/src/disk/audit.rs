@@ -34,6 +34,35 @@ pub const GENESIS: &str = "00000000000000000000000000000000000000000000000000000
 /// the chain of a rotated one.
 pub const CONTINUE: &str = "continue";
 
+/// Every action a record can have (`salt-keysync audit --action` takes
+/// these; a test keeps the list whole).
+pub const ACTIONS: &[&str] = &[
+    "accept",
+    "reject",
+    "delete",
+    "pending",
+    "conflict",
+    "refuse",
+    "connect",
+    "inventory",
+    "write",
+    "rotate",
+    "master-key",
+    "settings",
+    "auto-accept",
+    "reload",
+    "folder",
+    "start",
+    "stop",
+    "gap",
+    "lost",
+    "repair",
+    "hold",
+    "release",
+    "revert",
+    CONTINUE,
+];
+
 /// One audit record. Field names are part of the user-facing contract.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
@@ -90,8 +119,9 @@ impl Record {
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
-    #[error("audit log {path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
+    /// The cause is in the message, not a `source()`: `{:#}` would print it twice.
+    #[error("audit log {path}: {cause}")]
+    Io { path: PathBuf, cause: io::Error },
     #[error("audit log {path}: line {line}: {why}")]
     Broken { path: PathBuf, line: usize, why: String },
 }
@@ -116,8 +146,31 @@ pub fn read_verified(path: &std::path::Path) -> Result<Vec<Record>, AuditError> 
 /// Reads a log without checking the chain; lines that are not records are
 /// left out.
 pub fn read_all(path: &std::path::Path) -> Result<Vec<Record>, AuditError> {
-    let scan = scan(path).map_err(|source| AuditError::Io { path: path.into(), source })?;
+    let scan = scan(path).map_err(|cause| AuditError::Io { path: path.into(), cause })?;
     Ok(scan.lines.into_iter().filter_map(|line| line.record.ok()).collect())
+}
+
+/// The newest file logrotate made of `path`, in its folder: `<name>.N`, or
+/// `<name>-<digits>` as `dateext` names it (`-YYYYMMDD` by default, any
+/// `dateformat` of digits), uncompressed; the most recently modified one.
+pub fn newest_rotated(path: &std::path::Path) -> Option<std::path::PathBuf> {
+    let name = path.file_name()?.to_str()?;
+    let folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let rotated = |entry: &std::fs::DirEntry| {
+        let file = entry.file_name();
+        let rest = file.to_str()?.strip_prefix(name)?;
+        let suffix = rest.strip_prefix('.').or_else(|| rest.strip_prefix('-'))?;
+        let ok = suffix.bytes().any(|b| b.is_ascii_digit())
+            && suffix.bytes().all(|b| b.is_ascii_digit() || matches!(b, b'-' | b'_'));
+        let meta = entry.metadata().ok().filter(|meta| meta.is_file())?;
+        ok.then(|| (meta.modified().ok(), file.to_string_lossy().into_owned(), entry.path()))
+    };
+    let entries = std::fs::read_dir(folder).ok()?;
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| rotated(&entry))
+        .max_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)))
+        .map(|(_, _, path)| path)
 }
 
 pub fn now_rfc3339() -> String {

@@ -140,6 +140,22 @@ fn parent_of(path: &Path) -> &Path {
 /// Every path of `config` that the rules cover, in the order a reader would
 /// fix them; all problems, not just the first.
 pub fn check_config_paths(config: &Config) -> Vec<PermError> {
+    covered_paths(config).into_iter().filter_map(|(path, rule)| check_path(&path, rule).err()).collect()
+}
+
+/// The paths [`check_config_paths`] could not check because they do not
+/// exist (`check` must not call them ok). `state_dir` is not among them:
+/// `run` makes it, private, at its first start.
+pub fn missing_paths(config: &Config) -> Vec<PathBuf> {
+    covered_paths(config)
+        .into_iter()
+        .map(|(path, _)| path)
+        .filter(|path| *path != config.state_dir)
+        .filter(|path| std::fs::metadata(path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound))
+        .collect()
+}
+
+fn covered_paths(config: &Config) -> Vec<(PathBuf, Rule)> {
     let mut paths = vec![
         (config.tls.key.clone(), Rule::PrivateKey),
         (config.tls.cert.clone(), Rule::TrustFile),
@@ -157,7 +173,7 @@ pub fn check_config_paths(config: &Config) -> Vec<PermError> {
     }
     // (The agent's own folder in pki_dir is checked, and replaced when it is
     // not its own, where it is opened: `pki/staging.rs`.)
-    paths.into_iter().filter_map(|(path, rule)| check_path(&path, rule).err()).collect()
+    paths
 }
 
 /// Start-up: creates a missing state folder with mode 0700 (so the default

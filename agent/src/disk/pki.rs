@@ -154,10 +154,11 @@ pub struct Pki {
 /// Why the key folders cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {
+    // Causes are in the messages, not `source()`s: `{:#}` would print them twice.
     #[error("pki_dir {0}")]
-    Dir(#[from] DirError),
-    #[error("the agent's staging folder {path}: {source}")]
-    Staging { path: String, source: io::Error },
+    Dir(DirError),
+    #[error("the agent's staging folder {path}: {cause}")]
+    Staging { path: String, cause: io::Error },
     #[error(
         "{folder} is a mount of its own, apart from {staging}: keys staged there cannot be renamed into \
          place atomically, and staging beside the keys would put the agent's files in a folder tools watch; \
@@ -165,6 +166,12 @@ pub enum PkiError {
          as one, not each key folder)"
     )]
     Mounts { folder: String, staging: String },
+}
+
+impl From<DirError> for PkiError {
+    fn from(error: DirError) -> Self {
+        PkiError::Dir(error)
+    }
 }
 
 impl Pki {
@@ -582,12 +589,12 @@ fn open_folder(root: &OwnedFd, root_path: &Path, folder: Folder, options: &PkiOp
             // Salt makes them when the master first starts.
             match rustix::fs::mkdirat(root, name, Mode::from_raw_mode(0o755)) {
                 Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-                Err(e) => return Err(DirError::Io { path: path.display().to_string(), source: e.into() }),
+                Err(e) => return Err(DirError::Io { path: path.display().to_string(), cause: e.into() }),
             }
             let fd = dirs::open_dir_at(root, name.as_bytes(), &path)?;
             give_to(&fd, options.owner)
                 .and_then(|()| Ok(rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o755))?))
-                .map_err(|source| DirError::Io { path: path.display().to_string(), source })?;
+                .map_err(|cause| DirError::Io { path: path.display().to_string(), cause })?;
             fd
         }
         other => other?,

@@ -20,18 +20,23 @@ use crate::disk::store::{Peek, Store};
 
 pub const RECOVER_COMMAND: &str = "salt-keysync recover --from-peers";
 
+/// The recovery guide where the packages install it (messages name this,
+/// not the repository's `docs/recovery.md`).
+pub const RECOVERY_GUIDE: &str = "/usr/share/doc/salt-keysync/recovery.md";
+
 #[derive(Debug, thiserror::Error)]
 pub enum GuardError {
     #[error(
         "state lost: {marker} says this master was synced by state store {expected} (node {node:?}), but {state} \
          holds {found}; refusing to guess which files are decisions. Rebuild the state from the peers with \
-         `{RECOVER_COMMAND} --config FILE` (see docs/recovery.md)"
+         `{RECOVER_COMMAND} --config FILE` (see {RECOVERY_GUIDE})"
     )]
     Lost { marker: PathBuf, expected: String, node: String, state: PathBuf, found: String },
-    #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
-    #[error("cannot write {path}: {source}")]
-    Write { path: PathBuf, source: std::io::Error },
+    // Causes are in the messages, not `source()`s: `{:#}` would print them twice.
+    #[error("cannot read {path}: {cause}")]
+    Read { path: PathBuf, cause: std::io::Error },
+    #[error("cannot write {path}: {cause}")]
+    Write { path: PathBuf, cause: std::io::Error },
 }
 
 /// What the marker says.
@@ -51,7 +56,7 @@ fn parse(text: &str) -> Marker {
 
 /// What the marker in `pki`'s staging folder says, if there is one.
 pub fn read_marker(pki: &Pki) -> Result<Option<Marker>, GuardError> {
-    let text = pki.read_marker().map_err(|source| GuardError::Read { path: pki.marker_path(), source })?;
+    let text = pki.read_marker().map_err(|cause| GuardError::Read { path: pki.marker_path(), cause })?;
     Ok(text.as_deref().map(parse))
 }
 
@@ -78,7 +83,7 @@ pub fn check(pki: &Pki, store: &Store, state_dir: &Path) -> Result<(), GuardErro
 pub fn check_offline(pki_dir: &Path, trust: &Trust, state_dir: &Path) -> Result<String, GuardError> {
     let marker_path = pki_dir.join(crate::disk::pki::STAGING_DIR).join(crate::disk::pki::MARKER);
     let text = crate::disk::pki::peek_marker(pki_dir, trust)
-        .map_err(|source| GuardError::Read { path: marker_path.clone(), source })?;
+        .map_err(|cause| GuardError::Read { path: marker_path.clone(), cause })?;
     let Some(marker) = text.as_deref().map(parse) else {
         return Ok(format!("no state marker in {} yet: a first start", pki_dir.display()));
     };
@@ -112,9 +117,9 @@ fn lost(marker_path: PathBuf, marker: Marker, state_dir: &Path, found: String) -
 /// Writes the marker naming `store_id`.
 pub fn write_marker(pki: &Pki, store_id: &str, node: &str) -> Result<(), GuardError> {
     let text = format!(
-        "# salt-keysync: the state store that syncs this pki_dir; see docs/recovery.md\nstore {store_id}\nnode {node}\n"
+        "# salt-keysync: the state store that syncs this pki_dir; see {RECOVERY_GUIDE}\nstore {store_id}\nnode {node}\n"
     );
-    pki.write_marker(&text).map_err(|source| GuardError::Write { path: pki.marker_path(), source })
+    pki.write_marker(&text).map_err(|cause| GuardError::Write { path: pki.marker_path(), cause })
 }
 
 /// Writes the marker unless it already names `store_id`.

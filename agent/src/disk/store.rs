@@ -45,8 +45,9 @@ const META_STORE_ID: &str = "store_id";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("state store {path}: {source}")]
-    Db { path: PathBuf, source: Box<redb::Error> },
+    /// The cause is in the message, not a `source()`: `{:#}` would print it twice.
+    #[error("state store {path}: {cause}")]
+    Db { path: PathBuf, cause: Box<redb::Error> },
     #[error("state store {path}: record for {id:?} is corrupt")]
     Corrupt { path: PathBuf, id: String },
     #[error("state store {path} belongs to node {found:?}, not {expected:?}")]
@@ -360,7 +361,7 @@ fn new_store_id(node: &str) -> String {
 }
 
 fn db_error(path: &Path, e: impl Into<redb::Error>) -> StoreError {
-    StoreError::Db { path: path.into(), source: Box::new(e.into()) }
+    StoreError::Db { path: path.into(), cause: Box::new(e.into()) }
 }
 
 #[cfg(test)]

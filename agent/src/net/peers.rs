@@ -36,7 +36,7 @@ const PUSH_BATCH_DECISIONS: usize = 10_000;
 enum SessionError {
     #[error(transparent)]
     Connect(#[from] keysync_server::ConnectError),
-    #[error("{0}")]
+    #[error(transparent)]
     Rpc(#[from] tonic::Status),
     #[error("peer answered Hello as {0:?}")]
     WrongName(String),
@@ -85,8 +85,16 @@ impl PeerLink {
                 match session {
                     Ok(()) => return,
                     Err(e) => {
-                        // With its cause ("Connection refused"), as `status` shows it.
-                        let cause = crate::text::error_chain(&e);
+                        // With its cause ("Connection refused", "master-b refused our
+                        // certificate …"), as `status` shows it.
+                        let cause = match &e {
+                            // The status itself: its Display, which the transparent
+                            // variant shows, carries its source's debug dump.
+                            SessionError::Rpc(status) => {
+                                crate::net::cause::describe(status, &self.peer.name, &self.node)
+                            }
+                            e => crate::net::cause::describe(e, &self.peer.name, &self.node),
+                        };
                         tracing::warn!(error = %cause, retry_in = ?backoff, "sync failed");
                         self.board.set_state(&self.peer.name, LinkState::Down, Some(cause));
                         // A peer that answers as another node is refused; audited

@@ -12,16 +12,17 @@ use crate::disk::salt_version::is_version;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
+    // Causes are in the messages, not `source()`s: `{:#}` would print them twice.
     #[error("invalid minion id: {0}")]
-    Id(#[from] crate::core::id::IdError),
+    Id(crate::core::id::IdError),
     #[error("decision for {0:?} has no verdict")]
     NoVerdict(String),
     #[error("decision for {0:?} has no version")]
     NoVersion(String),
     #[error("decision for {id:?} carries an invalid node name {node:?}")]
     Node { id: String, node: String },
-    #[error("decision for {id:?}: {source}")]
-    Key { id: String, source: KeyError },
+    #[error("decision for {id:?}: {cause}")]
+    Key { id: String, cause: KeyError },
     #[error("delete decision for {0:?} carries a key")]
     KeyOnDelete(String),
     #[error("decision for {id:?} claims to know {known}, which is not older than the decision itself")]
@@ -30,6 +31,12 @@ pub enum WireError {
     ContextTooLarge(String),
     #[error("decision for {0:?} lists more than {max} relays", max = crate::core::decision::MAX_RELAYS)]
     TooManyRelays(String),
+}
+
+impl From<crate::core::id::IdError> for WireError {
+    fn from(error: crate::core::id::IdError) -> Self {
+        WireError::Id(error)
+    }
 }
 
 /// Most versions a decision's context may list: one per node of a site.
@@ -71,7 +78,7 @@ pub fn decision_from_wire(msg: v1::Decision) -> Result<Decision, WireError> {
         context.add(&known);
     }
     let key = |bytes: Vec<u8>| {
-        check_public_key(&bytes).map_err(|source| WireError::Key { id: raw_id(), source })?;
+        check_public_key(&bytes).map_err(|cause| WireError::Key { id: raw_id(), cause })?;
         Ok::<_, WireError>(PublicKey::new(bytes))
     };
     let verdict = match v1::Verdict::try_from(msg.verdict) {

@@ -4,7 +4,7 @@
 //! line in (a word, and for `release` and `revert` a JSON object after it),
 //! one JSON line out.
 
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,7 +32,7 @@ const PLAN_TIMEOUT: Duration = Duration::from_secs(30);
 /// agent's own `state_dir` is tightened to 0700 instead). A socket left by
 /// a killed agent is replaced; one that still answers means another agent
 /// runs with this state.
-pub async fn bind(path: &Path, state_dir: &Path) -> Result<UnixListener> {
+pub async fn bind(path: &Path, state_dir: &Path) -> Result<ControlSocket> {
     if path.as_os_str().len() > MAX_SOCKET_PATH {
         bail!("control_socket {}: longer than {MAX_SOCKET_PATH} bytes, which Unix sockets cannot use", path.display());
     }
@@ -88,7 +88,31 @@ pub async fn bind(path: &Path, state_dir: &Path) -> Result<UnixListener> {
     if fits {
         std::fs::rename(at, path).with_context(|| format!("cannot put control socket {} in place", path.display()))?;
     }
-    Ok(listener)
+    let identity = std::fs::symlink_metadata(path)
+        .map(|meta| (meta.dev(), meta.ino()))
+        .with_context(|| format!("control socket {}", path.display()))?;
+    Ok(ControlSocket { listener, path: path.to_path_buf(), identity })
+}
+
+/// The bound control socket. Its path is removed when this is dropped: at
+/// the agent's stop, and also when a start fails after binding it (the TCP
+/// port in use, a lost state), where a socket left behind would make
+/// `status` speak of a killed agent. Only this very socket is removed, never
+/// one another agent has bound at that path since.
+#[derive(Debug)]
+pub struct ControlSocket {
+    listener: UnixListener,
+    path: PathBuf,
+    identity: (u64, u64),
+}
+
+impl Drop for ControlSocket {
+    fn drop(&mut self) {
+        let ours = std::fs::symlink_metadata(&self.path).is_ok_and(|meta| (meta.dev(), meta.ino()) == self.identity);
+        if ours {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 /// What a request needs from the rest of the agent.
@@ -103,7 +127,8 @@ pub struct ControlContext {
 }
 
 /// Answers requests until `shutdown`, then removes the socket.
-pub async fn serve(listener: UnixListener, path: PathBuf, ctx: Arc<ControlContext>, shutdown: CancellationToken) {
+pub async fn serve(socket: ControlSocket, ctx: Arc<ControlContext>, shutdown: CancellationToken) {
+    let listener = &socket.listener;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -123,7 +148,7 @@ pub async fn serve(listener: UnixListener, path: PathBuf, ctx: Arc<ControlContex
             },
         }
     }
-    let _ = std::fs::remove_file(&path);
+    drop(socket);
 }
 
 async fn answer(stream: UnixStream, ctx: &ControlContext) -> Result<()> {

@@ -19,9 +19,18 @@ mod first_contact;
 mod monitoring;
 /// sd_notify with a fake systemd socket: READY, WATCHDOG, RELOADING, STOPPING.
 mod notify;
+/// Issue 20: what the binary tells an operator: each cause once, `--json`
+/// errors as JSON, filter values checked, options only where they act.
+mod operator;
 /// What the packages ship: man pages and completions from `generate`,
 /// examples in `--help`, the example config's documented defaults.
 mod packaging;
+/// Issue 20: a peer that refuses this master, or cannot be reached, told
+/// in one line with its cause: at run time, in `status` and by `check`.
+mod peer_causes;
+/// Issue 20: documented procedures run as written (a stolen certificate cut
+/// off by renaming the master).
+mod procedures;
 /// SIGHUP reloads on agent processes: peers, certificates, refused broken configs.
 mod reload;
 /// In-process three-agent clusters over real mTLS: accept, reject and delete

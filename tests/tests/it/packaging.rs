@@ -56,6 +56,43 @@ fn man_pages_cover_every_subcommand() {
     assert!(read(&man.join("salt-keysync-check.1")).contains("Examples:"));
 }
 
+/// Every page has the sections a man page reader looks for, the examples
+/// as written (one command per line, not reflowed into a paragraph), and
+/// the files and exit statuses the binary really uses.
+#[test]
+fn man_pages_have_files_exit_status_examples_and_see_also() {
+    let dir = tempfile::tempdir().unwrap();
+    let man = dir.path().join("man");
+    generate(&["generate", "man", man.to_str().unwrap()]);
+    let mut pages: Vec<PathBuf> = std::fs::read_dir(&man).unwrap().map(|e| e.unwrap().path()).collect();
+    pages.sort();
+    assert!(pages.len() >= 12, "{pages:?}");
+    for page in &pages {
+        let text = read(page);
+        for section in ["NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "EXAMPLES", "FILES", "EXIT STATUS", "SEE ALSO"] {
+            assert!(
+                text.contains(&format!(".SH \"{section}\"")) || text.contains(&format!(".SH {section}\n")),
+                "{}: no {section}:\n{text}",
+                page.display()
+            );
+        }
+        let examples = &text[text.find("EXAMPLES").unwrap()..];
+        assert!(
+            examples.contains("\n.nf\n") && examples.contains("\n.fi\n"),
+            "{}: examples reflowed:\n{examples}",
+            page.display()
+        );
+        for named in ["/etc/salt\\-keysync/config.toml", "/usr/share/doc/salt\\-keysync/recovery.md", "78"] {
+            assert!(text.contains(named), "{}: {named} missing:\n{text}", page.display());
+        }
+    }
+    let check = read(&man.join("salt-keysync-check.1"));
+    let line =
+        "  salt\\-keysync check \\-\\-config /etc/salt\\-keysync/config.toml && systemctl restart salt\\-keysync";
+    assert!(check.lines().any(|l| l == line), "the example is not a line of its own:\n{check}");
+    assert!(check.contains("\\fBsalt\\-keysync\\fR(1)"), "SEE ALSO names the main page:\n{check}");
+}
+
 #[test]
 fn completions_offer_every_subcommand_and_not_the_hidden_one() {
     let dir = tempfile::tempdir().unwrap();
@@ -134,4 +171,61 @@ fn example_config_documents_the_real_defaults() {
     // master_id and user are examples (their defaults depend on the host).
     assert_eq!(explicit.salt.user.as_deref(), Some("salt"));
     assert_eq!(as_shipped.audit_log, Path::new("/var/log/salt-keysync/audit.jsonl"));
+}
+
+/// Every document a message or `--help` points to is installed by both
+/// packages, and named where it is installed: an operator on a host has no
+/// repository (`docs/recovery.md` there means nothing).
+#[test]
+fn every_document_the_binary_names_is_installed() {
+    const DOC_DIR: &str = "/usr/share/doc/salt-keysync/";
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let manifest = read(&repo.join("agent/Cargo.toml"));
+    let mut sources = Vec::new();
+    let mut folders = vec![repo.join("agent/src")];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                folders.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                sources.push(path);
+            }
+        }
+    }
+    let mut named = std::collections::BTreeSet::new();
+    for source in &sources {
+        let text = read(source);
+        // Not in comments: what the binary prints.
+        for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            for repo_path in ["docs/recovery.md", "see SECURITY.md", "(SECURITY.md"] {
+                assert!(
+                    !line.contains(repo_path),
+                    "{}: names the repository's {repo_path}, not the installed {DOC_DIR}…: {line}",
+                    source.display()
+                );
+            }
+            for (at, _) in line.match_indices(DOC_DIR) {
+                let rest = &line[at + DOC_DIR.len()..];
+                let name: String =
+                    rest.chars().take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')).collect();
+                named.insert(name);
+            }
+        }
+    }
+    assert!(named.contains("recovery.md"), "no message names the installed recovery guide: {named:?}");
+    for name in &named {
+        let deb = format!("\"usr/share/doc/salt-keysync/{name}\"");
+        let rpm = format!("dest = \"/usr/share/doc/salt-keysync/{name}\"");
+        assert!(manifest.contains(&deb), "{name} is named by the binary but not in the .deb's assets");
+        assert!(manifest.contains(&rpm), "{name} is named by the binary but not in the .rpm's assets");
+    }
+    // SECURITY.md ships too: the guarantees and the certificate procedures.
+    for name in ["SECURITY.md", "recovery.md"] {
+        assert!(manifest.contains(&format!("\"usr/share/doc/salt-keysync/{name}\"")), "{name}: not in the .deb");
+        assert!(
+            manifest.contains(&format!("dest = \"/usr/share/doc/salt-keysync/{name}\"")),
+            "{name}: not in the .rpm"
+        );
+    }
 }

@@ -82,7 +82,7 @@ async fn status_reports_a_stopped_peer_down_and_counts_keys() {
     let out = tokio::task::spawn_blocking(move || run_cli(&["status", "--config", &config_c])).await.unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("salt-keysync is not running (no control socket at"), "{stderr}");
+    assert!(stderr.contains("salt-keysync: the agent is not running (no control socket at"), "{stderr}");
     assert!(stderr.contains("systemctl start salt-keysync"), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     cluster.shutdown().await;

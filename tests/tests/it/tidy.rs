@@ -68,3 +68,19 @@ fn no_document_links_outside_the_repository() {
     }
     assert!(offenders.is_empty(), "documents pointing outside the repository: {offenders:#?}");
 }
+
+/// The README's test command runs every test binary even when one fails
+/// (a failure in the first must not hide the others), and the README says
+/// what it changes on the machine when run as root.
+#[test]
+fn the_test_command_runs_everything_and_the_readme_says_what_it_installs() {
+    let script = std::fs::read_to_string(repo().join("scripts/test.sh")).unwrap();
+    let cargo_test: Vec<&str> = script.lines().filter(|l| l.trim_start().starts_with("cargo test")).collect();
+    assert_eq!(cargo_test, ["cargo test --workspace --locked --no-fail-fast"], "scripts/test.sh");
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let section = &readme[readme.find("./scripts/test.sh").expect("README names the test command")..];
+    let section = &section[..section.find("\n## ").unwrap_or(section.len())];
+    for told in ["as root", "apt-get", "dpkg", "purge", "systemd-nspawn", "--no-fail-fast"] {
+        assert!(section.contains(told), "the README's test command section does not say {told:?}:\n{section}");
+    }
+}

@@ -196,6 +196,36 @@ fn an_empty_log_at_start_continues_the_rotated_one() {
     assert_eq!(read_all(&path).unwrap()[0].action, CONTINUE);
 }
 
+/// logrotate as packaged (`dateext`) names the rotated file
+/// `audit.jsonl-YYYYMMDD`, not `audit.jsonl.1`: an empty log at start
+/// continues whichever rotated file is newest, and verify's hint names it.
+#[test]
+fn an_empty_log_continues_the_newest_rotated_file_whatever_its_name() {
+    for (older, newest) in [
+        ("audit.jsonl-20261001", "audit.jsonl-20261101"),
+        ("audit.jsonl.2", "audit.jsonl.1"),
+        ("audit.jsonl-1761955200", "audit.jsonl-1764547200"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let (older, newest) = (dir.path().join(older), dir.path().join(newest));
+        drop(write_log(&path, 2));
+        std::fs::rename(&path, &older).unwrap();
+        drop(write_log(&path, 1));
+        std::fs::rename(&path, &newest).unwrap();
+        // The older file was written before: by modification time too.
+        let earlier = std::time::SystemTime::now() - std::time::Duration::from_secs(86_400);
+        std::fs::File::options().append(true).open(&older).unwrap().set_modified(earlier).unwrap();
+        drop(write_log(&path, 1));
+        assert_eq!(read_all(&path).unwrap()[0].action, CONTINUE, "{}", newest.display());
+        let report = verify_files(&[older.clone(), newest.clone(), path.clone()]).unwrap();
+        assert_eq!((report.broken, report.n_records), (None, 6), "{}", newest.display());
+        let alone = verify_files(std::slice::from_ref(&path)).unwrap();
+        let hint = format!("salt-keysync audit verify {} {}", newest.display(), path.display());
+        assert!(alone.notes[0].contains(&hint), "{:?} should name {hint:?}", alone.notes);
+    }
+}
+
 #[test]
 fn a_new_chain_in_a_later_file_is_a_note() {
     let dir = tempfile::tempdir().unwrap();
@@ -284,4 +314,41 @@ fn follower_reads_appends_across_rename_and_truncation() {
     let polled = follower.poll().unwrap();
     assert_eq!(polled.rotated, Some("truncated"));
     assert_eq!(polled.lines.last().unwrap().record.as_ref().unwrap().minion.as_deref(), Some("web5"));
+}
+
+/// Every action the agent records is one `audit --action` accepts: each
+/// literal action given to `Record::new` in the agent's source, and the
+/// verdicts' actions.
+#[test]
+fn every_recorded_action_is_a_known_one() {
+    use crate::core::decision::VerdictKind;
+    fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                sources(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    sources(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut files);
+    let mut found = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for (_, rest) in text.match_indices("Record::new(\"").map(|(i, m)| (i, &text[i + m.len()..])) {
+            found.push(rest[..rest.find('"').unwrap()].to_string());
+        }
+    }
+    assert!(found.len() > 20, "too few Record::new calls found: {found:?}");
+    for kind in [VerdictKind::Accepted, VerdictKind::Rejected, VerdictKind::Deleted] {
+        found.push(kind.action().to_string());
+    }
+    for action in [keysync_machine::node::OperatorAction::Release, keysync_machine::node::OperatorAction::Revert] {
+        found.push(action.name().to_string());
+    }
+    for action in found {
+        assert!(ACTIONS.contains(&action.as_str()), "{action:?} is recorded but not in audit::ACTIONS");
+    }
 }

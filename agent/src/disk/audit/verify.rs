@@ -67,7 +67,7 @@ pub fn verify_files(paths: &[PathBuf]) -> Result<VerifyReport, AuditError> {
     let mut metas: Vec<Meta> = Vec::new();
     let mut malformed: Option<Break> = None;
     for (file_idx, path) in paths.iter().enumerate() {
-        let io_err = |source| AuditError::Io { path: path.clone(), source };
+        let io_err = |cause| AuditError::Io { path: path.clone(), cause };
         let file = File::open(path).map_err(io_err)?;
         let torn = each_line(BufReader::new(file), 1, |line| {
             if malformed.is_some() {
@@ -115,14 +115,18 @@ fn walk(metas: &[Meta], paths: &[PathBuf], notes: &mut Vec<String>) -> Option<Br
                 continue;
             }
             if m.is_continue {
+                let path = &paths[m.file];
+                // The rotated file that is there, else the name logrotate's dateext gives it.
+                let older = super::newest_rotated(path)
+                    .filter(|older| !paths.contains(older))
+                    .map_or_else(|| format!("{}-YYYYMMDD", path.display()), |older| older.display().to_string());
                 notes.push(format!(
                     "{} line {} continues from a rotated file (prev {}…); that link was not checked: \
-                     pass the older files first, e.g. `salt-keysync audit verify {}.1 {}`",
-                    paths[m.file].display(),
+                     pass the older files first, e.g. `salt-keysync audit verify {older} {}`",
+                    path.display(),
                     m.line,
                     &m.prev[..12.min(m.prev.len())],
-                    paths[m.file].display(),
-                    paths[m.file].display()
+                    path.display()
                 ));
                 continue;
             }

@@ -134,10 +134,10 @@ fn seq_of(line: &[u8]) -> u64 {
 
 impl AuditLog {
     /// Opens (or creates, mode 0600) the log and picks the chain up from its
-    /// last line; an empty log continues `<path>.1` when that exists (rotated
+    /// last line; an empty log continues the newest rotated file when there is one (rotated
     /// while the agent was stopped).
     pub fn open(path: &Path, node: &str) -> Result<AuditLog, AuditError> {
-        let io_err = |source| AuditError::Io { path: path.into(), source };
+        let io_err = |cause| AuditError::Io { path: path.into(), cause };
         if let Some(parent) = path.parent() {
             // A folder made here is the agent's own: nobody else reads the log.
             std::fs::DirBuilder::new().recursive(true).mode(0o700).create(parent).map_err(io_err)?;
@@ -453,12 +453,11 @@ fn set_torn_aside(path: &Path, tail: &mut Tail, at: u64, torn: &[u8]) -> io::Res
     })
 }
 
-/// For an empty log: the chain of `<path>.1`, and the marker that says the
-/// file continues it.
+/// For an empty log: the chain of the newest rotated file (`<path>.1`, or
+/// `<path>-YYYYMMDD` with logrotate's `dateext`, as packaged), and the
+/// marker that says the file continues it.
 fn continue_rotated(path: &Path, tail: &mut Tail) -> Option<Record> {
-    let mut rotated = path.as_os_str().to_owned();
-    rotated.push(".1");
-    let rotated = PathBuf::from(rotated);
+    let rotated = super::newest_rotated(path)?;
     let file = File::open(&rotated).ok()?;
     let len = file.metadata().ok()?.len();
     let last = read_end(&file, len).ok()?.last_line?;

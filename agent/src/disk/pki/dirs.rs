@@ -44,18 +44,19 @@ pub enum DirError {
     Owner { path: String, uid: u32 },
     #[error("{path}: mode {mode:04o} lets other users write in it")]
     Mode { path: String, mode: u32 },
-    #[error("{path}: {source}")]
-    Io { path: String, source: io::Error },
+    /// The cause is in the message, not a `source()`: `{:#}` would print it twice.
+    #[error("{path}: {cause}")]
+    Io { path: String, cause: io::Error },
 }
 
 impl DirError {
     pub fn is_not_found(&self) -> bool {
-        matches!(self, DirError::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
+        matches!(self, DirError::Io { cause, .. } if cause.kind() == io::ErrorKind::NotFound)
     }
 }
 
 fn io_error(path: &Path, errno: rustix::io::Errno) -> DirError {
-    DirError::Io { path: path.display().to_string(), source: errno.into() }
+    DirError::Io { path: path.display().to_string(), cause: errno.into() }
 }
 
 const DIR_FLAGS: OFlags = OFlags::DIRECTORY.union(OFlags::NOFOLLOW).union(OFlags::CLOEXEC).union(OFlags::RDONLY);
@@ -68,7 +69,7 @@ pub fn open_path(path: &Path, trust: &Trust) -> Result<OwnedFd, DirError> {
     if !path.is_absolute() {
         return Err(DirError::Io {
             path: path.display().to_string(),
-            source: io::Error::new(io::ErrorKind::InvalidInput, "not an absolute path"),
+            cause: io::Error::new(io::ErrorKind::InvalidInput, "not an absolute path"),
         });
     }
     let mut fd = rustix::fs::open("/", DIR_FLAGS, Mode::empty()).map_err(|e| io_error(path, e))?;
@@ -83,7 +84,7 @@ pub fn open_path(path: &Path, trust: &Trust) -> Result<OwnedFd, DirError> {
     if path.components().any(|c| matches!(c, Component::ParentDir)) {
         return Err(DirError::Io {
             path: path.display().to_string(),
-            source: io::Error::new(io::ErrorKind::InvalidInput, "`..` in the path"),
+            cause: io::Error::new(io::ErrorKind::InvalidInput, "`..` in the path"),
         });
     }
     for (i, name) in components.iter().enumerate() {

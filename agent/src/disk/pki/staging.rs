@@ -35,7 +35,7 @@ impl Staging {
     /// missing if `create`, and replacing whatever else is there.
     pub(super) fn open(root: &OwnedFd, root_path: &Path, create: bool) -> Result<Staging, PkiError> {
         let path = root_path.join(STAGING_DIR);
-        let error = |source: io::Error| PkiError::Staging { path: path.display().to_string(), source };
+        let error = |source: io::Error| PkiError::Staging { path: path.display().to_string(), cause: source };
         let mut refused = None;
         let fd = match own_dir_at(root, STAGING_DIR) {
             Ok(fd) => fd,
@@ -171,7 +171,7 @@ fn own_dir_at(dir: &impl AsFd, name: &str) -> Result<OwnedFd, Found> {
         Err(e @ (dirs::DirError::Symlink { .. } | dirs::DirError::NotDir { .. })) => {
             return Err(Found::NotOurs(e.to_string()))
         }
-        Err(dirs::DirError::Io { source, .. }) => return Err(Found::Io(source)),
+        Err(dirs::DirError::Io { cause, .. }) => return Err(Found::Io(cause)),
         Err(e) => return Err(Found::NotOurs(e.to_string())),
     };
     let st = rustix::fs::fstat(&fd).map_err(|e| Found::Io(e.into()))?;

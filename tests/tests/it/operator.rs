@@ -1,0 +1,220 @@
+//! Issue 20: what the real binary tells an operator. Each cause said once
+//! (no `X: X`, no `salt-keysync: salt-keysync`), `--json` errors as JSON,
+//! filter values checked, `check` never calling a missing file ok, options
+//! only where they act, and no control socket left by a start that failed.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use keysync_server::CertAuthority;
+use keysync_tests::binary::{binary, free_addr, run_cli};
+use keysync_tests::cluster::{write_agent_files, AgentFiles};
+
+fn agent_files(root: &Path) -> AgentFiles {
+    write_agent_files(root, &CertAuthority::new("ca").unwrap(), "master-a", free_addr(), &[])
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// No cause printed twice in a row (`a: b: b`), and no program name twice.
+fn assert_said_once(out: &str) {
+    assert!(!out.contains("salt-keysync: salt-keysync"), "program name twice: {out}");
+    for line in out.lines() {
+        let parts: Vec<&str> = line.split(": ").collect();
+        for pair in parts.windows(2) {
+            assert_ne!(pair[0], pair[1], "doubled text in {line:?}");
+        }
+        for (i, part) in parts.iter().enumerate().filter(|(_, p)| p.len() > 8) {
+            assert!(!parts[i + 1..].contains(part), "{part:?} said twice in {line:?}");
+        }
+    }
+}
+
+#[test]
+fn a_missing_config_and_a_stopped_agent_each_say_their_cause_once() {
+    let root = tempfile::tempdir().unwrap();
+    let missing = root.path().join("nowhere.toml");
+    let missing = missing.to_str().unwrap();
+    for args in [
+        vec!["status", "--config", missing],
+        vec!["check", "--config", missing],
+        vec!["run", "--config", missing],
+        vec!["audit", "--config", missing],
+    ] {
+        let out = run_cli(&args);
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: one line: {stderr}");
+        assert_eq!(stderr.matches("No such file or directory").count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.starts_with(&format!("salt-keysync: cannot read config {missing}: ")), "{args:?}: {stderr}");
+        assert_said_once(&stderr);
+    }
+
+    let files = agent_files(root.path());
+    let config = files.config_path.to_str().unwrap();
+    for args in [vec!["status", "--config", config], vec!["reload", "--config", config]] {
+        let out = run_cli(&args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.starts_with("salt-keysync: the agent is not running (no control socket at "), "{stderr}");
+        assert_said_once(&stderr);
+    }
+}
+
+/// With `--json`, an error is one JSON object on stdout (`{"error": …}`),
+/// nothing else there, and a non-zero exit.
+fn assert_json_error(args: &[&str], want: &str) {
+    let out = run_cli(args);
+    let stdout = text(&out.stdout);
+    assert!(!out.status.success(), "{args:?}: {stdout}");
+    let value: serde_json::Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{args:?}: not one JSON object ({e}): {stdout:?}"));
+    let error = value["error"].as_str().unwrap_or_else(|| panic!("{args:?}: no \"error\": {value}"));
+    assert!(error.contains(want), "{args:?}: {error:?} should contain {want:?}");
+    assert_said_once(error);
+}
+
+#[test]
+fn json_output_turns_errors_into_json_too() {
+    let root = tempfile::tempdir().unwrap();
+    let files = agent_files(root.path());
+    let config = files.config_path.to_str().unwrap();
+    let missing = root.path().join("nowhere.toml");
+    let missing = missing.to_str().unwrap();
+    assert_json_error(&["status", "--json", "--config", config], "the agent is not running");
+    assert_json_error(&["status", "--cluster", "--json", "--config", config], "the agent is not running");
+    assert_json_error(&["status", "--json", "--config", missing], "cannot read config");
+    assert_json_error(&["plan", "--json", "--config", config], "the agent is not running");
+    assert_json_error(&["audit", "--json", "--config", missing], "cannot read config");
+    assert_json_error(&["audit", "--json", "--file", missing], "cannot read audit log");
+    assert_json_error(&["audit", "--json", "--file", missing, "--action", "acept"], "acept");
+}
+
+#[test]
+fn audit_filter_values_are_checked() {
+    let root = tempfile::tempdir().unwrap();
+    let log = root.path().join("audit.jsonl");
+    std::fs::write(&log, "").unwrap();
+    let log = log.to_str().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (&["--action", "acept"], "--action: \"acept\" is not an audit action"),
+        (&["--action", "accept,rejct"], "\"rejct\""),
+        (&["--minion", "web/01"], "--minion: \"web/01\""),
+        (&["--origin", "master b"], "--origin: \"master b\""),
+        (&["--since", "soon"], "--since: \"soon\""),
+    ];
+    for (filter, want) in cases {
+        let args = [&["audit", "--file", log][..], filter].concat();
+        let out = run_cli(&args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(want), "{args:?}: {stderr:?} should contain {want:?}");
+        assert_said_once(&stderr);
+    }
+    // The error lists what is known.
+    let out = run_cli(&["audit", "--file", log, "--action", "acept"]);
+    assert!(text(&out.stderr).contains("accept, reject, delete"), "{}", text(&out.stderr));
+    for ok in [&["--action", "accept,refuse,conflict"][..], &["--minion", "web*"], &["--origin", "master-b"]] {
+        let args = [&["audit", "--file", log][..], ok].concat();
+        let out = run_cli(&args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    }
+}
+
+#[test]
+fn check_never_calls_a_missing_file_ok() {
+    let root = tempfile::tempdir().unwrap();
+    let files = agent_files(root.path());
+    std::fs::remove_file(files.dir.join("node.key")).unwrap();
+    let out = run_cli(&["check", "--config", files.config_path.to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.lines().any(|l| l.starts_with("FAIL ") && l.contains("node.key")), "{stdout}");
+    assert!(!stdout.lines().any(|l| l.starts_with("ok") && l.contains("permissions")), "{stdout}");
+    assert!(stdout.contains("not checked") && stdout.contains("node.key"), "says what it could not check: {stdout}");
+}
+
+#[test]
+fn config_is_offered_only_where_it_is_read() {
+    let root = tempfile::tempdir().unwrap();
+    let missing = root.path().join("nowhere.toml");
+    let missing = missing.to_str().unwrap();
+    for args in [
+        vec!["certs", "init", "--dir", missing, "--config", missing],
+        vec!["certs", "issue", "master-a", "--dir", missing, "--config", missing],
+        vec!["demo", "--config", missing],
+    ] {
+        let out = run_cli(&args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("unexpected argument '--config'"), "{args:?}: {stderr}");
+    }
+    for help in [vec!["certs", "init", "--help"], vec!["demo", "--help"], vec!["--help"]] {
+        let out = run_cli(&help);
+        assert!(!text(&out.stdout).contains("--config"), "{help:?} offers --config: {}", text(&out.stdout));
+    }
+    // Where it is read, it is taken, also after a nested subcommand (the
+    // missing file is the error; `reload` then asks the default socket).
+    for args in [
+        vec!["run", "--config", missing],
+        vec!["check", "--config", missing],
+        vec!["reload", "--config", missing],
+        vec!["status", "--config", missing],
+        vec!["plan", "--config", missing],
+        vec!["audit", "--config", missing],
+        vec!["audit", "verify", "--config", missing],
+        vec!["recover", "--from-peers", "--config", missing],
+    ] {
+        let out = run_cli(&args);
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {stderr}");
+        assert!(!stderr.contains("unexpected argument"), "{args:?}: {stderr}");
+        let help = run_cli(&[&args[..args.len() - 2], &["--help"]].concat());
+        assert!(text(&help.stdout).contains("--config"), "{args:?} --help: {}", text(&help.stdout));
+    }
+}
+
+/// Starts `run --config config` and waits (bounded) for it to exit.
+fn run_until_exit(config: &Path) -> (Option<i32>, String) {
+    let mut child = Command::new(binary())
+        .args(["run", "--config"])
+        .arg(config)
+        .env_remove("JOURNAL_STREAM")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("the agent did not stop within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let Output { status, stderr, .. } = child.wait_with_output().unwrap();
+    (status.code(), text(&stderr))
+}
+
+#[test]
+fn a_start_that_cannot_listen_leaves_no_control_socket() {
+    let root = tempfile::tempdir().unwrap();
+    let files = agent_files(root.path());
+    let config_text = std::fs::read_to_string(&files.config_path).unwrap();
+    let listen = config_text.lines().find_map(|l| l.strip_prefix("listen = ")).unwrap().trim_matches('"');
+    let _taken = std::net::TcpListener::bind(listen).unwrap();
+    let (code, stderr) = run_until_exit(&files.config_path);
+    assert_eq!(code, Some(78), "{stderr}");
+    assert!(stderr.contains(&format!("cannot listen on {listen}")), "{stderr}");
+    assert!(stderr.contains("Address already in use"), "{stderr}");
+    assert_said_once(&stderr);
+    let socket = files.dir.join("state/control.sock");
+    assert!(!socket.exists(), "{} left behind", socket.display());
+    let out = run_cli(&["status", "--config", files.config_path.to_str().unwrap()]);
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("no control socket"), "not a killed agent's socket: {stderr}");
+}
