@@ -41,7 +41,8 @@ pub struct Outcome {
     /// Writes fail here: retried with backoff (and finished after a restart
     /// if journalled), as peers' decisions are.
     pub retrying: Vec<MinionId>,
-    /// A salt-key run is working on them here: still held.
+    /// A salt-key run is working on them here, or their folders changed
+    /// without the change being recorded yet: still held.
     pub skipped: Vec<MinionId>,
 }
 
@@ -203,7 +204,7 @@ impl Node {
         rt: &mut impl Runtime,
     ) -> Result<Outcome, String> {
         self.seen = now.mono;
-        let (chosen, skipped) = self.chosen(origin, ids);
+        let (chosen, skipped) = self.chosen(origin, ids, rt);
         let round = chosen
             .into_iter()
             .map(|held| self.operator_decision(held, Verdict::Deleted, OperatorAction::Release, by, now))
@@ -224,7 +225,7 @@ impl Node {
         rt: &mut impl Runtime,
     ) -> Result<Outcome, String> {
         self.seen = now.mono;
-        let (chosen, skipped) = self.chosen(origin, ids);
+        let (chosen, skipped) = self.chosen(origin, ids, rt);
         let wanted: Vec<MinionId> = chosen.iter().map(|held| held.decision.id.clone()).collect();
         let known = rt.load(&wanted).map_err(|e| format!("cannot read the held keys from the state store: {e}"))?;
         let mut round = Vec::new();
@@ -245,14 +246,25 @@ impl Node {
         Ok(self.run_operator(round, skipped, now, rt))
     }
 
-    /// The held deletes an operator's command names, and those skipped: ids
-    /// a salt-key run is working on here (left held: run the command again).
-    fn chosen(&self, origin: Option<&str>, ids: &[MinionId]) -> (Vec<HeldDelete>, Vec<MinionId>) {
-        let (chosen, busy): (Vec<_>, Vec<_>) = self
-            .guard
-            .select(origin, ids)
-            .into_iter()
-            .partition(|held| !self.settler.is_unsettled(held.decision.id.as_str()));
+    /// The held deletes an operator's command names, and those skipped (left
+    /// held: run the command again): ids a salt-key run is working on here,
+    /// and ids whose folders changed without the change being recorded yet
+    /// (writes failing): the command must not decide over an operator's
+    /// change this node has not read.
+    fn chosen(
+        &self,
+        origin: Option<&str>,
+        ids: &[MinionId],
+        rt: &mut impl Runtime,
+    ) -> (Vec<HeldDelete>, Vec<MinionId>) {
+        let (chosen, busy): (Vec<_>, Vec<_>) = self.guard.select(origin, ids).into_iter().partition(|held| {
+            let id = &held.decision.id;
+            let shows = self.replica.effective(id);
+            let on_disk = crate::core::observe::interpret(&rt.read_slots(id));
+            !self.settler.is_unsettled(id.as_str())
+                && matches!((&on_disk, &shows), (crate::core::observe::Reading::Decided(v), Some(s))
+                    if v.kind() == s.kind && v.fingerprint() == s.fingerprint)
+        });
         (chosen, busy.into_iter().map(|held| held.decision.id).collect())
     }
 

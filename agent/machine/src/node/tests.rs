@@ -135,3 +135,26 @@ fn a_newer_decision_rewrites_what_an_unrecorded_write_changed() {
         "the folders say what is held"
     );
 }
+
+/// A peer replacing an accepted key with another one is its own event,
+/// naming the key it replaced, never a plain accept (issue 14 item 5).
+#[test]
+fn replacing_an_accepted_key_names_both_keys() {
+    let mut rt = Recorder::default();
+    let mut a = node("master-a", &mut rt);
+    let first = decision(Verdict::Accepted(key("mwIDAQAB")), NOW_MS - 20, "master-b", &[]);
+    push(&mut a, &mut rt, "master-b", vec![first.clone()]);
+    let plain = |e: &Event| matches!(e, Event::Applied { replaced: None, .. });
+    assert_eq!(rt.events.iter().filter(|e| plain(e)).count(), 1, "the first accept is plain");
+    let second = decision(Verdict::Accepted(key("mwIDAQAC")), NOW_MS - 10, "master-b", &[first.version]);
+    push(&mut a, &mut rt, "master-b", vec![second]);
+    let replaced = rt.events.iter().find_map(|e| match e {
+        Event::Applied { replaced: Some(old), decision, .. } => Some((*old, decision.verdict.fingerprint())),
+        _ => None,
+    });
+    assert_eq!(replaced, Some((key("mwIDAQAB").fingerprint(), Some(key("mwIDAQAC").fingerprint()))));
+    assert_eq!(
+        rt.folders.get(crate::core::Folder::Accepted, "web01").map(Vec::as_slice),
+        Some(key("mwIDAQAC").bytes())
+    );
+}
