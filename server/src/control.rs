@@ -4,6 +4,10 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
+/// Connections one peer may hold open at once (its link uses one; a reload
+/// or a reconnect briefly two).
+pub const CONNECTIONS_PER_PEER: usize = 4;
+
 use tokio_util::sync::CancellationToken;
 
 use crate::identity::PeerName;
@@ -91,11 +95,18 @@ impl ListenerControl {
     }
 
     /// Records an identified connection; it is closed when `close` is cancelled.
-    pub(crate) fn register(&self, peer: PeerName, close: CancellationToken) {
+    /// Notes a new connection of `peer`; `false` (not noted) when the peer
+    /// has [`CONNECTIONS_PER_PEER`] open already: a peer needs one, and each
+    /// holds up to an HTTP/2 window of request data (see `budget.rs`).
+    pub(crate) fn register(&self, peer: PeerName, close: CancellationToken) -> bool {
         let mut connections = self.connections();
         // Finished connections cancel their own token (see listener's PeerIo), so this prunes them.
         connections.retain(|c| !c.close.is_cancelled());
+        if connections.iter().filter(|c| c.peer == peer).count() >= CONNECTIONS_PER_PEER {
+            return false;
+        }
         connections.push(Connection { peer, close });
+        true
     }
 
     fn close_where(&self, close: impl Fn(&PeerName) -> bool) -> Vec<PeerName> {

@@ -5,7 +5,8 @@
 //! paths) and knows nothing of Salt; it authenticates peers and moves protobuf messages.
 //!
 //! - [`tls`]: PEM material to rustls configurations.
-//! - [`serve`]: the listener; per-connection handshakes, peer identification, audit events.
+//! - [`serve`]: the listener; per-connection handshakes, peer identification, audit events,
+//!   and the budgets that bound what peers' pushes take (`budget.rs`).
 //!   [`serve_with`] and [`ListenerControl`] change its TLS material and peers while it runs.
 //! - [`connect`]: an authenticated client channel to one peer; [`probe`]: whether a peer can
 //!   be reached and accepts this node, each step told apart (for `salt-keysync check`).
@@ -13,6 +14,7 @@
 
 #![forbid(unsafe_code)]
 
+mod budget;
 pub mod certgen;
 mod client;
 mod control;
@@ -26,9 +28,10 @@ mod service;
 pub mod tls;
 mod verifier;
 
+pub use budget::{CALLS_IN_ALL, CALLS_PER_PEER};
 pub use certgen::{CertAuthority, CertError, IssuedCert};
 pub use client::{alert_received, connect, tls_refusal, ConnectError};
-pub use control::ListenerControl;
+pub use control::{ListenerControl, CONNECTIONS_PER_PEER};
 pub use events::{EventFn, TransportEvent};
 pub use identity::PeerName;
 pub use limits::ConnectionLimits;

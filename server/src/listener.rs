@@ -244,9 +244,18 @@ async fn handshake(ctx: AcceptContext, tcp: TcpStream, remote: SocketAddr) {
     let refusal = match outcome {
         Ok(Ok(stream)) => match recorded.peer {
             Some(peer) => {
-                ctx.events.emit(TransportEvent::Connected { remote, peer: peer.clone() });
                 let close = ctx.force_close.child_token();
-                ctx.control.register(peer.clone(), close.clone());
+                if !ctx.control.register(peer.clone(), close.clone()) {
+                    ctx.events.emit(TransportEvent::RequestRefused {
+                        peer: peer.clone(),
+                        reason: format!(
+                            "connection from {remote} closed: {} connections of this peer are open already",
+                            crate::control::CONNECTIONS_PER_PEER
+                        ),
+                    });
+                    return;
+                }
+                ctx.events.emit(TransportEvent::Connected { remote, peer: peer.clone() });
                 let io = PeerIo::new(stream, PeerInfo { peer }, close);
                 // A closed channel means the server is shutting down: the connection just drops.
                 let _ = ctx.conn_tx.send(io).await;

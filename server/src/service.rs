@@ -40,11 +40,12 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'stati
 pub(crate) struct KeySyncService<H> {
     handler: Arc<H>,
     events: EventSink,
+    budgets: crate::budget::Budgets,
 }
 
 impl<H: Handler> KeySyncService<H> {
     pub(crate) fn new(handler: Arc<H>, events: EventSink) -> Self {
-        Self { handler, events }
+        Self { handler, events, budgets: crate::budget::Budgets::new() }
     }
 
     /// The caller's peer name; also tells the audit layer that the request got this far.
@@ -113,8 +114,11 @@ impl<H: Handler> KeySync for KeySyncService<H> {
         let (ack_tx, ack_rx) = mpsc::channel(PUSH_ACK_BUFFER);
         let handler = self.handler.clone();
         let events = self.events.clone();
+        let budgets = self.budgets.clone();
         tokio::spawn(async move {
             loop {
+                // The next batch is read only within the budgets (`budget.rs`).
+                let _permits = budgets.acquire(&peer.0).await;
                 let ack = match inbound.message().await {
                     Ok(Some(batch)) => handler.push(&peer, batch).await,
                     Ok(None) => break,

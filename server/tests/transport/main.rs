@@ -11,3 +11,6 @@ mod refusals;
 
 /// Live reload: peers removed are cut off, unchanged ones keep their connection, new TLS applies.
 mod reload;
+
+/// Budgets: calls per peer and in all, connections per peer.
+mod budget;

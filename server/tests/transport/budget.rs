@@ -1,0 +1,125 @@
+//! Budgets for authenticated peers (`budget.rs`, `control.rs`): one peer's
+//! pushed batches are handled two at a time, all peers' three at a time, the
+//! rest wait unread (slowed, not buffered), however many push streams they
+//! open; a peer holds at most four connections.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use keysync_proto::v1::{
+    DecisionBatch, DiffChunk, DiffRequest, FetchRequest, HelloRequest, HelloResponse, PlanRequest, PlanResponse,
+    PushAck,
+};
+use keysync_server::{serve, Handler, PeerName, ServeOptions, CALLS_IN_ALL, CALLS_PER_PEER, CONNECTIONS_PER_PEER};
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+
+use crate::support::{bounded, hello_from, Pki, CONNECT_TIMEOUT, MAX_MESSAGE};
+
+/// Counts pushes in progress, in all and per peer, each taking a while.
+#[derive(Default)]
+struct SlowPushes {
+    now: AtomicUsize,
+    most: AtomicUsize,
+    now_a: AtomicUsize,
+    most_a: AtomicUsize,
+    done: AtomicUsize,
+}
+
+#[tonic::async_trait]
+impl Handler for SlowPushes {
+    async fn hello(&self, _: &PeerName, _: HelloRequest) -> Result<HelloResponse, Status> {
+        Ok(HelloResponse { node: "b".into(), protocol_version: keysync_proto::PROTOCOL_VERSION, ..Default::default() })
+    }
+
+    async fn push(&self, peer: &PeerName, batch: DecisionBatch) -> Result<PushAck, Status> {
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        if peer.0 == "a" {
+            let now_a = self.now_a.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most_a.fetch_max(now_a, Ordering::SeqCst);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if peer.0 == "a" {
+            self.now_a.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.now.fetch_sub(1, Ordering::SeqCst);
+        self.done.fetch_add(1, Ordering::SeqCst);
+        Ok(PushAck { n_received: batch.decisions.len() as u32, n_applied: 0 })
+    }
+
+    async fn diff(&self, _: &PeerName, _: DiffRequest) -> Result<Vec<DiffChunk>, Status> {
+        Ok(Vec::new())
+    }
+
+    async fn fetch(&self, _: &PeerName, _: FetchRequest) -> Result<Vec<DecisionBatch>, Status> {
+        Ok(Vec::new())
+    }
+
+    async fn plan(&self, _: &PeerName, _: PlanRequest) -> Result<PlanResponse, Status> {
+        Ok(PlanResponse::default())
+    }
+}
+
+#[tokio::test]
+async fn calls_wait_for_their_budget_and_connections_per_peer_are_capped() {
+    bounded(async {
+        let pki = Pki::new();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let handler = Arc::new(SlowPushes::default());
+        let shutdown = CancellationToken::new();
+        let opts = ServeOptions { allowed_peers: vec!["a".into(), "c".into()], ..ServeOptions::default() };
+        let tls = pki.setup(&["b"]);
+        tokio::spawn({
+            let (handler, shutdown) = (handler.clone(), shutdown.clone());
+            async move { serve(listener, &tls, opts, handler, Arc::new(|_| {}), shutdown).await }
+        });
+        let mut calls = Vec::new();
+        for peer in ["a", "c"] {
+            let client = keysync_server::connect(&addr, "b", &pki.setup(&[peer]), MAX_MESSAGE, CONNECT_TIMEOUT)
+                .await
+                .expect("a peer connects");
+            // Eight push streams of one batch each, side by side.
+            for _ in 0..8 {
+                let mut client = client.clone();
+                calls.push(tokio::spawn(async move {
+                    let batches = tokio_stream::iter(vec![DecisionBatch::default()]);
+                    let mut acks = client.push(batches).await?.into_inner();
+                    acks.message().await
+                }));
+            }
+        }
+        for call in calls {
+            let ack = call.await.unwrap().expect("every push is answered in the end");
+            assert!(ack.is_some(), "one ack per batch");
+        }
+        assert_eq!(handler.done.load(Ordering::SeqCst), 16);
+        assert!(handler.most_a.load(Ordering::SeqCst) <= CALLS_PER_PEER, "one peer's calls at once");
+        assert!(handler.most.load(Ordering::SeqCst) <= CALLS_IN_ALL, "all peers' calls at once");
+        assert!(handler.most.load(Ordering::SeqCst) >= 2, "the budgets still let calls run side by side");
+
+        // A peer's connections: the first four serve, the next is closed.
+        let mut open = Vec::new();
+        for _ in 0..CONNECTIONS_PER_PEER {
+            let mut client = keysync_server::connect(&addr, "b", &pki.setup(&["a"]), MAX_MESSAGE, CONNECT_TIMEOUT)
+                .await
+                .expect("a peer connects");
+            client.hello(hello_from("a")).await.expect("within the cap");
+            open.push(client);
+        }
+        let refused = match keysync_server::connect(&addr, "b", &pki.setup(&["a"]), MAX_MESSAGE, CONNECT_TIMEOUT).await
+        {
+            Ok(mut client) => client.hello(hello_from("a")).await.is_err(),
+            Err(_) => true,
+        };
+        assert!(refused, "a fifth connection of one peer is closed");
+        let mut other = keysync_server::connect(&addr, "b", &pki.setup(&["c"]), MAX_MESSAGE, CONNECT_TIMEOUT)
+            .await
+            .expect("another peer still connects");
+        other.hello(hello_from("c")).await.expect("and is served");
+        shutdown.cancel();
+    })
+    .await;
+}
