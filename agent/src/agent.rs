@@ -90,6 +90,12 @@ pub async fn run_with(
     // Observe mode opens the folders as normal mode does (making the agent's
     // own staging folder if missing) but writes nothing into them.
     let pki = Arc::new(open_pki(&config, true)?);
+    // Where .dfn goes: a symlink or a stranger's folder is refused now, not
+    // found out at the first revocation.
+    let trust = crate::disk::pki::Trust::of(owner.uid, owner.gid);
+    if !crate::disk::pki::check_cachedir(&config.salt.cachedir, &trust).map_err(anyhow::Error::msg)? {
+        tracing::warn!(cachedir = %config.salt.cachedir.display(), "salt.cachedir does not exist yet: .dfn cannot be dropped until salt-master makes it");
+    }
     if let Some(refused) = pki.staging_refused() {
         tracing::error!(what = %refused, "the agent's staging folder in pki_dir was not its own");
         audit.record(Record {

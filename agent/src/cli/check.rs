@@ -58,10 +58,16 @@ pub fn check(path: &Path) -> Result<()> {
             if let Err(e) = can_give_files_to(options.owner) {
                 problems.push(e);
             }
-            if config.salt.cachedir.exists() {
-                if let Err(e) = crate::disk::pki::dirs::open_path(&config.salt.cachedir, &options.trust) {
-                    problems.push(format!("salt.cachedir {e}"));
-                }
+            match crate::disk::pki::check_cachedir(&config.salt.cachedir, &options.trust) {
+                Ok(true) => ok(format!("salt.cachedir {} (owner, mode, no symlinks)", config.salt.cachedir.display())),
+                Ok(false) => print(
+                    Level::WARN,
+                    format!(
+                        "WARN salt.cachedir {} does not exist yet: .dfn cannot be dropped until salt-master makes it",
+                        config.salt.cachedir.display()
+                    ),
+                ),
+                Err(e) => problems.push(e),
             }
             // What `run` would refuse: a state folder lost, or swapped for another.
             match crate::disk::state_guard::check_offline(&config.pki_dir, &options.trust, &config.state_dir) {

@@ -78,7 +78,8 @@ pub fn render_reply(reply: &OperatorReply) -> String {
     }
     if !reply.skipped.is_empty() {
         out.push_str(&format!(
-            "{} still held: a salt-key run is working on them here ({}); run the command again\n",
+            "{} still held: a salt-key run is working on them here, or their files changed and the change is not \
+             recorded yet ({}); run the command again\n",
             reply.skipped.len(),
             reply.skipped.join(", ")
         ));

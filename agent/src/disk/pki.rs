@@ -32,7 +32,7 @@ pub mod dirs;
 mod staging;
 
 use adopt::Adoption;
-pub use dfn::drop_dfn;
+pub use dfn::{check_cachedir, drop_dfn};
 pub use dirs::{DirError, Trust};
 
 /// Mode of the key files the agent writes as Salt 3006 and 3007 leave

@@ -405,3 +405,33 @@ fn remote_record(decision: &Decision, from: &str, action: &str, outcome: &str, r
         ..Record::new(action, from, outcome)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{Context, MinionId, PublicKey, Relays, Verdict, Version};
+
+    /// A replaced accepted key is audited as `accept` / `replaced` with both
+    /// fingerprints (issue 14 item 5); a plain accept is `applied`.
+    #[test]
+    fn a_replaced_key_names_both_fingerprints() {
+        let old = PublicKey::new(keysync_machine::testkit::PUB.as_bytes());
+        let new = PublicKey::new(keysync_machine::testkit::PUB.replace("mwIDAQAB", "mwIDAQAC").as_bytes());
+        let decision = Decision {
+            id: MinionId::parse("web01").unwrap(),
+            verdict: Verdict::Accepted(new.clone()),
+            version: Version::new(1 << 40, "master-b"),
+            context: Context::default(),
+            relays: Relays::default(),
+        };
+        let applied = Event::Applied { decision: decision.clone(), from: "master-b".into(), replaced: None };
+        let plain = record(&applied, "master-a").unwrap();
+        assert_eq!((plain.action.as_str(), plain.outcome.as_str()), ("accept", "applied"));
+        let replaced = Event::Applied { decision, from: "master-b".into(), replaced: Some(old.fingerprint()) };
+        let told = record(&replaced, "master-a").unwrap();
+        assert_eq!((told.action.as_str(), told.outcome.as_str()), ("accept", "replaced"));
+        assert_eq!(told.fingerprint, Some(new.fingerprint().to_string()));
+        assert_eq!(told.other_fingerprint, Some(old.fingerprint().to_string()));
+        assert!(told.reason.unwrap().contains(&old.fingerprint().to_string()));
+    }
+}

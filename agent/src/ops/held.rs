@@ -62,7 +62,8 @@ pub struct OperatorReply {
     pub done: Vec<String>,
     /// Writes fail here: retried until they succeed.
     pub retrying: Vec<String>,
-    /// A salt-key run is working on them here: still held.
+    /// A salt-key run is working on them here, or their files changed and
+    /// the change is not recorded yet: still held.
     pub skipped: Vec<String>,
     #[serde(default)]
     pub error: Option<String>,

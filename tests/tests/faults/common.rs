@@ -42,6 +42,44 @@ pub fn divergent(cluster: &FaultCluster) -> BTreeSet<String> {
     ids.into_iter().filter(|id| states.iter().any(|s| s.get(*id) != states[0].get(*id))).cloned().collect()
 }
 
+/// What an operator does where the blast-radius guard holds deletes: runs
+/// `salt-keysync release` (the real CLI, over the control socket) on every
+/// running master. Returns how many deletes were released.
+pub async fn release_held(cluster: &FaultCluster) -> usize {
+    let mut released = 0;
+    for idx in 0..cluster.len() {
+        if !cluster.is_running(idx) {
+            continue;
+        }
+        let config = cluster.files[idx].config_path.to_str().unwrap().to_string();
+        let out = tokio::task::spawn_blocking(move || {
+            keysync_tests::binary::run_cli(&["release", "--json", "--config", &config])
+        })
+        .await
+        .unwrap();
+        // Nothing held there is an error the operator may get: fine here.
+        if let Ok(reply) = serde_json::from_slice::<serde_json::Value>(&out.stdout) {
+            released += reply["done"].as_array().map_or(0, Vec::len);
+        }
+    }
+    released
+}
+
+/// [`converged`], with an operator releasing what the guard holds every two
+/// seconds meanwhile (what is held may also be settled by newer decisions
+/// first, so how much gets released depends on timing). Returns how many
+/// deletes were released.
+pub async fn converged_releasing(cluster: &FaultCluster, timeout: Duration) -> usize {
+    let start = std::time::Instant::now();
+    let mut released = 0;
+    while !divergent(cluster).is_empty() && start.elapsed() < timeout {
+        released += release_held(cluster).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    converged(cluster, Duration::from_secs(1)).await;
+    released
+}
+
 /// Waits until every agent's decided folders are identical.
 pub async fn converged(cluster: &FaultCluster, timeout: Duration) {
     let start = std::time::Instant::now();

@@ -10,7 +10,7 @@ use keysync_tests::binary::FaultCluster;
 use keysync_tests::salt_ops::{delete_key, move_key, SaltLine};
 use keysync_tests::wait_until;
 
-use crate::common::{assert_winners_applied, audit, audited, converged, key_pool, write_pending};
+use crate::common::{assert_winners_applied, audit, audited, converged_releasing, key_pool, write_pending};
 
 const N: usize = 30;
 
@@ -54,7 +54,14 @@ async fn conflicting_decisions_in_a_partition_converge_to_the_highest_version() 
     }
 
     cluster.heal();
-    converged(&cluster, Duration::from_secs(60)).await;
+    // master-b deleted every key master-c still had accepted: a mass delete
+    // to master-c's guard, held until an operator releases it (or master-a's
+    // later rejections settle it).
+    wait_until(Duration::from_secs(60), "master-c holds master-b's deletes", || {
+        audit(&cluster, 2).iter().any(|r| r.action == "hold" && r.outcome == "held")
+    })
+    .await;
+    converged_releasing(&cluster, Duration::from_secs(60)).await;
     for idx in 0..3 {
         assert_winners_applied(&cluster, idx);
     }

@@ -55,6 +55,7 @@ struct Tally {
     kills: u64,
     restarts: u64,
     partitions: u64,
+    released: usize,
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -158,20 +159,28 @@ async fn soak() {
     }
     let chaos = started.elapsed();
     let deadline = Instant::now() + Duration::from_secs(120);
+    let mut next_release = Instant::now();
     while !divergent(&cluster).is_empty() && Instant::now() < deadline {
+        // Random deletes come in bursts the blast-radius guard may hold: an
+        // operator releases them, as one would after checking `salt-keysync held`.
+        if Instant::now() >= next_release {
+            tally.released += crate::common::release_held(&cluster).await;
+            next_release = Instant::now() + Duration::from_secs(3);
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let converge_time = started.elapsed() - chaos;
     let n_divergent = divergent(&cluster).len();
     eprintln!(
         "soak: seed {seed}: {} operations ({} accept, {} reject, {} delete, {} pending written, {} lost to races) \
-         in {chaos:.1?}, converged {converge_time:.1?} later; faults: {} kill -9, {} restarts, {} partitions; divergent keys at the end: {n_divergent}",
+         in {chaos:.1?}, converged {converge_time:.1?} later ({} held deletes released); faults: {} kill -9, {} restarts, {} partitions; divergent keys at the end: {n_divergent}",
         tally.ops,
         tally.accepts,
         tally.rejects,
         tally.deletes,
         tally.pending,
         tally.lost_to_races,
+        tally.released,
         tally.kills,
         tally.restarts,
         tally.partitions

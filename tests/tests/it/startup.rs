@@ -115,6 +115,64 @@ async fn symlinked_key_folders_are_refused_and_a_foreign_staging_folder_is_repla
     assert!(meta.is_dir() && meta.permissions().mode() & 0o7777 == 0o700);
 }
 
+/// Issue 14 item 1: Salt's cachedir, where `.dfn` goes, as a symlink (to a
+/// folder outside) or a stranger's folder is refused at start and by
+/// `check`, not found out at the first revocation; one not made yet is a
+/// warning only.
+#[tokio::test]
+async fn a_symlinked_or_foreign_cachedir_is_refused_at_start_and_by_check() {
+    let root = tempfile::tempdir().unwrap();
+    let outside = root.path().join("elsewhere");
+    std::fs::create_dir(&outside).unwrap();
+    let files = fresh_agent(root.path(), "m");
+    let cache = files.dir.join("cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    std::os::unix::fs::symlink(&outside, &cache).unwrap();
+    let err = refused_start(&files).await;
+    assert!(err.contains("salt.cachedir") && err.contains("symbolic link"), "{err}");
+    let check = run_cli(&["check", "--config", files.config_path.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&check.stdout);
+    assert!(!check.status.success(), "{said}");
+    assert!(said.lines().any(|l| l.starts_with("FAIL") && l.contains("salt.cachedir")), "{said}");
+
+    let files = fresh_agent(root.path(), "n");
+    let cache = files.dir.join("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    std::os::unix::fs::chown(&cache, Some(4242), Some(4242)).unwrap();
+    let err = refused_start(&files).await;
+    assert!(err.contains("salt.cachedir") && err.contains("4242"), "{err}");
+
+    let files = fresh_agent(root.path(), "o");
+    let _ = std::fs::remove_dir_all(files.dir.join("cache"));
+    let check = run_cli(&["check", "--config", files.config_path.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&check.stdout);
+    assert!(said.lines().any(|l| l.starts_with("WARN salt.cachedir") && l.contains("does not exist yet")), "{said}");
+}
+
+/// Issue 14 item 3: `check` tries a chown to the salt user and says so when
+/// the agent's user cannot (the agent would start, then fail every write).
+/// Run by root, it acts as the agent's user (the owner of state_dir: uid
+/// 4242 here), which cannot give files to `daemon`.
+#[test]
+fn check_says_when_the_agents_user_cannot_give_files_to_the_salt_user() {
+    let root = tempfile::tempdir().unwrap();
+    chmod(root.path(), 0o755);
+    let files = fresh_agent(root.path(), "m");
+    let config = std::fs::read_to_string(&files.config_path).unwrap();
+    std::fs::write(&files.config_path, config.replace("[salt]\n", "[salt]\nuser = \"daemon\"\n")).unwrap();
+    std::fs::create_dir(files.dir.join("state")).unwrap();
+    let status = Command::new("chown").args(["-R", "4242:4242"]).arg(&files.dir).status().unwrap();
+    assert!(status.success());
+    let check = run_cli(&["check", "--config", files.config_path.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&check.stdout);
+    assert!(!check.status.success(), "{said}");
+    assert!(
+        said.lines().any(|l| l.starts_with("FAIL")
+            && l.contains("this user (uid 4242) cannot give files to the salt user (uid 1, gid 1)")),
+        "{said}"
+    );
+}
+
 #[tokio::test]
 async fn a_missing_state_folder_is_created_private() {
     let root = tempfile::tempdir().unwrap();

@@ -15,6 +15,18 @@ use super::{staged_name, write_new, Owner};
 /// Mode Salt gives `.dfn`; exactly this, or the master ignores it.
 const DFN_MODE: u32 = 0o400;
 
+/// Checks Salt's cachedir where `.dfn` goes, at start-up and in `check`:
+/// a symlink anywhere on its path, a folder another user owns or others may
+/// write is refused (the agent would be dropping files through it); a
+/// cachedir not made yet (salt-master not started) is `Ok(false)`.
+pub fn check_cachedir(cachedir: &Path, trust: &Trust) -> Result<bool, String> {
+    // Not `exists()`: a dangling symlink must be refused, not taken for absent.
+    if std::fs::symlink_metadata(cachedir).is_err() {
+        return Ok(false);
+    }
+    dirs::open_path(cachedir, trust).map(|_| true).map_err(|e| format!("salt.cachedir {e}"))
+}
+
 /// Drops `<cachedir>/.dfn` so the master rotates its AES key at its next
 /// maintenance run, as `salt-key` does on a reject or delete; an existing one
 /// is left alone (a rotation is already due). Returns whether one was written.
