@@ -4,6 +4,7 @@
 
 pub mod binary;
 pub mod cluster;
+pub mod docs;
 pub mod probe;
 pub mod proxy;
 pub mod salt;

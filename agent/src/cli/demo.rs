@@ -282,7 +282,9 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
     failures += dfn_dropped(&peers).await;
     println!("\nEach figure includes the syncfs both agents make before a decision counts as done, so it");
     println!("grows with the disk's load. A delete also waits `absent_grace` (40 ms): Salt 3008 removes");
-    println!("a key from every folder before writing it back, so a shorter absence is not a delete.");
+    println!("a key from every folder before writing it back, so a shorter absence is not a delete. And");
+    println!("the other masters apply a delete of an accepted key once master-a has deleted nothing else");
+    println!("for a second (the blast-radius guard: a mass delete is held whole, not copied everywhere).");
 
     show_audit(&cluster.nodes);
     if failures > 0 {

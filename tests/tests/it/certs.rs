@@ -91,6 +91,30 @@ fn certs_init_and_issue_make_safe_files_that_agents_use() {
     two_agents_replicate_with(&tls);
 }
 
+/// README.md's `certs` commands, run as written (the agent binary on PATH),
+/// make a CA and the node certificates they name, keys 0600.
+#[test]
+fn readme_certs_commands_make_a_ca_and_node_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = keysync_tests::docs::block("README.md", "<!-- test: certs -->");
+    let bin_dir = keysync_tests::binary::binary().parent().unwrap().to_path_buf();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let out = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &script])
+        .current_dir(dir.path())
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{script}\nfailed: {}", String::from_utf8_lossy(&out.stderr));
+    let tls = dir.path().join("tls");
+    for file in ["ca.pem", "ca.key", "master-a.pem", "master-a.key", "master-b.pem", "master-b.key"] {
+        assert!(tls.join(file).exists(), "{file} made");
+    }
+    for key in ["ca.key", "master-a.key", "master-b.key"] {
+        assert_eq!(mode(&tls.join(key)), 0o600, "{key}");
+    }
+}
+
 /// The fenced block that follows `marker` in README.md.
 fn readme_block(marker: &str) -> String {
     let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();

@@ -38,7 +38,10 @@ fn assert_three_operations(stdout: &str) {
 
 #[test]
 fn demo_shows_three_operations_propagating_and_cleans_up() {
-    let out = run_cli(&["demo"]);
+    // The README's demo command, as written: the binary `cargo run` builds, with its arguments.
+    let command = keysync_tests::docs::block("README.md", "<!-- test: demo -->");
+    let args = command.split_once("cargo run --release -p salt-keysync -- ").expect("a cargo run of the agent").1;
+    let out = run_cli(&args.split_whitespace().collect::<Vec<_>>());
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "demo failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert_three_operations(&stdout);

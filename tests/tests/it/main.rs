@@ -11,6 +11,8 @@ mod certs;
 mod cluster_health;
 /// `salt-keysync demo`: three operations shown propagating, private files, cleanup on Ctrl-C.
 mod demo;
+/// Issue 20: every shell command in the docs is run by a test or marked as an example.
+mod doc_commands;
 /// First contact on agent processes: drifted masters started in two orders
 /// end alike, an identical site rewrites nothing, observe mode and `plan`.
 mod first_contact;
