@@ -57,6 +57,23 @@ impl Node {
     ) -> Vec<u32> {
         let max_skew = self.settings.max_clock_skew.as_millis() as u64;
         let mut n_applied = vec![0; arrivals.len()];
+        if self.rescan_pending {
+            // Operators' changes are not recorded yet (writes failed): a peer's
+            // decision written now could cover one of them, silently. Record
+            // them first if the backoff allows, else wait with the decisions.
+            if self.trouble.retry_due(now.mono) {
+                self.rescan_pending = false;
+                self.rescan("before peers' decisions, after a failed write", now, rt);
+            }
+            if self.rescan_pending {
+                for (from, decisions) in arrivals {
+                    for decision in decisions {
+                        self.wait_for_rescan(from.clone(), decision, judged);
+                    }
+                }
+                return n_applied;
+            }
+        }
         let mut todo: Vec<(usize, Arc<str>, Decision)> = Vec::new();
         for (arrival, (from, decisions)) in arrivals.into_iter().enumerate() {
             todo.extend(decisions.into_iter().map(|mut d| {
@@ -332,6 +349,17 @@ impl Node {
             self.forget_told_conflicts(now, rt);
         }
         n_applied
+    }
+
+    /// Keeps a peer's decision until the operators' unrecorded changes are
+    /// recorded: with the retried ones if it was judged by the guard already,
+    /// else with the deferred ones (judged when merged). The same decision
+    /// offered again meanwhile is kept once.
+    fn wait_for_rescan(&mut self, from: Arc<str>, decision: Decision, judged: bool) {
+        let list = if judged { &mut self.retry } else { &mut self.deferred };
+        if !list.iter().any(|(_, d)| d.id == decision.id && d.version == decision.version) {
+            list.push((from, decision));
+        }
     }
 
     /// Decisions whose apply failed, retried after the backoff: peers', and

@@ -84,8 +84,10 @@ impl Sim {
         let fresh: Vec<MinionId> =
             held.iter().map(|(id, _)| id.clone()).filter(|id| n.undecided_changes.insert(id.clone())).collect();
         for (id, _) in &held {
-            // A new pending key seen earlier expected no decision; this command makes one.
-            if !n.in_flight.contains(id) {
+            // A new pending key seen earlier expected no decision; this command
+            // makes one. (An operator's change not recorded yet keeps its
+            // expectation: the command skips that id.)
+            if !n.in_flight.contains(id) && matches!(n.touched.get(id), Some(Expect::Nothing)) {
                 n.touched.remove(id);
             }
         }
