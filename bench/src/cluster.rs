@@ -73,7 +73,7 @@ impl BenchCluster {
         };
         let files = ProcessCluster::write_files(&path, 3);
         for f in &files {
-            use_default_timings(&f.config_path)?;
+            use_default_timings(&f.config_path, settings.guard)?;
             // Mount points must exist (the old unit made the staging folder in ExecStartPre).
             for dir in [f.dir.join("state"), f.pki.join(".keysync-staging")] {
                 std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -167,7 +167,7 @@ impl BenchCluster {
 
 /// Drops the harness's short test timings, so the agents run with the
 /// defaults an operator gets (anti-entropy every 60 s, rescan every 300 s).
-fn use_default_timings(config: &Path) -> anyhow::Result<()> {
+fn use_default_timings(config: &Path, guard: bool) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(config)?;
     let kept: Vec<&str> = text
         .lines()
@@ -175,7 +175,11 @@ fn use_default_timings(config: &Path) -> anyhow::Result<()> {
             !["anti_entropy_interval", "reconnect_max", "rescan_interval"].iter().any(|k| line.starts_with(k))
         })
         .collect();
-    std::fs::write(config, kept.join("\n") + "\n")?;
+    let mut text = kept.join("\n") + "\n";
+    if !guard {
+        text.push_str("\n[guard]\nenabled = false\n");
+    }
+    std::fs::write(config, text)?;
     Ok(())
 }
 

@@ -38,6 +38,11 @@ pub struct Settings {
     pub keep: Option<PathBuf>,
     /// How each agent sees its folders (see [`cluster::Layout`]).
     pub layout: cluster::Layout,
+    /// Runs the agents with the blast-radius guard on (its default
+    /// settings). Off by default: the figures are of the replication path,
+    /// and a thousand deletes in a row are a mass delete the guard holds.
+    /// On, each delete of an accepted key waits for the guard's `quiet`.
+    pub guard: bool,
 }
 
 impl Settings {
@@ -51,6 +56,7 @@ impl Settings {
             idle: Duration::from_secs(60),
             log_filter: "info".into(),
             keep: None,
+            guard: false,
             layout: cluster::Layout::Plain,
         }
     }

@@ -10,7 +10,7 @@ use clap::Parser;
 #[command(
     name = "keysync-bench",
     about = "Benchmark salt-keysync: three real agents, Salt-style key operations, join versus rsync, first contact on agreeing masters",
-    after_help = "Examples:\n  scripts/bench.sh                      # full run, a few minutes\n  scripts/bench.sh --quick --json out.json\n  target/release/keysync-bench --ops 200 --bulk 2000 --join 20000 --idle 10\n  target/release/keysync-bench --ops 0 --bulk 10000 --join 0 --adopt 0 --idle 0 --layout unit\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 100000\n\nThe agent binary is looked up next to this program (SALT_KEYSYNC_BIN overrides)."
+    after_help = "Examples:\n  scripts/bench.sh                      # full run, a few minutes\n  scripts/bench.sh --quick --json out.json\n  target/release/keysync-bench --ops 200 --bulk 2000 --join 20000 --idle 10\n  target/release/keysync-bench --ops 0 --bulk 10000 --join 0 --adopt 0 --idle 0 --layout unit\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 100000\n  target/release/keysync-bench --ops 20 --bulk 0 --join 0 --adopt 0 --idle 0 --guard\n\nThe agent binary is looked up next to this program (SALT_KEYSYNC_BIN overrides)."
 )]
 struct Args {
     /// Small counts: seconds instead of minutes (what CI runs).
@@ -44,6 +44,12 @@ struct Args {
     /// systemd unit mounts them: pki_dir one bind mount). Needs root unless plain.
     #[arg(long, value_enum, default_value = "plain")]
     layout: keysync_bench::cluster::Layout,
+    /// Run the agents with the blast-radius guard on (default: off, so the
+    /// figures are of replication itself; on, a delete of an accepted key
+    /// waits for the guard's quiet second, and more than 50 deletes within a
+    /// minute are held: keep --ops below 50).
+    #[arg(long)]
+    guard: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -56,6 +62,7 @@ fn main() -> anyhow::Result<()> {
     settings.idle = args.idle.map_or(settings.idle, Duration::from_secs);
     settings.keep = args.keep;
     settings.layout = args.layout;
+    settings.guard = args.guard;
     settings.log_filter = args.log.unwrap_or(settings.log_filter);
     let report = keysync_bench::run(&settings)?;
     println!("{}", report.table());
