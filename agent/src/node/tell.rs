@@ -225,6 +225,17 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
             }),
             ..Record::new(action.name(), "local", "applied")
         },
+        Event::JournalCovered { decision } => remote_record(
+            decision,
+            "journal",
+            decision.verdict.kind().action(),
+            "superseded",
+            Some(
+                "journalled before the agent stopped, not finished: the key files changed after it (an operator's \
+                 change, read as a decision at start-up)"
+                    .into(),
+            ),
+        ),
         Event::StillHeld { n, origins } => Record {
             reason: Some(format!(
                 "{n} deletes held before the agent stopped are held still (from {})",
@@ -328,6 +339,11 @@ pub fn log_and_count(event: &Event, metrics: &Metrics) {
             tracing::info!(n_held, n_found, reason = found.describe(), "start-up reconciliation")
         }
         Event::FinishingJournal { n } => tracing::info!(n, "finishing decisions interrupted by a stop"),
+        Event::JournalCovered { decision } => tracing::warn!(
+            minion = %decision.id,
+            version = %decision.version,
+            "a journalled decision was not finished: the key files changed after it"
+        ),
         Event::LoadFailed { error } => tracing::error!(error = %error, "cannot read decisions for a peer"),
         Event::DeletesHeld { origin, n, limit, first } => {
             metrics.held_bursts.get_or_create(&OriginLabel { origin: origin.to_string() }).inc();

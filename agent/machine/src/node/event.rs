@@ -94,6 +94,9 @@ pub enum Event {
     Reconciled { n_held: usize, n_found: usize, found: Found },
     /// Decisions journalled before a stop are being finished.
     FinishingJournal { n: usize },
+    /// A journalled decision not finished: its id's files changed after it
+    /// was journalled (an operator's change, read as a decision instead).
+    JournalCovered { decision: Decision },
     /// Decisions a peer asked for could not be read from the store.
     LoadFailed { error: String },
     /// A burst of deletes of accepted keys from one origin went past the

@@ -463,6 +463,22 @@ impl Node {
             return;
         }
         rt.audit(Event::FinishingJournal { n: journal.len() });
+        // A decision whose id's files show neither what was held nor what the
+        // decision makes them show was overtaken by an operator after it was
+        // journalled (its write failed, the files changed, the agent
+        // stopped): not finished over that change, which the start-up scan
+        // reads as the operator's decision. A peer still holding it offers it
+        // again, and it meets that decision as any other.
+        let (journal, covered): (Vec<Decision>, Vec<Decision>) =
+            journal.into_iter().partition(|decision| !self.covered_since_journalled(decision, rt));
+        if !covered.is_empty() {
+            let done: Vec<MinionId> = covered.iter().map(|d| d.id.clone()).collect();
+            let write = StoreWrite { done: &done, clock: self.replica.clock(), ..StoreWrite::default() };
+            match rt.record(&write) {
+                Ok(()) => covered.into_iter().for_each(|decision| rt.audit(Event::JournalCovered { decision })),
+                Err(e) => self.trouble.failed(rt, now.mono, "state store journal", &e),
+            }
+        }
         let from: Arc<str> = "journal".into();
         // Merged again (no clock check: it passed before the stop), so the
         // conflicts it brings are told as they would have been.
@@ -481,6 +497,24 @@ impl Node {
             })
             .collect();
         self.apply_round(round, now, rt);
+    }
+
+    /// Whether `decision`'s id's files changed after it was journalled: they
+    /// show neither what this node held nor what the decision makes them show.
+    fn covered_since_journalled(&self, decision: &Decision, rt: &mut impl Runtime) -> bool {
+        use crate::core::observe::{interpret, Reading};
+        let held = self.replica.effective(&decision.id);
+        let after = crate::core::claims::effective(&self.replica.after(decision));
+        let shows = |seen: Option<&Seen>, reading: &Reading| match (reading, seen) {
+            (Reading::Decided(v), Some(s)) => v.kind() == s.kind && v.fingerprint() == s.fingerprint,
+            (Reading::Undecided, None) => true,
+            (Reading::Undecided, Some(s)) => s.kind == VerdictKind::Deleted,
+            (Reading::Decided(_), None) => false,
+            // A refused file: nothing can be read from it, the journal decides.
+            (Reading::Unknown, _) => true,
+        };
+        let reading = interpret(&rt.read_slots(&decision.id));
+        !shows(held.as_ref(), &reading) && !shows(after.as_ref(), &reading)
     }
 
     /// Retries failed writes once the backoff allows: a scan for local

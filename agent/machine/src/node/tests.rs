@@ -194,3 +194,25 @@ fn a_peer_decision_waits_for_an_unrecorded_operator_change() {
     );
     assert!(rt.folders.get(crate::core::Folder::Accepted, "web01").is_none(), "the later decision, the delete, wins");
 }
+
+/// A decision journalled before a stop is not finished over files an
+/// operator changed after it: the change is read as the operator's decision
+/// (found by the simulation, seed 2688 of a 10,000-seed run: a release
+/// journalled while the disk was full, then a salt-key -r, then a stop).
+#[test]
+fn a_journalled_decision_is_not_finished_over_a_later_operator_change() {
+    let mut rt = Recorder::default();
+    // The operator rejected web01 (another key) after the accept was journalled.
+    rt.folders.put(crate::core::Folder::Rejected, "web01", key("mwIDAQAC").bytes());
+    let journalled = decision(Verdict::Accepted(key("mwIDAQAB")), NOW_MS - 50, "master-b", &[]);
+    let loaded = Loaded { journal: vec![journalled], initialized: true, ..Loaded::default() };
+    let a = node_with("master-a", GuardSettings::default(), loaded, &mut rt);
+    assert!(rt.events.iter().any(|e| matches!(e, Event::JournalCovered { .. })), "{:?}", rt.events);
+    assert!(rt.folders.get(crate::core::Folder::Accepted, "web01").is_none(), "the journal wrote nothing");
+    assert_eq!(
+        rt.folders.get(crate::core::Folder::Rejected, "web01").map(Vec::as_slice),
+        Some(key("mwIDAQAC").bytes())
+    );
+    assert_eq!(a.entry(&MinionId::parse("web01").unwrap()).unwrap().kind, crate::core::VerdictKind::Rejected);
+    assert!(rt.store.journal.is_empty(), "the journal entry is done");
+}
