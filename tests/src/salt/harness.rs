@@ -268,9 +268,11 @@ fn write_agent_configs(dir: &Path, masters: &[SaltMaster]) -> Vec<PathBuf> {
                  listen = \"{listen}\"\n\
                  \n[tls]\nca = \"{a}/ca.pem\"\ncert = \"{a}/node.pem\"\nkey = \"{a}/node.key\"\n\
                  \n[salt]\nmaster_config = \"{m}/master\"\ncachedir = \"{m}/cache\"\nmaster_id = \"{id}\"\n\
+                 version_command = [\"{salt_master}\", \"--version\"]\n\
                  \n[timings]\nanti_entropy_interval = \"2s\"\nreconnect_max = \"500ms\"\n",
                 id = master.id,
                 listen = addrs[i],
+                salt_master = super::tool(&master.version, "salt-master").display(),
             );
             for (j, peer) in masters.iter().enumerate().filter(|(j, _)| *j != i) {
                 config.push_str(&format!("\n[[peer]]\nname = \"{}\"\naddress = \"{}\"\n", peer.id, addrs[j]));
