@@ -170,6 +170,7 @@ impl Board {
                 continue;
             }
             self.metrics.peer_up.get_or_create(&PeerLabel { peer: peer.name.clone() }).set(0);
+            self.metrics.know_peers([peer.name.as_str()]);
             let status = PeerStatus {
                 name: peer.name.clone(),
                 address: peer.address.clone(),

@@ -99,6 +99,9 @@ impl Metrics {
     /// Drops every series of a peer removed by a reload, so no gauge of a
     /// peer that is gone stays up (or in mismatch) forever.
     pub fn forget_peer(&self, peer: &str) {
+        let origin = OriginLabel { origin: peer.to_string() };
+        self.held_deletes.remove(&origin);
+        self.held_bursts.remove(&origin);
         let label = PeerLabel { peer: peer.to_string() };
         self.peer_up.remove(&label);
         self.peer_last_contact.remove(&label);
@@ -235,6 +238,16 @@ impl Metrics {
             held_deletes,
             held_bursts,
             mass_deletes_here,
+        }
+    }
+
+    /// Exports 0 held deletes and bursts for each of `peers`, so the series
+    /// exist (and an alert on them can be evaluated) before anything is held.
+    pub fn know_peers<'a>(&self, peers: impl IntoIterator<Item = &'a str>) {
+        for peer in peers {
+            let origin = OriginLabel { origin: peer.to_string() };
+            self.held_deletes.get_or_create(&origin).set(0);
+            self.held_bursts.get_or_create(&origin).inc_by(0);
         }
     }
 
