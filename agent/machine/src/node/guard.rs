@@ -158,8 +158,8 @@ impl Guard {
         self.held.get(&decision.id).is_some_and(|held| decision.context.knows(&held.decision.version))
     }
 
-    /// Whether `decision` is held or waiting already (another peer forwarded
-    /// it, or anti-entropy offers it again).
+    /// Whether `decision` is held or waiting already, or a newer delete of
+    /// its id is (another peer forwarded it, or anti-entropy offers it again).
     fn knows(&self, decision: &Decision) -> bool {
         let origin = &decision.version.node;
         self.held.get(&decision.id).is_some_and(|held| held.decision.version >= decision.version)

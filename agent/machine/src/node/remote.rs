@@ -68,7 +68,7 @@ impl Node {
             if self.rescan_pending {
                 for (from, decisions) in arrivals {
                     for decision in decisions {
-                        self.wait_for_rescan(from.clone(), decision, judged);
+                        self.wait_for_rescan(from.clone(), decision);
                     }
                 }
                 return n_applied;
@@ -97,6 +97,16 @@ impl Node {
                     // mix with it. Merged once its events have settled (apply_deferred).
                     rt.audit(Event::Deferred { id: decision.id.clone(), from: from.clone() });
                     self.deferred.push((from, decision));
+                    continue;
+                }
+                if self.retry.iter().any(|(_, r)| r.id == decision.id) {
+                    // A write for this id waits for its retry (it may be on disk,
+                    // journalled, not recorded): one decision per id in flight, so
+                    // the journal (one entry per id) never loses it. This one
+                    // follows once the retry is done (the same one is the retry's).
+                    if !self.retry.iter().any(|(_, r)| r.id == decision.id && r.version == decision.version) {
+                        self.wait_for_rescan(from, decision);
+                    }
                     continue;
                 }
                 let decision = self.doubt_claims(decision, &from, rt);
@@ -352,13 +362,13 @@ impl Node {
     }
 
     /// Keeps a peer's decision until the operators' unrecorded changes are
-    /// recorded: with the retried ones if it was judged by the guard already,
-    /// else with the deferred ones (judged when merged). The same decision
-    /// offered again meanwhile is kept once.
-    fn wait_for_rescan(&mut self, from: Arc<str>, decision: Decision, judged: bool) {
-        let list = if judged { &mut self.retry } else { &mut self.deferred };
-        if !list.iter().any(|(_, d)| d.id == decision.id && d.version == decision.version) {
-            list.push((from, decision));
+    /// recorded, or the retried write of its id is done, with the deferred
+    /// ones: nothing was written for it, so it is merged and judged by the
+    /// guard afresh then (what held for it when it came may have changed). The
+    /// same decision offered again meanwhile is kept once.
+    fn wait_for_rescan(&mut self, from: Arc<str>, decision: Decision) {
+        if !self.deferred.iter().any(|(_, d)| d.id == decision.id && d.version == decision.version) {
+            self.deferred.push((from, decision));
         }
     }
 

@@ -113,9 +113,11 @@ mod first_contact;
 mod guard;
 
 /// A peer's decision written but not recorded (the store failed) waits for
-/// its retry; a newer decision meanwhile must not trust the folders to show
-/// what is held: the key removed by the unrecorded delete is written back
-/// (found by the simulation, seed 78 with the guard's timings).
+/// its retry; a newer decision meanwhile waits for that retry too, then must
+/// not trust the folders to show what is held: the key removed by the
+/// unrecorded delete is written back (found by the simulation, seeds 78 and
+/// 91 with the guard's timings: the newer decision's journal entry had taken
+/// the place of the unrecorded one's, lost at a kill -9).
 #[test]
 fn a_newer_decision_rewrites_what_an_unrecorded_write_changed() {
     let mut rt = Recorder::default();
@@ -127,13 +129,19 @@ fn a_newer_decision_rewrites_what_an_unrecorded_write_changed() {
     assert!(rt.folders.get(crate::core::Folder::Accepted, "web01").is_none(), "but written");
     rt.faults.record = false;
     // Before the retry: master-c accepts the same key again, knowing the delete.
+    // It waits for the retried write of its id (one decision per id in
+    // flight), then both are applied in order.
     let accept = decision(Verdict::Accepted(key("mwIDAQAB")), NOW_MS - 10, "master-c", &[delete.version]);
-    assert_eq!(push(&mut a, &mut rt, "master-c", vec![accept]), 1);
+    assert_eq!(push(&mut a, &mut rt, "master-c", vec![accept]), 0, "waits for the retry");
+    a.on_tick(Now { mono: Instant::now() + Duration::from_secs(10), wall_ms: NOW_MS }, &mut rt);
     assert_eq!(
         rt.folders.get(crate::core::Folder::Accepted, "web01").map(Vec::as_slice),
         Some(key("mwIDAQAB").bytes()),
         "the folders say what is held"
     );
+    let id = MinionId::parse("web01").unwrap();
+    assert_eq!(a.entry(&id).unwrap().kind, crate::core::VerdictKind::Accepted);
+    assert!(rt.store.journal.is_empty(), "both finished");
 }
 
 /// A peer replacing an accepted key with another one is its own event,

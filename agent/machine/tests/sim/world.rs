@@ -173,6 +173,8 @@ pub(crate) struct SimNode {
     /// Per id an operator's release or revert named, what the store held
     /// then (a failed write may delay its decision past later ones).
     pub(crate) commanded: BTreeMap<MinionId, keysync_machine::node::testing::Stored>,
+    /// Ids an operator's command still retries (writes failed).
+    pub(crate) command_retrying: BTreeSet<MinionId>,
 }
 
 impl SimNode {
@@ -267,6 +269,7 @@ impl Sim {
                 audit_maybe_lost: BTreeSet::new(),
                 ever_held: BTreeSet::new(),
                 commanded: BTreeMap::new(),
+                command_retrying: BTreeSet::new(),
             });
         }
         // Sometimes the highest-named master joins late with the folders it had at the start.
@@ -578,8 +581,15 @@ impl Sim {
             // Its own: a live decision it made, or a claim of its first start.
             let own = if decision.version.is_claim() { mine } else { *decision.version.node == *name };
             if own && !self.applied_at.contains_key(&(node, id.clone(), decision.version.clone())) {
-                self.check_local(node, &decision);
                 let commanded = self.nodes[node].commanded.remove(&id);
+                self.nodes[node].command_retrying.remove(&id);
+                if commanded.is_some() {
+                    // An operator's release or revert: what the operator asked
+                    // for, whatever earlier change of the id awaited a decision.
+                    self.nodes[node].touched.remove(&id);
+                    self.nodes[node].undecided_changes.insert(id.clone());
+                }
+                self.check_local(node, &decision);
                 self.check_context(node, &decision, commanded.as_ref().or(before.as_ref()));
                 self.delivered[node].entry(id.clone()).or_default().insert(decision.version.clone());
                 self.made.entry(id.clone()).or_default().push(Made { decision: decision.clone(), at: self.now });

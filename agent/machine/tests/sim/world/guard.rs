@@ -79,22 +79,12 @@ impl Sim {
         }
         let origin = self.rng.percent(30).then(|| held[self.rng.index(held.len())].1.clone());
         let release = self.rng.percent(50);
-        // What the operator's command decides is the operator's: only those ids may become local decisions.
-        let n = &mut self.nodes[node];
-        let fresh: Vec<MinionId> =
-            held.iter().map(|(id, _)| id.clone()).filter(|id| n.undecided_changes.insert(id.clone())).collect();
-        for (id, _) in &held {
-            // A new pending key seen earlier expected no decision; this command
-            // makes one. (An operator's change not recorded yet keeps its
-            // expectation: the command skips that id.)
-            if !n.in_flight.contains(id) && matches!(n.touched.get(id), Some(Expect::Nothing)) {
-                n.touched.remove(id);
-            }
-        }
         let what = if release { "release" } else { "revert" };
         trace!(self, "{} operator: {what} {} held deletes (origin {origin:?})", self.nodes[node].name, held.len());
         // What the store held of each id when the command was given: what
-        // its decisions must know, even if a failed write delays them.
+        // its decisions must know, even if a failed write delays them. (Their
+        // decisions are the operator's, whatever earlier change of the id
+        // awaited one: see `note_recorded`.)
         let n = &mut self.nodes[node];
         for (id, _) in &held {
             if let Some(stored) = n.store.decisions.get(id).cloned() {
@@ -108,13 +98,15 @@ impl Sim {
                 machine.revert_held(origin.as_deref(), &[], "operator", now, rt)
             }
         });
-        // What the command did not decide (skipped, or not chosen) is not
-        // the operator's; what it retries, or a journal may finish after a
-        // kill on the way, stays so.
-        if let Some(Ok(outcome)) = outcome {
-            for id in fresh {
-                if !outcome.retrying.contains(&id) {
-                    self.nodes[node].undecided_changes.remove(&id);
+        // The ids it skipped keep the expectations they had (an earlier
+        // command may still retry them: what it did not decide now is left
+        // to whichever decision comes).
+        if let Some(Ok(outcome)) = &outcome {
+            let n = &mut self.nodes[node];
+            n.command_retrying.extend(outcome.retrying.iter().cloned());
+            for id in &outcome.skipped {
+                if !n.command_retrying.contains(id) {
+                    n.commanded.remove(id);
                 }
             }
         }
