@@ -46,6 +46,14 @@ common=(
     "usr/share/salt-keysync/monitoring/dashboard.json 100644"
 )
 for page in "${man_pages[@]}"; do common+=("usr/share/man/man1/$(basename "$page") 100644"); done
+# The Salt formula, every file of packaging/salt-formula (docs/formula.md):
+# a file added there but not to agent/Cargo.toml's assets fails here.
+common+=("usr/share/doc/salt-keysync/formula.md 100644")
+while IFS= read -r file; do
+    common+=("usr/share/salt-keysync/salt-formula/${file#packaging/salt-formula/} 100644")
+done < <(find packaging/salt-formula -type f | sort)
+formula_version=$(sed -n 's/^version: //p' packaging/salt-formula/FORMULA)
+[ "$formula_version" = "$version" ] || fail "packaging/salt-formula/FORMULA says version $formula_version, Cargo.toml $version"
 deb_only=("usr/share/zsh/vendor-completions/_salt-keysync 100644")
 rpm_only=("usr/share/zsh/site-functions/_salt-keysync 100644")
 # Neither tool ships empty folders: both packages' post-install scripts make
@@ -218,6 +226,8 @@ if command -v man >/dev/null; then
     [ "$(man -w salt-keysync)" = /usr/share/man/man1/salt-keysync.1.gz ] || fail "man -w salt-keysync: $(man -w salt-keysync)"
 fi
 bash -n /usr/share/bash-completion/completions/salt-keysync || fail "bash completion is not valid bash"
+diff -r packaging/salt-formula /usr/share/salt-keysync/salt-formula || fail "the installed Salt formula differs from packaging/salt-formula"
+echo "ok   the Salt formula installed as in packaging/salt-formula"
 if command -v promtool >/dev/null; then
     # The command docs/monitoring.md gives, on the installed rules.
     promtool check rules /usr/share/salt-keysync/monitoring/alerts.yml || fail "promtool check rules on the installed alerts.yml"

@@ -115,14 +115,14 @@ shutdown_container() {
 }
 
 # doc_block NAME: the shell block after `<!-- systemd-test: NAME -->` in
-# docs/operations.md or docs/recovery.md, run verbatim in the container by
-# `run_doc_block`.
+# docs/operations.md, docs/recovery.md or docs/formula.md, run verbatim in
+# the container by `run_doc_block`.
 doc_block() {
     awk -v marker="<!-- systemd-test: $1 -->" '
         $0 == marker { found = 1; next }
         found && /^```/ { if (inside) exit; inside = 1; next }
         inside { print }
-    ' "$repo/docs/operations.md" "$repo/docs/recovery.md"
+    ' "$repo/docs/operations.md" "$repo/docs/recovery.md" "$repo/docs/formula.md"
 }
 
 # run_doc_block NAME [FOLDER]: runs the block in /srv/keysync/FOLDER as root.

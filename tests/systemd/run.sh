@@ -10,7 +10,9 @@
 # the agent under the packaged unit, unchanged, against two agents outside
 # the container (nspawn shares the host's loopback): real salt-key on both
 # sides, .dfn, reload, restart, kill -9, status, journal priorities, the
-# watchdog, log rotation, a lost state, upgrade, remove, purge, reinstall.
+# watchdog, log rotation, a lost state, upgrade, remove, purge, reinstall;
+# then the Salt formula on the purged master (formula.sh): salt-call --local
+# state.apply installs, configures and starts it, reloads, restarts, cleans.
 # Ends with one line: "systemd-test: PASS (...)" or "systemd-test: FAIL: ...".
 # Fails (never skips) when something it needs is missing;
 # scripts/deps.sh installs it. KEEP=1 keeps the work folder;
@@ -31,6 +33,8 @@ C_ADDR=127.0.18.3:4515
 SALT_VERSION=3008.3
 # shellcheck source=tests/systemd/phases.sh
 source "$here/phases.sh"
+# shellcheck source=tests/systemd/formula.sh
+source "$here/formula.sh"
 
 [ "$(id -u)" -eq 0 ] || fail "must run as root (systemd-nspawn, mmdebstrap, nsenter)"
 missing=()
@@ -111,6 +115,7 @@ phase_logrotate_and_watchdog
 phase_state_lost
 phase_upgrade
 phase_remove_purge_reinstall
+phase_formula
 phase_key_modes
 
 printf 'systemd-test: PASS (%d checks, %d s)\n' "$n_checks" $((SECONDS - started_at))
