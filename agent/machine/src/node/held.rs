@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::core::{Decision, Entry, MinionId, Verdict, VerdictKind};
 
 use super::event::{Event, Settled};
-use super::remote::{by_peer, Merged};
+use super::remote::{by_peer, Merged, Source};
 use super::runtime::{Runtime, StoreWrite};
 use super::{HeldDelete, Node, Now};
 
@@ -68,7 +68,7 @@ impl Node {
         // changed what the id shows here (a claim rejecting the key).
         let (guarded, unjudged): (Vec<_>, Vec<_>) = guarded.into_iter().partition(|(_, d)| self.guards(d));
         if !unjudged.is_empty() {
-            self.apply_arrivals(by_peer(unjudged), true, now, rt);
+            self.apply_arrivals(by_peer(unjudged), Source::Guard, now, rt);
         }
         if guarded.is_empty() {
             return;
@@ -86,7 +86,7 @@ impl Node {
     pub(super) fn guard_tick(&mut self, now: Now, rt: &mut impl Runtime) {
         let due = self.guard.due(now.mono);
         if !due.is_empty() {
-            self.apply_arrivals(by_peer(due), true, now, rt);
+            self.apply_arrivals(by_peer(due), Source::Guard, now, rt);
         }
         self.tell_guard(now, rt);
     }

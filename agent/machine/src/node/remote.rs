@@ -12,6 +12,18 @@ use super::event::Event;
 use super::runtime::{Applied, Kept, Runtime, StoreWrite};
 use super::{FromPeer, Node, Now};
 
+/// Where decisions handed to [`Node::apply_arrivals`] come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Source {
+    /// From a peer (or waiting since): the guard judges them.
+    Peer,
+    /// Let through by the guard: not judged again.
+    Guard,
+    /// Their write failed and is retried: judged already, and possibly on
+    /// disk, so they stay retries whatever waits.
+    Retry,
+}
+
 /// A peer's decision merged in this round: to apply (it beats what is held)
 /// or only to remember (it does not, but this node had not seen it).
 pub(super) struct Merged {
@@ -40,21 +52,22 @@ impl Node {
         rt: &mut impl Runtime,
     ) -> Vec<u32> {
         self.seen = now.mono;
-        self.apply_arrivals(arrivals, false, now, rt)
+        self.apply_arrivals(arrivals, Source::Peer, now, rt)
     }
 
     /// Merges and applies in rounds, each handling one decision per id, so
     /// several decisions about one id (from several peers, or one peer's
     /// backlog) meet one after the other, as if they had come separately.
-    /// Deletes of accepted keys go to the guard first, unless `judged`
-    /// already (retried, or let through by the guard).
+    /// Deletes of accepted keys go to the guard first, unless judged already
+    /// (retried, or let through by the guard: see [`Source`]).
     pub(super) fn apply_arrivals(
         &mut self,
         arrivals: Vec<(Arc<str>, Vec<Decision>)>,
-        judged: bool,
+        source: Source,
         now: Now,
         rt: &mut impl Runtime,
     ) -> Vec<u32> {
+        let judged = source != Source::Peer;
         let max_skew = self.settings.max_clock_skew.as_millis() as u64;
         let mut n_applied = vec![0; arrivals.len()];
         if self.rescan_pending {
@@ -68,7 +81,13 @@ impl Node {
             if self.rescan_pending {
                 for (from, decisions) in arrivals {
                     for decision in decisions {
-                        self.wait_for_rescan(from.clone(), decision);
+                        if source == Source::Retry {
+                            // Possibly on disk: it stays a retry, so that the
+                            // rescan does not take its write for an operator's.
+                            self.retry.push((from.clone(), decision));
+                        } else {
+                            self.wait_for_rescan(from.clone(), decision);
+                        }
                     }
                 }
                 return n_applied;
@@ -540,7 +559,7 @@ impl Node {
         let retry = std::mem::take(&mut self.retry);
         if !retry.is_empty() {
             // Judged already: a held delete never reaches the retry list.
-            self.apply_arrivals(by_peer(retry), true, now, rt);
+            self.apply_arrivals(by_peer(retry), Source::Retry, now, rt);
         }
         if !self.rescan_pending {
             self.apply_deferred(now, rt);
@@ -562,7 +581,7 @@ impl Node {
             .partition(|(_, d)| !self.settler.is_unsettled(d.id.as_str()));
         self.deferred = waiting;
         if !ready.is_empty() {
-            self.apply_arrivals(by_peer(ready), false, now, rt);
+            self.apply_arrivals(by_peer(ready), Source::Peer, now, rt);
         }
     }
 }
