@@ -119,6 +119,9 @@ pub struct Node {
     /// Peers' decisions for ids whose own events were still settling (a
     /// salt-key run in progress); merged once the id has settled.
     deferred: Vec<FromPeer>,
+    /// Retried writes (possibly on disk) of ids a salt-key run is working
+    /// on: still the agent's own writes, retried once the id has settled.
+    retry_settling: Vec<FromPeer>,
     /// Local decisions could not be made durable: the folders are scanned
     /// again when the backoff allows.
     rescan_pending: bool,
@@ -157,6 +160,7 @@ impl Node {
             refused: HashMap::new(),
             retry: Vec::new(),
             deferred: Vec::new(),
+            retry_settling: Vec::new(),
             rescan_pending: false,
             start: Start::Done,
             trouble: trouble::WriteTrouble::default(),
@@ -262,6 +266,7 @@ impl Node {
         self.settler.is_idle()
             && self.retry.is_empty()
             && self.deferred.is_empty()
+            && self.retry_settling.is_empty()
             && !self.rescan_pending
             && !self.guard.is_waiting()
     }

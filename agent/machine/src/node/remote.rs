@@ -74,7 +74,9 @@ impl Node {
             // Operators' changes are not recorded yet (writes failed): a peer's
             // decision written now could cover one of them, silently. Record
             // them first if the backoff allows, else wait with the decisions.
-            if self.trouble.retry_due(now.mono) {
+            // (Not for the retries themselves: `retry_failed` rescanned just
+            // before, with them still listed as the agent's own writes.)
+            if source != Source::Retry && self.trouble.retry_due(now.mono) {
                 self.rescan_pending = false;
                 self.rescan("before peers' decisions, after a failed write", now, rt);
             }
@@ -115,15 +117,26 @@ impl Node {
                     // A salt-key run on this id is in progress here: writing now would
                     // mix with it. Merged once its events have settled (apply_deferred).
                     rt.audit(Event::Deferred { id: decision.id.clone(), from: from.clone() });
-                    self.deferred.push((from, decision));
+                    if source == Source::Retry {
+                        // Possibly on disk already: still listed as the agent's own
+                        // write when the run's events are read, retried after.
+                        self.retry_settling.push((from, decision));
+                    } else {
+                        self.deferred.push((from, decision));
+                    }
                     continue;
                 }
-                if self.retry.iter().any(|(_, r)| r.id == decision.id) {
+                if self.retry.iter().chain(&self.retry_settling).any(|(_, r)| r.id == decision.id) {
                     // A write for this id waits for its retry (it may be on disk,
                     // journalled, not recorded): one decision per id in flight, so
                     // the journal (one entry per id) never loses it. This one
                     // follows once the retry is done (the same one is the retry's).
-                    if !self.retry.iter().any(|(_, r)| r.id == decision.id && r.version == decision.version) {
+                    if !self
+                        .retry
+                        .iter()
+                        .chain(&self.retry_settling)
+                        .any(|(_, r)| r.id == decision.id && r.version == decision.version)
+                    {
                         self.wait_for_rescan(from, decision);
                     }
                     continue;
@@ -408,7 +421,7 @@ impl Node {
         // A write for the id failed to be recorded (it waits in the retry
         // list): the folders may already show something else than what is
         // held, so they are written whatever they should show.
-        let unsure = self.retry.iter().any(|(_, d)| d.id == decision.id);
+        let unsure = self.retry.iter().chain(&self.retry_settling).any(|(_, d)| d.id == decision.id);
         let write = match &shows {
             // Nothing decided here: nothing to undo, unless a key was trusted.
             None if !unsure && before.as_ref().is_none_or(|b| b.kind == VerdictKind::Deleted) => None,
@@ -573,6 +586,15 @@ impl Node {
     /// for the ids that have settled since (the local decision, if any, is
     /// recorded first, so a concurrent one is seen as a conflict).
     pub(super) fn apply_deferred(&mut self, now: Now, rt: &mut impl Runtime) {
+        if !self.retry_settling.is_empty() {
+            let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retry_settling)
+                .into_iter()
+                .partition(|(_, d)| !self.settler.is_unsettled(d.id.as_str()));
+            self.retry_settling = waiting;
+            if !ready.is_empty() {
+                self.apply_arrivals(by_peer(ready), Source::Retry, now, rt);
+            }
+        }
         if self.deferred.is_empty() {
             return;
         }

@@ -260,3 +260,32 @@ fn an_unrecorded_write_stays_a_retry_while_writes_fail() {
     let web01 = MinionId::parse("web01").unwrap();
     assert_eq!(&*a.entry(&web01).unwrap().version.node, "master-b");
 }
+
+/// A retried write whose id an operator's salt-key run is working on waits
+/// for the run, still counted as the agent's own write: the run's new
+/// pending key is no delete of the operator's (found by the simulation,
+/// seed 590 of a 10,000-seed run).
+#[test]
+fn a_retried_write_waits_for_a_salt_key_run_still_the_agents_own() {
+    let mut rt = Recorder::default();
+    rt.folders.put(crate::core::Folder::Rejected, "web01", key("mwIDAQAB").bytes());
+    let mut a = node("master-a", &mut rt);
+    let t0 = Instant::now();
+    let at = |ms: u64| Now { mono: t0 + Duration::from_millis(ms), wall_ms: NOW_MS + ms };
+    rt.faults.record = true;
+    push(&mut a, &mut rt, "master-b", vec![decision(Verdict::Deleted, NOW_MS - 20, "master-b", &[])]);
+    assert!(rt.folders.get(crate::core::Folder::Rejected, "web01").is_none(), "written, not recorded");
+    rt.faults.record = false;
+    // The minion submits its key again: the master writes it pending, in steps.
+    rt.folders.put(crate::core::Folder::Pending, "web01", key("mwIDAQAB").bytes());
+    let written = FsEvent { folder: crate::core::Folder::Pending, name: "web01".into(), change: FsChange::Written };
+    a.on_fs(&written, at(900));
+    a.on_tick(at(1_000), &mut rt);
+    let closed = FsEvent { folder: crate::core::Folder::Pending, name: "web01".into(), change: FsChange::Closed };
+    a.on_fs(&closed, at(1_001));
+    a.on_tick(at(30_000), &mut rt);
+    assert!(!rt.events.iter().any(|e| matches!(e, Event::Decided { .. })), "no operator's decision: {:?}", rt.events);
+    let web01 = MinionId::parse("web01").unwrap();
+    assert_eq!(&*a.entry(&web01).unwrap().version.node, "master-b", "the peer's delete is recorded");
+    assert!(a.is_quiet());
+}
