@@ -205,6 +205,11 @@ impl Guard {
             self.news.tripped.push((origin.clone(), burst.gathered.len(), limit));
         }
         for (from, decision) in std::mem::take(&mut burst.gathered) {
+            // Gathered before a newer delete of the same id was held (from
+            // another origin): that one stands, this one is covered by it.
+            if self.held.get(&decision.id).is_some_and(|held| held.decision.version > decision.version) {
+                continue;
+            }
             let held = HeldDelete { decision, from, since_ms: wall_ms };
             self.news.fresh.push(held.clone());
             if let Some(old) = self.held.insert(held.decision.id.clone(), held.clone()) {
@@ -428,6 +433,26 @@ mod tests {
             g.offer("b".into(), delete("m0", "b", 1), 300, t0, 0);
         }
         assert_eq!(g.due(t0 + Duration::from_secs(2)).len(), 1);
+    }
+
+    /// A delete gathered before a newer delete of the same id was held (from
+    /// another origin) never takes that one's place when its own burst is
+    /// held later (found by the simulation, seed 3811).
+    #[test]
+    fn an_older_gathered_delete_never_replaces_a_newer_held_one() {
+        let mut g = guard();
+        let t0 = Instant::now();
+        g.offer("b".into(), delete("x", "b", 5), 300, t0, 0);
+        for i in 0..60 {
+            g.offer("c".into(), delete(&format!("c{i}"), "c", 9), 300, t0, 0);
+        }
+        g.offer("c".into(), delete("x", "c", 9), 300, t0, 0);
+        assert_eq!(g.held.get(&MinionId::parse("x").unwrap()).unwrap().origin().as_ref(), "c");
+        for i in 0..60 {
+            g.offer("b".into(), delete(&format!("b{i}"), "b", 5), 300, t0, 0);
+        }
+        let x = g.held.get(&MinionId::parse("x").unwrap()).unwrap();
+        assert_eq!((x.origin().as_ref(), x.decision.version.hlc), ("c", 9 << 16), "the newer one stands");
     }
 
     /// The origin warns of its own mass delete once per burst.
