@@ -22,6 +22,7 @@ pub mod testing;
 #[cfg(test)]
 mod tests;
 mod trouble;
+mod waiting;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -20,6 +20,7 @@ mod checker;
 mod faults;
 mod guard;
 mod links;
+mod trace;
 
 pub(crate) use checker::Verdicts;
 
@@ -494,48 +495,7 @@ impl Sim {
 
     fn after_input(&mut self, node: usize, mut out: Outbox) {
         if self.trace {
-            let n = &self.nodes[node];
-            for event in &n.audit[out.audit_before..] {
-                match event {
-                    node::Event::Applied { decision, from, .. } => {
-                        trace!(self, "{} applies {} {} via {from}", n.name, decision.id, decision.version)
-                    }
-                    node::Event::Kept { decision, from, shows, wrote, .. } => trace!(
-                        self,
-                        "{} keeps {} {} via {from}: shows {:?}, wrote {wrote}",
-                        n.name,
-                        decision.id,
-                        decision.version,
-                        shows.as_ref().map(|s| s.version.to_string())
-                    ),
-                    _ => {}
-                }
-                match event {
-                    node::Event::DeletesHeld { origin, n: count, .. } => {
-                        trace!(self, "{} holds {count} deletes from {origin}", n.name)
-                    }
-                    node::Event::HeldSettled { held, how } => {
-                        trace!(self, "{} settles held {} {}: {how:?}", n.name, held.decision.id, held.decision.version)
-                    }
-                    node::Event::Operator { action, decision, .. } => {
-                        trace!(self, "{} {action:?}s {} as {}", n.name, decision.id, decision.version)
-                    }
-                    _ => {}
-                }
-                if let node::Event::Conflict { conflict, from } = event {
-                    trace!(
-                        self,
-                        "{} tells conflict on {} via {from}: {} beats {}",
-                        n.name,
-                        conflict.id,
-                        conflict.winner.version,
-                        conflict.loser.version
-                    );
-                }
-            }
-            if !n.store.untold.is_empty() {
-                trace!(self, "{} keeps {} conflicts untold", n.name, n.store.untold.len());
-            }
+            self.trace_told(node, out.audit_before);
         }
         if let Some(id) = out.wrote_into_runs.first() {
             self.fail(format!("{} wrote {id} while a salt-key run on it was in progress", self.nodes[node].name));
