@@ -13,7 +13,7 @@ use crate::core::{Decision, MinionId, Seen, VerdictKind};
 use super::event::Event;
 use super::remote::{by_peer, Merged, Source};
 use super::runtime::{Runtime, StoreWrite};
-use super::{Node, Now};
+use super::{FromPeer, Node, Now};
 
 impl Node {
     /// Keeps a peer's decision until the operators' unrecorded changes are
@@ -122,24 +122,21 @@ impl Node {
     /// for the ids that have settled since (the local decision, if any, is
     /// recorded first, so a concurrent one is seen as a conflict).
     pub(super) fn apply_deferred(&mut self, now: Now, rt: &mut impl Runtime) {
-        if !self.retry_settling.is_empty() {
-            let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retry_settling)
-                .into_iter()
-                .partition(|(_, d)| !self.settler.is_unsettled(d.id.as_str()));
-            self.retry_settling = waiting;
-            if !ready.is_empty() {
-                self.apply_arrivals(by_peer(ready), Source::Retry, now, rt);
-            }
+        let retries = self.take_settled(|node| &mut node.retry_settling);
+        if !retries.is_empty() {
+            self.apply_arrivals(by_peer(retries), Source::Retry, now, rt);
         }
-        if self.deferred.is_empty() {
-            return;
+        let deferred = self.take_settled(|node| &mut node.deferred);
+        if !deferred.is_empty() {
+            self.apply_arrivals(by_peer(deferred), Source::Peer, now, rt);
         }
-        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.deferred)
-            .into_iter()
-            .partition(|(_, d)| !self.settler.is_unsettled(d.id.as_str()));
-        self.deferred = waiting;
-        if !ready.is_empty() {
-            self.apply_arrivals(by_peer(ready), Source::Peer, now, rt);
-        }
+    }
+
+    /// Takes out of `list` the decisions whose ids have settled.
+    fn take_settled(&mut self, list: impl Fn(&mut Node) -> &mut Vec<FromPeer>) -> Vec<FromPeer> {
+        let (ready, waiting): (Vec<_>, Vec<_>) =
+            std::mem::take(list(self)).into_iter().partition(|(_, d)| !self.settler.is_unsettled(d.id.as_str()));
+        *list(self) = waiting;
+        ready
     }
 }
