@@ -54,13 +54,10 @@ async fn conflicting_decisions_in_a_partition_converge_to_the_highest_version() 
     }
 
     cluster.heal();
-    // master-b deleted every key master-c still had accepted: a mass delete
-    // to master-c's guard, held until an operator releases it (or master-a's
-    // later rejections settle it).
-    wait_until(Duration::from_secs(60), "master-c holds master-b's deletes", || {
-        audit(&cluster, 2).iter().any(|r| r.action == "hold" && r.outcome == "held")
-    })
-    .await;
+    // master-b deleted every key master-c still had accepted: to master-c's
+    // guard a mass delete, held until an operator releases it, unless
+    // master-a's rejections (which win where they are later) reach it first;
+    // which comes first depends on timing, so either is fine here.
     converged_releasing(&cluster, Duration::from_secs(60)).await;
     for idx in 0..3 {
         assert_winners_applied(&cluster, idx);
