@@ -39,9 +39,9 @@ pub struct Settings {
     /// How each agent sees its folders (see [`cluster::Layout`]).
     pub layout: cluster::Layout,
     /// Runs the agents with the blast-radius guard on (its default
-    /// settings). Off by default: the figures are of the replication path,
-    /// and a thousand deletes in a row are a mass delete the guard holds.
-    /// On, each delete of an accepted key waits for the guard's `quiet`.
+    /// settings). Off by default: the figures are of the replication path.
+    /// (The latency phase deletes rejected keys, which the guard never
+    /// judges; the join and the bulk delete nothing.)
     pub guard: bool,
 }
 

@@ -45,9 +45,10 @@ struct Args {
     #[arg(long, value_enum, default_value = "plain")]
     layout: keysync_bench::cluster::Layout,
     /// Run the agents with the blast-radius guard on (default: off, so the
-    /// figures are of replication itself; on, a delete of an accepted key
-    /// waits for the guard's quiet second, and more than 50 deletes within a
-    /// minute are held: keep --ops below 50).
+    /// figures are of replication itself). The latency phase deletes the
+    /// keys its reject phase rejected, which the guard never delays; a
+    /// delete of an accepted key waits for the guard's quiet second
+    /// (`salt-keysync demo` shows one).
     #[arg(long)]
     guard: bool,
 }
