@@ -14,6 +14,9 @@ use tokio_util::sync::CancellationToken;
 /// mimalloc instead of glibc malloc: glibc keeps the memory of a large batch
 /// (a join of 100,000 keys) in its per-thread arenas long after it is freed;
 /// mimalloc hands it back to the system (see [`collect_freed_memory`]).
+/// The `system-allocator` feature keeps glibc's, for heap profilers that
+/// hook malloc (`heaptrack`), whose figures are then glibc's.
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -34,9 +37,11 @@ fn collect_freed_memory() {
         return;
     }
     LAST.set(Some(now));
-    // SAFETY: mi_collect only walks and releases this thread's own mimalloc
-    // heap (the global allocator above); it takes no pointers.
-    unsafe { libmimalloc_sys::mi_collect(true) }
+    if !cfg!(feature = "system-allocator") {
+        // SAFETY: mi_collect only walks and releases this thread's own
+        // mimalloc heap (the global allocator above); it takes no pointers.
+        unsafe { libmimalloc_sys::mi_collect(true) }
+    }
 }
 
 /// Transparent huge pages off for this process. mimalloc asks for them for
