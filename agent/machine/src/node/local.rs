@@ -164,8 +164,12 @@ impl Node {
             if decision.version.is_claim() {
                 // Claims are told as one inventory at the end of the first
                 // start, and not sent: anti-entropy compares them by digest,
-                // so masters that agree exchange nothing.
-                self.inventory.note(&decision);
+                // so masters that agree exchange nothing. (A rescan's claims
+                // after a failed step come out of id order, and no inventory
+                // tells them.)
+                if self.start == Start::FirstInSteps {
+                    self.inventory.note(&decision);
+                }
             } else {
                 rt.audit(Event::Decided { decision: decision.clone(), found });
                 live.push(decision);
