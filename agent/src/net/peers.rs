@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use keysync_machine::node::FETCH_CHUNK;
 use keysync_proto::v1::{self, key_sync_client::KeySyncClient};
 use keysync_proto::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
 use keysync_server::TlsSetup;
@@ -258,11 +259,20 @@ impl PeerLink {
         let peer = self.peer.name.clone();
         let (n_newer_there, newer_here) =
             self.core.ask(|reply| Request::RepairCompare { peer, buckets, summaries, reply }).await?;
-        tracing::debug!(n_buckets, n_fetch = n_newer_there, n_push = newer_here.len(), "anti-entropy");
+        // Loaded and pushed a chunk at a time: to a joining master that is
+        // every decision held, 100,000 keys.
+        let mut n_pushed = 0;
+        for ids in newer_here.chunks(FETCH_CHUNK) {
+            let ids = ids.to_vec();
+            let decisions = self.core.ask(|reply| Request::Fetch { ids, reply }).await?;
+            n_pushed += decisions.len();
+            run.bytes_sent += send_decisions(push_tx, &decisions).await?;
+        }
+        drop(newer_here);
+        tracing::debug!(n_buckets, n_fetch = n_newer_there, n_push = n_pushed, "anti-entropy");
         run.differing_buckets = n_buckets;
         run.we_lacked = n_newer_there;
-        run.peer_lacked = newer_here.len();
-        run.bytes_sent += send_decisions(push_tx, &newer_here).await?;
+        run.peer_lacked = n_pushed;
         // What to fetch, chunk by chunk, is the node's choice (in a large
         // repair each chunk is cut to what is still missing and not being
         // fetched by another link); the next fetch travels while the last
@@ -285,8 +295,8 @@ impl PeerLink {
             n_applied += applied?;
             fetched = next;
         }
-        if n_applied > 0 || !newer_here.is_empty() {
-            tracing::info!(n_pulled = n_applied, n_pushed = newer_here.len(), "anti-entropy repaired differences");
+        if n_applied > 0 || n_pushed > 0 {
+            tracing::info!(n_pulled = n_applied, n_pushed, "anti-entropy repaired differences");
         }
         run.applied = n_applied;
         run.at = crate::disk::audit::now_rfc3339();

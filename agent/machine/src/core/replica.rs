@@ -194,20 +194,24 @@ impl Replica {
     /// The entries in the given buckets, for a peer's anti-entropy: per id
     /// the decision held and every claim known.
     pub fn summaries_in(&self, buckets: &[u32]) -> Vec<(MinionId, Summary)> {
+        let mut out: Vec<_> = self.summarise_in(buckets).map(|(id, summary)| (id.clone(), summary)).collect();
+        out.sort();
+        out
+    }
+
+    /// [`Replica::summaries_in`] unsorted, made as they are read: comparing
+    /// a peer's summaries with 100,000 of this node's needs no list of them.
+    pub fn summarise_in(&self, buckets: &[u32]) -> impl Iterator<Item = (&MinionId, Summary)> {
         let mut wanted = vec![false; self.digests.as_slice().len()];
         for &bucket in buckets {
             if let Some(slot) = wanted.get_mut(bucket as usize) {
                 *slot = true;
             }
         }
-        let mut out: Vec<_> = self
-            .entries
+        self.entries
             .iter()
-            .filter(|(id, _)| wanted[bucket_of(id)])
-            .flat_map(|(id, entry)| digested(entry).into_iter().map(move |part| (id.clone(), Summary::of(&part))))
-            .collect();
-        out.sort();
-        out
+            .filter(move |(id, _)| wanted[bucket_of(id)])
+            .flat_map(|(id, entry)| digested(entry).into_iter().map(move |part| (id, Summary::of(&part))))
     }
 
     /// Whether a peer's summary names a decision this node lacks: a claim it

@@ -80,6 +80,15 @@ impl Node {
         summaries: Summaries,
         rt: &mut impl Runtime,
     ) -> (usize, Vec<Decision>) {
+        let (n_newer_there, newer_here) = self.repair_compare_ids(peer, buckets, summaries);
+        (n_newer_there, self.fetch(&newer_here, rt))
+    }
+
+    /// [`Node::repair_compare`] naming the ids whose decisions are newer
+    /// here, sorted, instead of loading them all at once: a link to a
+    /// joining master pushes every decision held, and loads them with
+    /// [`Node::fetch`] a chunk at a time.
+    pub fn repair_compare_ids(&mut self, peer: &str, buckets: &[u32], summaries: Summaries) -> (usize, Vec<MinionId>) {
         // Per id, every row the peer holds: the decision held and its claims.
         let mut theirs: HashMap<&MinionId, Vec<&Summary>> = HashMap::new();
         for (id, summary) in &summaries {
@@ -87,15 +96,15 @@ impl Node {
         }
         let mut newer_here: Vec<MinionId> = self
             .replica
-            .summaries_in(buckets)
-            .into_iter()
+            .summarise_in(buckets)
             .filter(|(id, mine)| {
                 let Some(rows) = theirs.get(id) else { return true };
                 let known = rows.iter().any(|t| t.version == mine.version && t.content == mine.content);
                 !known && (mine.version.is_claim() || rows.iter().all(|t| mine.beats(t)))
             })
-            .map(|(id, _)| id)
+            .map(|(id, _)| id.clone())
             .collect();
+        newer_here.sort_unstable();
         newer_here.dedup();
         drop(theirs);
         let mut todo: VecDeque<(MinionId, Summary)> =
@@ -109,7 +118,7 @@ impl Node {
         });
         let n_newer_there = todo.len();
         self.repairs.plans.insert(peer.into(), Plan { large: todo.len() > FETCH_CHUNK, todo });
-        (n_newer_there, self.fetch(&newer_here, rt))
+        (n_newer_there, newer_here)
     }
 
     /// The next ids to fetch from `peer` (at most [`FETCH_CHUNK`]); `None`
