@@ -66,9 +66,10 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// batch's. The agents' peaks in a join of 100,000 keys fell from 139–196
 /// MiB to 100–146 MiB (`keysync-bench --join 100000`), a first start's by 5
 /// MiB, at no cost the benchmark could see (freed pages are decommitted, and
-/// faulted in again when reused).
+/// faulted in again when reused). `MIMALLOC_PURGE_DELAY` in the environment
+/// (mimalloc's own variable, in milliseconds) still sets it instead.
 fn purge_freed_memory_at_once() {
-    if !cfg!(feature = "system-allocator") {
+    if !cfg!(feature = "system-allocator") && std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: sets an option; mimalloc reads options at any time.
         unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) }
     }
