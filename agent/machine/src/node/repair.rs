@@ -116,7 +116,12 @@ impl Node {
             last = Some(id.clone());
             !again
         });
+        // Kept for the whole repair (100,000 ids for a joining master), so no
+        // room to spare: the summaries came in a list grown by doubling.
+        todo.shrink_to_fit();
         let n_newer_there = todo.len();
+        // The ids new here are held once fetched: room for them now.
+        self.replica.reserve(todo.iter().filter(|(id, _)| !self.replica.holds(id.as_str())).count());
         self.repairs.plans.insert(peer.into(), Plan { large: todo.len() > FETCH_CHUNK, todo });
         (n_newer_there, newer_here)
     }
@@ -130,6 +135,10 @@ impl Node {
         while !plan.todo.is_empty() {
             let n = plan.todo.len().min(FETCH_CHUNK);
             let chunk: Vec<(MinionId, Summary)> = plan.todo.drain(..n).collect();
+            if plan.todo.len() < plan.todo.capacity() / 2 {
+                // A joining master's plans shrink as its map of held ids grows.
+                plan.todo.shrink_to_fit();
+            }
             let ids: Vec<MinionId> = if plan.large {
                 let in_flight = &mut self.repairs.in_flight;
                 chunk
