@@ -45,13 +45,14 @@ pub enum Request {
     Fetch { ids: Vec<MinionId>, reply: oneshot::Sender<Vec<Decision>> },
     /// This node's digests, for its own anti-entropy round.
     Digests { reply: oneshot::Sender<Vec<u64>> },
-    /// On the link to `peer`, the peer's Diff answer: replies with how many
-    /// ids it holds newer (planned for fetching) and the ids whose decisions
-    /// are newer here (loaded with `Fetch` a chunk at a time, and pushed).
+    /// On the link to `peer`, the peer's Diff answer (its summaries in the
+    /// chunks they came in): replies with how many ids it holds newer
+    /// (planned for fetching) and the ids whose decisions are newer here
+    /// (loaded with `Fetch` a chunk at a time, and pushed).
     RepairCompare {
         peer: String,
         buckets: Vec<u32>,
-        summaries: Summaries,
+        summaries: Vec<Summaries>,
         reply: oneshot::Sender<(usize, Vec<MinionId>)>,
     },
     /// The next ids to fetch from `peer`, `None` when its plan is done.

@@ -267,12 +267,16 @@ impl PeerLink {
         let mut run = AntiEntropyRun { bytes_sent: request.encoded_len(), ..AntiEntropyRun::default() };
         let mut stream = client.diff(request).await?.into_inner();
         let mut buckets = Vec::new();
-        let mut summaries = Vec::new();
+        // Kept in the chunks they come in, each its own size: one list of
+        // 100,000 grown by doubling held two copies while it grew.
+        let mut summaries: Vec<keysync_machine::node::Summaries> = Vec::new();
         while let Some(chunk) = stream.message().await? {
             run.bytes_received += chunk.encoded_len();
             buckets.extend(chunk.buckets);
+            let mut rows = Vec::with_capacity(chunk.entries.len());
             // A malformed summary only means that id is not fetched.
-            summaries.extend(chunk.entries.into_iter().filter_map(crate::net::wire::summary_from_wire));
+            rows.extend(chunk.entries.into_iter().filter_map(crate::net::wire::summary_from_wire));
+            summaries.push(rows);
         }
         self.board.contact(&self.peer.name);
         if buckets.is_empty() {

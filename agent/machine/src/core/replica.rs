@@ -206,7 +206,12 @@ impl Replica {
     /// The entries in the given buckets, for a peer's anti-entropy: per id
     /// the decision held and every claim known.
     pub fn summaries_in(&self, buckets: &[u32]) -> Vec<(MinionId, Summary)> {
-        let mut out: Vec<_> = self.summarise_in(buckets).map(|(id, summary)| (id.clone(), summary)).collect();
+        // Counted first: a joining master asks for all 100,000, and a list
+        // grown by doubling would have room for 131,072.
+        let n =
+            self.in_buckets(buckets).map(|(_, entry)| 1 + entry.seen.iter().filter(|s| s.version.is_claim()).count());
+        let mut out = Vec::with_capacity(n.sum());
+        out.extend(self.summarise_in(buckets).map(|(id, summary)| (id.clone(), summary)));
         out.sort();
         out
     }
@@ -214,16 +219,19 @@ impl Replica {
     /// [`Replica::summaries_in`] unsorted, made as they are read: comparing
     /// a peer's summaries with 100,000 of this node's needs no list of them.
     pub fn summarise_in(&self, buckets: &[u32]) -> impl Iterator<Item = (&MinionId, Summary)> {
+        self.in_buckets(buckets)
+            .flat_map(|(id, entry)| digested(entry).into_iter().map(move |part| (id, Summary::of(&part))))
+    }
+
+    /// The entries in the given buckets.
+    fn in_buckets(&self, buckets: &[u32]) -> impl Iterator<Item = (&MinionId, &Entry)> {
         let mut wanted = vec![false; self.digests.as_slice().len()];
         for &bucket in buckets {
             if let Some(slot) = wanted.get_mut(bucket as usize) {
                 *slot = true;
             }
         }
-        self.entries
-            .iter()
-            .filter(move |(id, _)| wanted[bucket_of(id)])
-            .flat_map(|(id, entry)| digested(entry).into_iter().map(move |part| (id, Summary::of(&part))))
+        self.entries.iter().filter(move |(id, _)| wanted[bucket_of(id)])
     }
 
     /// Whether a peer's summary names a decision this node lacks: a claim it
