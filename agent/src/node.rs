@@ -45,13 +45,15 @@ pub enum Request {
     Fetch { ids: Vec<MinionId>, reply: oneshot::Sender<Vec<Decision>> },
     /// This node's digests, for its own anti-entropy round.
     Digests { reply: oneshot::Sender<Vec<u64>> },
-    /// On the link to `peer`, the peer's Diff answer: replies with how many
-    /// ids it holds newer (planned for fetching) and the decisions newer here.
+    /// On the link to `peer`, the peer's Diff answer (its summaries in the
+    /// chunks they came in): replies with how many ids it holds newer
+    /// (planned for fetching) and the ids whose decisions are newer here
+    /// (loaded with `Fetch` a chunk at a time, and pushed).
     RepairCompare {
         peer: String,
         buckets: Vec<u32>,
-        summaries: Summaries,
-        reply: oneshot::Sender<(usize, Vec<Decision>)>,
+        summaries: Vec<Summaries>,
+        reply: oneshot::Sender<(usize, Vec<MinionId>)>,
     },
     /// The next ids to fetch from `peer`, `None` when its plan is done.
     RepairNext { peer: String, reply: oneshot::Sender<Option<Vec<MinionId>>> },
@@ -317,7 +319,7 @@ impl Core {
                 let _ = reply.send(self.node.digests());
             }
             Request::RepairCompare { peer, buckets, summaries, reply } => {
-                let _ = reply.send(self.node.repair_compare(&peer, &buckets, summaries, &mut self.effects));
+                let _ = reply.send(self.node.repair_compare_ids(&peer, &buckets, summaries));
             }
             Request::RepairNext { peer, reply } => {
                 let _ = reply.send(self.node.repair_next(&peer));

@@ -146,6 +146,7 @@ impl Node {
     /// and reconciles the folders with the store.
     pub fn start(settings: Settings, loaded: Loaded, now: Now, rt: &mut impl Runtime) -> Node {
         let mut replica = Replica::new(&settings.node, Hlc::resume(loaded.clock));
+        replica.reserve(loaded.entries.len());
         for (id, entry) in loaded.entries {
             replica.load(id, entry);
         }

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use keysync_machine::node::FETCH_CHUNK;
 use keysync_proto::v1::{self, key_sync_client::KeySyncClient};
 use keysync_proto::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
 use keysync_server::TlsSetup;
@@ -153,7 +154,7 @@ impl PeerLink {
         // then applies one by one (see the coalescing below).
         let (push_tx, push_rx) = mpsc::channel::<v1::DecisionBatch>(2);
         let mut acks = client.push(ReceiverStream::new(push_rx)).await?.into_inner();
-        self.anti_entropy(&mut client, &push_tx).await?;
+        self.repair(&mut client, &push_tx, &mut outgoing).await?;
         let _ = connected.try_send(());
         self.board.set_state(&self.peer.name, LinkState::Up, None);
         tracing::info!(n_decisions = hello.n_decisions, "connected");
@@ -171,26 +172,17 @@ impl PeerLink {
                         // the peer is busy making the last batch durable, a burst
                         // (salt-key -A) accumulates here and is sent as one batch
                         // rather than as many small ones, each costing it its fsyncs.
-                        let mut queued = Vec::new();
+                        let mut queued = vec![out];
                         while let Ok(more) = outgoing.try_recv() {
                             if more.from.as_deref() != Some(self.peer.name.as_str()) {
                                 queued.push(more);
                             }
                         }
-                        if queued.is_empty() {
-                            // The usual case: nothing to gather, nothing copied.
-                            send_decisions(&push_tx, &out.decisions).await?;
-                        } else {
-                            let decisions: Vec<Decision> = std::iter::once(&out)
-                                .chain(&queued)
-                                .flat_map(|o| o.decisions.iter().cloned())
-                                .collect();
-                            send_decisions(&push_tx, &decisions).await?;
-                        }
+                        send_decisions(&push_tx, decisions_of(&queued)).await?;
                     }
                     Err(broadcast::error::RecvError::Lagged(n)) => {
                         tracing::warn!(n_batches = n, "fell behind; repairing by anti-entropy");
-                        self.anti_entropy(&mut client, &push_tx).await?;
+                        self.repair(&mut client, &push_tx, &mut outgoing).await?;
                     }
                     Err(broadcast::error::RecvError::Closed) => return Ok(()),
                 },
@@ -204,7 +196,7 @@ impl PeerLink {
                 _ = timer.tick() => {
                     // Hello again: exchanges the masters' health, which may have changed.
                     self.hello(&mut client).await?;
-                    self.anti_entropy(&mut client, &push_tx).await?;
+                    self.repair(&mut client, &push_tx, &mut outgoing).await?;
                 }
             }
         }
@@ -229,6 +221,40 @@ impl PeerLink {
         Ok(hello)
     }
 
+    /// Anti-entropy rounds (see [`PeerLink::anti_entropy`]) that keep
+    /// reading what this node sends its peers meanwhile, instead of leaving
+    /// it queued: what came from this peer is dropped at once, the rest
+    /// pushed once the round is over, as the live loop would have pushed it.
+    /// A master joining two peers forwards to each every decision it fetches
+    /// from the other: past [`MAX_HELD_BACK`] decisions (or a lag) they are
+    /// dropped and another round follows, which finds by digest whatever they
+    /// would have brought, as after a lag in the live loop.
+    async fn repair(
+        &self,
+        client: &mut KeySyncClient<Channel>,
+        push_tx: &mpsc::Sender<v1::DecisionBatch>,
+        outgoing: &mut broadcast::Receiver<Arc<crate::node::Outgoing>>,
+    ) -> Result<(), SessionError> {
+        loop {
+            let mut held = HeldBack::default();
+            {
+                let round = self.anti_entropy(client, push_tx);
+                tokio::pin!(round);
+                loop {
+                    tokio::select! {
+                        result = &mut round => break result?,
+                        out = outgoing.recv(), if !held.closed => held.take(out, &self.peer.name),
+                    }
+                }
+            }
+            if !held.dropped {
+                send_decisions(push_tx, decisions_of(&held.batches)).await?;
+                return Ok(());
+            }
+            tracing::info!("decisions to push piled up during anti-entropy; comparing digests again instead");
+        }
+    }
+
     /// Digests first, then only what differs: fetch what the peer holds newer,
     /// push what this node holds newer.
     async fn anti_entropy(
@@ -241,12 +267,16 @@ impl PeerLink {
         let mut run = AntiEntropyRun { bytes_sent: request.encoded_len(), ..AntiEntropyRun::default() };
         let mut stream = client.diff(request).await?.into_inner();
         let mut buckets = Vec::new();
-        let mut summaries = Vec::new();
+        // Kept in the chunks they come in, each its own size: one list of
+        // 100,000 grown by doubling held two copies while it grew.
+        let mut summaries: Vec<keysync_machine::node::Summaries> = Vec::new();
         while let Some(chunk) = stream.message().await? {
             run.bytes_received += chunk.encoded_len();
             buckets.extend(chunk.buckets);
+            let mut rows = Vec::with_capacity(chunk.entries.len());
             // A malformed summary only means that id is not fetched.
-            summaries.extend(chunk.entries.into_iter().filter_map(crate::net::wire::summary_from_wire));
+            rows.extend(chunk.entries.into_iter().filter_map(crate::net::wire::summary_from_wire));
+            summaries.push(rows);
         }
         self.board.contact(&self.peer.name);
         if buckets.is_empty() {
@@ -258,11 +288,20 @@ impl PeerLink {
         let peer = self.peer.name.clone();
         let (n_newer_there, newer_here) =
             self.core.ask(|reply| Request::RepairCompare { peer, buckets, summaries, reply }).await?;
-        tracing::debug!(n_buckets, n_fetch = n_newer_there, n_push = newer_here.len(), "anti-entropy");
+        // Loaded and pushed a chunk at a time: to a joining master that is
+        // every decision held, 100,000 keys.
+        let mut n_pushed = 0;
+        for ids in newer_here.chunks(FETCH_CHUNK) {
+            let ids = ids.to_vec();
+            let decisions = self.core.ask(|reply| Request::Fetch { ids, reply }).await?;
+            n_pushed += decisions.len();
+            run.bytes_sent += send_decisions(push_tx, &decisions).await?;
+        }
+        drop(newer_here);
+        tracing::debug!(n_buckets, n_fetch = n_newer_there, n_push = n_pushed, "anti-entropy");
         run.differing_buckets = n_buckets;
         run.we_lacked = n_newer_there;
-        run.peer_lacked = newer_here.len();
-        run.bytes_sent += send_decisions(push_tx, &newer_here).await?;
+        run.peer_lacked = n_pushed;
         // What to fetch, chunk by chunk, is the node's choice (in a large
         // repair each chunk is cut to what is still missing and not being
         // fetched by another link); the next fetch travels while the last
@@ -285,8 +324,8 @@ impl PeerLink {
             n_applied += applied?;
             fetched = next;
         }
-        if n_applied > 0 || !newer_here.is_empty() {
-            tracing::info!(n_pulled = n_applied, n_pushed = newer_here.len(), "anti-entropy repaired differences");
+        if n_applied > 0 || n_pushed > 0 {
+            tracing::info!(n_pulled = n_applied, n_pushed, "anti-entropy repaired differences");
         }
         run.applied = n_applied;
         run.at = crate::disk::audit::now_rfc3339();
@@ -339,13 +378,58 @@ impl PeerLink {
     }
 }
 
+/// Most decisions a link holds back for its peer during an anti-entropy
+/// round (see [`PeerLink::repair`]): one push batch.
+const MAX_HELD_BACK: usize = PUSH_BATCH_DECISIONS;
+
+/// What this node sent its peers while a link was in an anti-entropy round.
+#[derive(Default)]
+struct HeldBack {
+    /// For the peer, in order.
+    batches: Vec<Arc<crate::node::Outgoing>>,
+    n_decisions: usize,
+    /// Some were dropped (too many, or the channel lagged): another round.
+    dropped: bool,
+    /// The core task is gone: nothing more comes.
+    closed: bool,
+}
+
+impl HeldBack {
+    fn take(&mut self, out: Result<Arc<crate::node::Outgoing>, broadcast::error::RecvError>, peer: &str) {
+        match out {
+            Ok(out) if out.from.as_deref() == Some(peer) => {}
+            Ok(out) => {
+                self.n_decisions += out.decisions.len();
+                if self.dropped || self.n_decisions > MAX_HELD_BACK {
+                    self.drop_all();
+                } else {
+                    self.batches.push(out);
+                }
+            }
+            Err(broadcast::error::RecvError::Lagged(_)) => self.drop_all(),
+            Err(broadcast::error::RecvError::Closed) => self.closed = true,
+        }
+    }
+
+    fn drop_all(&mut self) {
+        self.dropped = true;
+        self.batches = Vec::new();
+    }
+}
+
+/// The decisions of `batches`, in order (a list of references: an iterator
+/// chaining the batches could not be held across the pushes' awaits).
+fn decisions_of(batches: &[Arc<crate::node::Outgoing>]) -> Vec<&Decision> {
+    batches.iter().flat_map(|o| &o.decisions).collect()
+}
+
 /// Pushes decisions in batches of at most [`PUSH_BATCH_BYTES`] (well under
 /// the message cap) and [`PUSH_BATCH_DECISIONS`]: the peer makes each batch
 /// durable with one syncfs and one store commit, so a burst (salt-key -A)
 /// costs a few of those, not one per thousand keys. Returns the bytes sent.
-async fn send_decisions(
+async fn send_decisions<'a>(
     push_tx: &mpsc::Sender<v1::DecisionBatch>,
-    decisions: &[Decision],
+    decisions: impl IntoIterator<Item = &'a Decision>,
 ) -> Result<usize, SessionError> {
     let mut n_bytes = 0;
     let mut batch = v1::DecisionBatch::default();
@@ -376,4 +460,55 @@ fn wire_size(decision: &Decision) -> usize {
     let key = decision.verdict.key().map_or(0, |key| key.bytes().len());
     let versions = decision.version.node.len() + decision.context.iter().map(|v| v.node.len() + 12).sum::<usize>();
     key + decision.id.as_str().len() + versions + 64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{MinionId, Verdict, Version};
+    use crate::node::Outgoing;
+
+    fn batch(from: &str, n: usize) -> Arc<Outgoing> {
+        let decisions = (0..n)
+            .map(|i| Decision {
+                id: MinionId::parse(&format!("web{i}")).unwrap(),
+                verdict: Verdict::Deleted,
+                version: Version::new(1 << 50, "master-c"),
+                context: Default::default(),
+                relays: Default::default(),
+            })
+            .collect();
+        Arc::new(Outgoing { from: Some(from.to_string()), decisions })
+    }
+
+    #[test]
+    fn held_back_keeps_what_the_peer_lacks_up_to_one_push_batch() {
+        use broadcast::error::RecvError::{Closed, Lagged};
+        // (what arrives during the round, decisions kept for the peer, dropped)
+        let cases: Vec<(Vec<Result<Arc<Outgoing>, broadcast::error::RecvError>>, usize, bool)> = vec![
+            (vec![], 0, false),
+            // The peer's own decisions are never pushed back to it.
+            (vec![Ok(batch("master-b", MAX_HELD_BACK + 1))], 0, false),
+            (vec![Ok(batch("master-a", 3)), Ok(batch("master-b", 5)), Ok(batch("master-a", 4))], 7, false),
+            (vec![Ok(batch("master-a", MAX_HELD_BACK))], MAX_HELD_BACK, false),
+            // Past one push batch, or lagging: nothing kept, another round instead.
+            (vec![Ok(batch("master-a", MAX_HELD_BACK)), Ok(batch("master-a", 1))], 0, true),
+            (vec![Ok(batch("master-a", MAX_HELD_BACK + 1)), Ok(batch("master-a", 1))], 0, true),
+            (vec![Ok(batch("master-a", 2)), Err(Lagged(3)), Ok(batch("master-a", 1))], 0, true),
+        ];
+        for (i, (arrivals, kept, dropped)) in cases.into_iter().enumerate() {
+            let mut held = HeldBack::default();
+            for out in arrivals {
+                held.take(out, "master-b");
+            }
+            assert_eq!(
+                (decisions_of(&held.batches).len(), held.dropped, held.closed),
+                (kept, dropped, false),
+                "case {i}"
+            );
+        }
+        let mut held = HeldBack::default();
+        held.take(Err(Closed), "master-b");
+        assert!(held.closed && !held.dropped);
+    }
 }

@@ -49,6 +49,13 @@ impl MinionId {
     }
 }
 
+/// Maps keyed by id are searched by name: an id hashes and compares as its str.
+impl std::borrow::Borrow<str> for MinionId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl fmt::Display for MinionId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

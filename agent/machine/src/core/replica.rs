@@ -81,6 +81,18 @@ impl Replica {
         self.entries.is_empty()
     }
 
+    /// Makes room for `additional` more ids at once: grown one doubling at
+    /// a time, the map of 100,000 ids held its old table (9 MiB) beside the
+    /// new one (18 MiB) while it moved them.
+    pub fn reserve(&mut self, additional: usize) {
+        self.entries.reserve(additional);
+    }
+
+    /// Whether a decision is held for the id named `name`.
+    pub fn holds(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
     pub fn clock(&self) -> u64 {
         self.clock.last()
     }
@@ -194,20 +206,32 @@ impl Replica {
     /// The entries in the given buckets, for a peer's anti-entropy: per id
     /// the decision held and every claim known.
     pub fn summaries_in(&self, buckets: &[u32]) -> Vec<(MinionId, Summary)> {
+        // Counted first: a joining master asks for all 100,000, and a list
+        // grown by doubling would have room for 131,072.
+        let n =
+            self.in_buckets(buckets).map(|(_, entry)| 1 + entry.seen.iter().filter(|s| s.version.is_claim()).count());
+        let mut out = Vec::with_capacity(n.sum());
+        out.extend(self.summarise_in(buckets).map(|(id, summary)| (id.clone(), summary)));
+        out.sort();
+        out
+    }
+
+    /// [`Replica::summaries_in`] unsorted, made as they are read: comparing
+    /// a peer's summaries with 100,000 of this node's needs no list of them.
+    pub fn summarise_in(&self, buckets: &[u32]) -> impl Iterator<Item = (&MinionId, Summary)> {
+        self.in_buckets(buckets)
+            .flat_map(|(id, entry)| digested(entry).into_iter().map(move |part| (id, Summary::of(&part))))
+    }
+
+    /// The entries in the given buckets.
+    fn in_buckets(&self, buckets: &[u32]) -> impl Iterator<Item = (&MinionId, &Entry)> {
         let mut wanted = vec![false; self.digests.as_slice().len()];
         for &bucket in buckets {
             if let Some(slot) = wanted.get_mut(bucket as usize) {
                 *slot = true;
             }
         }
-        let mut out: Vec<_> = self
-            .entries
-            .iter()
-            .filter(|(id, _)| wanted[bucket_of(id)])
-            .flat_map(|(id, entry)| digested(entry).into_iter().map(move |part| (id.clone(), Summary::of(&part))))
-            .collect();
-        out.sort();
-        out
+        self.entries.iter().filter(move |(id, _)| wanted[bucket_of(id)])
     }
 
     /// Whether a peer's summary names a decision this node lacks: a claim it
@@ -358,6 +382,22 @@ mod tests {
         ));
         // The older decision is remembered, for conflicts, not held.
         assert_eq!(replica.entry(&id()).unwrap().seen.len(), 1);
+    }
+
+    #[test]
+    fn room_reserved_for_new_ids_is_not_grown_again() {
+        let mut replica = Replica::new("a", Hlc::default());
+        replica.reserve(1000);
+        let room = replica.entries.capacity();
+        assert!(room >= 1000);
+        for i in 0..1000 {
+            let id = MinionId::parse(&format!("web{i}")).unwrap();
+            assert!(!replica.holds(id.as_str()));
+            let d = replica.observe(&id, Reading::Decided(accepted()), 1000, ObserveMode::FirstStart).unwrap();
+            replica.commit(&d);
+            assert!(replica.holds(id.as_str()));
+        }
+        assert_eq!(replica.entries.capacity(), room, "the map was grown while it had room");
     }
 
     #[test]

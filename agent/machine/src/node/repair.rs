@@ -80,36 +80,58 @@ impl Node {
         summaries: Summaries,
         rt: &mut impl Runtime,
     ) -> (usize, Vec<Decision>) {
-        // Per id, every row the peer holds: the decision held and its claims.
+        let (n_newer_there, newer_here) = self.repair_compare_ids(peer, buckets, vec![summaries]);
+        (n_newer_there, self.fetch(&newer_here, rt))
+    }
+
+    /// [`Node::repair_compare`] naming the ids whose decisions are newer
+    /// here, sorted, instead of loading them all at once: a link to a
+    /// joining master pushes every decision held, and loads them with
+    /// [`Node::fetch`] a chunk at a time. The peer's summaries come in the
+    /// chunks they arrived in (100,000 for a joining master: no list grown
+    /// by doubling to hold them).
+    pub fn repair_compare_ids(
+        &mut self,
+        peer: &str,
+        buckets: &[u32],
+        summaries: Vec<Summaries>,
+    ) -> (usize, Vec<MinionId>) {
+        // Per id held here, every row the peer holds: the decision held and
+        // its claims (no other id is looked up: a joining master maps none).
         let mut theirs: HashMap<&MinionId, Vec<&Summary>> = HashMap::new();
-        for (id, summary) in &summaries {
-            theirs.entry(id).or_default().push(summary);
+        for (id, summary) in summaries.iter().flatten() {
+            if self.replica.holds(id.as_str()) {
+                theirs.entry(id).or_default().push(summary);
+            }
         }
         let mut newer_here: Vec<MinionId> = self
             .replica
-            .summaries_in(buckets)
-            .into_iter()
+            .summarise_in(buckets)
             .filter(|(id, mine)| {
                 let Some(rows) = theirs.get(id) else { return true };
                 let known = rows.iter().any(|t| t.version == mine.version && t.content == mine.content);
                 !known && (mine.version.is_claim() || rows.iter().all(|t| mine.beats(t)))
             })
-            .map(|(id, _)| id)
+            .map(|(id, _)| id.clone())
             .collect();
+        newer_here.sort_unstable();
         newer_here.dedup();
         drop(theirs);
-        let mut todo: VecDeque<(MinionId, Summary)> =
-            summaries.into_iter().filter(|(id, theirs)| self.replica.is_newer_on_peer(id, theirs)).collect();
+        // Counted first: the plan is kept for the whole repair, so it gets
+        // no room to spare.
+        let newer_there = |(id, theirs): &(MinionId, Summary)| self.replica.is_newer_on_peer(id, theirs);
+        let mut todo = Vec::with_capacity(summaries.iter().flatten().filter(|row| newer_there(row)).count());
+        for chunk in summaries {
+            todo.extend(chunk.into_iter().filter(|row| newer_there(row)));
+        }
         // One fetch per id brings all it has (summaries come sorted by id).
-        let mut last: Option<MinionId> = None;
-        todo.retain(|(id, _)| {
-            let again = last.as_ref() == Some(id);
-            last = Some(id.clone());
-            !again
-        });
+        todo.dedup_by(|later, first| later.0 == first.0);
+        let todo = VecDeque::from(todo);
         let n_newer_there = todo.len();
+        // The ids new here are held once fetched: room for them now.
+        self.replica.reserve(todo.iter().filter(|(id, _)| !self.replica.holds(id.as_str())).count());
         self.repairs.plans.insert(peer.into(), Plan { large: todo.len() > FETCH_CHUNK, todo });
-        (n_newer_there, self.fetch(&newer_here, rt))
+        (n_newer_there, newer_here)
     }
 
     /// The next ids to fetch from `peer` (at most [`FETCH_CHUNK`]); `None`
@@ -121,6 +143,10 @@ impl Node {
         while !plan.todo.is_empty() {
             let n = plan.todo.len().min(FETCH_CHUNK);
             let chunk: Vec<(MinionId, Summary)> = plan.todo.drain(..n).collect();
+            if plan.todo.len() < plan.todo.capacity() / 2 {
+                // A joining master's plans shrink as its map of held ids grows.
+                plan.todo.shrink_to_fit();
+            }
             let ids: Vec<MinionId> = if plan.large {
                 let in_flight = &mut self.repairs.in_flight;
                 chunk
