@@ -484,8 +484,9 @@ mod tests {
     #[test]
     fn held_back_keeps_what_the_peer_lacks_up_to_one_push_batch() {
         use broadcast::error::RecvError::{Closed, Lagged};
+        type Arrivals = Vec<Result<Arc<Outgoing>, broadcast::error::RecvError>>;
         // (what arrives during the round, decisions kept for the peer, dropped)
-        let cases: Vec<(Vec<Result<Arc<Outgoing>, broadcast::error::RecvError>>, usize, bool)> = vec![
+        let cases: Vec<(Arrivals, usize, bool)> = vec![
             (vec![], 0, false),
             // The peer's own decisions are never pushed back to it.
             (vec![Ok(batch("master-b", MAX_HELD_BACK + 1))], 0, false),
