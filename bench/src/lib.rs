@@ -1,6 +1,6 @@
 //! The salt-keysync benchmark: three real agent processes on loopback with
 //! mTLS, Salt-style key operations on one master, inotify on the other two,
-//! and the DESIGN §7 figures (latency, bulk, join versus `rsync -a`, first
+//! and the performance targets (latency, bulk, join versus `rsync -a`, first
 //! contact on masters that already agree, memory at its peak, idle CPU).
 //! `main.rs` is the command line; `tests/reduced.rs` runs it small.
 #![forbid(unsafe_code)]

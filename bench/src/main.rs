@@ -1,4 +1,4 @@
-//! `keysync-bench`: the salt-keysync benchmark (issue 5, DESIGN §7). Run it
+//! `keysync-bench`: the salt-keysync benchmark (the README's Performance section). Run it
 //! through `scripts/bench.sh`, which builds the release binaries first.
 
 use std::path::PathBuf;

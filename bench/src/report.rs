@@ -1,4 +1,4 @@
-//! The benchmark's figures: percentiles, the DESIGN §7 targets next to them,
+//! The benchmark's figures: percentiles, the targets next to them,
 //! a table for people and a JSON summary for machines.
 
 use std::fmt::Write as _;
@@ -54,7 +54,7 @@ impl OpRow {
         }
     }
 
-    /// DESIGN §7: accept/reject p50 ≤ 5 ms and p99 ≤ 20 ms; delete p99 ≤ 100 ms.
+    /// Targets: accept/reject p50 ≤ 5 ms and p99 ≤ 20 ms; delete p99 ≤ 100 ms.
     pub fn meets_target(&self) -> bool {
         self.n_missed == 0
             && match self.kind.as_str() {
@@ -101,7 +101,7 @@ pub struct JoinRow {
     pub first_start_secs: f64,
     /// B, empty, joining A alone.
     pub join_one_peer_secs: f64,
-    /// C, empty, joining A and B: the figure of DESIGN §7.
+    /// C, empty, joining A and B: the figure with a target.
     pub join_two_peers_secs: f64,
     pub rsync_secs: f64,
     /// join_two_peers_secs / rsync_secs.
@@ -126,7 +126,7 @@ pub struct AdoptRow {
     pub n_keys: usize,
     /// Writing them into the three masters' folders, and `sync` (untimed).
     pub seed_secs: f64,
-    /// From starting the three agents until they were quiet: DESIGN §7's figure.
+    /// From starting the three agents until they were quiet: the figure with a target.
     pub quiet_secs: f64,
     /// From starting them until every link was seen up (digests compared).
     pub links_up_secs: f64,
@@ -162,7 +162,7 @@ pub struct AdoptAgentRow {
     pub peak_sampled_at_secs: f64,
 }
 
-/// DESIGN §7: an agent's resident memory at its PEAK, at most 64 MiB.
+/// Target: an agent's resident memory at its PEAK, at most 64 MiB.
 pub const PEAK_RSS_TARGET_MIB: f64 = 64.0;
 
 pub fn load_average() -> String {
@@ -182,7 +182,7 @@ impl Report {
         serde_json::to_string_pretty(self).expect("the report serializes")
     }
 
-    /// The human-readable table, with each DESIGN §7 target.
+    /// The human-readable table, with each target.
     pub fn table(&self) -> String {
         let mut out = String::new();
         let s = &self.settings;

@@ -27,7 +27,7 @@ pub struct AgentFiles {
     pub audit_log: PathBuf,
 }
 
-/// Writes certificates, pki folders and a DESIGN §6 config for `name` under
+/// Writes certificates, pki folders and a config (the keys of packaging/config.toml) for `name` under
 /// `root/name`. `peers`: (name, address) pairs.
 pub fn write_agent_files(
     root: &Path,

@@ -98,7 +98,7 @@ fn open_append(path: &Path) -> io::Result<File> {
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)?;
-    // DESIGN §5: 0600 or 0640, nothing for others.
+    // The audit log: 0600 or 0640, nothing for others.
     let mode = file.metadata()?.permissions().mode() & 0o777;
     if mode & 0o037 != 0 {
         file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
