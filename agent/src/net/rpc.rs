@@ -15,7 +15,7 @@ use crate::net::wire::{decision_from_wire, decision_to_wire, health_from_wire, h
 use crate::node::{CoreHandle, Request};
 
 /// Most ids one Fetch may ask for.
-pub const MAX_FETCH_IDS: usize = keysync_machine::node::FETCH_CHUNK;
+pub const MAX_FETCH_IDS: usize = keysync_machine::node::MAX_FETCH;
 /// Decisions per message of a Fetch or Push stream (~0.5 MB with RSA keys).
 pub const DECISIONS_PER_BATCH: usize = 1000;
 /// Summaries per Diff chunk.
