@@ -11,7 +11,9 @@ use keysync_proto::v1::{
     DecisionBatch, DiffChunk, DiffRequest, FetchRequest, HelloRequest, HelloResponse, PlanRequest, PlanResponse,
     PushAck,
 };
-use keysync_server::{serve, Handler, Items, PeerName, ServeOptions, CALLS_IN_ALL, CALLS_PER_PEER, CONNECTIONS_PER_PEER};
+use keysync_server::{
+    serve, Handler, Items, PeerName, ServeOptions, CALLS_IN_ALL, CALLS_PER_PEER, CONNECTIONS_PER_PEER,
+};
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
