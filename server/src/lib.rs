@@ -37,5 +37,5 @@ pub use identity::PeerName;
 pub use limits::ConnectionLimits;
 pub use listener::{serve, serve_with, ServeError, ServeOptions};
 pub use probe::{probe, ProbeError, Stage};
-pub use service::Handler;
+pub use service::{Handler, Items};
 pub use tls::{PemInput, TlsError, TlsMaterial, TlsSetup};

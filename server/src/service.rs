@@ -26,10 +26,15 @@ pub trait Handler: Send + Sync + 'static {
     async fn hello(&self, peer: &PeerName, req: HelloRequest) -> Result<HelloResponse, Status>;
     /// Called once per batch of a Push stream; an error ends the stream with that status.
     async fn push(&self, peer: &PeerName, batch: DecisionBatch) -> Result<PushAck, Status>;
-    async fn diff(&self, peer: &PeerName, req: DiffRequest) -> Result<Vec<DiffChunk>, Status>;
-    async fn fetch(&self, peer: &PeerName, req: FetchRequest) -> Result<Vec<DecisionBatch>, Status>;
+    async fn diff(&self, peer: &PeerName, req: DiffRequest) -> Result<Items<DiffChunk>, Status>;
+    async fn fetch(&self, peer: &PeerName, req: FetchRequest) -> Result<Items<DecisionBatch>, Status>;
     async fn plan(&self, peer: &PeerName, req: PlanRequest) -> Result<PlanResponse, Status>;
 }
+
+/// The messages of a streamed answer, each made when the stream is ready to
+/// send it: a Diff answer to a joining master is 100,000 summaries, which
+/// as messages all made at once took twice the memory of the summaries.
+pub type Items<T> = Box<dyn Iterator<Item = T> + Send>;
 
 /// Acks buffered per Push stream before the handler waits for the client to read them.
 const PUSH_ACK_BUFFER: usize = 16;
@@ -72,8 +77,8 @@ fn is_refusal(status: &Status) -> bool {
     matches!(status.code(), Code::OutOfRange | Code::ResourceExhausted | Code::Internal | Code::InvalidArgument)
 }
 
-fn stream_of<T: Send + 'static>(items: Vec<T>) -> BoxStream<T> {
-    Box::pin(tokio_stream::iter(items.into_iter().map(Ok)))
+fn stream_of<T: Send + 'static>(items: Items<T>) -> BoxStream<T> {
+    Box::pin(tokio_stream::iter(items.map(Ok)))
 }
 
 #[tonic::async_trait]

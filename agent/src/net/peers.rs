@@ -379,8 +379,12 @@ impl PeerLink {
 }
 
 /// Most decisions a link holds back for its peer during an anti-entropy
-/// round (see [`PeerLink::repair`]): one push batch.
-const MAX_HELD_BACK: usize = PUSH_BATCH_DECISIONS;
+/// round (see [`PeerLink::repair`]). Held with their keys: a master joining
+/// two peers forwards to each the decisions fetched from the other, and
+/// each link held 10,000 of them (~7 MiB) before dropping them for another
+/// round anyway; a burst larger than this during a round costs one more
+/// comparison of digests.
+const MAX_HELD_BACK: usize = 1000;
 
 /// What this node sent its peers while a link was in an anti-entropy round.
 #[derive(Default)]

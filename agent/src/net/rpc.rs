@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use keysync_proto::v1;
 use keysync_proto::PROTOCOL_VERSION;
-use keysync_server::{Handler, PeerName, TransportEvent};
+use keysync_server::{Handler, Items, PeerName, TransportEvent};
 use tonic::Status;
 
 use crate::core::digest::N_BUCKETS;
@@ -15,7 +15,7 @@ use crate::net::wire::{decision_from_wire, decision_to_wire, health_from_wire, h
 use crate::node::{CoreHandle, Request};
 
 /// Most ids one Fetch may ask for.
-pub const MAX_FETCH_IDS: usize = keysync_machine::node::FETCH_CHUNK;
+pub const MAX_FETCH_IDS: usize = keysync_machine::node::MAX_FETCH;
 /// Decisions per message of a Fetch or Push stream (~0.5 MB with RSA keys).
 pub const DECISIONS_PER_BATCH: usize = 1000;
 /// Summaries per Diff chunk.
@@ -64,7 +64,7 @@ impl Handler for RpcHandler {
         Ok(v1::PushAck { n_received, n_applied })
     }
 
-    async fn diff(&self, peer: &PeerName, req: v1::DiffRequest) -> Result<Vec<v1::DiffChunk>, Status> {
+    async fn diff(&self, peer: &PeerName, req: v1::DiffRequest) -> Result<Items<v1::DiffChunk>, Status> {
         self.board.contact(&peer.0);
         if req.n_buckets as usize != N_BUCKETS || req.digests.len() != N_BUCKETS {
             return Err(Status::invalid_argument(format!(
@@ -75,21 +75,21 @@ impl Handler for RpcHandler {
         }
         let theirs = req.digests;
         let (buckets, summaries) = self.core.ask(|reply| Request::Diff { theirs, reply }).await.map_err(core_gone)?;
-        let mut chunks: Vec<v1::DiffChunk> = summaries
-            .chunks(SUMMARIES_PER_CHUNK)
-            .map(|chunk| v1::DiffChunk {
-                buckets: Vec::new(),
-                entries: chunk.iter().map(|(id, summary)| summary_to_wire(id, summary)).collect(),
-            })
-            .collect();
-        if chunks.is_empty() {
-            chunks.push(v1::DiffChunk::default());
-        }
-        chunks[0].buckets = buckets;
-        Ok(chunks)
+        // Made one chunk at a time as the stream sends them; the first (there
+        // is always one) names the buckets.
+        let mut buckets = Some(buckets);
+        let mut summaries = summaries.into_iter().peekable();
+        Ok(Box::new(std::iter::from_fn(move || {
+            if buckets.is_none() && summaries.peek().is_none() {
+                return None;
+            }
+            let entries =
+                summaries.by_ref().take(SUMMARIES_PER_CHUNK).map(|(id, s)| summary_to_wire(&id, &s)).collect();
+            Some(v1::DiffChunk { buckets: buckets.take().unwrap_or_default(), entries })
+        })))
     }
 
-    async fn fetch(&self, peer: &PeerName, req: v1::FetchRequest) -> Result<Vec<v1::DecisionBatch>, Status> {
+    async fn fetch(&self, peer: &PeerName, req: v1::FetchRequest) -> Result<Items<v1::DecisionBatch>, Status> {
         self.board.contact(&peer.0);
         if req.minions.len() > MAX_FETCH_IDS {
             return Err(Status::invalid_argument(format!(
@@ -110,10 +110,14 @@ impl Handler for RpcHandler {
             }
         }
         let decisions = self.core.ask(|reply| Request::Fetch { ids, reply }).await.map_err(core_gone)?;
-        Ok(decisions
-            .chunks(DECISIONS_PER_BATCH)
-            .map(|chunk| v1::DecisionBatch { decisions: chunk.iter().map(decision_to_wire).collect() })
-            .collect())
+        // Made one batch at a time as the stream sends them (the keys are
+        // copied into each message).
+        let mut decisions = decisions.into_iter().peekable();
+        Ok(Box::new(std::iter::from_fn(move || {
+            decisions.peek()?;
+            let batch = decisions.by_ref().take(DECISIONS_PER_BATCH).map(|d| decision_to_wire(&d)).collect();
+            Some(v1::DecisionBatch { decisions: batch })
+        })))
     }
 
     async fn plan(&self, peer: &PeerName, req: v1::PlanRequest) -> Result<v1::PlanResponse, Status> {

@@ -17,7 +17,7 @@ use crate::core::{Fingerprint, MinionId};
 use crate::node::{CoreGone, CoreHandle, Request};
 
 /// Most ids one Plan call may name (as one Fetch).
-pub const MAX_PLAN_IDS: usize = keysync_machine::node::FETCH_CHUNK;
+pub const MAX_PLAN_IDS: usize = keysync_machine::node::MAX_FETCH;
 /// Most rows one master answers with; more are left out (`truncated`).
 pub const MAX_PLAN_ROWS: usize = 20_000;
 /// Longest reason a peer may send (it is shown, escaped, in a table).

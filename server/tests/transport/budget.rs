@@ -11,7 +11,9 @@ use keysync_proto::v1::{
     DecisionBatch, DiffChunk, DiffRequest, FetchRequest, HelloRequest, HelloResponse, PlanRequest, PlanResponse,
     PushAck,
 };
-use keysync_server::{serve, Handler, PeerName, ServeOptions, CALLS_IN_ALL, CALLS_PER_PEER, CONNECTIONS_PER_PEER};
+use keysync_server::{
+    serve, Handler, Items, PeerName, ServeOptions, CALLS_IN_ALL, CALLS_PER_PEER, CONNECTIONS_PER_PEER,
+};
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
@@ -49,12 +51,12 @@ impl Handler for SlowPushes {
         Ok(PushAck { n_received: batch.decisions.len() as u32, n_applied: 0 })
     }
 
-    async fn diff(&self, _: &PeerName, _: DiffRequest) -> Result<Vec<DiffChunk>, Status> {
-        Ok(Vec::new())
+    async fn diff(&self, _: &PeerName, _: DiffRequest) -> Result<Items<DiffChunk>, Status> {
+        Ok(Box::new(std::iter::empty()))
     }
 
-    async fn fetch(&self, _: &PeerName, _: FetchRequest) -> Result<Vec<DecisionBatch>, Status> {
-        Ok(Vec::new())
+    async fn fetch(&self, _: &PeerName, _: FetchRequest) -> Result<Items<DecisionBatch>, Status> {
+        Ok(Box::new(std::iter::empty()))
     }
 
     async fn plan(&self, _: &PeerName, _: PlanRequest) -> Result<PlanResponse, Status> {

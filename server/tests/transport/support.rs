@@ -13,7 +13,9 @@ use keysync_proto::v1::{
     PushAck,
 };
 use keysync_proto::PROTOCOL_VERSION;
-use keysync_server::{serve, CertAuthority, Handler, PeerName, ServeOptions, TlsMaterial, TlsSetup, TransportEvent};
+use keysync_server::{
+    serve, CertAuthority, Handler, Items, PeerName, ServeOptions, TlsMaterial, TlsSetup, TransportEvent,
+};
 use rustls::pki_types::ServerName;
 use time::OffsetDateTime;
 use tokio::net::TcpStream;
@@ -92,14 +94,14 @@ impl Handler for EchoHandler {
         Ok(PushAck { n_received: n, n_applied: n / 2 })
     }
 
-    async fn diff(&self, peer: &PeerName, req: DiffRequest) -> Result<Vec<DiffChunk>, Status> {
+    async fn diff(&self, peer: &PeerName, req: DiffRequest) -> Result<Items<DiffChunk>, Status> {
         self.saw("diff", peer);
-        Ok((0..req.n_buckets).map(|bucket| DiffChunk { buckets: vec![bucket], entries: Vec::new() }).collect())
+        Ok(Box::new((0..req.n_buckets).map(|bucket| DiffChunk { buckets: vec![bucket], entries: Vec::new() })))
     }
 
-    async fn fetch(&self, peer: &PeerName, req: FetchRequest) -> Result<Vec<DecisionBatch>, Status> {
+    async fn fetch(&self, peer: &PeerName, req: FetchRequest) -> Result<Items<DecisionBatch>, Status> {
         self.saw("fetch", peer);
-        Ok(req.minions.iter().map(|_| DecisionBatch::default()).collect())
+        Ok(Box::new(req.minions.into_iter().map(|_| DecisionBatch::default())))
     }
 
     async fn plan(&self, peer: &PeerName, _req: PlanRequest) -> Result<PlanResponse, Status> {

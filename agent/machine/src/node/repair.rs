@@ -25,8 +25,15 @@ use super::{Node, Now};
 /// What anti-entropy compares: per id, the version held and what it says.
 pub type Summaries = Vec<(MinionId, Summary)>;
 
-/// Most ids one Fetch asks for (and a peer answers).
-pub const FETCH_CHUNK: usize = 5000;
+/// Most ids one Fetch may ask for: what a peer answers (agents of earlier
+/// releases ask for this many).
+pub const MAX_FETCH: usize = 5000;
+
+/// Most ids one Fetch of this node asks for. A joining master holds two
+/// chunks per link at once (one applied while the next is fetched), each
+/// with its keys and, while applied, several copies of each decision's
+/// bookkeeping: at 5,000 keys that was 15–20 MiB of its peak.
+pub const FETCH_CHUNK: usize = 2000;
 
 /// The fetches planned on each link, and the ids claimed by a link's fetch.
 #[derive(Debug, Default)]
