@@ -434,19 +434,8 @@ impl Sim {
         let now = Now { mono: self.instant(self.now), wall_ms: self.nodes[node].wall_ms(self.now) };
         let n = &mut self.nodes[node];
         let mut machine = n.machine.take()?;
-        let audit_before = n.audit.len();
         let held_before = guard::held_versions(&n.store);
-        let mut rt = SimRuntime {
-            disk: &mut n.disk,
-            store: &mut n.store,
-            audit: &mut n.audit,
-            buffered: Vec::new(),
-            out: Outbox { audit_before, ..Outbox::default() },
-            kill_after: &mut n.kill_after,
-            disk_full: n.disk_full,
-            rng: &mut self.rng,
-            in_flight: &n.in_flight,
-        };
+        let mut rt = runtime_of(n, &mut self.rng);
         let result = f(&mut machine, &mut rt, now);
         let out = rt.finish();
         if !out.killed {
@@ -466,19 +455,8 @@ impl Sim {
         n.next_tick = None;
         n.links = (0..n.links.len()).map(|_| links::Link::default()).collect();
         let loaded: Loaded = n.store.loaded();
-        let audit_before = n.audit.len();
         let held_before = guard::held_versions(&n.store);
-        let mut rt = SimRuntime {
-            disk: &mut n.disk,
-            store: &mut n.store,
-            audit: &mut n.audit,
-            buffered: Vec::new(),
-            out: Outbox { audit_before, ..Outbox::default() },
-            kill_after: &mut n.kill_after,
-            disk_full: n.disk_full,
-            rng: &mut self.rng,
-            in_flight: &n.in_flight,
-        };
+        let mut rt = runtime_of(n, &mut self.rng);
         let machine = Node::start(settings, loaded, now, &mut rt);
         let out = rt.finish();
         if !out.killed {
@@ -822,5 +800,22 @@ fn event_kind(event: &Event) -> (u8, usize, usize) {
         Event::FinalRound => (19, 0, 0),
         Event::Resolve { round } => (20, *round as usize, 0),
         Event::MassDelete { node, ids } => (21, *node, ids.len()),
+    }
+}
+
+/// The runtime one input of node `n` runs against: its folders, store and
+/// audit log, with nothing told yet.
+fn runtime_of<'a>(n: &'a mut SimNode, rng: &'a mut crate::model::Rng) -> SimRuntime<'a> {
+    let audit_before = n.audit.len();
+    SimRuntime {
+        disk: &mut n.disk,
+        store: &mut n.store,
+        audit: &mut n.audit,
+        buffered: Vec::new(),
+        out: Outbox { audit_before, ..Outbox::default() },
+        kill_after: &mut n.kill_after,
+        disk_full: n.disk_full,
+        rng,
+        in_flight: &n.in_flight,
     }
 }
