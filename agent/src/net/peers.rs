@@ -486,7 +486,7 @@ mod tests {
     }
 
     #[test]
-    fn held_back_keeps_what_the_peer_lacks_up_to_one_push_batch() {
+    fn held_back_keeps_what_the_peer_lacks_up_to_its_bound() {
         use broadcast::error::RecvError::{Closed, Lagged};
         type Arrivals = Vec<Result<Arc<Outgoing>, broadcast::error::RecvError>>;
         // (what arrives during the round, decisions kept for the peer, dropped)
@@ -496,7 +496,7 @@ mod tests {
             (vec![Ok(batch("master-b", MAX_HELD_BACK + 1))], 0, false),
             (vec![Ok(batch("master-a", 3)), Ok(batch("master-b", 5)), Ok(batch("master-a", 4))], 7, false),
             (vec![Ok(batch("master-a", MAX_HELD_BACK))], MAX_HELD_BACK, false),
-            // Past one push batch, or lagging: nothing kept, another round instead.
+            // Past the bound, or lagging: nothing kept, another round instead.
             (vec![Ok(batch("master-a", MAX_HELD_BACK)), Ok(batch("master-a", 1))], 0, true),
             (vec![Ok(batch("master-a", MAX_HELD_BACK + 1)), Ok(batch("master-a", 1))], 0, true),
             (vec![Ok(batch("master-a", 2)), Err(Lagged(3)), Ok(batch("master-a", 1))], 0, true),
