@@ -1,7 +1,10 @@
 //! The simulated cluster: masters whose agents are the real node machine,
 //! a network that drops, duplicates and reorders, and one event queue in
-//! virtual time. `links` runs anti-entropy as the agent's links do,
-//! `faults` kills, restarts, partitions and fills disks, `checker` judges.
+//! virtual time. `operators` runs `salt-key` on the folders, `network`
+//! carries messages, `links` runs anti-entropy as the agent's links do,
+//! `faults` kills, restarts, partitions and fills disks, `guard` runs mass
+//! deletes and releases or reverts them; `recorded` checks each decision as
+//! a store records it, `checker` judges the end of a run.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -20,6 +23,9 @@ mod checker;
 mod faults;
 mod guard;
 mod links;
+mod network;
+mod operators;
+mod recorded;
 mod trace;
 
 pub(crate) use checker::Verdicts;
@@ -507,99 +513,6 @@ impl Sim {
         self.schedule_tick(node);
     }
 
-    /// What the node's store gained in an input: its own new decisions (checked
-    /// against what the operator did) and peers' decisions it applied.
-    fn note_recorded(&mut self, node: usize, recorded: Vec<crate::runtime::Recorded>) {
-        let name = self.nodes[node].name.clone();
-        for (decision, before, mine) in recorded {
-            if before.as_ref().is_some_and(|stored| stored.held.version == decision.version) {
-                continue;
-            }
-            let id = decision.id.clone();
-            // Its own: a live decision it made, or a claim of its first start.
-            let own = if decision.version.is_claim() { mine } else { *decision.version.node == *name };
-            if own && !self.applied_at.contains_key(&(node, id.clone(), decision.version.clone())) {
-                let commanded = self.nodes[node].commanded.remove(&id);
-                self.nodes[node].command_retrying.remove(&id);
-                if commanded.is_some() {
-                    // An operator's release or revert: what the operator asked
-                    // for, whatever earlier change of the id awaited a decision.
-                    self.nodes[node].touched.remove(&id);
-                    self.nodes[node].undecided_changes.insert(id.clone());
-                }
-                self.check_local(node, &decision);
-                self.check_context(node, &decision, commanded.as_ref().or(before.as_ref()));
-                self.delivered[node].entry(id.clone()).or_default().insert(decision.version.clone());
-                self.made.entry(id.clone()).or_default().push(Made { decision: decision.clone(), at: self.now });
-                self.stats.decisions += 1;
-            } else if !own {
-                self.check_not_held(node, &decision);
-            }
-            self.applied_at.entry((node, id, decision.version.clone())).or_insert(self.now);
-        }
-    }
-
-    /// A local decision must be what the operator did, never an echo or an intermediate state.
-    fn check_local(&mut self, node: usize, decision: &Decision) {
-        let n = &mut self.nodes[node];
-        let id = &decision.id;
-        let verdict = &decision.verdict;
-        let expect = n.touched.remove(id);
-        let name = n.name.clone();
-        if !self.ids.contains(id) {
-            self.fail(format!("{name} decided {verdict:?} for a file that is no minion: {id}"));
-        }
-        if decision.version.is_claim() {
-            self.stats.startup_decisions += 1;
-            return;
-        }
-        let changed = self.nodes[node].undecided_changes.remove(id);
-        match &expect {
-            // Found by a rescan or at a start-up: whatever the operator left there.
-            None if changed => {}
-            None => self.fail(format!(
-                "{name} decided {verdict:?} for {id} that no operator changed since (its own write taken for an \
-                 operator's?), slots {:?}",
-                self.nodes[node].disk.slots(id.as_str())
-            )),
-            Some(Expect::Nothing) => self.fail(format!("{name} decided {verdict:?} for {id} on a new pending key")),
-            Some(Expect::AtMost(want)) if want != verdict => {
-                self.fail(format!("{name} decided {verdict:?} for {id}, the operator's change was {want:?}"))
-            }
-            _ => self.stats.operator_decisions += 1,
-        }
-        trace!(self, "{name} decides {id} {verdict:?} {}", decision.version);
-    }
-
-    /// A local decision knows exactly what it may: everything the node's
-    /// store held of the id (complete), and nothing it was never handed (sound:
-    /// no conflict hidden behind a claim of knowledge).
-    fn check_context(&self, node: usize, decision: &Decision, before: Option<&keysync_machine::node::testing::Stored>) {
-        let name = &self.nodes[node].name;
-        let delivered = self.delivered[node].get(&decision.id);
-        for known in decision.context.iter() {
-            // Its own versions it made (an operator's release or revert that
-            // lost to a concurrent decision is remembered, never held).
-            let own = *known.node == **name;
-            if !own && !delivered.is_some_and(|d| d.contains(known)) {
-                self.fail(format!(
-                    "{name}'s {} for {} claims to know {known}, never handed to it",
-                    decision.version, decision.id
-                ));
-            }
-        }
-        if let Some(stored) = before {
-            for version in std::iter::once(&stored.held.version).chain(stored.seen.iter().map(|s| &s.version)) {
-                if !decision.context.knows(version) {
-                    self.fail(format!(
-                        "{name}'s {} for {} does not know {version}, which it held",
-                        decision.version, decision.id
-                    ));
-                }
-            }
-        }
-    }
-
     fn schedule_tick(&mut self, node: usize) {
         let Some(due) = self.nodes[node].machine.as_ref().and_then(Node::poll_at) else { return };
         let at = self.ms_of(due).max(self.now);
@@ -628,145 +541,6 @@ impl Sim {
                 machine.on_fs(&FsEvent { folder, name, change }, now);
             }
         });
-    }
-
-    // ---- operators and folders ----
-
-    fn operator(&mut self) {
-        if !self.chaos {
-            return;
-        }
-        let next = self.now + self.rng.between(30, 400);
-        self.schedule(next, Event::Operator);
-        let roll = self.rng.below(100);
-        if roll < 6 {
-            // Now and then an operator releases or reverts what a master's guard
-            // holds, or runs salt-key -D.
-            let up: Vec<usize> = (0..self.nodes.len()).filter(|&n| self.nodes[n].up()).collect();
-            if !up.is_empty() {
-                let node = up[self.rng.index(up.len())];
-                if roll < 1 {
-                    self.mass_delete(node);
-                } else {
-                    self.resolve_held(node);
-                }
-            }
-            return;
-        }
-        let up: Vec<usize> = (0..self.nodes.len()).filter(|&n| self.nodes[n].up()).collect();
-        let down: Vec<usize> = (0..self.nodes.len()).filter(|&n| !self.nodes[n].up() && self.nodes[n].joined).collect();
-        // Mostly on a running master; sometimes on one whose agent is down (found at its restart).
-        let node = if !down.is_empty() && (up.is_empty() || self.rng.percent(15)) {
-            down[self.rng.index(down.len())]
-        } else if !up.is_empty() {
-            up[self.rng.index(up.len())]
-        } else {
-            return;
-        };
-        let id = self.ids[self.rng.index(N_IDS)].clone();
-        let n = &self.nodes[node];
-        if n.in_flight.contains(&id) || (n.up() && n.touched.contains_key(&id)) {
-            return;
-        }
-        let salt = n.salt;
-        let Some((what, steps, expect)) = plan_operator(&n.disk, id.as_str(), salt, &mut self.rng) else {
-            return;
-        };
-        let running = if n.up() { "" } else { " (agent down)" };
-        trace!(self, "{} operator: {what} {id} ({salt:?}, {} steps){running}", n.name, steps.len());
-        let n = &mut self.nodes[node];
-        if !n.up() {
-            for change in steps.iter().flat_map(|s| &s.changes) {
-                n.disk.change(change);
-            }
-            // Whatever the folders say at the next start is the operator's now.
-            n.touched.remove(&id);
-            n.undecided_changes.insert(id);
-            return;
-        }
-        n.in_flight.insert(id.clone());
-        n.undecided_changes.insert(id.clone());
-        n.touched.insert(id.clone(), expect);
-        // The first system call happens now, the others as planned.
-        let mut at = self.now;
-        let n_steps = steps.len();
-        for (i, step) in steps.into_iter().enumerate() {
-            let last = i + 1 == n_steps;
-            if i == 0 {
-                self.step(node, id.clone(), step, last);
-            } else {
-                at += step.after_ms;
-                self.schedule(at, Event::Step { node, id: id.clone(), step, last });
-            }
-        }
-    }
-
-    /// One system call on a master's folders, heard by its agent if it is running.
-    fn step(&mut self, node: usize, id: MinionId, step: Step, last: bool) {
-        let n = &mut self.nodes[node];
-        for change in &step.changes {
-            n.disk.change(change);
-        }
-        if last {
-            n.in_flight.remove(&id);
-        }
-        if n.up() && !step.events.is_empty() {
-            self.inotify(node, step.events);
-        }
-    }
-
-    // ---- the network ----
-
-    pub(crate) fn send(&mut self, from: usize, to: usize, msg: Msg) {
-        if self.partition.as_ref().is_some_and(|(_, side)| side[from] != side[to]) {
-            self.stats.lost += 1;
-            return;
-        }
-        if !self.reliable && self.rng.percent(DROP_PCT) {
-            self.stats.dropped += 1;
-            return;
-        }
-        let at = self.now + self.rng.between(1, 30);
-        if !self.reliable && self.rng.percent(DUP_PCT) {
-            self.stats.duplicated += 1;
-            let again = at + self.rng.between(0, 200);
-            self.schedule(again, Event::Deliver { from, to, msg: msg.clone() });
-        }
-        self.schedule(at, Event::Deliver { from, to, msg });
-    }
-
-    fn deliver(&mut self, from: usize, to: usize, msg: Msg) {
-        if !self.nodes[to].up() || self.partition.as_ref().is_some_and(|(_, side)| side[from] != side[to]) {
-            self.stats.lost += 1;
-            return;
-        }
-        let peer: std::sync::Arc<str> = self.nodes[from].name.as_str().into();
-        if let Msg::Push(decisions) | Msg::FetchResp { decisions, .. } = &msg {
-            // Knowing a decision is knowing what it knew (its own origin's
-            // claims are checked there).
-            for d in decisions {
-                let known = self.delivered[to].entry(d.id.clone()).or_default();
-                known.insert(d.version.clone());
-                known.extend(d.context.iter().cloned());
-            }
-        }
-        match msg {
-            Msg::Push(decisions) => {
-                self.input(to, |machine, rt, now| machine.on_batches(vec![(peer, decisions)], now, rt));
-            }
-            Msg::DiffReq { session, digests } => {
-                if let Some((buckets, summaries)) = self.input(to, |machine, _, _| machine.diff(&digests)) {
-                    self.send(to, from, Msg::DiffResp { session, buckets, summaries });
-                }
-            }
-            Msg::FetchReq { session, ids } => {
-                if let Some(decisions) = self.input(to, |machine, rt, _| machine.fetch(&ids, rt)) {
-                    self.send(to, from, Msg::FetchResp { session, ids, decisions });
-                }
-            }
-            Msg::DiffResp { session, buckets, summaries } => self.on_diff(to, from, session, buckets, summaries),
-            Msg::FetchResp { session, ids, decisions } => self.on_fetched(to, from, session, ids, decisions),
-        }
     }
 }
 

@@ -1,0 +1,58 @@
+//! The network between the agents: it drops, duplicates, reorders and
+//! partitions; what arrives is handed to the receiving node's machine.
+
+use super::*;
+
+impl Sim {
+    pub(crate) fn send(&mut self, from: usize, to: usize, msg: Msg) {
+        if self.partition.as_ref().is_some_and(|(_, side)| side[from] != side[to]) {
+            self.stats.lost += 1;
+            return;
+        }
+        if !self.reliable && self.rng.percent(DROP_PCT) {
+            self.stats.dropped += 1;
+            return;
+        }
+        let at = self.now + self.rng.between(1, 30);
+        if !self.reliable && self.rng.percent(DUP_PCT) {
+            self.stats.duplicated += 1;
+            let again = at + self.rng.between(0, 200);
+            self.schedule(again, Event::Deliver { from, to, msg: msg.clone() });
+        }
+        self.schedule(at, Event::Deliver { from, to, msg });
+    }
+
+    pub(super) fn deliver(&mut self, from: usize, to: usize, msg: Msg) {
+        if !self.nodes[to].up() || self.partition.as_ref().is_some_and(|(_, side)| side[from] != side[to]) {
+            self.stats.lost += 1;
+            return;
+        }
+        let peer: std::sync::Arc<str> = self.nodes[from].name.as_str().into();
+        if let Msg::Push(decisions) | Msg::FetchResp { decisions, .. } = &msg {
+            // Knowing a decision is knowing what it knew (its own origin's
+            // claims are checked there).
+            for d in decisions {
+                let known = self.delivered[to].entry(d.id.clone()).or_default();
+                known.insert(d.version.clone());
+                known.extend(d.context.iter().cloned());
+            }
+        }
+        match msg {
+            Msg::Push(decisions) => {
+                self.input(to, |machine, rt, now| machine.on_batches(vec![(peer, decisions)], now, rt));
+            }
+            Msg::DiffReq { session, digests } => {
+                if let Some((buckets, summaries)) = self.input(to, |machine, _, _| machine.diff(&digests)) {
+                    self.send(to, from, Msg::DiffResp { session, buckets, summaries });
+                }
+            }
+            Msg::FetchReq { session, ids } => {
+                if let Some(decisions) = self.input(to, |machine, rt, _| machine.fetch(&ids, rt)) {
+                    self.send(to, from, Msg::FetchResp { session, ids, decisions });
+                }
+            }
+            Msg::DiffResp { session, buckets, summaries } => self.on_diff(to, from, session, buckets, summaries),
+            Msg::FetchResp { session, ids, decisions } => self.on_fetched(to, from, session, ids, decisions),
+        }
+    }
+}
