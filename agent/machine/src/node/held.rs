@@ -3,9 +3,10 @@
 //! settled as decisions change, and an operator's release or revert turned
 //! into a new decision from this node that does it on every master.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::core::{Decision, Entry, MinionId, Verdict, VerdictKind};
+use crate::core::{Decision, Entry, Fingerprint, MinionId, PublicKey, Verdict, VerdictKind};
 
 use super::event::{Event, Settled};
 use super::remote::{by_peer, Merged, Source};
@@ -228,16 +229,18 @@ impl Node {
         let (chosen, skipped) = self.chosen(origin, ids, rt);
         let wanted: Vec<MinionId> = chosen.iter().map(|held| held.decision.id.clone()).collect();
         let known = rt.load(&wanted).map_err(|e| format!("cannot read the held keys from the state store: {e}"))?;
+        // Every key the store knows for these ids (a fingerprint names one key).
+        let keys: HashMap<(&MinionId, Fingerprint), &PublicKey> =
+            known.iter().filter_map(|d| d.verdict.key().map(|key| ((&d.id, key.fingerprint()), key))).collect();
         let mut round = Vec::new();
         for held in chosen {
             let id = &held.decision.id;
             let shown = self.replica.effective(id);
-            let key = shown.as_ref().filter(|s| s.kind == VerdictKind::Accepted).and_then(|s| {
-                known
-                    .iter()
-                    .find(|d| d.id == *id && d.verdict.fingerprint() == s.fingerprint)
-                    .and_then(|d| d.verdict.key().cloned())
-            });
+            let key = shown
+                .as_ref()
+                .filter(|s| s.kind == VerdictKind::Accepted)
+                .and_then(|s| keys.get(&(id, s.fingerprint?)))
+                .map(|&key| key.clone());
             // Without the key (the store lost it) there is nothing to restore.
             if let Some(key) = key {
                 round.push(self.operator_decision(held, Verdict::Accepted(key), OperatorAction::Revert, by, now));

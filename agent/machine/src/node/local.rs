@@ -160,9 +160,8 @@ impl Node {
             {
                 n_deleted_accepted += 1;
             }
-            if unheld.contains(&decision.id) {
-                self.settle_held(&decision, &after, true, rt);
-            }
+            // Settles exactly the ids of `unheld` (see `apply_round`).
+            self.settle_held(&decision, &after, true, rt);
             self.guard.forget_waiting(&decision.id, &after.version);
             self.replica.set(&decision.id, after);
             if decision.version.is_claim() {

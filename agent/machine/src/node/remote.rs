@@ -365,9 +365,9 @@ impl Node {
                     });
                 }
             }
-            if unheld.contains(&decision.id) {
-                self.settle_held(decision, &effect.after, merged.operator.is_none(), rt);
-            }
+            // Settles exactly the ids of `unheld`: nothing in this loop
+            // changes what the guard holds for another id.
+            self.settle_held(decision, &effect.after, merged.operator.is_none(), rt);
             self.guard.forget_waiting(&decision.id, &effect.after.version);
             self.replica.set(&decision.id, effect.after);
             if wrote || merged.holds {
