@@ -92,8 +92,7 @@ pub async fn run_with(
     let pki = Arc::new(open_pki(&config, true)?);
     // Where .dfn goes: a symlink or a stranger's folder is refused now, not
     // found out at the first revocation.
-    let trust = crate::disk::pki::Trust::of(owner.uid, owner.gid);
-    if !crate::disk::pki::check_cachedir(&config.salt.cachedir, &trust).map_err(anyhow::Error::msg)? {
+    if !crate::disk::pki::check_cachedir(&config.salt.cachedir, &pki.trust()).map_err(anyhow::Error::msg)? {
         tracing::warn!(cachedir = %config.salt.cachedir.display(), "salt.cachedir does not exist yet: .dfn cannot be dropped until salt-master makes it");
     }
     if let Some(refused) = pki.staging_refused() {

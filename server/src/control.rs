@@ -4,11 +4,11 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
+use tokio_util::sync::CancellationToken;
+
 /// Connections one peer may hold open at once (its link uses one; a reload
 /// or a reconnect briefly two).
 pub const CONNECTIONS_PER_PEER: usize = 4;
-
-use tokio_util::sync::CancellationToken;
 
 use crate::identity::PeerName;
 use crate::tls::TlsSetup;
@@ -94,8 +94,8 @@ impl ListenerControl {
         self.shared.current.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Records an identified connection; it is closed when `close` is cancelled.
-    /// Notes a new connection of `peer`; `false` (not noted) when the peer
+    /// Notes a new connection of `peer`, closed when `close` is cancelled;
+    /// `false` (not noted) when the peer
     /// has [`CONNECTIONS_PER_PEER`] open already: a peer needs one, and each
     /// holds up to an HTTP/2 window of request data (see `budget.rs`).
     pub(crate) fn register(&self, peer: PeerName, close: CancellationToken) -> bool {

@@ -29,11 +29,13 @@ pub use keysync_machine::node::Applied;
 mod adopt;
 mod dfn;
 pub mod dirs;
+mod owner;
 mod staging;
 
 use adopt::Adoption;
 pub use dfn::{check_cachedir, drop_dfn};
 pub use dirs::{DirError, Trust};
+pub use owner::{user_name, Owner};
 
 /// Mode of the key files the agent writes as Salt 3006 and 3007 leave
 /// accepted keys (their master's auth writes pending keys 0644, and salt-key
@@ -70,37 +72,6 @@ const MAX_WRITERS: usize = 4;
 /// large directory indexes until the final rename. Private to the agent.
 pub const STAGING_DIR: &str = ".keysync-staging";
 pub use staging::MARKER;
-
-/// A file owner: the salt master user.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Owner {
-    pub uid: u32,
-    pub gid: u32,
-}
-
-impl Owner {
-    /// Looks a user up in /etc/passwd (the salt user is a local system user).
-    pub fn from_user(name: &str) -> io::Result<Owner> {
-        let passwd = std::fs::read_to_string("/etc/passwd")?;
-        passwd
-            .lines()
-            .filter_map(|line| {
-                let fields: Vec<&str> = line.split(':').collect();
-                (fields.len() >= 4 && fields[0] == name).then(|| (fields[2].parse().ok(), fields[3].parse().ok()))
-            })
-            .find_map(|ids| match ids {
-                (Some(uid), Some(gid)) => Some(Owner { uid, gid }),
-                _ => None,
-            })
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no user {name:?} in /etc/passwd")))
-    }
-
-    /// The owner of `path` itself (never of a symlink's target).
-    pub fn of_path(path: &Path) -> io::Result<Owner> {
-        let st = rustix::fs::lstat(path)?;
-        Ok(Owner { uid: st.st_uid, gid: st.st_gid })
-    }
-}
 
 /// How to open the key folders.
 #[derive(Clone, Copy, Debug)]

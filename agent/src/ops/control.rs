@@ -152,7 +152,8 @@ pub async fn serve(socket: ControlSocket, ctx: Arc<ControlContext>, shutdown: Ca
 }
 
 async fn answer(stream: UnixStream, ctx: &ControlContext) -> Result<()> {
-    let by = crate::ops::held::who(&stream);
+    // Named (from /etc/passwd) only for the requests that audit who made them.
+    let peer_uid = stream.peer_cred().ok().map(|cred| cred.uid());
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
     // A request is a word, or `release`/`revert` with the ids they name;
@@ -160,7 +161,7 @@ async fn answer(stream: UnixStream, ctx: &ControlContext) -> Result<()> {
     let mut reader = BufReader::new(tokio::io::AsyncReadExt::take(read, MAX_REQUEST_BYTES));
     tokio::time::timeout(REQUEST_TIMEOUT, reader.read_line(&mut line)).await??;
     let (word, args) = line.trim().split_once(' ').unwrap_or((line.trim(), ""));
-    let operator = |action| crate::ops::held::operate(&ctx.core, action, args, by.clone());
+    let operator = |action| crate::ops::held::operate(&ctx.core, action, args, crate::ops::held::who(peer_uid));
     let reply = match word {
         "status" => {
             let keys = ctx.board.key_counts(&ctx.core).await;

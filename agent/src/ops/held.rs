@@ -143,20 +143,12 @@ pub async fn operate(core: &CoreHandle, action: OperatorAction, args: &str, by: 
     }
 }
 
-/// The user on the other end of a control connection, for the audit log:
-/// `name (uid N)`, or `uid N` when /etc/passwd does not name it.
-pub fn who(stream: &tokio::net::UnixStream) -> String {
-    let Ok(cred) = stream.peer_cred() else { return "unknown user".into() };
-    let uid = cred.uid();
-    let name = std::fs::read_to_string("/etc/passwd").ok().and_then(|passwd| {
-        passwd.lines().find_map(|line| {
-            let mut fields = line.split(':');
-            let name = fields.next()?;
-            let found: u32 = fields.nth(1)?.parse().ok()?;
-            (found == uid).then(|| name.to_string())
-        })
-    });
-    match name {
+/// The user on the other end of a control connection (`peer_uid`: its
+/// uid, from `SO_PEERCRED`), for the audit log: `name (uid N)`, or `uid N`
+/// when /etc/passwd does not name it.
+pub fn who(peer_uid: Option<u32>) -> String {
+    let Some(uid) = peer_uid else { return "unknown user".into() };
+    match crate::disk::pki::user_name(uid) {
         Some(name) => format!("{name} (uid {uid})"),
         None => format!("uid {uid}"),
     }
