@@ -1,5 +1,5 @@
 //! The command blocks the docs give, for tests that run them as written:
-//! the block right after an HTML comment marker such as `<!-- test: demo -->`
+//! the block right after an HTML comment marker (`test: NAME` in `<!-- -->`)
 //! (fenced, or indented by four spaces), in a file of the repository.
 
 use std::path::Path;

@@ -115,14 +115,6 @@ fn readme_certs_commands_make_a_ca_and_node_certificates() {
     }
 }
 
-/// The fenced block that follows `marker` in README.md.
-fn readme_block(marker: &str) -> String {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
-    let after = readme.split_once(marker).unwrap_or_else(|| panic!("README.md has no {marker:?}")).1;
-    let body = after.split_once("```sh\n").expect("a ```sh block after the marker").1;
-    body.split_once("```").expect("the block ends").0.to_string()
-}
-
 fn bash(dir: &Path, script: &str) {
     let out = Command::new("bash").arg("-euo").arg("pipefail").arg("-c").arg(script).current_dir(dir).output().unwrap();
     assert!(out.status.success(), "{script}\nfailed: {}", String::from_utf8_lossy(&out.stderr));
@@ -139,8 +131,8 @@ fn readme_openssl_recipe_makes_certificates_agents_use() {
         "this test needs the openssl CLI: apt-get install openssl ({found:?})"
     );
     let dir = tempfile::tempdir().unwrap();
-    bash(dir.path(), &readme_block("<!-- openssl: CA -->"));
-    let node_recipe = readme_block("<!-- openssl: node -->");
+    bash(dir.path(), &keysync_tests::docs::block("README.md", "<!-- openssl: CA -->"));
+    let node_recipe = keysync_tests::docs::block("README.md", "<!-- openssl: node -->");
     assert!(node_recipe.starts_with("NAME=master-a\n"), "{node_recipe}");
     for node in NODES {
         bash(dir.path(), &node_recipe.replacen("NAME=master-a", &format!("NAME={node}"), 1));

@@ -108,6 +108,8 @@ fn test_sources() -> String {
             let path = entry.unwrap().path();
             if path.is_dir() {
                 stack.push(path);
+            } else if path.ends_with("tests/it/doc_commands.rs") {
+                // This checker names markers in its own test; it reads no block.
             } else if path.extension().is_some_and(|e| e == "rs" || e == "sh") {
                 text.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
             }
