@@ -287,11 +287,7 @@ async fn observe_then_plan_then_normal_mode_does_what_the_plan_said() {
 /// operator to recompute it: its marked shell block, run as written there
 /// but in `pki` instead of /etc/salt/pki/master.
 fn documented_digest(pki: &Path) -> String {
-    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/adopting.md")).unwrap();
-    let after =
-        doc.split_once("<!-- first-contact: inventory digest -->").expect("docs/adopting.md marks the recipe").1;
-    let block = after.split_once("```sh\n").expect("a ```sh block after the marker").1;
-    let block = block.split_once("```").expect("the block ends").0;
+    let block = keysync_tests::docs::block("docs/adopting.md", "<!-- first-contact: inventory digest -->");
     let script = block.strip_prefix("cd /etc/salt/pki/master\n").expect("the recipe starts in the pki_dir");
     let out = Command::new("bash").args(["-euo", "pipefail", "-c", script]).current_dir(pki).output().unwrap();
     assert!(out.status.success(), "{script}\nfailed: {}", String::from_utf8_lossy(&out.stderr));
