@@ -18,15 +18,13 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use keysync_tests::salt_ops::{path, FOLDERS};
+use keysync_tests::salt_ops::FOLDERS;
 
-use crate::cluster::{write_key, BenchCluster};
+use crate::cluster::{seed_decided, BenchCluster};
 use crate::procfs::{clock_ticks, cpu_ticks};
 use crate::report::{AdoptAgentRow, AdoptRow};
 use crate::Settings;
 
-/// One key in this many is rejected, the rest accepted (as in the join).
-const REJECTED_EVERY: usize = 20;
 /// How often the agents' CPU time is read.
 const SAMPLE: Duration = Duration::from_millis(100);
 /// How long the agents must stay (nearly) idle to count as quiet ...
@@ -46,11 +44,7 @@ pub fn run(settings: &Settings, keys: &[String]) -> anyhow::Result<AdoptRow> {
     let n = settings.n_adopt;
     let seeding = Instant::now();
     for idx in 0..3 {
-        let pki = cluster.pki(idx).to_path_buf();
-        for i in 0..n {
-            let folder = if i.is_multiple_of(REJECTED_EVERY) { "minions_rejected" } else { "minions" };
-            write_key(&path(&pki, folder, &format!("adopt{i:07}")), &keys[i % keys.len()])?;
-        }
+        seed_decided(cluster.pki(idx), "adopt", n, keys)?;
     }
     // The seeding's writeback must not land on the agents' first syncfs.
     Command::new("sync").status().context("cannot run sync")?;

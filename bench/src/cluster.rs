@@ -210,6 +210,19 @@ pub fn write_key(path: &Path, key: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One decided key in this many is rejected, the rest accepted.
+pub const REJECTED_EVERY: usize = 20;
+
+/// Gives `pki` `n` decided keys named `{prefix}0000000`… as a master that
+/// already had its keys holds them: one in [`REJECTED_EVERY`] rejected.
+pub fn seed_decided(pki: &Path, prefix: &str, n: usize, keys: &[String]) -> anyhow::Result<()> {
+    for i in 0..n {
+        let folder = if i.is_multiple_of(REJECTED_EVERY) { "minions_rejected" } else { "minions" };
+        write_key(&keysync_tests::salt_ops::path(pki, folder, &format!("{prefix}{i:07}")), &keys[i % keys.len()])?;
+    }
+    Ok(())
+}
+
 /// Names (no dot files) in `pki/folder`.
 pub fn count_keys(pki: &Path, folder: &str) -> usize {
     std::fs::read_dir(pki.join(folder))

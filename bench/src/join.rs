@@ -11,13 +11,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use keysync_tests::salt_ops::{path, FOLDERS};
 
-use crate::cluster::{count_keys, write_key, BenchCluster};
+use crate::cluster::{count_keys, seed_decided, BenchCluster, REJECTED_EVERY};
 use crate::procfs::{clock_ticks, cpu_ticks};
 use crate::report::{AgentRow, JoinRow};
 use crate::Settings;
 
-/// One key in this many is rejected, the rest accepted.
-const REJECTED_EVERY: usize = 20;
 const JOIN_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub struct Joined {
@@ -30,10 +28,7 @@ pub fn run(settings: &Settings, keys: &[String]) -> anyhow::Result<Joined> {
     let n = settings.n_join;
     let a = cluster.pki(0).to_path_buf();
     let seeding = Instant::now();
-    for i in 0..n {
-        let folder = if i.is_multiple_of(REJECTED_EVERY) { "minions_rejected" } else { "minions" };
-        write_key(&path(&a, folder, &format!("join{i:07}")), &keys[i % keys.len()])?;
-    }
+    seed_decided(&a, "join", n, keys)?;
     let seed_secs = seeding.elapsed().as_secs_f64();
     let n_rejected = n.div_ceil(REJECTED_EVERY);
     let want = (n - n_rejected, n_rejected);

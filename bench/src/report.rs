@@ -245,7 +245,7 @@ impl Report {
             for a in &self.agents {
                 let _ = writeln!(
                     out,
-                    "  {:<9} RSS {:>6.1} MiB, peak {:>6.1} MiB  target peak <=64: {}   idle CPU {:.3} s ({:.2} %)",
+                    "  {:<9} RSS {:>6.1} MiB, peak {:>6.1} MiB  target peak <={PEAK_RSS_TARGET_MIB}: {}   idle CPU {:.3} s ({:.2} %)",
                     a.node,
                     a.rss_mib,
                     a.peak_rss_mib,
@@ -282,7 +282,7 @@ impl Report {
             for g in &a.agents {
                 let _ = writeln!(
                     out,
-                    "  {:<9} started {:>5.2} s  CPU {:>5.2} s  audit records {:>5}  RSS {:>6.1} MiB, peak {:>6.1} MiB (near {:.1} s)  target peak <=64: {}",
+                    "  {:<9} started {:>5.2} s  CPU {:>5.2} s  audit records {:>5}  RSS {:>6.1} MiB, peak {:>6.1} MiB (near {:.1} s)  target peak <={PEAK_RSS_TARGET_MIB}: {}",
                     g.node,
                     g.started_secs,
                     g.cpu_secs,
