@@ -17,12 +17,16 @@ const DFN_MODE: u32 = 0o400;
 
 /// Checks Salt's cachedir where `.dfn` goes, at start-up and in `check`:
 /// a symlink anywhere on its path, a folder another user owns or others may
-/// write is refused (the agent would be dropping files through it); a
-/// cachedir not made yet (salt-master not started) is `Ok(false)`.
+/// write is refused (the agent would be dropping files through it), so is
+/// a path that cannot be looked at; a cachedir not made yet (salt-master
+/// not started) is `Ok(false)`.
 pub fn check_cachedir(cachedir: &Path, trust: &Trust) -> Result<bool, String> {
-    // Not `exists()`: a dangling symlink must be refused, not taken for absent.
-    if std::fs::symlink_metadata(cachedir).is_err() {
-        return Ok(false);
+    // Not `exists()`: a dangling symlink must be refused, not taken for
+    // absent; and only "not found" is absent (not a path it cannot look at).
+    match std::fs::symlink_metadata(cachedir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(format!("salt.cachedir {}: {e}", cachedir.display())),
+        Ok(_) => {}
     }
     dirs::open_path(cachedir, trust).map(|_| true).map_err(|e| format!("salt.cachedir {e}"))
 }
@@ -50,4 +54,23 @@ pub fn drop_dfn(cachedir: &Path, master_id: &str, owner: Owner, trust: &Trust) -
         });
     let _ = rustix::fs::unlinkat(&dir, staging.as_str(), AtFlags::empty());
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a cachedir that is not there yet is "not made yet"; a path that
+    /// cannot be looked at is refused with its cause, not taken for absent.
+    #[test]
+    fn a_cachedir_is_absent_only_when_it_is_not_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let trust = Trust::of(rustix::process::geteuid().as_raw(), rustix::process::getegid().as_raw());
+        assert_eq!(check_cachedir(&dir.path().join("missing"), &trust), Ok(false));
+        assert_eq!(check_cachedir(dir.path(), &trust), Ok(true));
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, "").unwrap();
+        let err = check_cachedir(&file.join("master"), &trust).unwrap_err();
+        assert!(err.starts_with("salt.cachedir ") && err.contains("Not a directory"), "{err}");
+    }
 }
