@@ -220,10 +220,13 @@ impl Node {
 
     /// When [`Node::on_tick`] next has something to do.
     pub fn poll_at(&self) -> Option<Instant> {
-        let retry =
-            (!self.retry.is_empty() || self.rescan_pending).then(|| self.trouble.next_try().unwrap_or(self.seen));
-        let guard = [self.guard.next_due(self.seen), self.guard_retry_at()];
-        [self.settler.next_due(), retry, Some(self.next_rescan)].into_iter().chain(guard).flatten().min()
+        // Writes to try again: decisions, a rescan, held deletes the store could not keep.
+        let retry = (!self.retry.is_empty() || self.rescan_pending || self.guard.unsaved)
+            .then(|| self.trouble.next_try().unwrap_or(self.seen));
+        [self.settler.next_due(), retry, Some(self.next_rescan), self.guard.next_due(self.seen)]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Number of decisions held.
@@ -276,6 +279,12 @@ impl Node {
     /// Peers' deletes the guard holds, by id.
     pub fn held(&self) -> impl Iterator<Item = &HeldDelete> {
         self.guard.held()
+    }
+
+    /// Peers' decisions for `id` whose write waits for a retry (`retry`,
+    /// `retry_settling`): one per id in flight.
+    fn retried<'a>(&'a self, id: &'a MinionId) -> impl Iterator<Item = &'a Decision> + 'a {
+        self.retry.iter().chain(&self.retry_settling).map(|(_, d)| d).filter(move |d| d.id == *id)
     }
 
     /// Keys accepted here (what the folders show).

@@ -92,11 +92,6 @@ impl Node {
         self.tell_guard(now, rt);
     }
 
-    /// When the held deletes the store could not keep are written again.
-    pub(super) fn guard_retry_at(&self) -> Option<std::time::Instant> {
-        self.guard.unsaved.then(|| self.trouble.next_try().unwrap_or(self.seen))
-    }
-
     /// Keeps newly held deletes in the store and tells what the guard did.
     fn tell_guard(&mut self, now: Now, rt: &mut impl Runtime) {
         let news = self.guard.take_news();

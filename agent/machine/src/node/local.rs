@@ -51,11 +51,7 @@ impl Node {
         let decision = self.replica.observe(&id, interpret(&slots), now.wall_ms, mode)?;
         // The agent's own write of a peer's decision whose recording failed is
         // not an operator's decision: the retry records it with its version.
-        let own_write = self
-            .retry
-            .iter()
-            .chain(&self.retry_settling)
-            .any(|(_, d)| d.id == decision.id && d.verdict == decision.verdict);
+        let own_write = self.retried(&decision.id).any(|d| d.verdict == decision.verdict);
         (!own_write).then_some(decision)
     }
 

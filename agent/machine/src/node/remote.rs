@@ -126,17 +126,16 @@ impl Node {
                     }
                     continue;
                 }
-                if self.retry.iter().chain(&self.retry_settling).any(|(_, r)| r.id == decision.id) {
-                    // A write for this id waits for its retry (it may be on disk,
-                    // journalled, not recorded): one decision per id in flight, so
-                    // the journal (one entry per id) never loses it. This one
-                    // follows once the retry is done (the same one is the retry's).
-                    if !self
-                        .retry
-                        .iter()
-                        .chain(&self.retry_settling)
-                        .any(|(_, r)| r.id == decision.id && r.version == decision.version)
-                    {
+                // A write for this id waits for its retry (it may be on disk,
+                // journalled, not recorded): one decision per id in flight, so
+                // the journal (one entry per id) never loses it. This one
+                // follows once the retry is done (the same one is the retry's).
+                let retrying = {
+                    let mut retried = self.retried(&decision.id).peekable();
+                    retried.peek().is_some().then(|| retried.any(|r| r.version == decision.version))
+                };
+                if let Some(this_one) = retrying {
+                    if !this_one {
                         self.wait_for_rescan(from, decision);
                     }
                     continue;
@@ -403,7 +402,7 @@ impl Node {
         // A write for the id failed to be recorded (it waits in the retry
         // list): the folders may already show something else than what is
         // held, so they are written whatever they should show.
-        let unsure = self.retry.iter().chain(&self.retry_settling).any(|(_, d)| d.id == decision.id);
+        let unsure = self.retried(&decision.id).next().is_some();
         let write = match &shows {
             // Nothing decided here: nothing to undo, unless a key was trusted.
             None if !unsure && before.as_ref().is_none_or(|b| b.kind == VerdictKind::Deleted) => None,
