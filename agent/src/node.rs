@@ -130,6 +130,8 @@ pub struct Core {
     watch: Option<Arc<FolderWatch>>,
     /// Held deletes per origin as last exported to the metrics.
     held_exported: std::collections::BTreeMap<String, i64>,
+    /// The guard's [`Node::held_changes`] when `held_exported` was counted.
+    held_exported_at: Option<u64>,
 }
 
 /// Wall-clock milliseconds for the HLC.
@@ -235,9 +237,12 @@ impl Core {
 
     /// Sets the held-deletes gauge per origin when it changed.
     fn export_held(&mut self) {
-        if self.held_exported.is_empty() && self.node.held().next().is_none() {
+        // Counted again only when the guard held or let go of a delete.
+        let changes = self.node.held_changes();
+        if self.held_exported_at == Some(changes) {
             return;
         }
+        self.held_exported_at = Some(changes);
         let mut now: std::collections::BTreeMap<String, i64> = std::collections::BTreeMap::new();
         for held in self.node.held() {
             *now.entry(held.origin().to_string()).or_default() += 1;
@@ -403,7 +408,7 @@ pub fn start(parts: CoreParts) -> Result<(Core, CoreHandle, mpsc::Receiver<Reque
     };
     let node = Node::start(settings, loaded, now(), &mut effects);
     effects.write_told();
-    let core = Core { node, effects, watch: parts.watch, held_exported: Default::default() };
+    let core = Core { node, effects, watch: parts.watch, held_exported: Default::default(), held_exported_at: None };
     Ok((core, CoreHandle { requests: tx, outgoing }, rx))
 }
 

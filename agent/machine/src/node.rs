@@ -281,6 +281,11 @@ impl Node {
         self.guard.held()
     }
 
+    /// See [`guard::Guard::held_changes`]: unchanged, so are the held deletes.
+    pub fn held_changes(&self) -> u64 {
+        self.guard.held_changes()
+    }
+
     /// Peers' decisions for `id` whose write waits for a retry (`retry`,
     /// `retry_settling`): one per id in flight.
     fn retried<'a>(&'a self, id: &'a MinionId) -> impl Iterator<Item = &'a Decision> + 'a {

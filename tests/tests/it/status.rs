@@ -9,7 +9,7 @@ use std::time::Duration;
 use keysync_tests::binary::{free_addr, run_cli, ProcessCluster};
 use keysync_tests::cluster::TestCluster;
 use keysync_tests::probe::{metrics_text, write_private};
-use keysync_tests::salt_ops::{master_writes_pending, move_key, new_public_key, path, SaltLine};
+use keysync_tests::salt_ops::{delete_key, master_writes_pending, move_key, new_public_key, path, SaltLine};
 use keysync_tests::wait_until;
 use salt_keysync::ops::board::{LinkState, StatusReport};
 
@@ -229,6 +229,64 @@ fn metrics_serve_the_counters_after_a_replicated_accept() {
         assert!(metrics_text(a).contains("keysync_decisions_applied_total 0\n"));
         let log_c = std::fs::read_to_string(cluster.files[2].dir.join("agent.log")).unwrap();
         assert!(!log_c.contains("Prometheus"), "master-c serves no metrics:\n{log_c}");
+    });
+    cluster.stop();
+}
+
+/// `keysync_held_deletes{origin}` (what the SaltKeysyncDeletesHeld alert
+/// reads) follows what the guard holds: a peer's mass delete counted for
+/// its origin while every key stays here, back to 0 once released.
+#[test]
+fn metrics_count_a_peers_held_deletes_until_they_are_released() {
+    const N: usize = 60; // past the guard's default max_deletes (50)
+    let ids: Vec<String> = (0..N).map(|i| format!("web{i:02}")).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let key = new_public_key();
+    let metrics_addrs = Mutex::new(Vec::new());
+    let cluster = ProcessCluster::start(dir.path(), 2, |f| {
+        // Both masters accepted the same keys before their agents' first start.
+        for id in &ids {
+            master_writes_pending(&f.pki, id, &key);
+            move_key(SaltLine::S3006, &f.pki, id, "minions");
+        }
+        let addr = free_addr();
+        metrics_addrs.lock().unwrap().push(addr);
+        let text = std::fs::read_to_string(&f.config_path).unwrap();
+        write_private(&f.config_path, &format!("metrics_listen = \"{addr}\"\n{text}"));
+    });
+    let addrs = metrics_addrs.into_inner().unwrap();
+    let (a, b) = (addrs[0], addrs[1]);
+    let gauge = |text: &str| -> Option<usize> {
+        let line = text.lines().find(|l| l.starts_with("keysync_held_deletes{origin=\"master-a\"} "))?;
+        line.rsplit(' ').next()?.parse().ok()
+    };
+    let pki_b = cluster.files[1].pki.clone();
+    let kept_on_b = || ids.iter().filter(|id| path(&pki_b, "minions", id).exists()).count();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        cluster.started().await;
+        wait_until(WAIT, "both links up", || {
+            metrics_text(a).contains("keysync_peer_up{peer=\"master-b\"} 1\n")
+                && metrics_text(b).contains("keysync_peer_up{peer=\"master-a\"} 1\n")
+        })
+        .await;
+        assert_eq!(gauge(&metrics_text(b)), Some(0), "0 for a configured peer before anything is held");
+        for id in &ids {
+            delete_key(&cluster.files[0].pki, id);
+        }
+        // Held, the gauge counting exactly the keys master-b still has.
+        wait_until(WAIT, "master-b's gauge counts the held deletes", || {
+            let kept = kept_on_b();
+            kept > 0 && gauge(&metrics_text(b)) == Some(kept)
+        })
+        .await;
+        let config_b = cluster.files[1].config_path.to_string_lossy().into_owned();
+        let out = tokio::task::spawn_blocking(move || run_cli(&["release", "--config", &config_b])).await.unwrap();
+        assert!(out.status.success(), "release: {}", String::from_utf8_lossy(&out.stderr));
+        wait_until(WAIT, "released: deleted on master-b, the gauge back to 0", || {
+            kept_on_b() == 0 && gauge(&metrics_text(b)) == Some(0)
+        })
+        .await;
     });
     cluster.stop();
 }

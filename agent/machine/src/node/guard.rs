@@ -120,6 +120,8 @@ pub(super) struct News {
 pub(super) struct Guard {
     pub settings: GuardSettings,
     held: BTreeMap<MinionId, HeldDelete>,
+    /// Changes made to `held` so far (see [`Guard::held_changes`]).
+    changes: u64,
     /// Per origin, in name order (a run is the same run every time).
     bursts: BTreeMap<Arc<str>, Burst>,
     /// Deletes let through for being judged, or no longer judged (the key
@@ -138,6 +140,7 @@ impl Guard {
         Guard {
             settings,
             held: BTreeMap::new(),
+            changes: 0,
             bursts: BTreeMap::new(),
             ready: Vec::new(),
             news: News::default(),
@@ -149,6 +152,7 @@ impl Guard {
 
     /// Holds a delete loaded from the store at start-up.
     pub fn load(&mut self, held: HeldDelete) {
+        self.changes += 1;
         self.held.insert(held.decision.id.clone(), held);
     }
 
@@ -211,6 +215,7 @@ impl Guard {
                 continue;
             }
             let held = HeldDelete { decision, from, since_ms: wall_ms };
+            self.changes += 1;
             self.news.fresh.push(held.clone());
             if let Some(old) = self.held.insert(held.decision.id.clone(), held.clone()) {
                 self.news.replaced.push((old, held.decision));
@@ -275,9 +280,11 @@ impl Guard {
     pub fn settle(&mut self, id: &MinionId, entry: Option<&Entry>, still_accepted: bool) -> Option<HeldDelete> {
         let held = self.held.get(id)?;
         if entry.is_some_and(|entry| held.settled_by(entry)) {
+            self.changes += 1;
             return self.held.remove(id);
         }
         if !still_accepted {
+            self.changes += 1;
             let held = self.held.remove(id)?;
             self.ready.push((held.from.clone(), held.decision.clone()));
             return Some(held);
@@ -311,6 +318,12 @@ impl Guard {
 
     pub fn held(&self) -> impl Iterator<Item = &HeldDelete> {
         self.held.values()
+    }
+
+    /// Grows whenever a delete is held or let go: the same number means
+    /// the same held deletes, so what is shown of them need not be redone.
+    pub fn held_changes(&self) -> u64 {
+        self.changes
     }
 
     pub fn is_held(&self, id: &MinionId) -> bool {
