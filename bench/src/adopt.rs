@@ -11,14 +11,13 @@
 //! advanced by at most [`QUIET_TICKS`] clock ticks over [`QUIET_WINDOW`].
 //! That moment is the figure: when the work ended, not when the window did.
 
-use std::collections::HashMap;
-use std::os::unix::fs::MetadataExt;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use keysync_tests::salt_ops::FOLDERS;
+use keysync_tests::salt_ops::{stamps, FileStamp};
 
 use crate::cluster::{seed_decided, BenchCluster};
 use crate::procfs::{clock_ticks, cpu_ticks};
@@ -36,8 +35,8 @@ pub const QUIET_TICKS: u64 = 3;
 const STATUS_EVERY: Duration = Duration::from_millis(500);
 const ADOPT_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Per key file: inode, mtime and ctime (seconds, nanoseconds).
-type Snapshot = HashMap<String, (u64, i64, i64, i64, i64)>;
+/// Per key file (`folder/name`): inode, mtime and ctime.
+type Snapshot = BTreeMap<String, FileStamp>;
 
 pub fn run(settings: &Settings, keys: &[String]) -> anyhow::Result<AdoptRow> {
     let mut cluster = BenchCluster::new(settings, "adopt")?;
@@ -88,7 +87,7 @@ pub fn run(settings: &Settings, keys: &[String]) -> anyhow::Result<AdoptRow> {
         links_up_secs: quiet.links_up.as_secs_f64(),
         quiet_window_secs: QUIET_WINDOW.as_secs_f64(),
         quiet_ticks: QUIET_TICKS,
-        files_checked: before.iter().map(HashMap::len).sum(),
+        files_checked: before.iter().map(BTreeMap::len).sum(),
         files_written,
         files_touched,
         agents,
@@ -200,18 +199,7 @@ fn all_links_up(cluster: &BenchCluster) -> anyhow::Result<bool> {
 
 /// Inode, mtime and ctime of every file in the three key folders.
 fn snapshot(pki: &Path) -> anyhow::Result<Snapshot> {
-    let mut files = HashMap::new();
-    for folder in FOLDERS {
-        for entry in std::fs::read_dir(pki.join(folder))? {
-            let entry = entry?;
-            let meta = entry.metadata()?;
-            files.insert(
-                format!("{folder}/{}", entry.file_name().to_string_lossy()),
-                (meta.ino(), meta.mtime(), meta.mtime_nsec(), meta.ctime(), meta.ctime_nsec()),
-            );
-        }
-    }
-    Ok(files)
+    Ok(stamps(pki)?)
 }
 
 /// (written, touched): files new, gone, or with another inode or mtime;
@@ -221,8 +209,8 @@ fn compare(before: &Snapshot, after: &Snapshot) -> (usize, usize) {
     let mut touched = 0;
     for (name, old) in before {
         match after.get(name) {
-            Some(new) if (new.0, new.1, new.2) != (old.0, old.1, old.2) => written += 1,
-            Some(new) if (new.3, new.4) != (old.3, old.4) => touched += 1,
+            Some(new) if new.written != old.written => written += 1,
+            Some(new) if new.changed != old.changed => touched += 1,
             Some(_) => {}
             None => written += 1,
         }

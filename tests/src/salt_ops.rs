@@ -27,6 +27,34 @@ pub fn path(pki: &Path, folder: &str, id: &str) -> PathBuf {
     pki.join(folder).join(id)
 }
 
+/// What a key file's times and inode say of the writes to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileStamp {
+    /// Inode and mtime (seconds, nanoseconds): the same only if the file
+    /// was neither written nor replaced.
+    pub written: (u64, i64, i64),
+    /// ctime (seconds, nanoseconds): also moves on a chmod, chown or link.
+    pub changed: (i64, i64),
+}
+
+/// The stamp of every file in `pki`'s three key folders, by `folder/name`.
+pub fn stamps(pki: &Path) -> std::io::Result<std::collections::BTreeMap<String, FileStamp>> {
+    use std::os::unix::fs::MetadataExt;
+    let mut files = std::collections::BTreeMap::new();
+    for folder in FOLDERS {
+        for entry in fs::read_dir(pki.join(folder))? {
+            let entry = entry?;
+            let meta = entry.metadata()?;
+            let stamp = FileStamp {
+                written: (meta.ino(), meta.mtime(), meta.mtime_nsec()),
+                changed: (meta.ctime(), meta.ctime_nsec()),
+            };
+            files.insert(format!("{folder}/{}", entry.file_name().to_string_lossy()), stamp);
+        }
+    }
+    Ok(files)
+}
+
 /// The master receiving a minion's key: written in place into minions_pre.
 pub fn master_writes_pending(pki: &Path, id: &str, key: &str) {
     let mut file = fs::OpenOptions::new()

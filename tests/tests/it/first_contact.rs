@@ -5,13 +5,12 @@
 //! inventory's digest is the one docs/adopting.md's recipe recomputes.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use keysync_tests::binary::{run_cli, FaultCluster};
-use keysync_tests::salt_ops::{new_public_key, path, FOLDERS};
+use keysync_tests::salt_ops::{new_public_key, path, stamps};
 use keysync_tests::wait_until;
 
 /// Identical on every master: must never be rewritten.
@@ -72,18 +71,7 @@ fn decided(pki: &Path, id: &str, keys: &BTreeMap<String, [String; 2]>) -> Option
 
 /// (inode, mtime) of every key file.
 fn snapshot(pki: &Path) -> BTreeMap<String, (u64, i64, i64)> {
-    let mut files = BTreeMap::new();
-    for folder in FOLDERS {
-        for entry in std::fs::read_dir(pki.join(folder)).unwrap() {
-            let entry = entry.unwrap();
-            let meta = entry.metadata().unwrap();
-            files.insert(
-                format!("{folder}/{}", entry.file_name().to_string_lossy()),
-                (meta.ino(), meta.mtime(), meta.mtime_nsec()),
-            );
-        }
-    }
-    files
+    stamps(pki).unwrap().into_iter().map(|(name, stamp)| (name, stamp.written)).collect()
 }
 
 fn all_ids() -> Vec<String> {
