@@ -13,6 +13,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 echo "== Debian packages the tests need"
 scripts/deps.sh
+# A clean clone builds once: incremental caches only take disk.
+export CARGO_INCREMENTAL=0
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
