@@ -1,18 +1,24 @@
-//! Budgets for authenticated peers, mistaken or hostile: how many pushed
-//! batches of one peer, and of all peers together, are read and handled at
-//! once. A push stream waits for its permits before it reads its next batch,
-//! so what a peer sends meanwhile stays in HTTP/2 flow control (a window per
-//! stream and per connection) instead of this process's memory: a peer that
-//! pushes faster than this master applies is slowed, not served out of
-//! memory, however many streams it opens. With the cap on each peer's
-//! connections (`control.rs`), the memory peers' pushes take is bounded.
+//! Budgets for authenticated peers, mistaken or hostile: how many push
+//! streams one peer may have open, and how many pushed batches of one peer,
+//! and of all peers together, are handled at once. A stream reads its next
+//! batch as it comes (an idle live stream, between decisions, holds no
+//! budget: with four peers or more, idle streams once held it all and a
+//! peer's decision waited for another's), then waits for its permits before
+//! the batch is handled; meanwhile it reads nothing more, so what a peer
+//! sends stays in HTTP/2 flow control (a window per stream and per
+//! connection) instead of this process's memory. A peer's third push
+//! stream at once is refused (an agent keeps one per link): each open
+//! stream holds at most one batch, so with the cap on each peer's
+//! connections (`control.rs`) the memory peers' pushes take is bounded by
+//! the number of peers, and a peer that pushes faster than this master
+//! applies is slowed, not served out of memory.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Pushed batches of one peer read and handled at once.
+/// Pushed batches of one peer handled at once, and its push streams open at once.
 pub const CALLS_PER_PEER: usize = 2;
 /// Pushed batches of all peers together read and handled at once: each is
 /// one message of at most `max_message_bytes`, decoded.
@@ -23,6 +29,25 @@ pub const CALLS_IN_ALL: usize = 3;
 pub(crate) struct Budgets {
     all: Arc<Semaphore>,
     per_peer: Arc<Mutex<HashMap<String, Arc<Semaphore>>>>,
+    streams: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// One of a peer's open push streams: its place is given back when dropped.
+pub(crate) struct PushStream {
+    peer: String,
+    streams: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl Drop for PushStream {
+    fn drop(&mut self) {
+        let mut open = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.peer);
+            }
+        }
+    }
 }
 
 /// Held while one batch is read and handled.
@@ -33,7 +58,19 @@ pub(crate) struct Permits {
 
 impl Budgets {
     pub(crate) fn new() -> Budgets {
-        Budgets { all: Arc::new(Semaphore::new(CALLS_IN_ALL)), per_peer: Arc::default() }
+        Budgets { all: Arc::new(Semaphore::new(CALLS_IN_ALL)), per_peer: Arc::default(), streams: Arc::default() }
+    }
+
+    /// A place for one more push stream of `peer`; `None` when it has
+    /// [`CALLS_PER_PEER`] open already.
+    pub(crate) fn open_push(&self, peer: &str) -> Option<PushStream> {
+        let mut open = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(peer.to_string()).or_default();
+        if *n >= CALLS_PER_PEER {
+            return None;
+        }
+        *n += 1;
+        Some(PushStream { peer: peer.to_string(), streams: self.streams.clone() })
     }
 
     /// Waits for `peer`'s permit, then for one of all peers' (a peer over

@@ -115,17 +115,28 @@ impl<H: Handler> KeySync for KeySyncService<H> {
 
     async fn push(&self, request: Request<Streaming<DecisionBatch>>) -> Result<Response<Self::PushStream>, Status> {
         let peer = self.peer_of(&request)?;
+        let Some(place) = self.budgets.open_push(&peer.0) else {
+            let status = Status::resource_exhausted(format!(
+                "{peer} has {} push streams open already: this one is refused (an agent keeps one per link)",
+                crate::budget::CALLS_PER_PEER
+            ));
+            return Err(self.refuse(&peer, status));
+        };
         let mut inbound = request.into_inner();
         let (ack_tx, ack_rx) = mpsc::channel(PUSH_ACK_BUFFER);
         let handler = self.handler.clone();
         let events = self.events.clone();
         let budgets = self.budgets.clone();
         tokio::spawn(async move {
+            let _place = place;
             loop {
-                // The next batch is read only within the budgets (`budget.rs`).
-                let _permits = budgets.acquire(&peer.0).await;
+                // The next batch is read as it comes, and handled only within
+                // the budgets (`budget.rs`): nothing more is read meanwhile.
                 let ack = match inbound.message().await {
-                    Ok(Some(batch)) => handler.push(&peer, batch).await,
+                    Ok(Some(batch)) => {
+                        let _permits = budgets.acquire(&peer.0).await;
+                        handler.push(&peer, batch).await
+                    }
                     Ok(None) => break,
                     Err(status) => {
                         if is_refusal(&status) {

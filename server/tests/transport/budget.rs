@@ -1,7 +1,8 @@
 //! Budgets for authenticated peers (`budget.rs`, `control.rs`): one peer's
 //! pushed batches are handled two at a time, all peers' three at a time, the
-//! rest wait unread (slowed, not buffered), however many push streams they
-//! open; a peer holds at most four connections.
+//! rest wait unread (slowed, not buffered); a peer's third push stream at
+//! once is refused, an idle stream holds no budget, and a peer holds at most
+//! four connections.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -93,11 +94,21 @@ async fn calls_wait_for_their_budget_and_connections_per_peer_are_capped() {
                 }));
             }
         }
+        let (mut answered, mut refused) = (0, 0);
         for call in calls {
-            let ack = call.await.unwrap().expect("every push is answered in the end");
-            assert!(ack.is_some(), "one ack per batch");
+            match call.await.unwrap() {
+                Ok(ack) => {
+                    assert!(ack.is_some(), "one ack per batch");
+                    answered += 1;
+                }
+                // A peer's third push stream at once.
+                Err(status) if status.code() == tonic::Code::ResourceExhausted => refused += 1,
+                Err(status) => panic!("a push failed: {status}"),
+            }
         }
-        assert_eq!(handler.done.load(Ordering::SeqCst), 16);
+        assert_eq!(answered + refused, 16);
+        assert!(answered >= 2 * CALLS_PER_PEER, "each peer's first pushes are answered: {answered}");
+        assert_eq!(handler.done.load(Ordering::SeqCst), answered);
         assert!(handler.most_a.load(Ordering::SeqCst) <= CALLS_PER_PEER, "one peer's calls at once");
         assert!(handler.most.load(Ordering::SeqCst) <= CALLS_IN_ALL, "all peers' calls at once");
         assert!(handler.most.load(Ordering::SeqCst) >= 2, "the budgets still let calls run side by side");
@@ -121,6 +132,84 @@ async fn calls_wait_for_their_budget_and_connections_per_peer_are_capped() {
             .await
             .expect("another peer still connects");
         other.hello(hello_from("c")).await.expect("and is served");
+        shutdown.cancel();
+    })
+    .await;
+}
+
+/// Answers every push at once.
+struct Acks;
+
+#[tonic::async_trait]
+impl Handler for Acks {
+    async fn hello(&self, _: &PeerName, _: HelloRequest) -> Result<HelloResponse, Status> {
+        Ok(HelloResponse { node: "b".into(), protocol_version: keysync_proto::PROTOCOL_VERSION, ..Default::default() })
+    }
+
+    async fn push(&self, _: &PeerName, batch: DecisionBatch) -> Result<PushAck, Status> {
+        Ok(PushAck { n_received: batch.decisions.len() as u32, n_applied: 0 })
+    }
+
+    async fn diff(&self, _: &PeerName, _: DiffRequest) -> Result<Items<DiffChunk>, Status> {
+        Ok(Box::new(std::iter::empty()))
+    }
+
+    async fn fetch(&self, _: &PeerName, _: FetchRequest) -> Result<Items<DecisionBatch>, Status> {
+        Ok(Box::new(std::iter::empty()))
+    }
+
+    async fn plan(&self, _: &PeerName, _: PlanRequest) -> Result<PlanResponse, Status> {
+        Ok(PlanResponse::default())
+    }
+}
+
+/// A master with four peers (five masters): every peer keeps its live push
+/// stream open, idle between decisions. An idle stream holds no budget, so
+/// the fourth peer's decision is read at once. (The budget was taken before
+/// waiting for the next batch: three idle streams held all of it, and the
+/// fourth peer's pushes waited until another peer sent something.)
+#[tokio::test]
+async fn idle_push_streams_hold_no_budget() {
+    bounded(async {
+        let pki = Pki::new();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let shutdown = CancellationToken::new();
+        let peers = ["a", "c", "d", "e"];
+        let opts = ServeOptions { allowed_peers: peers.map(String::from).to_vec(), ..ServeOptions::default() };
+        let tls = pki.setup(&["b"]);
+        tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { serve(listener, &tls, opts, Arc::new(Acks), Arc::new(|_| {}), shutdown).await }
+        });
+        let mut idle = Vec::new();
+        for peer in &peers[..CALLS_IN_ALL] {
+            let mut client = keysync_server::connect(&addr, "b", &pki.setup(&[peer]), MAX_MESSAGE, CONNECT_TIMEOUT)
+                .await
+                .expect("a peer connects");
+            // A live push stream between decisions: open, nothing sent yet.
+            let acks = client.push(tokio_stream::pending::<DecisionBatch>()).await.expect("the push stream opens");
+            idle.push((client, acks));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut last = keysync_server::connect(&addr, "b", &pki.setup(&["e"]), MAX_MESSAGE, CONNECT_TIMEOUT)
+            .await
+            .expect("the fourth peer connects");
+        let batch = DecisionBatch::default();
+        let mut acks = last.push(tokio_stream::iter([batch])).await.expect("its push stream opens").into_inner();
+        let ack = tokio::time::timeout(Duration::from_secs(20), acks.message())
+            .await
+            .expect("the fourth peer's push is read while the others' streams are idle");
+        assert!(ack.expect("an ack").is_some());
+
+        // A peer's push streams: two open at once, the third refused.
+        let (mut a, _first) = idle.swap_remove(0);
+        let _second = a.push(tokio_stream::pending::<DecisionBatch>()).await.expect("a second push stream opens");
+        let third = a.push(tokio_stream::iter([DecisionBatch::default()])).await;
+        let refused = third.expect_err("a third push stream at once is refused");
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused}");
+        assert!(refused.message().contains("push streams open already"), "{refused}");
+        drop(idle);
         shutdown.cancel();
     })
     .await;
