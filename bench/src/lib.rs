@@ -7,6 +7,7 @@
 
 pub mod adopt;
 pub mod cluster;
+pub mod flood;
 pub mod join;
 pub mod latency;
 pub mod procfs;
@@ -43,6 +44,10 @@ pub struct Settings {
     /// (The latency phase deletes rejected keys, which the guard never
     /// judges; the join and the bulk delete nothing.)
     pub guard: bool,
+    /// Deletes of made-up ids in each of `flood_pushes` concurrent pushes
+    /// from one peer to a lone agent (0: no flood).
+    pub n_flood: usize,
+    pub flood_pushes: usize,
 }
 
 impl Settings {
@@ -58,6 +63,8 @@ impl Settings {
             keep: None,
             guard: false,
             layout: cluster::Layout::Plain,
+            n_flood: 500_000,
+            flood_pushes: 20,
         }
     }
 
@@ -69,6 +76,8 @@ impl Settings {
             n_join: 2_000,
             n_adopt: 2_000,
             idle: Duration::from_secs(3),
+            n_flood: 20_000,
+            flood_pushes: 4,
             ..Settings::full()
         }
     }
@@ -88,6 +97,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<Report> {
     };
     let join = if settings.n_join > 0 { Some(join::run(settings, &keys)?) } else { None };
     let adopt = if settings.n_adopt > 0 { Some(adopt::run(settings, &keys)?) } else { None };
+    let flood = if settings.n_flood > 0 && settings.flood_pushes > 0 { Some(flood::run(settings)?) } else { None };
     let (join, agents) = join.map_or((None, Vec::new()), |j| (Some(j.join), j.agents));
     Ok(Report {
         settings: settings.clone(),
@@ -99,6 +109,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<Report> {
         join,
         agents,
         adopt,
+        flood,
     })
 }
 

@@ -10,7 +10,7 @@ use clap::Parser;
 #[command(
     name = "keysync-bench",
     about = "Benchmark salt-keysync: three real agents, Salt-style key operations, join versus rsync, first contact on agreeing masters",
-    after_help = "Examples:\n  scripts/bench.sh                      # full run, a few minutes\n  scripts/bench.sh --quick --json out.json\n  target/release/keysync-bench --ops 200 --bulk 2000 --join 20000 --idle 10\n  target/release/keysync-bench --ops 0 --bulk 10000 --join 0 --adopt 0 --idle 0 --layout unit\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 100000\n  target/release/keysync-bench --ops 20 --bulk 0 --join 0 --adopt 0 --idle 0 --guard\n\nThe agent binary is looked up next to this program (SALT_KEYSYNC_BIN overrides)."
+    after_help = "Examples:\n  scripts/bench.sh                      # full run, a few minutes\n  scripts/bench.sh --quick --json out.json\n  target/release/keysync-bench --ops 200 --bulk 2000 --join 20000 --idle 10\n  target/release/keysync-bench --ops 0 --bulk 10000 --join 0 --adopt 0 --idle 0 --layout unit\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 100000\n  target/release/keysync-bench --ops 20 --bulk 0 --join 0 --adopt 0 --idle 0 --guard\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 0 --flood 500000 --flood-pushes 20\n\nThe agent binary is looked up next to this program (SALT_KEYSYNC_BIN overrides)."
 )]
 struct Args {
     /// Small counts: seconds instead of minutes (what CI runs).
@@ -51,6 +51,13 @@ struct Args {
     /// (`salt-keysync demo` shows one).
     #[arg(long)]
     guard: bool,
+    /// Deletes of made-up ids in each push of the flood: one configured peer
+    /// pushing at once to a lone agent (0: skip).
+    #[arg(long)]
+    flood: Option<usize>,
+    /// Concurrent pushes in the flood.
+    #[arg(long, value_name = "N")]
+    flood_pushes: Option<usize>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -64,6 +71,8 @@ fn main() -> anyhow::Result<()> {
     settings.keep = args.keep;
     settings.layout = args.layout;
     settings.guard = args.guard;
+    settings.n_flood = args.flood.unwrap_or(settings.n_flood);
+    settings.flood_pushes = args.flood_pushes.unwrap_or(settings.flood_pushes);
     settings.log_filter = args.log.unwrap_or(settings.log_filter);
     let report = keysync_bench::run(&settings)?;
     println!("{}", report.table());

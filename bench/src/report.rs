@@ -23,6 +23,8 @@ pub struct Report {
     pub agents: Vec<AgentRow>,
     /// `null` when skipped (`--adopt 0`).
     pub adopt: Option<AdoptRow>,
+    /// `null` when skipped (`--flood 0`).
+    pub flood: Option<crate::flood::FloodRow>,
 }
 
 /// Latency of one kind of operation: one sample per operation and peer.
@@ -293,6 +295,27 @@ impl Report {
                     mark(g.peak_rss_mib <= PEAK_RSS_TARGET_MIB)
                 );
             }
+        }
+        if let Some(f) = &self.flood {
+            let _ = writeln!(
+                out,
+                "\nflood: one peer pushing {} x {} deletes of ids the master never held, at once, to a lone agent",
+                f.pushes, f.ids_per_push
+            );
+            let _ = writeln!(
+                out,
+                "  {:.1} s; acknowledged {} received, {} applied; {} pushes refused (two at a time) and sent again; audit +{} lines; store {} -> {} bytes",
+                f.secs, f.received, f.applied, f.refused, f.audit_lines_added, f.store_before_bytes, f.store_after_bytes
+            );
+            let _ = writeln!(
+                out,
+                "  agent memory {:.1} MiB before, peak {:.1} MiB, {:.1} MiB after  target peak <={:.0} MiB: {}",
+                f.rss_before_mib,
+                f.peak_rss_mib,
+                f.rss_after_mib,
+                PEAK_RSS_TARGET_MIB,
+                mark(f.peak_rss_mib <= PEAK_RSS_TARGET_MIB)
+            );
         }
         out
     }

@@ -1,0 +1,191 @@
+//! A configured peer, mistaken or hostile, pushing deletes of ids the master
+//! never held (issue 17): `pushes` concurrent Push streams of `n_ids`
+//! deletes each, with master-b's certificate, to master-a's agent (alone:
+//! b and c are not started); a push refused because two are open already
+//! comes back 100 ms later, so all of them get through. What it measures: how long the agent took,
+//! its memory (peak and after), and how much its state store and audit log
+//! grew.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use keysync_proto::v1;
+use keysync_server::{TlsMaterial, TlsSetup};
+use serde::Serialize;
+
+use crate::cluster::BenchCluster;
+use crate::{procfs, Settings};
+
+/// Deletes per pushed batch.
+const BATCH: usize = 5_000;
+/// Connections the pushing peer opens: the most a master admits from one
+/// peer; the pushes share them (HTTP/2 streams).
+const CONNECTIONS: usize = 4;
+
+#[derive(Debug, Serialize)]
+pub struct FloodRow {
+    pub pushes: usize,
+    /// Deletes of distinct made-up ids in each push.
+    pub ids_per_push: usize,
+    /// From the first connection until every push was acknowledged.
+    pub secs: f64,
+    /// What the agent acknowledged: decisions received, and applied.
+    pub received: u64,
+    pub applied: u64,
+    /// Times a push was refused because the peer had two open, and tried
+    /// again 100 ms later (every push gets through in the end).
+    pub refused: u64,
+    /// The agent's resident memory (VmHWM, VmRSS) before, at its peak, and after.
+    pub rss_before_mib: f64,
+    pub peak_rss_mib: f64,
+    pub rss_after_mib: f64,
+    pub store_before_bytes: u64,
+    pub store_after_bytes: u64,
+    pub audit_lines_added: usize,
+}
+
+pub fn run(settings: &Settings) -> anyhow::Result<FloodRow> {
+    let mut cluster = BenchCluster::new(settings, "flood")?;
+    cluster.start(0)?;
+    let pid = cluster.pid(0).context("master-a's agent has no pid")?;
+    let a = &cluster.files[0];
+    let store = a.dir.join("state/state.redb");
+    let listen = listen_address(&a.config_path)?;
+    let tls = identity(&cluster.files[1].dir)?;
+    let audit_log = a.audit_log.clone();
+    let before = procfs::memory(pid)?;
+    let store_before_bytes = size(&store);
+    let audit_before = lines(&audit_log);
+
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let started = Instant::now();
+    let pushed = runtime.block_on(push_all(&listen, &tls, settings.flood_pushes, settings.n_flood))?;
+    let secs = started.elapsed().as_secs_f64();
+    let peak = procfs::memory(pid)?;
+    // What stays once the pushes are over.
+    std::thread::sleep(Duration::from_secs(2));
+    let after = procfs::memory(pid)?;
+    let row = FloodRow {
+        pushes: settings.flood_pushes,
+        ids_per_push: settings.n_flood,
+        secs,
+        received: pushed.received,
+        applied: pushed.applied,
+        refused: pushed.refused,
+        rss_before_mib: before.rss_mib,
+        peak_rss_mib: peak.peak_rss_mib,
+        rss_after_mib: after.rss_mib,
+        store_before_bytes,
+        store_after_bytes: size(&store),
+        audit_lines_added: lines(&audit_log).saturating_sub(audit_before),
+    };
+    cluster.stop()?;
+    Ok(row)
+}
+
+/// Opens the connections, says hello on each, runs every push at once and
+/// adds up their acknowledgements.
+async fn push_all(listen: &str, tls: &TlsMaterial, pushes: usize, n_ids: usize) -> anyhow::Result<Pushed> {
+    let setup = TlsSetup::new(tls).context("master-b's TLS files")?;
+    let mut clients = Vec::new();
+    for _ in 0..CONNECTIONS.min(pushes.max(1)) {
+        let mut client = keysync_server::connect(listen, "master-a", &setup, 8 << 20, Duration::from_secs(10))
+            .await
+            .with_context(|| format!("connecting to master-a at {listen}"))?;
+        let hello = v1::HelloRequest {
+            node: "master-b".into(),
+            protocol_version: keysync_proto::PROTOCOL_VERSION,
+            health: None,
+        };
+        client.hello(hello).await.context("hello to master-a")?;
+        clients.push(client);
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for push in 0..pushes {
+        let mut client = clients[push % clients.len()].clone();
+        tasks.spawn(async move {
+            let mut refused = 0u64;
+            loop {
+                // Batches made as the stream is read: the pusher holds one at a time.
+                let batches =
+                    (0..n_ids.div_ceil(BATCH)).map(move |b| batch(push, b * BATCH..((b + 1) * BATCH).min(n_ids)));
+                let mut acks = match client.push(tokio_stream::iter(batches)).await {
+                    Ok(acks) => acks.into_inner(),
+                    // The master takes two pushes of one peer at a time:
+                    // this one comes back later, as an agent's link would.
+                    Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+                        refused += 1;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                    Err(status) => return Err(status),
+                };
+                let (mut received, mut applied) = (0u64, 0u64);
+                while let Some(ack) = acks.message().await? {
+                    received += u64::from(ack.n_received);
+                    applied += u64::from(ack.n_applied);
+                }
+                return Ok::<_, tonic::Status>(Pushed { received, applied, refused });
+            }
+        });
+    }
+    let mut all = Pushed::default();
+    while let Some(done) = tasks.join_next().await {
+        let one = done.context("a push task")?.context("a push")?;
+        all.received += one.received;
+        all.applied += one.applied;
+        all.refused += one.refused;
+    }
+    Ok(all)
+}
+
+/// What the pushes were told.
+#[derive(Debug, Default)]
+struct Pushed {
+    received: u64,
+    applied: u64,
+    /// Times a push was refused (the peer had two open) and tried again.
+    refused: u64,
+}
+
+/// Deletes of the made-up ids `range` of push `push`, versioned now by master-b.
+fn batch(push: usize, range: std::ops::Range<usize>) -> v1::DecisionBatch {
+    let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
+    let decisions = range
+        .map(|i| v1::Decision {
+            minion: format!("flood{push:02}-{i:07}"),
+            verdict: v1::Verdict::Deleted.into(),
+            public_key: Vec::new(),
+            version: Some(v1::Version { hlc: (ms as u64) << 16, node: "master-b".into() }),
+            supersedes: None,
+            context: Vec::new(),
+            relays: Vec::new(),
+        })
+        .collect();
+    v1::DecisionBatch { decisions }
+}
+
+/// master-b's certificate, key and CA, as its agent would present them.
+fn identity(dir: &Path) -> anyhow::Result<TlsMaterial> {
+    let read =
+        |name: &str| std::fs::read(dir.join(name)).with_context(|| format!("cannot read {name} in {}", dir.display()));
+    Ok(TlsMaterial { ca_pem: read("ca.pem")?, cert_pem: read("node.pem")?, key_pem: read("node.key")? })
+}
+
+/// The `listen = "…"` address of an agent's config.
+fn listen_address(config: &Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(config).with_context(|| format!("cannot read {}", config.display()))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("listen = \"").and_then(|rest| rest.strip_suffix('"')))
+        .map(str::to_owned)
+        .with_context(|| format!("no listen address in {}", config.display()))
+}
+
+fn size(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.len())
+}
+
+fn lines(path: &Path) -> usize {
+    std::fs::read(path).map_or(0, |bytes| bytes.iter().filter(|&&b| b == b'\n').count())
+}
