@@ -298,9 +298,6 @@ impl Node {
 
     /// Keys accepted here (what the folders show).
     fn n_accepted(&self) -> usize {
-        self.replica
-            .entries()
-            .filter(|(_, entry)| crate::core::claims::effective(entry).is_some_and(|s| s.kind == VerdictKind::Accepted))
-            .count()
+        self.replica.n_accepted()
     }
 }

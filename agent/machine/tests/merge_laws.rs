@@ -206,6 +206,14 @@ fn digested(replica: &Replica, id: &MinionId) -> Option<(Seen, Vec<Seen>)> {
     (entry.kind != VerdictKind::Deleted || !claims.is_empty()).then(|| (entry.held(), claims))
 }
 
+/// Ids the folders should show as accepted, counted afresh.
+fn accepted(replica: &Replica) -> usize {
+    replica
+        .entries()
+        .filter(|(_, entry)| claims::effective(entry).is_some_and(|s| s.kind == VerdictKind::Accepted))
+        .count()
+}
+
 /// What masters must agree on: [`state`] without the ids that only a
 /// tombstone is held for (anti-entropy neither needs nor moves those).
 fn agreed(replica: &Replica) -> State {
@@ -254,6 +262,9 @@ proptest! {
         prop_assert_eq!(&state(&in_order), &want);
         prop_assert_eq!(&state(&scheduled), &want);
         prop_assert_eq!(&state(&committed), &want);
+        for replica in [&in_order, &scheduled, &committed] {
+            prop_assert_eq!(replica.n_accepted(), accepted(replica), "the count kept is the count");
+        }
     }
 
     /// Delivering again what a node already holds changes nothing and merges as a duplicate.
@@ -406,6 +417,7 @@ proptest! {
         pull(&mut x, &y, &store_y);
         let x_store: Vec<Decision> = held(&x, &pool).into_iter().cloned().collect();
         pull(&mut y, &x, &x_store);
+        prop_assert_eq!((x.n_accepted(), y.n_accepted()), (accepted(&x), accepted(&y)));
         prop_assert_eq!(agreed(&x), agreed(&y));
         prop_assert!(x.digests().differing(y.digests().as_slice()).is_empty());
         let union: Vec<Decision> = store_x.iter().chain(&store_y).cloned().collect();

@@ -62,11 +62,14 @@ pub struct Replica {
     entries: HashMap<MinionId, Entry>,
     digests: Digests,
     clock: Hlc,
+    /// Ids whose folders should show an accepted key here (kept as entries
+    /// change: the guard asks for it on every delete of an accepted key).
+    n_accepted: usize,
 }
 
 impl Replica {
     pub fn new(node: &str, clock: Hlc) -> Replica {
-        Replica { node: node.into(), entries: HashMap::new(), digests: Digests::default(), clock }
+        Replica { node: node.into(), entries: HashMap::new(), digests: Digests::default(), clock, n_accepted: 0 }
     }
 
     pub fn node(&self) -> &str {
@@ -87,6 +90,11 @@ impl Replica {
 
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// How many ids this master's folders should show as accepted.
+    pub fn n_accepted(&self) -> usize {
+        self.n_accepted
     }
 
     /// Makes room for `additional` more ids at once: grown one doubling at
@@ -184,10 +192,12 @@ impl Replica {
             for part in digested(before) {
                 self.digests.toggle(id, &part);
             }
+            self.n_accepted -= usize::from(shows_accepted(before));
         }
         for part in digested(&after) {
             self.digests.toggle(id, &part);
         }
+        self.n_accepted += usize::from(shows_accepted(&after));
         self.entries.insert(id.clone(), after);
     }
 
@@ -208,6 +218,7 @@ impl Replica {
         for part in digested(&entry) {
             self.digests.toggle(&id, &part);
         }
+        self.n_accepted += usize::from(shows_accepted(&entry));
         self.entries.insert(id, entry);
     }
 
@@ -274,6 +285,11 @@ fn committed(held: Option<&Entry>, decision: &Decision) -> Entry {
         remember(&mut seen, incoming);
         Entry { seen: seen.into_boxed_slice(), ..held.clone() }
     }
+}
+
+/// Whether `entry` makes this master's folders show an accepted key.
+fn shows_accepted(entry: &Entry) -> bool {
+    claims::effective(entry).is_some_and(|s| s.kind == VerdictKind::Accepted)
 }
 
 /// What of an entry the digests cover (the state masters must agree on):
