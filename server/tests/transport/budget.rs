@@ -137,32 +137,6 @@ async fn calls_wait_for_their_budget_and_connections_per_peer_are_capped() {
     .await;
 }
 
-/// Answers every push at once.
-struct Acks;
-
-#[tonic::async_trait]
-impl Handler for Acks {
-    async fn hello(&self, _: &PeerName, _: HelloRequest) -> Result<HelloResponse, Status> {
-        Ok(HelloResponse { node: "b".into(), protocol_version: keysync_proto::PROTOCOL_VERSION, ..Default::default() })
-    }
-
-    async fn push(&self, _: &PeerName, batch: DecisionBatch) -> Result<PushAck, Status> {
-        Ok(PushAck { n_received: batch.decisions.len() as u32, n_applied: 0 })
-    }
-
-    async fn diff(&self, _: &PeerName, _: DiffRequest) -> Result<Items<DiffChunk>, Status> {
-        Ok(Box::new(std::iter::empty()))
-    }
-
-    async fn fetch(&self, _: &PeerName, _: FetchRequest) -> Result<Items<DecisionBatch>, Status> {
-        Ok(Box::new(std::iter::empty()))
-    }
-
-    async fn plan(&self, _: &PeerName, _: PlanRequest) -> Result<PlanResponse, Status> {
-        Ok(PlanResponse::default())
-    }
-}
-
 /// A master with four peers (five masters): every peer keeps its live push
 /// stream open, idle between decisions. An idle stream holds no budget, so
 /// the fourth peer's decision is read at once. (The budget was taken before
@@ -180,7 +154,7 @@ async fn idle_push_streams_hold_no_budget() {
         let tls = pki.setup(&["b"]);
         tokio::spawn({
             let shutdown = shutdown.clone();
-            async move { serve(listener, &tls, opts, Arc::new(Acks), Arc::new(|_| {}), shutdown).await }
+            async move { serve(listener, &tls, opts, Arc::new(SlowPushes::default()), Arc::new(|_| {}), shutdown).await }
         });
         let mut idle = Vec::new();
         for peer in &peers[..CALLS_IN_ALL] {
