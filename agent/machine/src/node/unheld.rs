@@ -25,12 +25,6 @@ use crate::core::{Decision, MinionId, Version};
 /// How many deletes of unheld ids are remembered (a few hundred bytes each).
 pub(super) const REMEMBERED: usize = 4096;
 
-/// A delete knowing more versions than this is not remembered: one of an
-/// id a master decided knows one version per master that decided it, and a
-/// peer may send 256 (the wire's bound), which would make the remembered
-/// deletes tens of MiB instead of about 2.
-pub(super) const MAX_CONTEXT: usize = 16;
-
 /// The last deletes of ids held nowhere here, oldest first out.
 #[derive(Debug, Default)]
 pub(super) struct Unheld {
@@ -43,9 +37,6 @@ impl Unheld {
     /// forgetting the oldest past the bound. Of two for one id, the one the
     /// merge rule prefers stays.
     pub(super) fn remember(&mut self, from: Arc<str>, decision: Decision) {
-        if decision.context.len() > MAX_CONTEXT {
-            return;
-        }
         if let Some((_, known)) = self.by_id.get(&decision.id) {
             if !decision.seen().beats(&known.seen()) {
                 return;
@@ -107,17 +98,6 @@ mod tests {
         let last = MinionId::parse(&format!("made-up{}", REMEMBERED + 9)).unwrap();
         assert!(unheld.take(&last).is_some());
         assert!(unheld.take(&last).is_none(), "taken once");
-    }
-
-    #[test]
-    fn a_delete_knowing_many_versions_is_not_remembered() {
-        let mut unheld = Unheld::default();
-        let knew =
-            (0..=MAX_CONTEXT as u64).map(|i| Version::new(crate::core::version::CLAIM_CEILING + 9, &*format!("c{i}")));
-        unheld.remember("b".into(), Decision { context: Context::new(knew), ..delete("x", 50) });
-        assert_eq!(unheld.len(), 0);
-        unheld.remember("b".into(), delete("x", 50));
-        assert_eq!(unheld.len(), 1);
     }
 
     #[test]
