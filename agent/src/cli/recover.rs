@@ -106,11 +106,8 @@ pub async fn recover_from_peers(config: &Config, force: bool) -> Result<Recovere
     Ok(Recovered { n_decisions: decisions.len(), answered, unreachable, moved_aside, store_id: store.id().to_string() })
 }
 
-/// Every decision `peer` holds, tombstones included: its summaries for all
-/// buckets, then the decisions. (Digests no bucket has: an empty store's
-/// would match the buckets that hold only tombstones, which digests leave
-/// out, and a recovered store must know what was deleted while its folders
-/// may still hold it.)
+/// Every decision `peer` holds: its summaries for all buckets (an empty
+/// store's digests differ from every non-empty bucket), then the decisions.
 async fn fetch_all(config: &Config, peer: &Peer, tls: &keysync_server::TlsSetup) -> Result<Vec<Decision>> {
     let mut client = keysync_server::connect(
         &peer.address,
@@ -127,7 +124,7 @@ async fn fetch_all(config: &Config, peer: &Peer, tls: &keysync_server::TlsSetup)
     if hello.node != peer.name {
         bail!("peer answered Hello as {:?}", hello.node);
     }
-    let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests: vec![u64::MAX; N_BUCKETS] };
+    let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests: vec![0; N_BUCKETS] };
     let mut stream = client.diff(request).await?.into_inner();
     let mut ids = Vec::new();
     while let Some(chunk) = stream.message().await? {
