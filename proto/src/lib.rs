@@ -4,7 +4,7 @@
 //! messages into its own core types before anything else looks at them.
 
 /// The highest protocol version this build speaks; sent in `Hello`.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The oldest protocol version this build still speaks with (see the
 /// `Hello` messages in keysync.proto for what each version adds).

@@ -22,7 +22,6 @@ pub mod testing;
 #[cfg(test)]
 mod tests;
 mod trouble;
-mod unheld;
 mod waiting;
 
 use std::collections::{HashMap, HashSet};
@@ -140,8 +139,6 @@ pub struct Node {
     seen: Instant,
     repairs: repair::Repairs,
     guard: guard::Guard,
-    /// The last deletes of ids held nowhere here (not kept: `unheld.rs`).
-    unheld: unheld::Unheld,
 }
 
 impl Node {
@@ -156,7 +153,6 @@ impl Node {
         let mut node = Node {
             settler: Settler::new(settings.settle.clone()),
             guard: guard::Guard::new(settings.guard.clone()),
-            unheld: unheld::Unheld::default(),
             next_rescan: now.mono + settings.rescan_interval,
             seen: now.mono,
             settings,

@@ -72,14 +72,6 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
         Event::FromTheFuture { decision, from, error } => {
             remote_record(decision, from, "refuse", "refused", Some(error.to_string()))
         }
-        Event::Unheld { from, n, first } => Record {
-            minion: Some(first.to_string()),
-            reason: Some(format!(
-                "{n} delete{} of ids this master holds no decision for (the first: {first}): nothing to delete here; not kept, not passed on",
-                if *n == 1 { "" } else { "s" }
-            )),
-            ..Record::new("delete", from, "ignored")
-        },
         Event::Inventory { held } => Record {
             reason: Some(format!(
                 "first start: {} accepted, {} rejected, {} pending; sha256 of the accepted and rejected keys {}",
@@ -286,9 +278,6 @@ pub fn log_and_count(event: &Event, metrics: &Metrics) {
             tracing::trace!(minion = %decision.id, peer = &**from, version = %version, "applied peer decision");
         }
         Event::Superseded { .. } | Event::PendingDiscarded { .. } => {}
-        Event::Unheld { from, n, first } => {
-            tracing::debug!(peer = &**from, n, first = %first, "deletes of ids held nowhere here: ignored")
-        }
         Event::Inventory { held } => tracing::info!(
             accepted = held.accepted,
             rejected = held.rejected,

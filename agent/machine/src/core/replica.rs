@@ -22,17 +22,9 @@ pub struct Summary {
     pub content: Option<(u8, Option<super::decision::Fingerprint>)>,
 }
 
-/// A delete's rank in [`Seen::content_rank`].
-const DELETE_RANK: u8 = 1;
-
 impl Summary {
     pub fn of(seen: &Seen) -> Summary {
         Summary { version: seen.version.clone(), content: Some(seen.content_rank()) }
-    }
-
-    /// Whether this summary names a delete.
-    pub fn is_delete(&self) -> bool {
-        self.content.as_ref().is_some_and(|(rank, _)| *rank == DELETE_RANK)
     }
 
     /// Whether this summary names a decision that beats `other` (unknown
@@ -239,7 +231,7 @@ impl Replica {
     /// a peer's summaries with 100,000 of this node's needs no list of them.
     pub fn summarise_in(&self, buckets: &[u32]) -> impl Iterator<Item = (&MinionId, Summary)> {
         self.in_buckets(buckets)
-            .flat_map(|(id, entry)| summarised(entry).into_iter().map(move |part| (id, Summary::of(&part))))
+            .flat_map(|(id, entry)| digested(entry).into_iter().map(move |part| (id, Summary::of(&part))))
     }
 
     /// The entries in the given buckets.
@@ -255,10 +247,8 @@ impl Replica {
 
     /// Whether a peer's summary names a decision this node lacks: a claim it
     /// does not know, or a decision that beats the one held.
-    /// A peer's delete of an id held nowhere here is nothing to fetch: it
-    /// would change nothing and is not kept (see [`digested`]).
     pub fn is_newer_on_peer(&self, id: &MinionId, theirs: &Summary) -> bool {
-        let Some(entry) = self.entries.get(id) else { return !theirs.is_delete() };
+        let Some(entry) = self.entries.get(id) else { return true };
         let known = std::iter::once(entry.held())
             .chain(entry.seen.iter().cloned())
             .any(|s| s.version == theirs.version && theirs.content.is_none_or(|content| content == s.content_rank()));
@@ -294,23 +284,8 @@ fn shows_accepted(entry: &Entry) -> bool {
 
 /// What of an entry the digests cover (the state masters must agree on):
 /// the decision held and every claim known; not the other decisions a node
-/// happens to have seen, nor a tombstone alone. A master that holds only a
-/// tombstone for an id and one that never knew the id show the same (no
-/// key), so they agree: a delete of an id held nowhere here need not be
-/// kept, and a peer's flood of deletes of made-up ids costs no memory (see
-/// `node/unheld.rs`). A tombstone over claims is covered: it overrules them.
+/// happens to have seen.
 fn digested(entry: &Entry) -> Vec<Seen> {
-    let parts = summarised(entry);
-    match parts.as_slice() {
-        [held] if held.kind == VerdictKind::Deleted => Vec::new(),
-        _ => parts,
-    }
-}
-
-/// What of an entry anti-entropy compares, once the digests of its bucket
-/// differ: the decision held (a tombstone too, so that it reaches a master
-/// still holding an older key) and every claim known.
-fn summarised(entry: &Entry) -> Vec<Seen> {
     let held = entry.held();
     let mut parts: Vec<Seen> = entry.seen.iter().filter(|s| s.version.is_claim()).cloned().collect();
     parts.push(held);

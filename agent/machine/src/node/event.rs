@@ -52,10 +52,6 @@ pub enum Event {
     /// A peer's decision for an id whose own events are still settling (a
     /// salt-key run in progress here): merged once they have settled.
     Deferred { id: MinionId, from: Arc<str> },
-    /// Deletes from a peer of ids held nowhere here (`first` the first of
-    /// them): nothing to delete, neither kept nor passed on. Told once per
-    /// push or fetch, not per id.
-    Unheld { from: Arc<str>, n: usize, first: MinionId },
     /// A peer's decision older than the one held.
     Superseded { decision: Decision, from: Arc<str>, held: Version },
     /// A peer's decision whose version is beyond the clock-skew bound (audited once).

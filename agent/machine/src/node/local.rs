@@ -48,15 +48,7 @@ impl Node {
         };
         let slots = rt.read_slots(&id);
         self.note_slots(&id, &slots, rt);
-        let mut decision = self.replica.observe(&id, interpret(&slots), now.wall_ms, mode)?;
-        if let Some(deleted) = self.unheld.version(&id) {
-            if !decision.version.is_claim() && !self.replica.holds(id.as_str()) {
-                // A peer's delete of the id came, not kept (nothing to delete
-                // here): this decision knew it, as it would a tombstone held.
-                let known = decision.context.iter().cloned().chain([deleted.clone()]);
-                decision.context = crate::core::Context::new(known);
-            }
-        }
+        let decision = self.replica.observe(&id, interpret(&slots), now.wall_ms, mode)?;
         // The agent's own write of a peer's decision whose recording failed is
         // not an operator's decision: the retry records it with its version.
         let own_write = self.retried(&decision.id).any(|d| d.verdict == decision.verdict);

@@ -104,7 +104,6 @@ impl Node {
             }));
         }
         let mut guarded: Vec<(Arc<str>, Decision)> = Vec::new();
-        let mut unheld: Vec<(Arc<str>, usize, MinionId)> = Vec::new();
         while !todo.is_empty() {
             let mut round: Vec<Merged> = Vec::new();
             let mut ids: HashSet<MinionId> = HashSet::new();
@@ -141,25 +140,6 @@ impl Node {
                     }
                     continue;
                 }
-                if !self.replica.holds(decision.id.as_str()) {
-                    if let Some((deleted_by, delete)) = self.unheld.take(&decision.id) {
-                        // A delete of this id came first (it overtook this
-                        // decision, or this one is older): held first, so
-                        // that this one meets it as it would have.
-                        ids.insert(decision.id.clone());
-                        later.push((arrival, from, decision));
-                        let operator = None;
-                        round.push(Merged {
-                            decision: delete,
-                            holds: true,
-                            conflicts: Vec::new(),
-                            from: deleted_by,
-                            arrival,
-                            operator,
-                        });
-                        continue;
-                    }
-                }
                 let decision = self.doubt_claims(decision, &from, rt);
                 // (An operator's release or revert retried after a failed write
                 // comes from this node itself: it made it.)
@@ -183,19 +163,6 @@ impl Node {
                             continue;
                         }
                         let holds = merged.outcome == MergeOutcome::Apply;
-                        if holds
-                            && decision.verdict.kind() == VerdictKind::Deleted
-                            && !self.replica.holds(decision.id.as_str())
-                            && self.retried(&decision.id).next().is_none()
-                        {
-                            // Nothing to delete here: not kept, not passed on.
-                            match unheld.iter_mut().find(|(f, _, _)| *f == from) {
-                                Some((_, n, _)) => *n += 1,
-                                None => unheld.push((from.clone(), 1, decision.id.clone())),
-                            }
-                            self.unheld.remember(from, decision);
-                            continue;
-                        }
                         if holds && !judged && self.guards(&decision) {
                             guarded.push((from, decision));
                             continue;
@@ -211,9 +178,6 @@ impl Node {
                 n_applied[arrival] += n;
             }
             todo = later;
-        }
-        for (from, n, first) in unheld {
-            rt.audit(Event::Unheld { from, n, first });
         }
         self.offer_guarded(guarded, now, rt);
         n_applied

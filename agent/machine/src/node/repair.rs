@@ -115,9 +115,7 @@ impl Node {
             .replica
             .summarise_in(buckets)
             .filter(|(id, mine)| {
-                // A tombstone goes only where the id is held: elsewhere it
-                // changes nothing, and is not kept.
-                let Some(rows) = theirs.get(id) else { return !mine.is_delete() };
+                let Some(rows) = theirs.get(id) else { return true };
                 let known = rows.iter().any(|t| t.version == mine.version && t.content == mine.content);
                 !known && (mine.version.is_claim() || rows.iter().all(|t| mine.beats(t)))
             })

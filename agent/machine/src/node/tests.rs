@@ -111,7 +111,6 @@ fn a_forwarded_decision_names_the_peers_it_came_through() {
 
 mod first_contact;
 mod guard;
-mod unheld;
 
 /// A peer's decision written but not recorded (the store failed) waits for
 /// its retry; a newer decision meanwhile waits for that retry too, then must

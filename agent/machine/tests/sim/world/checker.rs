@@ -7,7 +7,7 @@
 
 use super::*;
 use keysync_machine::core::merge::conflicting;
-use keysync_machine::core::{PublicKey, Seen, Verdict, VerdictKind};
+use keysync_machine::core::{PublicKey, Seen, Verdict};
 
 /// What a run found; every count but the latencies must be 0.
 #[derive(Clone, Debug, Default)]
@@ -48,17 +48,8 @@ impl Sim {
             for id in &self.ids {
                 let held = machine.entry(id);
                 let winner = winners.get(id);
-                // A delete of an id a master never held is not kept there
-                // (it deletes nothing); with no claim about the id, the
-                // tombstone is no key, as no entry is.
-                let lone_delete = |w: &Decision| {
-                    w.verdict == Verdict::Deleted && !self.made[id].iter().any(|m| m.decision.version.is_claim())
-                };
                 match (held, winner) {
                     (None, None) => {}
-                    (None, Some(winner)) if lone_delete(winner) => {}
-                    // Nor is a newer one where an older one is held.
-                    (Some(held), Some(winner)) if held.kind == VerdictKind::Deleted && lone_delete(winner) => {}
                     (Some(held), Some(winner)) if held.version == winner.version => {}
                     (Some(held), Some(winner)) if held.version < winner.version => {
                         verdicts.stale += 1;
