@@ -63,7 +63,7 @@ impl Settings {
             keep: None,
             guard: false,
             layout: cluster::Layout::Plain,
-            n_flood: 500_000,
+            n_flood: 25_000,
             flood_pushes: 20,
         }
     }
@@ -76,8 +76,8 @@ impl Settings {
             n_join: 2_000,
             n_adopt: 2_000,
             idle: Duration::from_secs(3),
-            n_flood: 20_000,
-            flood_pushes: 4,
+            n_flood: 2_000,
+            flood_pushes: 20,
             ..Settings::full()
         }
     }
