@@ -20,8 +20,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Pushed batches of one peer handled at once, and its push streams open at once.
 pub const CALLS_PER_PEER: usize = 2;
-/// Pushed batches of all peers together read and handled at once: each is
-/// one message of at most `max_message_bytes`, decoded.
+/// Pushed batches of all peers together handled at once: each is one
+/// message of at most `max_message_bytes`, decoded.
 pub const CALLS_IN_ALL: usize = 3;
 
 /// The permits shared by every connection of one listener.
