@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use keysync_proto::v1;
-use keysync_server::{TlsMaterial, TlsSetup};
+use keysync_server::TlsSetup;
+use salt_keysync::config::Config;
+use salt_keysync::net::peers::MAX_MESSAGE_BYTES;
 use serde::Serialize;
 
 use crate::cluster::BenchCluster;
@@ -49,10 +51,12 @@ pub fn run(settings: &Settings) -> anyhow::Result<FloodRow> {
     let mut cluster = BenchCluster::new(settings, "flood")?;
     cluster.start(0)?;
     let pid = cluster.pid(0).context("master-a's agent has no pid")?;
-    let a = &cluster.files[0];
-    let store = a.dir.join("state/state.redb");
-    let listen = listen_address(&a.config_path)?;
-    let tls = identity(&cluster.files[1].dir)?;
+    // master-a's address and files, and master-b's TLS identity, as their
+    // agents read them from their configs.
+    let a = Config::load(&cluster.files[0].config_path)?;
+    let store = a.state_dir.join("state.redb");
+    let listen = a.listen.to_string();
+    let tls = salt_keysync::setup::load_tls(&Config::load(&cluster.files[1].config_path)?)?;
     let audit_log = a.audit_log.clone();
     let before = procfs::memory(pid)?;
     let store_before_bytes = size(&store);
@@ -86,11 +90,10 @@ pub fn run(settings: &Settings) -> anyhow::Result<FloodRow> {
 
 /// Opens the connections, says hello on each, runs every push at once and
 /// adds up their acknowledgements.
-async fn push_all(listen: &str, tls: &TlsMaterial, pushes: usize, n_ids: usize) -> anyhow::Result<Pushed> {
-    let setup = TlsSetup::new(tls).context("master-b's TLS files")?;
+async fn push_all(listen: &str, setup: &TlsSetup, pushes: usize, n_ids: usize) -> anyhow::Result<Pushed> {
     let mut clients = Vec::new();
     for _ in 0..CONNECTIONS.min(pushes.max(1)) {
-        let mut client = keysync_server::connect(listen, "master-a", &setup, 8 << 20, Duration::from_secs(10))
+        let mut client = keysync_server::connect(listen, "master-a", setup, MAX_MESSAGE_BYTES, Duration::from_secs(10))
             .await
             .with_context(|| format!("connecting to master-a at {listen}"))?;
         let hello = v1::HelloRequest {
@@ -164,22 +167,6 @@ fn batch(push: usize, range: std::ops::Range<usize>) -> v1::DecisionBatch {
         })
         .collect();
     v1::DecisionBatch { decisions }
-}
-
-/// master-b's certificate, key and CA, as its agent would present them.
-fn identity(dir: &Path) -> anyhow::Result<TlsMaterial> {
-    let read =
-        |name: &str| std::fs::read(dir.join(name)).with_context(|| format!("cannot read {name} in {}", dir.display()));
-    Ok(TlsMaterial { ca_pem: read("ca.pem")?, cert_pem: read("node.pem")?, key_pem: read("node.key")? })
-}
-
-/// The `listen = "…"` address of an agent's config.
-fn listen_address(config: &Path) -> anyhow::Result<String> {
-    let text = std::fs::read_to_string(config).with_context(|| format!("cannot read {}", config.display()))?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("listen = \"").and_then(|rest| rest.strip_suffix('"')))
-        .map(str::to_owned)
-        .with_context(|| format!("no listen address in {}", config.display()))
 }
 
 fn size(path: &Path) -> u64 {
