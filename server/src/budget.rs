@@ -28,26 +28,19 @@ pub const CALLS_IN_ALL: usize = 3;
 #[derive(Clone)]
 pub(crate) struct Budgets {
     all: Arc<Semaphore>,
-    per_peer: Arc<Mutex<HashMap<String, Arc<Semaphore>>>>,
-    streams: Arc<Mutex<HashMap<String, usize>>>,
+    per_peer: Arc<Mutex<HashMap<String, PeerBudget>>>,
+}
+
+/// One peer's permits: batches handled, and push streams open.
+#[derive(Clone)]
+struct PeerBudget {
+    calls: Arc<Semaphore>,
+    streams: Arc<Semaphore>,
 }
 
 /// One of a peer's open push streams: its place is given back when dropped.
 pub(crate) struct PushStream {
-    peer: String,
-    streams: Arc<Mutex<HashMap<String, usize>>>,
-}
-
-impl Drop for PushStream {
-    fn drop(&mut self) {
-        let mut open = self.streams.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = open.get_mut(&self.peer) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.peer);
-            }
-        }
-    }
+    _place: OwnedSemaphorePermit,
 }
 
 /// Held while one batch is read and handled.
@@ -58,30 +51,30 @@ pub(crate) struct Permits {
 
 impl Budgets {
     pub(crate) fn new() -> Budgets {
-        Budgets { all: Arc::new(Semaphore::new(CALLS_IN_ALL)), per_peer: Arc::default(), streams: Arc::default() }
+        Budgets { all: Arc::new(Semaphore::new(CALLS_IN_ALL)), per_peer: Arc::default() }
+    }
+
+    fn of_peer(&self, peer: &str) -> PeerBudget {
+        let mut map = self.per_peer.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(peer.to_string())
+            .or_insert_with(|| PeerBudget {
+                calls: Arc::new(Semaphore::new(CALLS_PER_PEER)),
+                streams: Arc::new(Semaphore::new(CALLS_PER_PEER)),
+            })
+            .clone()
     }
 
     /// A place for one more push stream of `peer`; `None` when it has
     /// [`CALLS_PER_PEER`] open already.
     pub(crate) fn open_push(&self, peer: &str) -> Option<PushStream> {
-        let mut open = self.streams.lock().unwrap_or_else(|p| p.into_inner());
-        let n = open.entry(peer.to_string()).or_default();
-        if *n >= CALLS_PER_PEER {
-            return None;
-        }
-        *n += 1;
-        Some(PushStream { peer: peer.to_string(), streams: self.streams.clone() })
+        self.of_peer(peer).streams.try_acquire_owned().ok().map(|place| PushStream { _place: place })
     }
 
     /// Waits for `peer`'s permit, then for one of all peers' (a peer over
     /// its budget waits without holding one the others could use).
     pub(crate) async fn acquire(&self, peer: &str) -> Permits {
-        let of_peer = {
-            let mut map = self.per_peer.lock().unwrap_or_else(|p| p.into_inner());
-            map.entry(peer.to_string()).or_insert_with(|| Arc::new(Semaphore::new(CALLS_PER_PEER))).clone()
-        };
         // The semaphores are never closed.
-        let peer_permit = of_peer.acquire_owned().await.expect("budget semaphore open");
+        let peer_permit = self.of_peer(peer).calls.acquire_owned().await.expect("budget semaphore open");
         let all = self.all.clone().acquire_owned().await.expect("budget semaphore open");
         Permits { _peer: peer_permit, _all: all }
     }
