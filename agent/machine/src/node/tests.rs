@@ -289,3 +289,56 @@ fn a_retried_write_waits_for_a_salt_key_run_still_the_agents_own() {
     assert_eq!(&*a.entry(&web01).unwrap().version.node, "master-b", "the peer's delete is recorded");
     assert!(a.is_quiet());
 }
+
+/// A joining master's two links share its repair: once a chunk fetched on
+/// one link is applied, the other link's plan skips those ids (its plan
+/// keeps only a tag of each peer summary, `repair.rs`), and an id being
+/// fetched on one link is not handed to the other; every id ends held.
+#[test]
+fn a_joiners_links_share_the_repair_and_bring_everything() {
+    let n = 3 * FETCH_CHUNK + 17;
+    let ids: Vec<MinionId> = (0..n).map(|i| MinionId::parse(&format!("m{i:05}")).unwrap()).collect();
+    let accept = |id: &MinionId, ms: u64| Decision {
+        id: id.clone(),
+        verdict: Verdict::Accepted(key("mwIDAQAB")),
+        version: Version::new(ms << 16, "master-d"),
+        context: Context::default(),
+        relays: Relays::default(),
+    };
+    // Two peers holding the same n decisions, made on a fourth master.
+    let (mut rt_a, mut rt_b, mut rt_c) = (Recorder::default(), Recorder::default(), Recorder::default());
+    let mut a = node("master-a", &mut rt_a);
+    let mut b = node("master-b", &mut rt_b);
+    let all: Vec<Decision> = ids.iter().map(|id| accept(id, NOW_MS - 1000)).collect();
+    push(&mut a, &mut rt_a, "master-d", all.clone());
+    push(&mut b, &mut rt_b, "master-d", all);
+    let mut c = node("master-c", &mut rt_c);
+    for peer in [&a, &b] {
+        let (buckets, summaries) = peer.diff(&c.digests());
+        let name = if std::ptr::eq(peer, &a) { "master-a" } else { "master-b" };
+        let (n_newer, push) = c.repair_compare(name, &buckets, summaries, &mut rt_c);
+        assert_eq!((n_newer, push.len()), (n, 0));
+    }
+    // Link a takes a chunk and keeps it in flight; link b gets other ids.
+    let first_a = c.repair_next("master-a").unwrap();
+    let first_b = c.repair_next("master-b").unwrap();
+    assert_eq!(first_a.len(), FETCH_CHUNK);
+    assert!(first_b.iter().all(|id| !first_a.contains(id)), "an id in flight on a was handed to b");
+    // a's chunk applied; b's next chunks never ask for what a brought.
+    let decisions = a.fetch(&first_a, &mut rt_a);
+    c.repair_fetched("master-a", &first_a, decisions, now(), &mut rt_c);
+    let mut fetched = vec![first_a.clone(), first_b.clone()];
+    let decisions = b.fetch(&first_b, &mut rt_b);
+    c.repair_fetched("master-b", &first_b, decisions, now(), &mut rt_c);
+    while let Some(chunk) = c.repair_next("master-b") {
+        assert!(chunk.iter().all(|id| !first_a.contains(id)), "b fetched again what a brought");
+        let decisions = b.fetch(&chunk, &mut rt_b);
+        c.repair_fetched("master-b", &chunk, decisions, now(), &mut rt_c);
+        fetched.push(chunk);
+    }
+    // b brought all the rest: a's plan has nothing left.
+    assert!(c.repair_next("master-a").is_none(), "a fetches again what b brought");
+    assert_eq!(fetched.iter().map(Vec::len).sum::<usize>(), n, "every id fetched exactly once");
+    assert!(ids.iter().all(|id| c.entry(id).is_some_and(|e| e.version.node.as_ref() == "master-d")));
+    assert_eq!(c.digests(), a.digests());
+}
