@@ -223,7 +223,9 @@ impl Replica {
             self.in_buckets(buckets).map(|(_, entry)| 1 + entry.seen.iter().filter(|s| s.version.is_claim()).count());
         let mut out = Vec::with_capacity(n.sum());
         out.extend(self.summarise_in(buckets).map(|(id, summary)| (id.clone(), summary)));
-        out.sort();
+        // Unstable: equal rows are identical, and a stable sort takes a
+        // scratch copy as large as the list (7.6 MiB at 100,000 rows).
+        out.sort_unstable();
         out
     }
 
