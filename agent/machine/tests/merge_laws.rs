@@ -9,7 +9,7 @@ use keysync_machine::core::merge::{merge, MergeOutcome};
 use keysync_machine::core::observe::Reading;
 use keysync_machine::core::replica::{ObserveMode, Replica};
 use keysync_machine::core::version::{Hlc, Version};
-use keysync_machine::core::{claims, Context, Decision, Entry, MinionId, PublicKey, Seen, Verdict, VerdictKind};
+use keysync_machine::core::{claims, Context, Decision, MinionId, PublicKey, Seen, Verdict, VerdictKind};
 use proptest::prelude::*;
 
 /// `tmpab12cd34` is a valid minion id too (Salt 3008's temporary names look like it).
@@ -149,7 +149,7 @@ fn expected(decisions: &[Decision]) -> State {
             .collect();
         claims.sort_by(|a, b| a.version.cmp(&b.version));
         claims.dedup_by(|a, b| a.version == b.version);
-        replica.load(id.clone(), Entry { seen: claims.into_boxed_slice(), ..d.entry() });
+        replica.load(id.clone(), d.entry().with_seen(claims));
     }
     State { entries: winners.into_iter().map(|(id, d)| (id, d.seen())).collect(), digests: replica.digests().clone() }
 }
@@ -192,7 +192,7 @@ fn held<'a>(replica: &Replica, pool: &'a [Decision]) -> Vec<&'a Decision> {
         .filter(|d| {
             replica.entry(&d.id).is_some_and(|entry| {
                 entry.version == d.version
-                    || (d.version.is_claim() && entry.seen.iter().any(|s| s.version == d.version))
+                    || (d.version.is_claim() && entry.seen().iter().any(|s| s.version == d.version))
             })
         })
         .collect()
@@ -200,7 +200,7 @@ fn held<'a>(replica: &Replica, pool: &'a [Decision]) -> Vec<&'a Decision> {
 
 /// What the digests cover of an id: the decision held and every claim known.
 fn digested(replica: &Replica, id: &MinionId) -> Option<(Seen, Vec<Seen>)> {
-    replica.entry(id).map(|e| (e.held(), e.seen.iter().filter(|s| s.version.is_claim()).cloned().collect()))
+    replica.entry(id).map(|e| (e.held(), e.seen().iter().filter(|s| s.version.is_claim()).cloned().collect()))
 }
 
 /// Ids the folders should show as accepted, counted afresh.
@@ -349,7 +349,7 @@ proptest! {
         for id in IDS.map(|id| MinionId::parse(id).unwrap()) {
             let own = claims.iter().filter(|c| c.id == id).nth(mine % 3).map(|c| c.version.clone());
             let shows = |replica: &Replica| {
-                replica.entry(&id).and_then(|e| claims::effective(&Entry { mine: own.clone(), ..e.clone() }))
+                replica.entry(&id).and_then(|e| claims::effective(&e.clone().with_mine(own.clone())))
             };
             prop_assert_eq!(shows(&in_order), shows(&shuffled), "{}", id);
         }

@@ -12,7 +12,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use keysync_machine::node::{Loaded, StoreWrite};
 
-use crate::core::{Decision, Entry, MinionId};
+use crate::core::{Decision, MinionId};
 use crate::disk::audit::AuditHead;
 
 mod codec;
@@ -176,7 +176,7 @@ impl Store {
         for row in txn.open_table(DECISIONS).map_err(|e| self.err(e))?.iter().map_err(|e| self.err(e))? {
             let (id, value) = row.map_err(|e| self.err(e))?;
             let record = self.decode(id.value(), value.value())?;
-            let entry = Entry { seen: record.seen.into_boxed_slice(), mine: record.mine, ..record.decision.entry() };
+            let entry = record.decision.entry().with_seen(record.seen).with_mine(record.mine);
             entries.push((record.decision.id, entry));
         }
         let mut journal = Vec::new();
@@ -422,7 +422,7 @@ mod tests {
         assert_eq!(loaded.journal, vec![pending]);
         assert_eq!(loaded.entries.len(), 2);
         let web01 = loaded.entries.iter().find(|(id, _)| *id == accepted.id).unwrap();
-        assert_eq!(web01.1.seen.to_vec(), vec![older.seen()], "what was seen is kept with the decision");
+        assert_eq!(web01.1.seen().to_vec(), vec![older.seen()], "what was seen is kept with the decision");
         assert_eq!(loaded.untold, vec![(std::sync::Arc::from("b"), conflict)]);
         assert_eq!(store.get(&[accepted.id.clone(), deleted.id.clone()]).unwrap(), vec![accepted, deleted]);
         store.record(&StoreWrite { conflicts_told: true, clock: 99, ..StoreWrite::default() }, "a").unwrap();
@@ -463,7 +463,7 @@ mod tests {
         drop(store);
         let loaded = Store::open(dir.path(), "a").unwrap().load().unwrap();
         let (_, entry) = &loaded.entries[0];
-        assert_eq!((entry.version.clone(), entry.mine.clone()), (live.version, Some(own.version)));
+        assert_eq!((entry.version.clone(), entry.mine().cloned()), (live.version, Some(own.version)));
     }
 
     #[test]

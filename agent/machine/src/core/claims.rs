@@ -28,7 +28,7 @@ use super::decision::{Entry, VerdictKind};
 /// is decided there (no key accepted or rejected).
 pub fn effective(entry: &Entry) -> Option<Seen> {
     let held = entry.held();
-    let mine = entry.mine.as_ref().and_then(|version| find(entry, version));
+    let mine = entry.mine().and_then(|version| find(entry, version));
     if !held.version.is_claim() {
         return match mine {
             Some(mine) if keeps_rejection(&mine, &held) => Some(mine),
@@ -92,7 +92,7 @@ pub fn why(entry: &Entry, shows: Option<&Seen>, incoming: &Seen) -> &'static str
 
 /// Every claim about the id this node knows (held or remembered).
 pub fn claims(entry: &Entry) -> Vec<Seen> {
-    std::iter::once(entry.held()).chain(entry.seen.iter().cloned()).filter(|s| s.version.is_claim()).collect()
+    std::iter::once(entry.held()).chain(entry.seen().iter().cloned()).filter(|s| s.version.is_claim()).collect()
 }
 
 /// A claim rejecting the key `live` accepts, which `live` did not know of.
@@ -104,7 +104,7 @@ pub(crate) fn keeps_rejection(claim: &Seen, live: &Seen) -> bool {
 }
 
 fn find(entry: &Entry, version: &super::version::Version) -> Option<Seen> {
-    std::iter::once(entry.held()).chain(entry.seen.iter().cloned()).find(|s| s.version == *version)
+    std::iter::once(entry.held()).chain(entry.seen().iter().cloned()).find(|s| s.version == *version)
 }
 
 #[cfg(test)]
@@ -145,14 +145,9 @@ mod tests {
         for s in sorted {
             remember(&mut seen, s.clone());
         }
-        Entry {
-            kind: held.kind,
-            fingerprint: held.fingerprint,
-            version: held.version.clone(),
-            context: held.context.clone(),
-            seen: seen.into_boxed_slice(),
-            mine: mine.map(|m| m.version.clone()),
-        }
+        Entry::new(held.kind, held.fingerprint, held.version.clone(), held.context.clone())
+            .with_seen(seen)
+            .with_mine(mine.map(|m| m.version.clone()))
     }
 
     fn shows(all: &[&Seen], mine: Option<&Seen>) -> Option<(VerdictKind, Option<u8>)> {

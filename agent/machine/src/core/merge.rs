@@ -46,7 +46,7 @@ pub fn merge(held: Option<&Entry>, incoming: &Decision) -> Merged {
     };
     let incoming_seen = incoming.seen();
     let held_seen = held.held();
-    let known = std::iter::once(&held_seen).chain(held.seen.iter());
+    let known = std::iter::once(&held_seen).chain(held.seen().iter());
     if known.clone().any(|seen| seen.same_as(&incoming_seen)) {
         return Merged { outcome: MergeOutcome::Duplicate, conflicts: Vec::new() };
     }

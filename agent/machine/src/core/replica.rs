@@ -196,7 +196,7 @@ impl Replica {
     /// The other decisions seen for `decision`'s id once it is committed
     /// (what the store keeps with it).
     pub fn seen_after(&self, decision: &Decision) -> Vec<Seen> {
-        committed(self.entries.get(&decision.id), decision).seen.into_vec()
+        committed(self.entries.get(&decision.id), decision).seen().to_vec()
     }
 
     /// Ids whose masters may show different things until an operator decides.
@@ -220,7 +220,7 @@ impl Replica {
         // Counted first: a joining master asks for all 100,000, and a list
         // grown by doubling would have room for 131,072.
         let n =
-            self.in_buckets(buckets).map(|(_, entry)| 1 + entry.seen.iter().filter(|s| s.version.is_claim()).count());
+            self.in_buckets(buckets).map(|(_, entry)| 1 + entry.seen().iter().filter(|s| s.version.is_claim()).count());
         let mut out = Vec::with_capacity(n.sum());
         out.extend(self.summarise_in(buckets).map(|(id, summary)| (id.clone(), summary)));
         // Unstable: equal rows are identical, and a stable sort takes a
@@ -249,7 +249,7 @@ impl Replica {
 
     /// Whether this node holds or has seen, for `id`, a decision `is` says yes to.
     pub fn knows(&self, id: &MinionId, is: impl Fn(&Seen) -> bool) -> bool {
-        self.entries.get(id).is_some_and(|entry| is(&entry.held()) || entry.seen.iter().any(is))
+        self.entries.get(id).is_some_and(|entry| is(&entry.held()) || entry.seen().iter().any(is))
     }
 
     /// Whether a peer's summary names a decision this node lacks: a claim it
@@ -257,7 +257,7 @@ impl Replica {
     pub fn is_newer_on_peer(&self, id: &MinionId, theirs: &Summary) -> bool {
         let Some(entry) = self.entries.get(id) else { return true };
         let known = std::iter::once(entry.held())
-            .chain(entry.seen.iter().cloned())
+            .chain(entry.seen().iter().cloned())
             .any(|s| s.version == theirs.version && theirs.content.is_none_or(|content| content == s.content_rank()));
         if known {
             return false;
@@ -274,13 +274,13 @@ fn committed(held: Option<&Entry>, decision: &Decision) -> Entry {
     if held.held().same_as(&incoming) {
         return held.clone();
     }
-    let mut seen = held.seen.to_vec();
+    let mut seen = held.seen().to_vec();
     if incoming.beats(&held.held()) {
         remember(&mut seen, held.held());
-        Entry { seen: seen.into_boxed_slice(), mine: held.mine.clone(), ..decision.entry() }
+        decision.entry().with_seen(seen).with_mine(held.mine().cloned())
     } else {
         remember(&mut seen, incoming);
-        Entry { seen: seen.into_boxed_slice(), ..held.clone() }
+        held.clone().with_seen(seen)
     }
 }
 
@@ -294,7 +294,7 @@ fn shows_accepted(entry: &Entry) -> bool {
 /// happens to have seen.
 fn digested(entry: &Entry) -> Vec<Seen> {
     let held = entry.held();
-    let mut parts: Vec<Seen> = entry.seen.iter().filter(|s| s.version.is_claim()).cloned().collect();
+    let mut parts: Vec<Seen> = entry.seen().iter().filter(|s| s.version.is_claim()).cloned().collect();
     parts.push(held);
     parts
 }
@@ -404,7 +404,7 @@ mod tests {
             &Summary { version: Version::new(crate::core::version::CLAIM_CEILING + (10), "a"), content: None }
         ));
         // The older decision is remembered, for conflicts, not held.
-        assert_eq!(replica.entry(&id()).unwrap().seen.len(), 1);
+        assert_eq!(replica.entry(&id()).unwrap().seen().len(), 1);
     }
 
     #[test]

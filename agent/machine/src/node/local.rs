@@ -113,7 +113,7 @@ impl Node {
             .map(|d| {
                 let mut after = self.replica.after(d);
                 if d.version.is_claim() {
-                    after.mine = Some(d.version.clone());
+                    after = after.with_mine(Some(d.version.clone()));
                 }
                 after
             })

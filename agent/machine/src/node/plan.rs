@@ -73,9 +73,9 @@ impl Node {
         // own claim (or its pending key, or nothing). In normal mode they
         // show what the rules say.
         let holds = if self.settings.observe {
-            let mine = entry.and_then(|e| e.mine.as_ref()).and_then(|mine| {
+            let mine = entry.and_then(|e| e.mine()).and_then(|mine| {
                 let e = entry?;
-                std::iter::once(e.held()).chain(e.seen.iter().cloned()).find(|s| s.version == *mine)
+                std::iter::once(e.held()).chain(e.seen().iter().cloned()).find(|s| s.version == *mine)
             });
             mine.as_ref().map(holding).or(pending.clone()).unwrap_or(Holding::Nothing)
         } else {

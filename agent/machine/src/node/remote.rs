@@ -193,7 +193,7 @@ impl Node {
         let made = self
             .replica
             .entry(&decision.id)
-            .is_some_and(|entry| entry.version == claimed || entry.seen.iter().any(|s| s.version == claimed));
+            .is_some_and(|entry| entry.version == claimed || entry.seen().iter().any(|s| s.version == claimed));
         if made {
             return decision;
         }
@@ -208,7 +208,7 @@ impl Node {
         let mine = decision.seen();
         self.replica
             .entry(&decision.id)
-            .is_some_and(|entry| entry.held().same_as(&mine) || entry.seen.iter().any(|s| s.same_as(&mine)))
+            .is_some_and(|entry| entry.held().same_as(&mine) || entry.seen().iter().any(|s| s.same_as(&mine)))
     }
 
     /// Makes one round durable: what each decision makes the folders show

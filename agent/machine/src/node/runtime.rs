@@ -48,7 +48,7 @@ pub struct Kept {
 
 impl Kept {
     pub fn of(id: &MinionId, entry: &crate::core::Entry) -> Kept {
-        Kept { id: id.clone(), seen: entry.seen.to_vec(), mine: entry.mine.clone() }
+        Kept { id: id.clone(), seen: entry.seen().to_vec(), mine: entry.mine().cloned() }
     }
 }
 

@@ -9,7 +9,7 @@ use crate::core::keyfile::check_public_key;
 use crate::core::merge::Conflict;
 use crate::core::observe::{Refusal, Slot, Slots};
 use crate::core::settle::FsChange;
-use crate::core::{Decision, Entry, Folder, MinionId, PublicKey, Seen, Verdict, Version};
+use crate::core::{Decision, Folder, MinionId, PublicKey, Seen, Verdict, Version};
 
 use super::event::Event;
 use super::runtime::{Applied, Failure, Runtime, StoreWrite};
@@ -166,8 +166,7 @@ impl MemoryStore {
                 .decisions
                 .iter()
                 .map(|(id, s)| {
-                    let entry =
-                        Entry { seen: s.seen.clone().into_boxed_slice(), mine: s.mine.clone(), ..s.held.entry() };
+                    let entry = s.held.entry().with_seen(s.seen.clone()).with_mine(s.mine.clone());
                     (id.clone(), entry)
                 })
                 .collect(),
