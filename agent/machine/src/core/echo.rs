@@ -32,33 +32,89 @@ pub const ECHO_TTL: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Default)]
 pub struct Echoes {
-    /// Per name: the changes written and not heard back yet, and when.
-    expected: HashMap<String, (Instant, Vec<(Folder, FsChange)>)>,
+    /// Per name: the changes written and not heard back yet, and when. A
+    /// joining master writes 100,000 ids faster than their events come back:
+    /// tens of thousands are listed at once, so each takes 32 bytes.
+    expected: HashMap<Box<str>, Listed>,
+    /// What [`Listed::at_ms`] counts from: the first change listed.
+    epoch: Option<Instant>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Listed {
+    /// When the last change was listed, in milliseconds since the epoch.
+    at_ms: u64,
+    /// How many of each change are listed, four bits for each of the 12
+    /// (folder, change) pairs. A name listing one change more than 15 times
+    /// at once (it never lists more than 3) keeps 15: the extra events are
+    /// read as changes, which is slower, never wrong.
+    counts: u64,
+}
+
+impl Listed {
+    fn shift(folder: Folder, change: FsChange) -> u32 {
+        let folder = Folder::ALL.iter().position(|f| *f == folder).expect("Folder::ALL lists every folder") as u32;
+        4 * (4 * folder + change as u32)
+    }
+
+    fn add(&mut self, folder: Folder, change: FsChange) {
+        let shift = Listed::shift(folder, change);
+        if (self.counts >> shift) & 0xf < 0xf {
+            self.counts += 1 << shift;
+        }
+    }
+
+    /// Takes one `(folder, change)` off the list, if listed.
+    fn take(&mut self, folder: Folder, change: FsChange) -> bool {
+        let shift = Listed::shift(folder, change);
+        if (self.counts >> shift) & 0xf == 0 {
+            return false;
+        }
+        self.counts -= 1 << shift;
+        true
+    }
 }
 
 impl Echoes {
+    fn ms(&mut self, now: Instant) -> u64 {
+        let epoch = *self.epoch.get_or_insert(now);
+        u64::try_from(now.saturating_duration_since(epoch).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn expired(&mut self, listed: &Listed, now: Instant) -> bool {
+        self.ms(now).saturating_sub(listed.at_ms) >= ECHO_TTL.as_millis() as u64
+    }
+
     /// The agent has just made `changes` to `name` in the watched folders.
     pub fn expect(&mut self, name: &str, changes: &[(Folder, FsChange)], now: Instant) {
         if changes.is_empty() {
             return;
         }
-        let entry = self.expected.entry(name.to_string()).or_insert_with(|| (now, Vec::new()));
-        entry.0 = now;
-        entry.1.extend_from_slice(changes);
+        let at_ms = self.ms(now);
+        let listed = match self.expected.get_mut(name) {
+            Some(listed) => listed,
+            None => self.expected.entry(name.into()).or_insert(Listed { at_ms, counts: 0 }),
+        };
+        listed.at_ms = at_ms;
+        for &(folder, change) in changes {
+            listed.add(folder, change);
+        }
     }
 
     /// True if this event is the echo of a change the agent made (consumed:
     /// each listed change matches one event). Changes listed longer than
     /// [`ECHO_TTL`] ago match nothing.
     pub fn is_echo(&mut self, folder: Folder, name: &str, change: FsChange, now: Instant) -> bool {
-        let Some((listed, changes)) = self.expected.get_mut(name) else { return false };
-        if now.duration_since(*listed) >= ECHO_TTL {
+        let Some(&listed) = self.expected.get(name) else { return false };
+        if self.expired(&listed, now) {
             self.expected.remove(name);
             return false;
         }
-        let Some(at) = changes.iter().position(|&c| c == (folder, change)) else { return false };
-        changes.swap_remove(at);
-        if changes.is_empty() {
+        let Some(listed) = self.expected.get_mut(name) else { return false };
+        if !listed.take(folder, change) {
+            return false;
+        }
+        if listed.counts == 0 {
             self.expected.remove(name);
             self.shrink();
         }
@@ -73,7 +129,9 @@ impl Echoes {
     /// Forgets changes listed longer than [`ECHO_TTL`] ago.
     pub fn expire(&mut self, now: Instant) {
         let before = self.expected.len();
-        self.expected.retain(|_, (at, _)| now.duration_since(*at) < ECHO_TTL);
+        let now_ms = self.ms(now);
+        let ttl_ms = ECHO_TTL.as_millis() as u64;
+        self.expected.retain(|_, listed| now_ms.saturating_sub(listed.at_ms) < ttl_ms);
         if self.expected.len() != before {
             self.shrink();
         }
@@ -143,5 +201,27 @@ mod tests {
         assert!(echoes.is_echo(Folder::Pending, "web02", FsChange::Gone, now));
         echoes.clear();
         assert!(!echoes.is_echo(Folder::Accepted, "web02", FsChange::MovedIn, now), "cleared");
+    }
+
+    #[test]
+    fn a_change_listed_twice_swallows_two_events_and_every_pair_is_told_apart() {
+        assert_eq!(std::mem::size_of::<Listed>(), 16);
+        let mut echoes = Echoes::default();
+        let now = Instant::now();
+        let changes = [FsChange::Written, FsChange::Closed, FsChange::MovedIn, FsChange::Gone];
+        let pairs: Vec<(Folder, FsChange)> = Folder::ALL.iter().flat_map(|&f| changes.map(|c| (f, c))).collect();
+        for (n, &pair) in pairs.iter().enumerate() {
+            echoes.expect("web01", &vec![pair; n % 3 + 1], now);
+        }
+        for (n, &(folder, change)) in pairs.iter().enumerate() {
+            for _ in 0..n % 3 + 1 {
+                assert!(echoes.is_echo(folder, "web01", change, now), "{folder:?} {change:?}");
+            }
+        }
+        assert!(echoes.is_empty(), "each listed change heard exactly as often as listed");
+        // Past 15 of one change, the rest are read as changes.
+        echoes.expect("web02", &[(Folder::Accepted, FsChange::MovedIn); 20], now);
+        let heard = (0..20).filter(|_| echoes.is_echo(Folder::Accepted, "web02", FsChange::MovedIn, now)).count();
+        assert_eq!(heard, 15);
     }
 }
