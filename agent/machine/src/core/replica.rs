@@ -247,11 +247,6 @@ impl Replica {
         self.entries.iter().filter(move |(id, _)| wanted[bucket_of(id)])
     }
 
-    /// Whether this node holds or has seen, for `id`, a decision `is` says yes to.
-    pub fn knows(&self, id: &MinionId, is: impl Fn(&Seen) -> bool) -> bool {
-        self.entries.get(id).is_some_and(|entry| is(&entry.held()) || entry.seen().iter().any(is))
-    }
-
     /// Whether a peer's summary names a decision this node lacks: a claim it
     /// does not know, or a decision that beats the one held.
     pub fn is_newer_on_peer(&self, id: &MinionId, theirs: &Summary) -> bool {
