@@ -92,7 +92,7 @@ pub fn why(entry: &Entry, shows: Option<&Seen>, incoming: &Seen) -> &'static str
 
 /// Every claim about the id this node knows (held or remembered).
 pub fn claims(entry: &Entry) -> Vec<Seen> {
-    std::iter::once(entry.held()).chain(entry.seen().iter().cloned()).filter(|s| s.version.is_claim()).collect()
+    entry.decisions().filter(|s| s.version.is_claim()).collect()
 }
 
 /// A claim rejecting the key `live` accepts, which `live` did not know of.
@@ -104,7 +104,7 @@ pub(crate) fn keeps_rejection(claim: &Seen, live: &Seen) -> bool {
 }
 
 fn find(entry: &Entry, version: &super::version::Version) -> Option<Seen> {
-    std::iter::once(entry.held()).chain(entry.seen().iter().cloned()).find(|s| s.version == *version)
+    entry.decisions().find(|s| s.version == *version)
 }
 
 #[cfg(test)]

@@ -270,6 +270,11 @@ impl Entry {
         }
     }
 
+    /// The decision held, then every other decision seen.
+    pub fn decisions(&self) -> impl Iterator<Item = Seen> + '_ {
+        std::iter::once(self.held()).chain(self.seen().iter().cloned())
+    }
+
     /// Everything this node knows of the id's history: what a decision it
     /// makes now knows.
     pub fn known(&self) -> Context {

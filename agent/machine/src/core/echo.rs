@@ -64,6 +64,11 @@ impl Listed {
         }
     }
 
+    /// Listed [`ECHO_TTL`] or longer before `now_ms`.
+    fn expired(&self, now_ms: u64) -> bool {
+        now_ms.saturating_sub(self.at_ms) >= ECHO_TTL.as_millis() as u64
+    }
+
     /// Takes one `(folder, change)` off the list, if listed.
     fn take(&mut self, folder: Folder, change: FsChange) -> bool {
         let shift = Listed::shift(folder, change);
@@ -79,10 +84,6 @@ impl Echoes {
     fn ms(&mut self, now: Instant) -> u64 {
         let epoch = *self.epoch.get_or_insert(now);
         u64::try_from(now.saturating_duration_since(epoch).as_millis()).unwrap_or(u64::MAX)
-    }
-
-    fn expired(&mut self, listed: &Listed, now: Instant) -> bool {
-        self.ms(now).saturating_sub(listed.at_ms) >= ECHO_TTL.as_millis() as u64
     }
 
     /// The agent has just made `changes` to `name` in the watched folders.
@@ -105,12 +106,12 @@ impl Echoes {
     /// each listed change matches one event). Changes listed longer than
     /// [`ECHO_TTL`] ago match nothing.
     pub fn is_echo(&mut self, folder: Folder, name: &str, change: FsChange, now: Instant) -> bool {
-        let Some(&listed) = self.expected.get(name) else { return false };
-        if self.expired(&listed, now) {
+        let now_ms = self.ms(now);
+        let Some(listed) = self.expected.get_mut(name) else { return false };
+        if listed.expired(now_ms) {
             self.expected.remove(name);
             return false;
         }
-        let Some(listed) = self.expected.get_mut(name) else { return false };
         if !listed.take(folder, change) {
             return false;
         }
@@ -130,8 +131,7 @@ impl Echoes {
     pub fn expire(&mut self, now: Instant) {
         let before = self.expected.len();
         let now_ms = self.ms(now);
-        let ttl_ms = ECHO_TTL.as_millis() as u64;
-        self.expected.retain(|_, listed| now_ms.saturating_sub(listed.at_ms) < ttl_ms);
+        self.expected.retain(|_, listed| !listed.expired(now_ms));
         if self.expected.len() != before {
             self.shrink();
         }

@@ -251,8 +251,8 @@ impl Replica {
     /// does not know, or a decision that beats the one held.
     pub fn is_newer_on_peer(&self, id: &MinionId, theirs: &Summary) -> bool {
         let Some(entry) = self.entries.get(id) else { return true };
-        let known = std::iter::once(entry.held())
-            .chain(entry.seen().iter().cloned())
+        let known = entry
+            .decisions()
             .any(|s| s.version == theirs.version && theirs.content.is_none_or(|content| content == s.content_rank()));
         if known {
             return false;

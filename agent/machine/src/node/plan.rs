@@ -75,7 +75,7 @@ impl Node {
         let holds = if self.settings.observe {
             let mine = entry.and_then(|e| e.mine()).and_then(|mine| {
                 let e = entry?;
-                std::iter::once(e.held()).chain(e.seen().iter().cloned()).find(|s| s.version == *mine)
+                e.decisions().find(|s| s.version == *mine)
             });
             mine.as_ref().map(holding).or(pending.clone()).unwrap_or(Holding::Nothing)
         } else {

@@ -94,7 +94,7 @@ impl Tag {
     /// neither as held nor as seen.
     fn still_newer(self, keys: &RandomState, held: Option<&Entry>) -> bool {
         let Some(held) = held else { return true };
-        let known = self.names(keys, &held.held()) || held.seen().iter().any(|seen| self.names(keys, seen));
+        let known = held.decisions().any(|seen| self.names(keys, &seen));
         !known && (self.hlc < CLAIM_CEILING || held.version.hlc <= self.hlc)
     }
 }
