@@ -18,8 +18,12 @@ use crate::node::{CoreHandle, Request};
 pub const MAX_FETCH_IDS: usize = keysync_machine::node::MAX_FETCH;
 /// Decisions per message of a Fetch or Push stream (~0.5 MB with RSA keys).
 pub const DECISIONS_PER_BATCH: usize = 1000;
-/// Summaries per Diff chunk.
-const SUMMARIES_PER_CHUNK: usize = 20_000;
+/// Summaries per Diff chunk. Each chunk is made as the stream sends it and
+/// decoded whole by the peer, each summary as several allocations (id, node
+/// name, fingerprint): 20,000 of them were a few MiB at once on each side,
+/// 2,000 are a few hundred KiB, and a Diff answer of 100,000 is still only
+/// 50 messages.
+const SUMMARIES_PER_CHUNK: usize = 2000;
 
 pub struct RpcHandler {
     pub node: String,
