@@ -262,6 +262,17 @@ impl PeerLink {
         client: &mut KeySyncClient<Channel>,
         push_tx: &mpsc::Sender<v1::DecisionBatch>,
     ) -> Result<(), SessionError> {
+        // The peer is fetching from this master in a round of its own (a
+        // joining master): that round brings it what this master holds
+        // newer and pushes what it holds newer itself, so this one is left
+        // to it. Run now, it made the peer answer a Diff with the summaries
+        // of all it held so far (10 MiB at a joining master's peak), and
+        // pushed it again the keys it was fetching. What either round
+        // misses, live pushes or the next round bring.
+        if self.board.peer_fetching(&self.peer.name) {
+            tracing::info!("the peer is fetching from this master in a round of its own; this round is left to it");
+            return Ok(());
+        }
         let digests = self.core.ask(|reply| Request::Digests { reply }).await?;
         let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests };
         let mut run = AntiEntropyRun { bytes_sent: request.encoded_len(), ..AntiEntropyRun::default() };
@@ -289,9 +300,16 @@ impl PeerLink {
         let (n_newer_there, newer_here) =
             self.core.ask(|reply| Request::RepairCompare { peer, buckets, summaries, reply }).await?;
         // Loaded and pushed a chunk at a time: to a joining master that is
-        // every decision held, 100,000 keys.
+        // every decision held, 100,000 keys. Unless the peer started
+        // fetching from this master meanwhile (both rounds began at once):
+        // as above, its round brings it what differs.
+        let n_lacked = newer_here.len();
+        let leave_to_peer = n_lacked > FETCH_CHUNK && self.board.peer_fetching(&self.peer.name);
+        if leave_to_peer {
+            tracing::info!(n_lacked, "the peer is fetching from this master in a round of its own; not pushing");
+        }
         let mut n_pushed = 0;
-        for ids in newer_here.chunks(FETCH_CHUNK) {
+        for ids in newer_here.chunks(FETCH_CHUNK).take_while(|_| !leave_to_peer) {
             let ids = ids.to_vec();
             let decisions = self.core.ask(|reply| Request::Fetch { ids, reply }).await?;
             n_pushed += decisions.len();
@@ -301,7 +319,7 @@ impl PeerLink {
         tracing::debug!(n_buckets, n_fetch = n_newer_there, n_push = n_pushed, "anti-entropy");
         run.differing_buckets = n_buckets;
         run.we_lacked = n_newer_there;
-        run.peer_lacked = n_pushed;
+        run.peer_lacked = n_lacked;
         // What to fetch, chunk by chunk, is the node's choice (in a large
         // repair each chunk is cut to what is still missing and not being
         // fetched by another link); the next fetch travels while the last

@@ -21,6 +21,11 @@ use crate::ops::metrics::{Metrics, PeerLabel, SettingLabel};
 
 pub use crate::disk::health::KeyCounts;
 
+/// How long after a peer's last Fetch its round against this master counts
+/// as under way. A joining master fetches a chunk every few hundred
+/// milliseconds; once a round stalls longer, this master's rounds run again.
+pub const FETCHING: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The state of this node's outbound link to a peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -47,7 +52,8 @@ pub struct AntiEntropyRun {
     pub at: String,
     /// Digest buckets that differed.
     pub differing_buckets: usize,
-    /// Decisions the peer lacked (or held older): pushed to it.
+    /// Decisions the peer lacked (or held older): pushed to it, unless
+    /// more than a fetch of them were left to a round of its own.
     pub peer_lacked: usize,
     /// Decisions this node lacked (or held older): fetched from the peer.
     pub we_lacked: usize,
@@ -99,6 +105,9 @@ pub struct StatusReport {
 
 struct PeerEntry {
     status: PeerStatus,
+    /// When the peer last fetched from this master, in an anti-entropy round
+    /// of its own (see [`Board::peer_fetching`]).
+    fetched_at: Option<std::time::Instant>,
     /// The drift last reported (audited and logged), to report each once.
     reported: Option<(Drift, Option<String>)>,
 }
@@ -181,7 +190,7 @@ impl Board {
                 health: None,
                 drift: Drift::default(),
             };
-            inner.peers.insert(peer.name.clone(), PeerEntry { status, reported: None });
+            inner.peers.insert(peer.name.clone(), PeerEntry { status, fetched_at: None, reported: None });
         }
     }
 
@@ -235,6 +244,34 @@ impl Board {
             let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
             self.metrics.peer_last_contact.get_or_create(&PeerLabel { peer: peer.into() }).set(unix.as_secs_f64());
         }
+    }
+
+    /// The peer fetched from this master: an anti-entropy round of its own
+    /// against this master is under way.
+    pub fn peer_fetched(&self, peer: &str) {
+        self.peer_fetched_at(peer, std::time::Instant::now());
+    }
+
+    fn peer_fetched_at(&self, peer: &str, at: std::time::Instant) {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(entry) = inner.peers.get_mut(peer) {
+            entry.fetched_at = Some(at);
+        }
+    }
+
+    /// Whether the peer is fetching from this master in a round of its
+    /// own: it fetched within the last [`FETCHING`]. That round brings it
+    /// whatever this master holds newer and pushes what it holds newer
+    /// itself, so this master's round against it is left to it (see
+    /// `net/peers.rs`).
+    pub fn peer_fetching(&self, peer: &str) -> bool {
+        self.peer_fetching_at(peer, std::time::Instant::now())
+    }
+
+    fn peer_fetching_at(&self, peer: &str, now: std::time::Instant) -> bool {
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let fetched_at = inner.peers.get(peer).and_then(|entry| entry.fetched_at);
+        fetched_at.is_some_and(|at| now.saturating_duration_since(at) < FETCHING)
     }
 
     pub fn anti_entropy(&self, peer: &str, run: AntiEntropyRun) {
@@ -468,5 +505,20 @@ mod tests {
         assert!(board.metrics().encode().contains("keysync_peer_up{peer=\"master-b\"} 1"));
         board.contact("nobody");
         assert!(state(&board).last_contact.is_none(), "unknown peers are ignored");
+    }
+
+    #[test]
+    fn a_peer_is_fetching_for_a_while_after_its_last_fetch() {
+        let dir = tempfile::tempdir().unwrap();
+        let (board, _) = board(dir.path());
+        let t0 = std::time::Instant::now();
+        assert!(!board.peer_fetching_at("master-b", t0), "a peer that never fetched is not fetching");
+        board.peer_fetched_at("master-b", t0);
+        assert!(board.peer_fetching_at("master-b", t0 + FETCHING / 2));
+        assert!(!board.peer_fetching_at("master-b", t0 + FETCHING), "a round quiet for FETCHING is over");
+        board.peer_fetched_at("master-b", t0 + FETCHING);
+        assert!(board.peer_fetching_at("master-b", t0 + FETCHING + FETCHING / 2), "each fetch extends it");
+        board.peer_fetched_at("nobody", t0);
+        assert!(!board.peer_fetching_at("nobody", t0), "unknown peers are ignored");
     }
 }
