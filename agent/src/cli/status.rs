@@ -120,7 +120,7 @@ pub fn render(report: &StatusReport) -> String {
         }
         if let Some(run) = &peer.anti_entropy {
             out.push_str(&format!(
-                "{}: anti-entropy {}: {} differing buckets, pushed {}, fetched {} ({} applied), {} B sent, {} B received\n",
+                "{}: anti-entropy {}: {} differing buckets, it lacked {}, this master {} ({} applied), {} B sent, {} B received\n",
                 peer.name,
                 ago(&Some(run.at.clone())),
                 run.differing_buckets,

@@ -154,7 +154,7 @@ impl PeerLink {
         // then applies one by one (see the coalescing below).
         let (push_tx, push_rx) = mpsc::channel::<v1::DecisionBatch>(2);
         let mut acks = client.push(ReceiverStream::new(push_rx)).await?.into_inner();
-        self.repair(&mut client, &push_tx, &mut outgoing).await?;
+        let left = self.repair(&mut client, &push_tx, &mut outgoing, true).await?;
         let _ = connected.try_send(());
         self.board.set_state(&self.peer.name, LinkState::Up, None);
         tracing::info!(n_decisions = hello.n_decisions, "connected");
@@ -162,6 +162,10 @@ impl PeerLink {
         let mut timer = tokio::time::interval(self.anti_entropy_interval);
         timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
         timer.tick().await;
+        if left {
+            // Compared again once the peer's round is over (see anti_entropy).
+            timer.reset_after(crate::ops::board::FETCHING);
+        }
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
@@ -182,7 +186,8 @@ impl PeerLink {
                     }
                     Err(broadcast::error::RecvError::Lagged(n)) => {
                         tracing::warn!(n_batches = n, "fell behind; repairing by anti-entropy");
-                        self.repair(&mut client, &push_tx, &mut outgoing).await?;
+                        // Not left to the peer: its round cannot know what was dropped here.
+                        self.repair(&mut client, &push_tx, &mut outgoing, false).await?;
                     }
                     Err(broadcast::error::RecvError::Closed) => return Ok(()),
                 },
@@ -196,7 +201,9 @@ impl PeerLink {
                 _ = timer.tick() => {
                     // Hello again: exchanges the masters' health, which may have changed.
                     self.hello(&mut client).await?;
-                    self.repair(&mut client, &push_tx, &mut outgoing).await?;
+                    if self.repair(&mut client, &push_tx, &mut outgoing, true).await? {
+                        timer.reset_after(crate::ops::board::FETCHING);
+                    }
                 }
             }
         }
@@ -229,16 +236,23 @@ impl PeerLink {
     /// from the other: past [`MAX_HELD_BACK`] decisions (or a lag) they are
     /// dropped and another round follows, which finds by digest whatever they
     /// would have brought, as after a lag in the live loop.
+    ///
+    /// With `may_leave`, the first round may be left to the peer (see
+    /// [`PeerLink::anti_entropy`]); returns whether it was, and the caller
+    /// compares again [`FETCHING`](crate::ops::board::FETCHING) later. A
+    /// round that follows dropped decisions never is: the peer's round
+    /// cannot know of them.
     async fn repair(
         &self,
         client: &mut KeySyncClient<Channel>,
         push_tx: &mpsc::Sender<v1::DecisionBatch>,
         outgoing: &mut broadcast::Receiver<Arc<crate::node::Outgoing>>,
-    ) -> Result<(), SessionError> {
+        mut may_leave: bool,
+    ) -> Result<bool, SessionError> {
         loop {
             let mut held = HeldBack::default();
-            {
-                let round = self.anti_entropy(client, push_tx);
+            let left = {
+                let round = self.anti_entropy(client, push_tx, may_leave);
                 tokio::pin!(round);
                 loop {
                     tokio::select! {
@@ -246,32 +260,36 @@ impl PeerLink {
                         out = outgoing.recv(), if !held.closed => held.take(out, &self.peer.name),
                     }
                 }
-            }
+            };
             if !held.dropped {
                 send_decisions(push_tx, decisions_of(&held.batches)).await?;
-                return Ok(());
+                return Ok(left);
             }
             tracing::info!("decisions to push piled up during anti-entropy; comparing digests again instead");
+            may_leave = false;
         }
     }
 
     /// Digests first, then only what differs: fetch what the peer holds newer,
-    /// push what this node holds newer.
+    /// push what this node holds newer. Returns whether the round was left
+    /// to the peer, wholly or its push.
     async fn anti_entropy(
         &self,
         client: &mut KeySyncClient<Channel>,
         push_tx: &mpsc::Sender<v1::DecisionBatch>,
-    ) -> Result<(), SessionError> {
+        may_leave: bool,
+    ) -> Result<bool, SessionError> {
         // The peer is fetching from this master in a round of its own (a
         // joining master): that round brings it what this master holds
         // newer and pushes what it holds newer itself, so this one is left
-        // to it. Run now, it made the peer answer a Diff with the summaries
-        // of all it held so far (10 MiB at a joining master's peak), and
-        // pushed it again the keys it was fetching. What either round
-        // misses, live pushes or the next round bring.
-        if self.board.peer_fetching(&self.peer.name) {
-            tracing::info!("the peer is fetching from this master in a round of its own; this round is left to it");
-            return Ok(());
+        // to it and run once the peer's is over. Run now, it made the peer
+        // answer a Diff with the summaries of all it held so far (10 MiB at
+        // a joining master's peak), and pushed it again the keys it was
+        // fetching.
+        let leave = || may_leave && self.board.peer_fetching(&self.peer.name);
+        if leave() {
+            tracing::debug!("the peer is fetching from this master in a round of its own; this round waits for it");
+            return Ok(true);
         }
         let digests = self.core.ask(|reply| Request::Digests { reply }).await?;
         let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests };
@@ -293,7 +311,7 @@ impl PeerLink {
         if buckets.is_empty() {
             run.at = crate::disk::audit::now_rfc3339();
             self.board.anti_entropy(&self.peer.name, run);
-            return Ok(());
+            return Ok(false);
         }
         let n_buckets = buckets.len();
         let peer = self.peer.name.clone();
@@ -302,14 +320,21 @@ impl PeerLink {
         // Loaded and pushed a chunk at a time: to a joining master that is
         // every decision held, 100,000 keys. Unless the peer started
         // fetching from this master meanwhile (both rounds began at once):
-        // as above, its round brings it what differs.
+        // as above, its round brings it what differs, and this one is run
+        // again once the peer's is over.
         let n_lacked = newer_here.len();
-        let leave_to_peer = n_lacked > FETCH_CHUNK && self.board.peer_fetching(&self.peer.name);
-        if leave_to_peer {
-            tracing::info!(n_lacked, "the peer is fetching from this master in a round of its own; not pushing");
-        }
+        let mut left = false;
         let mut n_pushed = 0;
-        for ids in newer_here.chunks(FETCH_CHUNK).take_while(|_| !leave_to_peer) {
+        for ids in newer_here.chunks(FETCH_CHUNK) {
+            if n_lacked > FETCH_CHUNK && leave() {
+                tracing::debug!(
+                    n_lacked,
+                    n_pushed,
+                    "the peer is fetching from this master in a round of its own; not pushing"
+                );
+                left = true;
+                break;
+            }
             let ids = ids.to_vec();
             let decisions = self.core.ask(|reply| Request::Fetch { ids, reply }).await?;
             n_pushed += decisions.len();
@@ -348,7 +373,7 @@ impl PeerLink {
         run.applied = n_applied;
         run.at = crate::disk::audit::now_rfc3339();
         self.board.anti_entropy(&self.peer.name, run);
-        Ok(())
+        Ok(left)
     }
 }
 

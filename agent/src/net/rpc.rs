@@ -95,13 +95,13 @@ impl Handler for RpcHandler {
 
     async fn fetch(&self, peer: &PeerName, req: v1::FetchRequest) -> Result<Items<v1::DecisionBatch>, Status> {
         self.board.contact(&peer.0);
-        self.board.peer_fetched(&peer.0);
         if req.minions.len() > MAX_FETCH_IDS {
             return Err(Status::invalid_argument(format!(
                 "fetch of {} ids, more than {MAX_FETCH_IDS}",
                 req.minions.len()
             )));
         }
+        self.board.peer_fetched(&peer.0);
         let mut ids = Vec::with_capacity(req.minions.len());
         for raw in &req.minions {
             match MinionId::parse(raw) {
