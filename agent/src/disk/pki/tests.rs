@@ -6,8 +6,10 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
+use super::adopt::Adoption;
 use super::*;
-use crate::core::Version;
+use crate::core::settle::FsChange;
+use crate::core::{Decision, Verdict, Version};
 use keysync_machine::testkit::PUB;
 
 /// Opens the key folders in `dir` (created) as the agent does.
