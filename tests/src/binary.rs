@@ -370,6 +370,11 @@ impl FaultCluster {
         self.links.cut(i, j);
     }
 
+    /// Cuts only agent `i`'s link to agent `j`: `j` still reaches `i`.
+    pub fn cut_one_way(&self, i: usize, j: usize) {
+        self.links.cut_one_way(i, j);
+    }
+
     /// Cuts every relay between agents of different groups.
     pub fn partition(&self, groups: &[&[usize]]) {
         self.links.partition(groups);

@@ -82,8 +82,14 @@ impl Relays {
 
     /// Cuts the relays both ways between `i` and `j`.
     pub fn cut(&self, i: usize, j: usize) {
+        self.cut_one_way(i, j);
+        self.cut_one_way(j, i);
+    }
+
+    /// Cuts only the relay agent `i` reaches agent `j` through: `j` still
+    /// reaches `i`.
+    pub fn cut_one_way(&self, i: usize, j: usize) {
         self.links[&(i, j)].cut();
-        self.links[&(j, i)].cut();
     }
 
     /// Cuts every relay between agents of different groups.

@@ -164,7 +164,7 @@ impl PeerLink {
         timer.tick().await;
         if left {
             // Compared again once the peer's round is over (see anti_entropy).
-            timer.reset_after(crate::ops::board::FETCHING);
+            timer.reset_after(crate::ops::board::FETCHING.min(self.anti_entropy_interval));
         }
         loop {
             tokio::select! {
@@ -202,7 +202,7 @@ impl PeerLink {
                     // Hello again: exchanges the masters' health, which may have changed.
                     self.hello(&mut client).await?;
                     if self.repair(&mut client, &push_tx, &mut outgoing, true).await? {
-                        timer.reset_after(crate::ops::board::FETCHING);
+                        timer.reset_after(crate::ops::board::FETCHING.min(self.anti_entropy_interval));
                     }
                 }
             }
@@ -239,7 +239,8 @@ impl PeerLink {
     ///
     /// With `may_leave`, the first round may be left to the peer (see
     /// [`PeerLink::anti_entropy`]); returns whether it was, and the caller
-    /// compares again [`FETCHING`](crate::ops::board::FETCHING) later. A
+    /// compares again [`FETCHING`](crate::ops::board::FETCHING) later (or
+    /// at the next round, if sooner). A
     /// round that follows dropped decisions never is: the peer's round
     /// cannot know of them.
     async fn repair(

@@ -20,6 +20,8 @@ mod kill;
 mod overflow;
 /// Partitions while all three masters take conflicting decisions.
 mod partition;
+/// A round left to a joining peer runs once the peer's round is over.
+mod rounds;
 /// Seeded randomised soak (SOAK_SEED, SOAK_OPS).
 mod soak;
 /// The state folder lost or corrupt: refusal, then `recover --from-peers`.
