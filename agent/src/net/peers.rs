@@ -240,9 +240,8 @@ impl PeerLink {
     /// With `may_leave`, the first round may be left to the peer (see
     /// [`PeerLink::anti_entropy`]); returns whether it was, and the caller
     /// compares again [`FETCHING`](crate::ops::board::FETCHING) later (or
-    /// at the next round, if sooner). A
-    /// round that follows dropped decisions never is: the peer's round
-    /// cannot know of them.
+    /// at the next round, if sooner). A round that follows dropped
+    /// decisions never is: the peer's round cannot know of them.
     async fn repair(
         &self,
         client: &mut KeySyncClient<Channel>,
