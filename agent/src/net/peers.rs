@@ -162,9 +162,11 @@ impl PeerLink {
         let mut timer = tokio::time::interval(self.anti_entropy_interval);
         timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
         timer.tick().await;
+        // A round left to the peer is compared again once the peer's round
+        // is over (see anti_entropy), or at the next round if that is sooner.
+        let again = crate::ops::board::FETCHING.min(self.anti_entropy_interval);
         if left {
-            // Compared again once the peer's round is over (see anti_entropy).
-            timer.reset_after(crate::ops::board::FETCHING.min(self.anti_entropy_interval));
+            timer.reset_after(again);
         }
         loop {
             tokio::select! {
@@ -202,7 +204,7 @@ impl PeerLink {
                     // Hello again: exchanges the masters' health, which may have changed.
                     self.hello(&mut client).await?;
                     if self.repair(&mut client, &push_tx, &mut outgoing, true).await? {
-                        timer.reset_after(crate::ops::board::FETCHING.min(self.anti_entropy_interval));
+                        timer.reset_after(again);
                     }
                 }
             }
