@@ -137,6 +137,7 @@ pub async fn run_with(
         rescan_interval: if observe { OBSERVE_NO_RESCAN } else { config.timings.rescan_interval },
         observe,
         guard: config.guard.clone(),
+        tombstone_ttl: config.timings.tombstone_ttl,
     };
     let settle = SettleTimings { absent_grace: config.timings.absent_grace, ..SettleTimings::default() };
     let mut metrics = crate::ops::metrics::Metrics::new(&config.node);

@@ -77,6 +77,7 @@ struct RawTimings {
     max_clock_skew: Option<String>,
     absent_grace: Option<String>,
     reconnect_max: Option<String>,
+    tombstone_ttl: Option<String>,
 }
 
 /// How the agent treats the key folders.
@@ -136,6 +137,8 @@ pub struct Timings {
     pub max_clock_skew: Duration,
     pub absent_grace: Duration,
     pub reconnect_max: Duration,
+    /// How long a delete is remembered (docs/operations.md, "Tombstones").
+    pub tombstone_ttl: Duration,
 }
 
 impl Default for Timings {
@@ -146,6 +149,7 @@ impl Default for Timings {
             max_clock_skew: Duration::from_secs(300),
             absent_grace: Duration::from_millis(40),
             reconnect_max: Duration::from_secs(30),
+            tombstone_ttl: Duration::from_secs(30 * 86_400),
         }
     }
 }
@@ -213,6 +217,13 @@ const TIMING_BOUNDS: &[TimingBound] = &[
         below: "a peer that is down would be retried more than ten times a second",
         max: Duration::from_secs(3600),
         above: "a peer back up waits up to this long to be reconnected",
+    },
+    TimingBound {
+        key: "tombstone_ttl",
+        min: Duration::from_secs(86_400),
+        below: "a master stopped or cut off for longer than this may bring back keys the others deleted",
+        max: Duration::from_secs(3650 * 86_400),
+        above: "deletes are kept in the state store this long",
     },
 ];
 
@@ -338,6 +349,7 @@ impl Config {
             max_clock_skew: duration("max_clock_skew", t.max_clock_skew, defaults.max_clock_skew)?,
             absent_grace: duration("absent_grace", t.absent_grace, defaults.absent_grace)?,
             reconnect_max: duration("reconnect_max", t.reconnect_max, defaults.reconnect_max)?,
+            tombstone_ttl: duration("tombstone_ttl", t.tombstone_ttl, defaults.tombstone_ttl)?,
         };
 
         let version_command =

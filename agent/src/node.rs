@@ -121,6 +121,7 @@ pub struct CoreSettings {
     pub observe: bool,
     /// The blast-radius guard.
     pub guard: keysync_machine::node::GuardSettings,
+    pub tombstone_ttl: Duration,
 }
 
 pub struct Core {
@@ -315,7 +316,7 @@ impl Core {
         match request {
             Request::Remote { from, decisions, reply } => self.apply_queued(vec![(from, decisions, reply)]),
             Request::Diff { theirs, reply } => {
-                let _ = reply.send(self.node.diff(&theirs));
+                let _ = reply.send(self.node.diff(&theirs, &mut self.effects));
             }
             Request::Fetch { ids, reply } => {
                 let _ = reply.send(self.node.fetch(&ids, &mut self.effects));
@@ -324,7 +325,7 @@ impl Core {
                 let _ = reply.send(self.node.digests());
             }
             Request::RepairCompare { peer, buckets, summaries, reply } => {
-                let _ = reply.send(self.node.repair_compare_ids(&peer, &buckets, summaries));
+                let _ = reply.send(self.node.repair_compare_ids(&peer, &buckets, summaries, &mut self.effects));
             }
             Request::RepairNext { peer, reply } => {
                 let _ = reply.send(self.node.repair_next(&peer));
@@ -392,6 +393,7 @@ pub fn start(parts: CoreParts) -> Result<(Core, CoreHandle, mpsc::Receiver<Reque
         settle: parts.settle,
         observe: parts.settings.observe,
         guard: parts.settings.guard.clone(),
+        tombstone_ttl: parts.settings.tombstone_ttl,
     };
     let mut effects = Effects {
         node: parts.settings.node,

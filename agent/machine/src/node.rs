@@ -8,6 +8,7 @@
 //! ([`Now`]); the machine reads no clock, no file and no socket. The agent's
 //! executor and the simulation drive this same code.
 
+mod cold;
 pub mod event;
 mod guard;
 mod held;
@@ -56,6 +57,9 @@ pub struct Settings {
     pub observe: bool,
     /// The blast-radius guard (`guard.rs`).
     pub guard: GuardSettings,
+    /// How long a plain tombstone is kept (`cold.rs`): longer than any
+    /// master may be out of contact.
+    pub tombstone_ttl: Duration,
 }
 
 /// The time an input happens at: monotonic for timers, wall-clock
@@ -69,7 +73,10 @@ pub struct Now {
 /// What the store held when the node started.
 #[derive(Debug, Default)]
 pub struct Loaded {
+    /// Every entry but the plain tombstones, which stay in the store.
     pub entries: Vec<(MinionId, Entry)>,
+    /// The store's plain tombstones per digest bucket (empty: none).
+    pub cold: Vec<u32>,
     /// Decisions journalled and not recorded: a stop interrupted their apply.
     pub journal: Vec<Decision>,
     pub clock: u64,
@@ -139,6 +146,8 @@ pub struct Node {
     seen: Instant,
     repairs: repair::Repairs,
     guard: guard::Guard,
+    /// When plain tombstones past `tombstone_ttl` are next looked for.
+    next_compact: Instant,
 }
 
 impl Node {
@@ -150,6 +159,7 @@ impl Node {
         for (id, entry) in loaded.entries {
             replica.load(id, entry);
         }
+        replica.set_cold(loaded.cold);
         let mut node = Node {
             settler: Settler::new(settings.settle.clone()),
             guard: guard::Guard::new(settings.guard.clone()),
@@ -169,6 +179,7 @@ impl Node {
             reported: HashSet::new(),
             inventory: inventory::Inventory::default(),
             repairs: repair::Repairs::default(),
+            next_compact: now.mono,
         };
         for held in loaded.held {
             node.guard.load(held);
@@ -177,6 +188,7 @@ impl Node {
         node.finish_journal(loaded.journal, now, rt);
         node.reconcile(loaded.initialized, now, rt);
         node.recheck_held(now, rt);
+        node.cool();
         node
     }
 
@@ -200,6 +212,7 @@ impl Node {
         self.seen = now.mono;
         self.echoes.clear();
         self.recheck_all(why, now, rt);
+        self.cool();
     }
 
     /// Does what is due at `now`: reads settled names, retries failed writes
@@ -216,6 +229,8 @@ impl Node {
             self.rescan("periodic safety net", now, rt);
         }
         self.guard_tick(now, rt);
+        self.compact_due(now, rt);
+        self.cool();
     }
 
     /// When [`Node::on_tick`] next has something to do.
@@ -223,10 +238,16 @@ impl Node {
         // Writes to try again: decisions, a rescan, held deletes the store could not keep.
         let retry = (!self.retry.is_empty() || self.rescan_pending || self.guard.unsaved)
             .then(|| self.trouble.next_try().unwrap_or(self.seen));
-        [self.settler.next_due(), retry, Some(self.next_rescan), self.guard.next_due(self.seen)]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.settler.next_due(),
+            retry,
+            Some(self.next_rescan),
+            self.guard.next_due(self.seen),
+            Some(self.next_compact),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Number of decisions held.
@@ -248,6 +269,7 @@ impl Node {
                 VerdictKind::Deleted => counts.2 += 1,
             }
         }
+        counts.2 += self.replica.n_cold();
         counts
     }
 
@@ -256,7 +278,8 @@ impl Node {
         self.replica.entry(id)
     }
 
-    /// Every entry held (for checks and `status`).
+    /// Every entry held in memory (for checks and `status`): plain
+    /// tombstones stay in the store (`cold.rs`).
     pub fn entries(&self) -> impl Iterator<Item = (&MinionId, &Entry)> {
         self.replica.entries()
     }

@@ -99,8 +99,14 @@ struct State {
     digests: Digests,
 }
 
+/// Plain tombstones left out: a node holding one and a node holding nothing
+/// for the id show the same, and are in the same digests.
 fn state(replica: &Replica) -> State {
-    let entries = replica.entries().map(|(id, entry)| (id.clone(), entry.held())).collect();
+    let entries = replica
+        .entries()
+        .filter(|(_, entry)| !entry.is_plain_tombstone())
+        .map(|(id, entry)| (id.clone(), entry.held()))
+        .collect();
     State { entries, digests: replica.digests().clone() }
 }
 
@@ -151,7 +157,13 @@ fn expected(decisions: &[Decision]) -> State {
         claims.dedup_by(|a, b| a.version == b.version);
         replica.load(id.clone(), d.entry().with_seen(claims));
     }
-    State { entries: winners.into_iter().map(|(id, d)| (id, d.seen())).collect(), digests: replica.digests().clone() }
+    // As `state` gives it: without plain tombstones.
+    let entries = winners
+        .into_iter()
+        .filter(|(id, _)| replica.entry(id).is_some_and(|e| !e.is_plain_tombstone()))
+        .map(|(id, d)| (id, d.seen()))
+        .collect();
+    State { entries, digests: replica.digests().clone() }
 }
 
 /// Every pair of distinct decisions of `decisions` that conflict: two live
@@ -198,9 +210,11 @@ fn held<'a>(replica: &Replica, pool: &'a [Decision]) -> Vec<&'a Decision> {
         .collect()
 }
 
-/// What the digests cover of an id: the decision held and every claim known.
+/// What the digests cover of an id: the decision held and every claim known
+/// (nothing of a plain tombstone).
 fn digested(replica: &Replica, id: &MinionId) -> Option<(Seen, Vec<Seen>)> {
-    replica.entry(id).map(|e| (e.held(), e.seen().iter().filter(|s| s.version.is_claim()).cloned().collect()))
+    let entry = replica.entry(id).filter(|e| !e.is_plain_tombstone());
+    entry.map(|e| (e.held(), e.seen().iter().filter(|s| s.version.is_claim()).cloned().collect()))
 }
 
 /// Ids the folders should show as accepted, counted afresh.
@@ -223,7 +237,10 @@ fn concurrent(a: &Decision, b: &Decision) -> bool {
 /// decision held and the claims) through the merge path.
 fn pull(node: &mut Replica, peer: &Replica, peer_store: &[Decision]) {
     let buckets = peer.digests().differing(node.digests().as_slice());
-    let summaries = peer.summaries_in(&buckets);
+    // Plain tombstones go only where the node holds something (`Node::diff`).
+    let tombstones: Vec<u32> =
+        buckets.iter().copied().filter(|&b| node.digests().as_slice()[b as usize] != 0).collect();
+    let summaries = peer.summaries_in(&buckets, &tombstones, Vec::new());
     let mut newer: Vec<MinionId> =
         summaries.iter().filter(|(id, theirs)| node.is_newer_on_peer(id, theirs)).map(|(id, _)| id.clone()).collect();
     newer.dedup();

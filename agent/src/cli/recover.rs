@@ -124,7 +124,11 @@ async fn fetch_all(config: &Config, peer: &Peer, tls: &keysync_server::TlsSetup)
     if hello.node != peer.name {
         bail!("peer answered Hello as {:?}", hello.node);
     }
-    let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests: vec![0; N_BUCKETS] };
+    // Digests no state has, none of them empty: every bucket differs, and
+    // the peer sends its tombstones too (it sends none for a bucket the
+    // asker holds nothing in). This master's folders may still hold keys
+    // deleted elsewhere while it was down: the tombstones delete them.
+    let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests: vec![u64::MAX; N_BUCKETS] };
     let mut stream = client.diff(request).await?.into_inner();
     let mut ids = Vec::new();
     while let Some(chunk) = stream.message().await? {

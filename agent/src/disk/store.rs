@@ -12,7 +12,9 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use keysync_machine::node::{Loaded, StoreWrite};
 
-use crate::core::{Decision, MinionId};
+use crate::core::decision::is_plain_tombstone;
+use crate::core::digest::{bucket_of, N_BUCKETS};
+use crate::core::{Decision, Entry, MinionId, Seen, Version};
 use crate::disk::audit::AuditHead;
 
 mod codec;
@@ -27,6 +29,11 @@ const UNTOLD: TableDefinition<&str, &[u8]> = TableDefinition::new("untold");
 const JOURNAL: TableDefinition<&str, &[u8]> = TableDefinition::new("journal");
 /// Peers' deletes the blast-radius guard holds, by id.
 const HELD: TableDefinition<&str, &[u8]> = TableDefinition::new("held");
+/// The plain tombstones among `decisions` (deletes with no claim known,
+/// kept out of memory: `node/cold.rs`), by digest bucket. Key: the bucket
+/// (two bytes, big-endian), then the id; value: the delete's version (its
+/// hlc, eight bytes big-endian, then the origin's name).
+const TOMBSTONES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("tombstones");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
 /// redb's page cache. Its default (1 GiB) lets an agent holding 100,000
@@ -42,6 +49,9 @@ const META_NODE: &str = "node";
 /// A random id made when the store is created; the marker in pki_dir names
 /// it, which ties the folders to this store (see `state_guard.rs`).
 const META_STORE_ID: &str = "store_id";
+/// Set once `TOMBSTONES` lists every plain tombstone (stores of earlier
+/// releases had no such table).
+const META_TOMBSTONES: &str = "tombstones_indexed";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -101,6 +111,7 @@ impl Store {
             txn.open_table(JOURNAL).map_err(|e| store.err(e))?;
             txn.open_table(UNTOLD).map_err(|e| store.err(e))?;
             txn.open_table(HELD).map_err(|e| store.err(e))?;
+            txn.open_table(TOMBSTONES).map_err(|e| store.err(e))?;
             let meta = txn.open_table(META).map_err(|e| store.err(e))?;
             let found =
                 meta.get(META_NODE).map_err(|e| store.err(e))?.map(|v| String::from_utf8_lossy(v.value()).into_owned());
@@ -122,6 +133,19 @@ impl Store {
                     id
                 }
             };
+            if meta.get(META_TOMBSTONES).map_err(|e| store.err(e))?.is_none() {
+                // A store of an earlier release: its plain tombstones listed once.
+                let decisions = txn.open_table(DECISIONS).map_err(|e| store.err(e))?;
+                let mut tombstones = txn.open_table(TOMBSTONES).map_err(|e| store.err(e))?;
+                for row in decisions.iter().map_err(|e| store.err(e))? {
+                    let (id, value) = row.map_err(|e| store.err(e))?;
+                    let record = store.decode(id.value(), value.value())?;
+                    if record.is_plain_tombstone() {
+                        index(&mut tombstones, &record.decision, &[], None).map_err(|e| store.err(e))?;
+                    }
+                }
+                meta.insert(META_TOMBSTONES, [1u8].as_slice()).map_err(|e| store.err(e))?;
+            }
         }
         txn.commit().map_err(|e| store.err(e))?;
         Ok(store)
@@ -173,9 +197,14 @@ impl Store {
     pub fn load(&self) -> Result<Loaded, StoreError> {
         let txn = self.db.begin_read().map_err(|e| self.err(e))?;
         let mut entries = Vec::new();
+        let mut cold = vec![0u32; N_BUCKETS];
         for row in txn.open_table(DECISIONS).map_err(|e| self.err(e))?.iter().map_err(|e| self.err(e))? {
             let (id, value) = row.map_err(|e| self.err(e))?;
             let record = self.decode(id.value(), value.value())?;
+            if record.is_plain_tombstone() {
+                cold[bucket_of(&record.decision.id)] += 1;
+                continue;
+            }
             let entry = record.decision.entry().with_seen(record.seen).with_mine(record.mine);
             entries.push((record.decision.id, entry));
         }
@@ -203,7 +232,90 @@ impl Store {
             let corrupt = || StoreError::Corrupt { path: self.path.clone(), id: id.value().to_string() };
             held.push(codec::decode_held(id.value(), value.value()).ok_or_else(corrupt)?);
         }
-        Ok(Loaded { entries, journal, clock, initialized, untold, held })
+        Ok(Loaded { entries, cold, journal, clock, initialized, untold, held })
+    }
+
+    /// The plain tombstones kept for those of `ids` held (see `TOMBSTONES`).
+    pub fn cold(&self, ids: &[MinionId]) -> Result<Vec<(MinionId, Entry)>, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let table = txn.open_table(DECISIONS).map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for id in ids {
+            if let Some(value) = table.get(id.as_str()).map_err(|e| self.err(e))? {
+                let record = self.decode(id.as_str(), value.value())?;
+                if record.is_plain_tombstone() {
+                    out.push((id.clone(), record.decision.entry().with_seen(record.seen)));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The plain tombstones kept in `buckets`, with their versions.
+    pub fn cold_in(&self, buckets: &[u32]) -> Result<Vec<(MinionId, Version)>, StoreError> {
+        let txn = self.db.begin_read().map_err(|e| self.err(e))?;
+        let table = txn.open_table(TOMBSTONES).map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for &bucket in buckets {
+            let Ok(bucket) = u16::try_from(bucket) else { continue };
+            let from = bucket.to_be_bytes();
+            let rows = match bucket.checked_add(1) {
+                Some(next) => table.range(from.as_slice()..next.to_be_bytes().as_slice()),
+                None => table.range(from.as_slice()..),
+            };
+            for row in rows.map_err(|e| self.err(e))? {
+                let (key, value) = row.map_err(|e| self.err(e))?;
+                out.push(self.tombstone(key.value(), value.value())?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Forgets at most `max` plain tombstones issued before `before_ms`
+    /// (none journalled or held by the guard), in one commit; returns their ids.
+    pub fn compact(&self, before_ms: u64, max: usize) -> Result<Vec<MinionId>, StoreError> {
+        let txn = self.db.begin_write().map_err(|e| self.err(e))?;
+        let mut old = Vec::new();
+        {
+            let mut tombstones = txn.open_table(TOMBSTONES).map_err(|e| self.err(e))?;
+            let mut decisions = txn.open_table(DECISIONS).map_err(|e| self.err(e))?;
+            let journal = txn.open_table(JOURNAL).map_err(|e| self.err(e))?;
+            let held = txn.open_table(HELD).map_err(|e| self.err(e))?;
+            for row in tombstones.iter().map_err(|e| self.err(e))? {
+                let (key, value) = row.map_err(|e| self.err(e))?;
+                let (id, version) = self.tombstone(key.value(), value.value())?;
+                if version.millis() >= before_ms
+                    || journal.get(id.as_str()).map_err(|e| self.err(e))?.is_some()
+                    || held.get(id.as_str()).map_err(|e| self.err(e))?.is_some()
+                {
+                    continue;
+                }
+                old.push((key.value().to_vec(), id));
+                if old.len() == max {
+                    break;
+                }
+            }
+            for (key, id) in &old {
+                tombstones.remove(key.as_slice()).map_err(|e| self.err(e))?;
+                decisions.remove(id.as_str()).map_err(|e| self.err(e))?;
+            }
+        }
+        txn.commit().map_err(|e| self.err(e))?;
+        Ok(old.into_iter().map(|(_, id)| id).collect())
+    }
+
+    /// A `TOMBSTONES` row read back.
+    fn tombstone(&self, key: &[u8], value: &[u8]) -> Result<(MinionId, Version), StoreError> {
+        let corrupt = || StoreError::Corrupt { path: self.path.clone(), id: String::from_utf8_lossy(key).into_owned() };
+        let id = key.get(2..).and_then(|id| std::str::from_utf8(id).ok()).and_then(|id| MinionId::parse(id).ok());
+        let hlc = value.get(..8).and_then(|hlc| hlc.try_into().ok()).map(u64::from_be_bytes);
+        let node = value.get(8..).and_then(|node| std::str::from_utf8(node).ok());
+        match (id, hlc, node) {
+            (Some(id), Some(hlc), Some(node)) => {
+                Ok((id, Version::new(hlc, keysync_machine::core::version::node_name(node))))
+            }
+            _ => Err(corrupt()),
+        }
     }
 
     /// Full decisions (with keys) for the given ids: the one held and every
@@ -260,10 +372,12 @@ impl Store {
         {
             let mut table = txn.open_table(DECISIONS).map_err(|e| self.err(e))?;
             let mut claims = txn.open_table(CLAIMS).map_err(|e| self.err(e))?;
+            let mut tombstones = txn.open_table(TOMBSTONES).map_err(|e| self.err(e))?;
             let kept = |id: &MinionId| write.kept.iter().find(|k| k.id == *id);
             for decision in write.decisions {
                 let (seen, mine) = kept(&decision.id).map(|k| (k.seen.as_slice(), k.mine.as_ref())).unwrap_or_default();
                 let record = codec::encode_record(decision, seen, mine);
+                index(&mut tombstones, decision, seen, mine).map_err(|e| self.err(e))?;
                 let old = table.insert(decision.id.as_str(), record.as_slice()).map_err(|e| self.err(e))?;
                 let old = old.map(|v| v.value().to_vec());
                 // A claim no longer held is still known, with its key.
@@ -288,6 +402,7 @@ impl Store {
                 if let Some(held) = held {
                     let decision = self.decode(k.id.as_str(), &held)?.decision;
                     let record = codec::encode_record(&decision, &k.seen, k.mine.as_ref());
+                    index(&mut tombstones, &decision, &k.seen, k.mine.as_ref()).map_err(|e| self.err(e))?;
                     table.insert(k.id.as_str(), record.as_slice()).map_err(|e| self.err(e))?;
                 }
             }
@@ -347,6 +462,27 @@ impl Store {
     }
 }
 
+/// Keeps `TOMBSTONES` listing `decision`'s id exactly when the decision,
+/// held with `seen` and `mine`, is a plain tombstone.
+fn index(
+    tombstones: &mut redb::Table<&[u8], &[u8]>,
+    decision: &Decision,
+    seen: &[Seen],
+    mine: Option<&Version>,
+) -> Result<(), redb::StorageError> {
+    let bucket = u16::try_from(bucket_of(&decision.id)).unwrap_or(u16::MAX);
+    let mut key = bucket.to_be_bytes().to_vec();
+    key.extend_from_slice(decision.id.as_str().as_bytes());
+    if is_plain_tombstone(decision.verdict.kind(), seen, mine) {
+        let mut value = decision.version.hlc.to_be_bytes().to_vec();
+        value.extend_from_slice(decision.version.node.as_bytes());
+        tombstones.insert(key.as_slice(), value.as_slice())?;
+    } else {
+        tombstones.remove(key.as_slice())?;
+    }
+    Ok(())
+}
+
 /// The claims table's key for a claim.
 fn claim_key(claim: &Decision) -> String {
     format!("{}\0{}", claim.id, claim.version)
@@ -398,7 +534,8 @@ mod tests {
             store.record(&step, "a").unwrap();
             let stepped = store.load().unwrap();
             assert!(!stepped.initialized);
-            assert_eq!(stepped.entries.len(), 1);
+            // A plain tombstone: counted, not loaded into memory.
+            assert_eq!((stepped.entries.len(), stepped.cold.iter().sum::<u32>()), (0, 1));
             store.journal(std::slice::from_ref(&pending)).unwrap();
             store.journal(std::slice::from_ref(&accepted)).unwrap();
             let kept =
@@ -420,7 +557,7 @@ mod tests {
         assert!(loaded.initialized);
         assert_eq!(loaded.clock, 99);
         assert_eq!(loaded.journal, vec![pending]);
-        assert_eq!(loaded.entries.len(), 2);
+        assert_eq!((loaded.entries.len(), loaded.cold.iter().sum::<u32>()), (1, 1));
         let web01 = loaded.entries.iter().find(|(id, _)| *id == accepted.id).unwrap();
         assert_eq!(web01.1.seen().to_vec(), vec![older.seen()], "what was seen is kept with the decision");
         assert_eq!(loaded.untold, vec![(std::sync::Arc::from("b"), conflict)]);
@@ -464,6 +601,59 @@ mod tests {
         let loaded = Store::open(dir.path(), "a").unwrap().load().unwrap();
         let (_, entry) = &loaded.entries[0];
         assert_eq!((entry.version.clone(), entry.mine().cloned()), (live.version, Some(own.version)));
+    }
+
+    /// Plain tombstones are listed by bucket, left out of what a start
+    /// loads into memory, read back by id or by bucket, and compacted once
+    /// old; a store of an earlier release gets its list at open.
+    #[test]
+    fn plain_tombstones_are_listed_read_back_and_compacted() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = PublicKey::new(PUB.as_bytes());
+        let old = decision("gone-old", Verdict::Deleted, 1_000 << 16, None);
+        let young = decision("gone-young", Verdict::Deleted, 9_000 << 16, None);
+        let accepted = decision("web01", Verdict::Accepted(key.clone()), 5_000 << 16, None);
+        // A delete with a claim known is no plain tombstone: it stays in memory.
+        let claimed = decision("claimed", Verdict::Deleted, 2_000 << 16, None);
+        let claim = Decision {
+            version: Version::claim(false, &key.fingerprint().0),
+            verdict: Verdict::Accepted(key.clone()),
+            ..decision("claimed", Verdict::Deleted, 0, None)
+        };
+        let kept = vec![keysync_machine::node::Kept { id: claimed.id.clone(), seen: vec![claim.seen()], mine: None }];
+        let store = Store::open(dir.path(), "a").unwrap();
+        let decisions = [old.clone(), young.clone(), accepted.clone(), claimed.clone()];
+        store.record(&StoreWrite { decisions: &decisions, kept: &kept, ..StoreWrite::default() }, "a").unwrap();
+        let loaded = store.load().unwrap();
+        let mut in_memory: Vec<&str> = loaded.entries.iter().map(|(id, _)| id.as_str()).collect();
+        in_memory.sort();
+        assert_eq!(in_memory, vec!["claimed", "web01"]);
+        assert_eq!(loaded.cold.iter().sum::<u32>(), 2);
+        assert_eq!(loaded.cold[bucket_of(&old.id)], 1 + u32::from(bucket_of(&old.id) == bucket_of(&young.id)));
+        let cold = store.cold(&[old.id.clone(), accepted.id.clone(), claimed.id.clone()]).unwrap();
+        assert_eq!(cold, vec![(old.id.clone(), old.entry())]);
+        let bucket = bucket_of(&young.id) as u32;
+        assert!(store.cold_in(&[bucket]).unwrap().contains(&(young.id.clone(), young.version.clone())));
+        // An accept over a tombstone takes it off the list.
+        let back = decision("gone-young", Verdict::Accepted(key), 10_000 << 16, None);
+        store.record(&StoreWrite { decisions: std::slice::from_ref(&back), ..StoreWrite::default() }, "a").unwrap();
+        assert!(store.cold_in(&[bucket]).unwrap().iter().all(|(id, _)| *id != young.id));
+        store.record(&StoreWrite { decisions: std::slice::from_ref(&young), ..StoreWrite::default() }, "a").unwrap();
+        // Compaction: only the old one, and not while it is journalled.
+        store.journal(std::slice::from_ref(&old)).unwrap();
+        assert_eq!(store.compact(5_000, 10).unwrap(), Vec::<MinionId>::new());
+        store.record(&StoreWrite { done: std::slice::from_ref(&old.id), ..StoreWrite::default() }, "a").unwrap();
+        assert_eq!(store.compact(5_000, 10).unwrap(), vec![old.id.clone()]);
+        assert!(store.get(std::slice::from_ref(&old.id)).unwrap().is_empty());
+        assert_eq!(store.load().unwrap().cold.iter().sum::<u32>(), 1);
+        // A store of an earlier release (no list): listed when opened.
+        let txn = store.db.begin_write().unwrap();
+        txn.delete_table(TOMBSTONES).unwrap();
+        txn.open_table(META).unwrap().remove(META_TOMBSTONES).unwrap();
+        txn.commit().unwrap();
+        drop(store);
+        let store = Store::open(dir.path(), "a").unwrap();
+        assert_eq!(store.cold_in(&[bucket]).unwrap(), vec![(young.id.clone(), young.version.clone())]);
     }
 
     #[test]

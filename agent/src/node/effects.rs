@@ -9,7 +9,7 @@ use keysync_machine::node::{Applied, Event, Failure, Runtime, StoreWrite};
 use tokio::sync::broadcast;
 
 use super::Outgoing;
-use crate::core::{Decision, Folder, MinionId, Slots};
+use crate::core::{Decision, Entry, Folder, MinionId, Slots, Version};
 use crate::disk::audit::{AuditLog, Record};
 use crate::disk::pki::{drop_dfn, Owner, Pki};
 use crate::disk::store::Store;
@@ -102,6 +102,19 @@ impl Runtime for Effects {
 
     fn load(&mut self, ids: &[MinionId]) -> Result<Vec<Decision>, Failure> {
         self.store.get(ids).map_err(|e| e.to_string())
+    }
+
+    fn load_cold(&mut self, ids: &[MinionId]) -> Result<Vec<(MinionId, Entry)>, Failure> {
+        self.store.cold(ids).map_err(|e| e.to_string())
+    }
+
+    fn cold_in(&mut self, buckets: &[u32]) -> Result<Vec<(MinionId, Version)>, Failure> {
+        self.store.cold_in(buckets).map_err(|e| e.to_string())
+    }
+
+    fn compact(&mut self, before_ms: u64, max: usize) -> Result<Vec<MinionId>, Failure> {
+        let compacted = self.store.compact(before_ms, max).map_err(|e| e.to_string());
+        self.count_failure(compacted)
     }
 
     fn was_told(&mut self, conflict: &Conflict) -> bool {

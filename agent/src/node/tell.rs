@@ -250,7 +250,9 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
         | Event::ListFailed { .. }
         | Event::Reconciled { .. }
         | Event::FinishingJournal { .. }
-        | Event::LoadFailed { .. } => return None,
+        | Event::LoadFailed { .. }
+        | Event::ColdFailed { .. }
+        | Event::Compacted { .. } => return None,
     };
     Some(record)
 }
@@ -345,6 +347,12 @@ pub fn log_and_count(event: &Event, metrics: &Metrics) {
             "a journalled decision was not finished: the key files changed after it"
         ),
         Event::LoadFailed { error } => tracing::error!(error = %error, "cannot read decisions for a peer"),
+        Event::ColdFailed { error } => {
+            tracing::error!(error = %error, "cannot read or compact the tombstones in the state store")
+        }
+        Event::Compacted { n, before_ms } => {
+            tracing::info!(n, before_ms, "compacted tombstones older than tombstone_ttl")
+        }
         Event::DeletesHeld { origin, n, limit, first } => {
             metrics.held_bursts.get_or_create(&OriginLabel { origin: origin.to_string() }).inc();
             tracing::warn!(

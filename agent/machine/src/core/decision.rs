@@ -255,6 +255,11 @@ impl Entry {
         }
     }
 
+    /// Whether this entry is a plain tombstone (see [`is_plain_tombstone`]).
+    pub fn is_plain_tombstone(&self) -> bool {
+        is_plain_tombstone(self.kind, self.seen(), self.mine())
+    }
+
     /// Whether the entry says the same thing as `verdict`, whatever its version.
     pub fn same_verdict(&self, verdict: &Verdict) -> bool {
         self.kind == verdict.kind() && self.fingerprint == verdict.fingerprint()
@@ -286,6 +291,16 @@ impl Entry {
         }
         known
     }
+}
+
+/// A delete held with no claim known about its id (no claim seen, none of
+/// this master's own): the id is in no folder here, and nothing about it can
+/// come to be shown but a new decision. Plain tombstones stay in the store,
+/// not in memory (`replica.rs`), are left out of the bucket digests (a master
+/// holding one and a master holding nothing for the id agree: neither shows
+/// a key) and are compacted after `tombstone_ttl`.
+pub fn is_plain_tombstone(kind: VerdictKind, seen: &[Seen], mine: Option<&Version>) -> bool {
+    kind == VerdictKind::Deleted && mine.is_none() && seen.iter().all(|s| !s.version.is_claim())
 }
 
 #[cfg(test)]

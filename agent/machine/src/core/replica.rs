@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::causal::{remember, Context, Seen};
 use super::claims;
 use super::decision::{Decision, Entry, Verdict, VerdictKind};
-use super::digest::{bucket_of, Digests};
+use super::digest::{bucket_of, Digests, N_BUCKETS};
 use super::id::MinionId;
 use super::merge::{merge, Merged};
 use super::observe::Reading;
@@ -27,6 +27,16 @@ impl Summary {
         Summary { version: seen.version.clone(), content: Some(seen.content_rank()) }
     }
 
+    /// A plain tombstone's summary.
+    pub fn tombstone(version: Version) -> Summary {
+        Summary { version, content: Some((DELETED_RANK, None)) }
+    }
+
+    /// Whether this summary names a delete (unknown from a peer of protocol 1).
+    pub fn is_delete(&self) -> bool {
+        self.content.is_some_and(|(rank, _)| rank == DELETED_RANK)
+    }
+
     /// Whether this summary names a decision that beats `other` (unknown
     /// contents compare equal: only the versions decide).
     pub fn beats(&self, other: &Summary) -> bool {
@@ -36,6 +46,9 @@ impl Summary {
         }
     }
 }
+
+/// [`Seen::content_rank`]'s rank of a delete.
+const DELETED_RANK: u8 = 1;
 
 /// How a folder reading turns into a version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,11 +70,28 @@ pub struct Replica {
     /// Ids whose folders should show an accepted key here (kept as entries
     /// change: the guard asks for it on every delete of an accepted key).
     n_accepted: usize,
+    /// Plain tombstones kept in the store only, per bucket: an id not held
+    /// in `entries` may be one of them only where its bucket counts some.
+    /// 500,000 deletes of made-up ids held in memory were 200 MiB.
+    cold: Vec<u32>,
+    n_cold: usize,
+    /// Ids that became plain tombstones (or were brought back from the
+    /// store) since the last [`Replica::cool`].
+    cooling: Vec<MinionId>,
 }
 
 impl Replica {
     pub fn new(node: &str, clock: Hlc) -> Replica {
-        Replica { node: node.into(), entries: HashMap::new(), digests: Digests::default(), clock, n_accepted: 0 }
+        Replica {
+            node: node.into(),
+            entries: HashMap::new(),
+            digests: Digests::default(),
+            clock,
+            n_accepted: 0,
+            cold: vec![0; N_BUCKETS],
+            n_cold: 0,
+            cooling: Vec::new(),
+        }
     }
 
     pub fn node(&self) -> &str {
@@ -82,6 +112,76 @@ impl Replica {
 
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// How many plain tombstones are kept in the store only.
+    pub fn n_cold(&self) -> usize {
+        self.n_cold
+    }
+
+    /// Whether `id` may be a plain tombstone kept in the store only (it is
+    /// not held here, and its bucket has some): look it up before deciding
+    /// anything about it, and [`Replica::warm`] what is found.
+    pub fn may_be_cold(&self, id: &MinionId) -> bool {
+        self.n_cold > 0 && !self.entries.contains_key(id) && self.cold[bucket_of(id)] > 0
+    }
+
+    /// Buckets among `buckets` holding plain tombstones kept in the store only.
+    pub fn cold_buckets(&self, buckets: &[u32]) -> Vec<u32> {
+        buckets.iter().copied().filter(|&b| self.cold.get(b as usize).is_some_and(|&n| n > 0)).collect()
+    }
+
+    /// The store's plain tombstones, counted per bucket at start-up.
+    pub fn set_cold(&mut self, per_bucket: Vec<u32>) {
+        self.n_cold = per_bucket.iter().map(|&n| n as usize).sum();
+        self.cold = per_bucket;
+        self.cold.resize(N_BUCKETS, 0);
+    }
+
+    /// Holds a plain tombstone read back from the store (it stays in the
+    /// digests as it was: plain tombstones are not in them) until the next
+    /// [`Replica::cool`].
+    pub fn warm(&mut self, id: MinionId, entry: Entry) {
+        if self.entries.contains_key(&id) {
+            return;
+        }
+        let bucket = &mut self.cold[bucket_of(&id)];
+        if *bucket > 0 {
+            *bucket -= 1;
+            self.n_cold -= 1;
+        }
+        self.load(id, entry);
+    }
+
+    /// Leaves in the store only the plain tombstones made or warmed since
+    /// the last call (the store holds them: [`Replica::commit`] and
+    /// [`Replica::set`] come after a store commit).
+    pub fn cool(&mut self) {
+        for id in std::mem::take(&mut self.cooling) {
+            if self.entries.get(&id).is_some_and(Entry::is_plain_tombstone) {
+                self.entries.remove(&id);
+                self.cold[bucket_of(&id)] += 1;
+                self.n_cold += 1;
+            }
+        }
+        if self.entries.capacity() > 2 * self.entries.len() + 4096 {
+            self.entries.shrink_to_fit();
+        }
+    }
+
+    /// Plain tombstones the store compacted (see `tombstone_ttl`).
+    pub fn forget_cold(&mut self, ids: &[MinionId]) {
+        for id in ids {
+            if self.entries.get(id).is_some_and(Entry::is_plain_tombstone) {
+                self.entries.remove(id);
+                continue;
+            }
+            let bucket = &mut self.cold[bucket_of(id)];
+            if *bucket > 0 {
+                *bucket -= 1;
+                self.n_cold -= 1;
+            }
+        }
     }
 
     /// How many ids this master's folders should show as accepted.
@@ -190,6 +290,9 @@ impl Replica {
             self.digests.toggle(id, &part);
         }
         self.n_accepted += usize::from(shows_accepted(&after));
+        if after.is_plain_tombstone() {
+            self.cooling.push(id.clone());
+        }
         self.entries.insert(id.clone(), after);
     }
 
@@ -211,18 +314,32 @@ impl Replica {
             self.digests.toggle(&id, &part);
         }
         self.n_accepted += usize::from(shows_accepted(&entry));
+        if entry.is_plain_tombstone() {
+            self.cooling.push(id.clone());
+        }
         self.entries.insert(id, entry);
     }
 
     /// The entries in the given buckets, for a peer's anti-entropy: per id
-    /// the decision held and every claim known.
-    pub fn summaries_in(&self, buckets: &[u32]) -> Vec<(MinionId, Summary)> {
+    /// the decision held and every claim known; plain tombstones held in
+    /// memory only in `tombstones` (a subset of `buckets`), and `cold` (those
+    /// the store keeps, read by the caller) added.
+    pub fn summaries_in(
+        &self,
+        buckets: &[u32],
+        tombstones: &[u32],
+        cold: Vec<(MinionId, Version)>,
+    ) -> Vec<(MinionId, Summary)> {
+        let plain = self.in_buckets(tombstones).filter(|(_, entry)| entry.is_plain_tombstone());
         // Counted first: a joining master asks for all 100,000, and a list
         // grown by doubling would have room for 131,072.
-        let n =
-            self.in_buckets(buckets).map(|(_, entry)| 1 + entry.seen().iter().filter(|s| s.version.is_claim()).count());
-        let mut out = Vec::with_capacity(n.sum());
+        let n = self.in_buckets(buckets).map(|(_, entry)| digested(entry).len()).sum::<usize>()
+            + plain.clone().count()
+            + cold.len();
+        let mut out = Vec::with_capacity(n);
         out.extend(self.summarise_in(buckets).map(|(id, summary)| (id.clone(), summary)));
+        out.extend(plain.map(|(id, entry)| (id.clone(), Summary::of(&entry.held()))));
+        out.extend(cold.into_iter().map(|(id, version)| (id, Summary::tombstone(version))));
         // Unstable: equal rows are identical, and a stable sort takes a
         // scratch copy as large as the list (7.6 MiB at 100,000 rows).
         out.sort_unstable();
@@ -237,7 +354,7 @@ impl Replica {
     }
 
     /// The entries in the given buckets.
-    fn in_buckets(&self, buckets: &[u32]) -> impl Iterator<Item = (&MinionId, &Entry)> {
+    fn in_buckets(&self, buckets: &[u32]) -> impl Iterator<Item = (&MinionId, &Entry)> + Clone {
         let mut wanted = vec![false; self.digests.as_slice().len()];
         for &bucket in buckets {
             if let Some(slot) = wanted.get_mut(bucket as usize) {
@@ -248,9 +365,11 @@ impl Replica {
     }
 
     /// Whether a peer's summary names a decision this node lacks: a claim it
-    /// does not know, or a decision that beats the one held.
+    /// does not know, or a decision that beats the one held. A delete of an
+    /// id not held here is not: it has nothing to delete (see
+    /// [`super::decision::is_plain_tombstone`]).
     pub fn is_newer_on_peer(&self, id: &MinionId, theirs: &Summary) -> bool {
-        let Some(entry) = self.entries.get(id) else { return true };
+        let Some(entry) = self.entries.get(id) else { return !theirs.is_delete() };
         let known = entry
             .decisions()
             .any(|s| s.version == theirs.version && theirs.content.is_none_or(|content| content == s.content_rank()));
@@ -286,8 +405,12 @@ fn shows_accepted(entry: &Entry) -> bool {
 
 /// What of an entry the digests cover (the state masters must agree on):
 /// the decision held and every claim known; not the other decisions a node
-/// happens to have seen.
+/// happens to have seen, nor a plain tombstone (a master holding one and a
+/// master holding nothing for the id show the same).
 fn digested(entry: &Entry) -> Vec<Seen> {
+    if entry.is_plain_tombstone() {
+        return Vec::new();
+    }
     let held = entry.held();
     let mut parts: Vec<Seen> = entry.seen().iter().filter(|s| s.version.is_claim()).cloned().collect();
     parts.push(held);
@@ -388,7 +511,7 @@ mod tests {
         assert_eq!(replica.entry(&id()).unwrap().version, newer.version);
         assert_eq!(replica.digests(), &digests);
         let bucket = bucket_of(&id()) as u32;
-        assert_eq!(replica.summaries_in(&[bucket]), vec![(id(), Summary::of(&newer.seen()))]);
+        assert_eq!(replica.summaries_in(&[bucket], &[bucket], Vec::new()), vec![(id(), Summary::of(&newer.seen()))]);
         assert!(!replica.is_newer_on_peer(&id(), &Summary::of(&newer.seen())));
         assert!(!replica.is_newer_on_peer(
             &id(),

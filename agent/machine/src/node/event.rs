@@ -99,6 +99,12 @@ pub enum Event {
     JournalCovered { decision: Decision },
     /// Decisions a peer asked for could not be read from the store.
     LoadFailed { error: String },
+    /// Plain tombstones kept in the store could not be read or compacted
+    /// (what needed them waits: a peer's decisions come again, a folder
+    /// change is read again at the next rescan).
+    ColdFailed { error: String },
+    /// Plain tombstones issued before `before_ms` were forgotten (`tombstone_ttl`).
+    Compacted { n: usize, before_ms: u64 },
     /// A burst of deletes of accepted keys from one origin went past the
     /// guard's limit: held here, with every later one from that origin until
     /// it has been quiet for a window (`first`: the first ids held).

@@ -151,6 +151,10 @@ impl Node {
     /// whose key is no longer accepted here are applied as any other; the
     /// others stay held (told).
     pub(super) fn recheck_held(&mut self, now: Now, rt: &mut impl Runtime) {
+        let held_ids: Vec<MinionId> = self.guard.held().map(|held| held.decision.id.clone()).collect();
+        if self.warm(&held_ids, rt).is_err() {
+            return;
+        }
         let unheld: Vec<MinionId> = self
             .guard
             .held()
@@ -205,7 +209,9 @@ impl Node {
             .into_iter()
             .map(|held| self.operator_decision(held, Verdict::Deleted, OperatorAction::Release, by, now))
             .collect();
-        Ok(self.run_operator(round, skipped, now, rt))
+        let outcome = self.run_operator(round, skipped, now, rt);
+        self.cool();
+        Ok(outcome)
     }
 
     /// An operator here reverts held deletes (from `origin`, of `ids` if any
@@ -241,7 +247,9 @@ impl Node {
                 round.push(self.operator_decision(held, Verdict::Accepted(key), OperatorAction::Revert, by, now));
             }
         }
-        Ok(self.run_operator(round, skipped, now, rt))
+        let outcome = self.run_operator(round, skipped, now, rt);
+        self.cool();
+        Ok(outcome)
     }
 
     /// The held deletes an operator's command names, and those skipped (left

@@ -48,6 +48,12 @@ impl Node {
         };
         let slots = rt.read_slots(&id);
         self.note_slots(&id, &slots, rt);
+        if let Err(e) = self.warm([&id], rt) {
+            // Read again by the rescan that follows the backoff.
+            self.trouble.failed(rt, now.mono, "state store, reading tombstones", &e);
+            self.rescan_pending = true;
+            return None;
+        }
         let decision = self.replica.observe(&id, interpret(&slots), now.wall_ms, mode)?;
         // The agent's own write of a peer's decision whose recording failed is
         // not an operator's decision: the retry records it with its version.

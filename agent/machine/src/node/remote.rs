@@ -52,7 +52,9 @@ impl Node {
         rt: &mut impl Runtime,
     ) -> Vec<u32> {
         self.seen = now.mono;
-        self.apply_arrivals(arrivals, Source::Peer, now, rt)
+        let n_applied = self.apply_arrivals(arrivals, Source::Peer, now, rt);
+        self.cool();
+        n_applied
     }
 
     /// Merges and applies in rounds, each handling one decision per id, so
@@ -103,6 +105,15 @@ impl Node {
                 (arrival, from.clone(), d)
             }));
         }
+        // Plain tombstones among these ids are read back from the store first.
+        // If it cannot be read, nothing is decided: the peers still hold
+        // these decisions and offer them again (a retry's is retried).
+        if self.warm(todo.iter().map(|(_, _, d)| &d.id), rt).is_err() {
+            if source == Source::Retry {
+                self.retry.extend(todo.into_iter().map(|(_, from, d)| (from, d)));
+            }
+            return n_applied;
+        }
         let mut guarded: Vec<(Arc<str>, Decision)> = Vec::new();
         while !todo.is_empty() {
             let mut round: Vec<Merged> = Vec::new();
@@ -138,6 +149,9 @@ impl Node {
                     if !this_one {
                         self.wait_for_rescan(from, decision);
                     }
+                    continue;
+                }
+                if self.compacted(&decision, now) {
                     continue;
                 }
                 let decision = self.doubt_claims(decision, &from, rt);

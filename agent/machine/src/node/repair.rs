@@ -106,10 +106,25 @@ impl Node {
     }
 
     /// A peer's Diff: the buckets whose digests differ from `theirs`, and
-    /// this node's summaries of the entries in them.
-    pub fn diff(&self, theirs: &[u64]) -> (Vec<u32>, Summaries) {
+    /// this node's summaries of the entries in them. Plain tombstones (in
+    /// memory or in the store) are among them only in buckets where the
+    /// peer holds something: where it holds nothing they delete nothing (a
+    /// joining master is sent none).
+    pub fn diff(&self, theirs: &[u64], rt: &mut impl Runtime) -> (Vec<u32>, Summaries) {
         let buckets = self.replica.digests().differing(theirs);
-        let summaries = self.replica.summaries_in(&buckets);
+        let tombstones: Vec<u32> =
+            buckets.iter().copied().filter(|&b| theirs.get(b as usize).is_some_and(|&d| d != 0)).collect();
+        let cold_buckets = self.replica.cold_buckets(&tombstones);
+        let cold = if cold_buckets.is_empty() {
+            Vec::new()
+        } else {
+            rt.cold_in(&cold_buckets).unwrap_or_else(|error| {
+                // The peer's own round, or the next, finds them.
+                rt.audit(Event::ColdFailed { error });
+                Vec::new()
+            })
+        };
+        let summaries = self.replica.summaries_in(&buckets, &tombstones, cold);
         (buckets, summaries)
     }
 
@@ -135,7 +150,7 @@ impl Node {
         summaries: Summaries,
         rt: &mut impl Runtime,
     ) -> (usize, Vec<Decision>) {
-        let (n_newer_there, newer_here) = self.repair_compare_ids(peer, buckets, vec![summaries]);
+        let (n_newer_there, newer_here) = self.repair_compare_ids(peer, buckets, vec![summaries], rt);
         (n_newer_there, self.fetch(&newer_here, rt))
     }
 
@@ -150,7 +165,19 @@ impl Node {
         peer: &str,
         buckets: &[u32],
         summaries: Vec<Summaries>,
+        rt: &mut impl Runtime,
     ) -> (usize, Vec<MinionId>) {
+        // The plain tombstones the peer names something about are read back
+        // from the store: they may beat what it holds, or it may hold newer.
+        if self.warm(summaries.iter().flatten().map(|(id, _)| id), rt).is_err() {
+            return (0, Vec::new());
+        }
+        let compared = self.compare(peer, buckets, summaries);
+        self.cool();
+        compared
+    }
+
+    fn compare(&mut self, peer: &str, buckets: &[u32], summaries: Vec<Summaries>) -> (usize, Vec<MinionId>) {
         // Per id held here, every row the peer holds: the decision held and
         // its claims (no other id is looked up: a joining master maps none).
         let mut theirs: HashMap<&MinionId, Vec<&Summary>> = HashMap::new();
@@ -169,6 +196,14 @@ impl Node {
             })
             .map(|(id, _)| id.clone())
             .collect();
+        // A plain tombstone is pushed where it deletes something (it is in no
+        // digest, and a peer holding nothing for its id shows the same).
+        newer_here.extend(theirs.iter().filter_map(|(&id, rows)| {
+            let entry = self.replica.entry(id).filter(|entry| entry.is_plain_tombstone())?;
+            let mine = Summary::of(&entry.held());
+            let known = rows.iter().any(|t| t.version == mine.version && t.content == mine.content);
+            (!known && rows.iter().all(|t| mine.beats(t))).then(|| id.clone())
+        }));
         newer_here.sort_unstable();
         newer_here.dedup();
         drop(theirs);

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::core::merge::Conflict;
 use crate::core::observe::Slots;
 use crate::core::settle::FsChange;
-use crate::core::{Decision, Folder, MinionId, PublicKey, Seen};
+use crate::core::{Decision, Entry, Folder, MinionId, PublicKey, Seen, Version};
 
 use super::event::Event;
 
@@ -103,6 +103,17 @@ pub trait Runtime {
     /// The full decisions (keys included) known for `ids`: the one held and
     /// every claim; unknown ids are skipped.
     fn load(&mut self, ids: &[MinionId]) -> Result<Vec<Decision>, Failure>;
+    /// The plain tombstones (see [`crate::core::decision::is_plain_tombstone`])
+    /// the store keeps for those of `ids` it holds, as entries: they are
+    /// held in memory only while something is decided about them.
+    fn load_cold(&mut self, ids: &[MinionId]) -> Result<Vec<(MinionId, Entry)>, Failure>;
+    /// The plain tombstones the store keeps in the given digest buckets,
+    /// with their versions (for a peer's Diff).
+    fn cold_in(&mut self, buckets: &[u32]) -> Result<Vec<(MinionId, Version)>, Failure>;
+    /// Forgets at most `max` plain tombstones issued before `before_ms`
+    /// (wall-clock milliseconds), none with a journal entry or a held
+    /// delete; returns their ids.
+    fn compact(&mut self, before_ms: u64, max: usize) -> Result<Vec<MinionId>, Failure>;
     /// Whether the audit log already tells `conflict` (asked at start-up for
     /// the conflicts the store kept).
     fn was_told(&mut self, conflict: &Conflict) -> bool;

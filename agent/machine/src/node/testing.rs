@@ -9,7 +9,7 @@ use crate::core::keyfile::check_public_key;
 use crate::core::merge::Conflict;
 use crate::core::observe::{Refusal, Slot, Slots};
 use crate::core::settle::FsChange;
-use crate::core::{Decision, Folder, MinionId, PublicKey, Seen, Verdict, Version};
+use crate::core::{Decision, Entry, Folder, MinionId, PublicKey, Seen, Verdict, Version};
 
 use super::event::Event;
 use super::runtime::{Applied, Failure, Runtime, StoreWrite};
@@ -120,6 +120,16 @@ pub struct Stored {
     pub mine: Option<Version>,
 }
 
+impl Stored {
+    pub fn entry(&self) -> Entry {
+        self.held.entry().with_seen(self.seen.clone()).with_mine(self.mine.clone())
+    }
+
+    pub fn is_plain_tombstone(&self) -> bool {
+        crate::core::decision::is_plain_tombstone(self.held.verdict.kind(), &self.seen, self.mine.as_ref())
+    }
+}
+
 impl MemoryStore {
     /// One commit, as the agent's store makes it.
     pub fn record(&mut self, write: &StoreWrite<'_>) {
@@ -161,21 +171,61 @@ impl MemoryStore {
 
     /// What a start loads from this store.
     pub fn loaded(&self) -> super::Loaded {
+        let mut cold = vec![0; crate::core::digest::N_BUCKETS];
+        for (id, _) in self.decisions.iter().filter(|(_, s)| s.is_plain_tombstone()) {
+            cold[crate::core::digest::bucket_of(id)] += 1;
+        }
         super::Loaded {
             entries: self
                 .decisions
                 .iter()
-                .map(|(id, s)| {
-                    let entry = s.held.entry().with_seen(s.seen.clone()).with_mine(s.mine.clone());
-                    (id.clone(), entry)
-                })
+                .filter(|(_, s)| !s.is_plain_tombstone())
+                .map(|(id, s)| (id.clone(), s.entry()))
                 .collect(),
+            cold,
             journal: self.journal.values().cloned().collect(),
             clock: self.clock,
             initialized: self.initialized,
             untold: self.untold.clone(),
             held: self.held.values().cloned().collect(),
         }
+    }
+
+    /// The plain tombstones kept for those of `ids` held.
+    pub fn cold(&self, ids: &[MinionId]) -> Vec<(MinionId, Entry)> {
+        ids.iter()
+            .filter_map(|id| self.decisions.get(id).filter(|s| s.is_plain_tombstone()).map(|s| (id.clone(), s.entry())))
+            .collect()
+    }
+
+    /// The plain tombstones kept in `buckets`, with their versions.
+    pub fn cold_in(&self, buckets: &[u32]) -> Vec<(MinionId, Version)> {
+        self.decisions
+            .iter()
+            .filter(|(id, s)| s.is_plain_tombstone() && buckets.contains(&(crate::core::digest::bucket_of(id) as u32)))
+            .map(|(id, s)| (id.clone(), s.held.version.clone()))
+            .collect()
+    }
+
+    /// Forgets at most `max` plain tombstones issued before `before_ms`,
+    /// none journalled or held by the guard.
+    pub fn compact(&mut self, before_ms: u64, max: usize) -> Vec<MinionId> {
+        let old: Vec<MinionId> = self
+            .decisions
+            .iter()
+            .filter(|(id, s)| {
+                s.is_plain_tombstone()
+                    && s.held.version.millis() < before_ms
+                    && !self.journal.contains_key(*id)
+                    && !self.held.contains_key(*id)
+            })
+            .map(|(id, _)| id.clone())
+            .take(max)
+            .collect();
+        for id in &old {
+            self.decisions.remove(id);
+        }
+        old
     }
 
     /// The decisions held and the claims known, with their keys.
@@ -270,6 +320,18 @@ impl Runtime for Recorder {
 
     fn load(&mut self, ids: &[MinionId]) -> Result<Vec<Decision>, Failure> {
         Ok(self.store.get(ids))
+    }
+
+    fn load_cold(&mut self, ids: &[MinionId]) -> Result<Vec<(MinionId, Entry)>, Failure> {
+        Ok(self.store.cold(ids))
+    }
+
+    fn cold_in(&mut self, buckets: &[u32]) -> Result<Vec<(MinionId, Version)>, Failure> {
+        Ok(self.store.cold_in(buckets))
+    }
+
+    fn compact(&mut self, before_ms: u64, max: usize) -> Result<Vec<MinionId>, Failure> {
+        Ok(self.store.compact(before_ms, max))
     }
 
     fn was_told(&mut self, conflict: &Conflict) -> bool {

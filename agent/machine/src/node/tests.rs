@@ -18,6 +18,9 @@ fn now() -> Now {
 
 /// A node without the guard (its own tests, `tests/guard.rs`, turn it on):
 /// a peer's delete here is applied at once.
+/// How long plain tombstones are kept in these tests.
+const TTL: Duration = Duration::from_secs(86_400);
+
 fn node(name: &str, rt: &mut Recorder) -> Node {
     node_with(name, GuardSettings { enabled: false, ..GuardSettings::default() }, Default::default(), rt)
 }
@@ -30,6 +33,7 @@ fn node_with(name: &str, guard: GuardSettings, loaded: Loaded, rt: &mut Recorder
         settle: SettleTimings::default(),
         observe: false,
         guard,
+        tombstone_ttl: TTL,
     };
     Node::start(settings, loaded, now(), rt)
 }
@@ -109,6 +113,7 @@ fn a_forwarded_decision_names_the_peers_it_came_through() {
     assert_eq!(sent[0].relays.iter().collect::<Vec<_>>(), ["master-b", "master-a"], "forwarded with its path");
 }
 
+mod cold;
 mod first_contact;
 mod guard;
 
@@ -313,8 +318,8 @@ fn a_joiners_links_share_the_repair_and_bring_everything() {
     push(&mut a, &mut rt_a, "master-d", all.clone());
     push(&mut b, &mut rt_b, "master-d", all);
     let mut c = node("master-c", &mut rt_c);
-    for peer in [&a, &b] {
-        let (buckets, summaries) = peer.diff(&c.digests());
+    for (peer, rt) in [(&a, &mut rt_a), (&b, &mut rt_b)] {
+        let (buckets, summaries) = peer.diff(&c.digests(), rt);
         let name = if std::ptr::eq(peer, &a) { "master-a" } else { "master-b" };
         let (n_newer, push) = c.repair_compare(name, &buckets, summaries, &mut rt_c);
         assert_eq!((n_newer, push.len()), (n, 0));

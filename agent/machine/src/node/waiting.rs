@@ -41,6 +41,10 @@ impl Node {
             return;
         }
         rt.audit(Event::FinishingJournal { n: journal.len() });
+        if self.warm(journal.iter().map(|d| &d.id), rt).is_err() {
+            // Left in the journal: finished at the next start.
+            return;
+        }
         // A decision whose id's files show neither what was held nor what the
         // decision makes them show was overtaken by an operator after it was
         // journalled (its write failed, the files changed, the agent

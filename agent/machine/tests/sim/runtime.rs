@@ -4,7 +4,7 @@
 //! or fail writes as a full disk does.
 
 use keysync_machine::core::merge::Conflict;
-use keysync_machine::core::{Decision, MinionId, Slots};
+use keysync_machine::core::{Decision, Entry, MinionId, Slots, Version};
 use keysync_machine::node::{Applied, Event, Failure, Runtime, StoreWrite};
 
 use crate::model::{Change, Disk};
@@ -32,6 +32,9 @@ pub(crate) struct Outbox {
     pub(crate) recorded: Vec<Recorded>,
     /// The audit log's length before the input (for tracing what it told).
     pub(crate) audit_before: usize,
+    /// Plain tombstones read back from the store, and compacted.
+    pub(crate) cold_read: u64,
+    pub(crate) compacted: u64,
     /// Ids written while a salt-key run on them was in progress (must stay empty).
     pub(crate) wrote_into_runs: Vec<MinionId>,
 }
@@ -183,6 +186,34 @@ impl Runtime for SimRuntime<'_> {
             return Err(KILLED.into());
         }
         Ok(self.store.get(ids))
+    }
+
+    fn load_cold(&mut self, ids: &[MinionId]) -> Result<Vec<(MinionId, Entry)>, Failure> {
+        if self.dead() {
+            return Err(KILLED.into());
+        }
+        let found = self.store.cold(ids);
+        self.out.cold_read += found.len() as u64;
+        Ok(found)
+    }
+
+    fn cold_in(&mut self, buckets: &[u32]) -> Result<Vec<(MinionId, Version)>, Failure> {
+        if self.dead() {
+            return Err(KILLED.into());
+        }
+        Ok(self.store.cold_in(buckets))
+    }
+
+    fn compact(&mut self, before_ms: u64, max: usize) -> Result<Vec<MinionId>, Failure> {
+        if self.dead() {
+            return Err(KILLED.into());
+        }
+        if self.full() {
+            return Err("store: No space left on device".into());
+        }
+        let compacted = self.store.compact(before_ms, max);
+        self.out.compacted += compacted.len() as u64;
+        Ok(compacted)
     }
 
     fn audit(&mut self, event: Event) {

@@ -360,6 +360,7 @@ impl Sim {
             settle: SettleTimings::default(),
             observe: false,
             guard: guard::settings(),
+            tombstone_ttl: Duration::from_millis(TOMBSTONE_TTL_MS),
         }
     }
 
@@ -492,6 +493,8 @@ impl Sim {
         let n = &self.nodes[node];
         let name = n.name.clone();
         self.stats.dfn += u64::from(out.dfn_dropped);
+        self.stats.cold_read += out.cold_read;
+        self.stats.compacted += out.compacted;
         for (except, decisions) in out.sends {
             for peer in 0..self.nodes.len() {
                 if peer != node && except.as_deref() != Some(self.nodes[peer].name.as_str()) {

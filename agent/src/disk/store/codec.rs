@@ -28,6 +28,13 @@ pub struct Record {
     pub mine: Option<Version>,
 }
 
+impl Record {
+    /// Whether it is a plain tombstone (kept out of memory: `node/cold.rs`).
+    pub fn is_plain_tombstone(&self) -> bool {
+        crate::core::decision::is_plain_tombstone(self.decision.verdict.kind(), &self.seen, self.mine.as_ref())
+    }
+}
+
 pub fn encode_record(decision: &Decision, seen: &[Seen], mine: Option<&Version>) -> Vec<u8> {
     let key = decision.verdict.key().map(PublicKey::bytes).unwrap_or_default();
     let mut out = Vec::with_capacity(64 + key.len() + seen.len() * 64);

@@ -42,7 +42,7 @@ impl Sim {
                 self.input(to, |machine, rt, now| machine.on_batches(vec![(peer, decisions)], now, rt));
             }
             Msg::DiffReq { session, digests } => {
-                if let Some((buckets, summaries)) = self.input(to, |machine, _, _| machine.diff(&digests)) {
+                if let Some((buckets, summaries)) = self.input(to, |machine, rt, _| machine.diff(&digests, rt)) {
                     self.send(to, from, Msg::DiffResp { session, buckets, summaries });
                 }
             }

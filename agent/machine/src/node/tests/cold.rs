@@ -1,0 +1,113 @@
+//! Plain tombstones live in the store, not in memory (`cold.rs`), and are
+//! compacted after `tombstone_ttl` (issue 17: a peer's deletes of made-up
+//! ids grew memory and the store without limit).
+
+use super::*;
+use crate::core::digest::{bucket_of, N_BUCKETS};
+
+fn id(name: &str) -> MinionId {
+    MinionId::parse(name).unwrap()
+}
+
+fn on(name: &str, verdict: Verdict, ms: u64, origin: &str, knew: &[Version]) -> Decision {
+    Decision { id: id(name), ..decision(verdict, ms, origin, knew) }
+}
+
+/// Deletes of ids this master never held are kept in the store only; a
+/// later, older decision about one of them still meets its tombstone.
+#[test]
+fn a_delete_of_an_unknown_id_stays_in_the_store_and_still_beats_older_decisions() {
+    let mut rt = Recorder::default();
+    let mut a = node("master-a", &mut rt);
+    let deletes: Vec<Decision> =
+        (0..100).map(|i| on(&format!("made-up-{i}"), Verdict::Deleted, NOW_MS - 50, "master-b", &[])).collect();
+    assert_eq!(push(&mut a, &mut rt, "master-b", deletes), 100);
+    assert_eq!(a.len(), 0, "no tombstone is held in memory");
+    assert_eq!(a.counts(), (0, 0, 100), "but every one is counted");
+    assert_eq!(rt.store.decisions.len(), 100, "and kept in the store");
+    assert_eq!(a.digests(), vec![0; N_BUCKETS], "plain tombstones are in no digest");
+    // An accept made before the delete, arriving late: the tombstone is read back and wins.
+    let older = on("made-up-7", Verdict::Accepted(key("mwIDAQAB")), NOW_MS - 60, "master-c", &[]);
+    assert_eq!(push(&mut a, &mut rt, "master-c", vec![older]), 0);
+    assert!(rt.folders.files.is_empty(), "the older accept was not applied: {:?}", rt.folders.files);
+    assert_eq!(a.len(), 0, "read back, then left to the store again");
+    // A newer accept is applied, and held in memory.
+    let newer = on("made-up-7", Verdict::Accepted(key("mwIDAQAB")), NOW_MS - 40, "master-c", &[]);
+    assert_eq!(push(&mut a, &mut rt, "master-c", vec![newer.clone()]), 1);
+    let held = a.entry(&id("made-up-7")).expect("the accept is held");
+    assert_eq!(held.version, newer.version);
+    assert!(held.seen().iter().any(|s| s.kind == VerdictKind::Deleted), "it knows the tombstone it replaced");
+    assert_eq!(a.counts(), (1, 0, 99));
+    // After a restart, the same.
+    let mut b = node_with("master-a", GuardSettings::default(), rt.store.loaded(), &mut rt);
+    assert_eq!((b.len(), b.counts()), (1, (1, 0, 99)));
+    let older = on("made-up-8", Verdict::Accepted(key("mwIDAQAB")), NOW_MS - 60, "master-c", &[]);
+    assert_eq!(push(&mut b, &mut rt, "master-c", vec![older]), 0);
+}
+
+/// A peer's Diff gets this master's tombstones where it holds something
+/// they may delete, not where it holds nothing; its own round pushes a
+/// tombstone to a peer still holding what it deletes.
+#[test]
+fn tombstones_reach_a_peer_that_holds_what_they_delete_and_no_other() {
+    let (mut rt_a, mut rt_b) = (Recorder::default(), Recorder::default());
+    let mut a = node("master-a", &mut rt_a);
+    let mut b = node("master-b", &mut rt_b);
+    let accept = on("web07", Verdict::Accepted(key("mwIDAQAB")), NOW_MS - 60, "master-c", &[]);
+    let delete = on("web07", Verdict::Deleted, NOW_MS - 50, "master-c", std::slice::from_ref(&accept.version));
+    let unknown = on("ghost", Verdict::Deleted, NOW_MS - 50, "master-c", &[]);
+    push(&mut a, &mut rt_a, "master-c", vec![accept.clone(), delete.clone(), unknown]);
+    assert_eq!(a.len(), 0);
+    // An empty peer (a joining master) is sent no tombstone.
+    let (buckets, summaries) = a.diff(&b.digests(), &mut rt_a);
+    assert!(buckets.is_empty() && summaries.is_empty(), "{buckets:?} {summaries:?}");
+    // A peer still holding the accept learns of the delete from a's Diff answer...
+    push(&mut b, &mut rt_b, "master-c", vec![accept]);
+    let (buckets, summaries) = a.diff(&b.digests(), &mut rt_a);
+    assert_eq!(buckets, vec![bucket_of(&id("web07")) as u32]);
+    assert!(summaries.iter().any(|(i, s)| *i == id("web07") && s.version == delete.version), "{summaries:?}");
+    assert!(summaries.iter().all(|(i, _)| *i != id("ghost") || bucket_of(i) == bucket_of(&id("web07"))));
+    let (n_newer, push_back) = b.repair_compare("master-a", &buckets, summaries, &mut rt_b);
+    assert_eq!((n_newer, push_back.len()), (1, 0));
+    // ...and from a's own round, which pushes it.
+    let (buckets, summaries) = b.diff(&a.digests(), &mut rt_b);
+    let (n_newer, pushed) = a.repair_compare("master-b", &buckets, summaries, &mut rt_a);
+    assert_eq!(n_newer, 0);
+    assert_eq!(pushed.iter().map(|d| d.version.clone()).collect::<Vec<_>>(), vec![delete.version.clone()]);
+    assert_eq!(a.len(), 0, "read back for the round, left to the store after it");
+    assert_eq!(push(&mut b, &mut rt_b, "master-a", pushed), 1);
+    assert_eq!(b.digests(), a.digests());
+}
+
+/// Tombstones older than `tombstone_ttl` are forgotten; a delete that old
+/// of an id not held is not kept at all.
+#[test]
+fn tombstones_past_their_time_are_compacted_and_not_taken_again() {
+    let mut rt = Recorder::default();
+    let mut a = node("master-a", &mut rt);
+    let ttl_ms = TTL.as_millis() as u64;
+    let old = on("old", Verdict::Deleted, NOW_MS - ttl_ms + 1000, "master-b", &[]);
+    let young = on("young", Verdict::Deleted, NOW_MS + 3_700_000 - ttl_ms, "master-b", &[]);
+    assert_eq!(push(&mut a, &mut rt, "master-b", vec![old, young]), 2);
+    assert_eq!(a.counts().2, 2);
+    // The first tick after the start compacts; two seconds later the first
+    // delete is past its time, and the next compaction, an hour later, forgets it.
+    let later = |secs: u64| Now { mono: Instant::now() + Duration::from_secs(secs), wall_ms: NOW_MS + 1000 * secs };
+    a.on_tick(later(0), &mut rt);
+    assert_eq!(a.counts().2, 2, "none past its time yet");
+    a.on_tick(later(10), &mut rt);
+    assert_eq!(a.counts().2, 2, "past its time, but no compaction is due");
+    a.on_tick(later(3601), &mut rt);
+    assert_eq!(a.counts().2, 1);
+    assert_eq!(rt.store.decisions.keys().map(MinionId::as_str).collect::<Vec<_>>(), vec!["young"]);
+    assert!(rt.events.iter().any(|e| matches!(e, Event::Compacted { n: 1, .. })), "{:?}", rt.events);
+    // A peer that still holds it offers it again: not taken.
+    let ancient = on("old", Verdict::Deleted, NOW_MS - ttl_ms - 1000, "master-b", &[]);
+    assert_eq!(push(&mut a, &mut rt, "master-b", vec![ancient]), 0);
+    assert_eq!(rt.store.decisions.len(), 1);
+    // But a delete that old of an id held here still deletes it.
+    let accept = on("kept", Verdict::Accepted(key("mwIDAQAB")), NOW_MS - ttl_ms - 5000, "master-b", &[]);
+    push(&mut a, &mut rt, "master-b", vec![accept.clone()]);
+    let delete = on("kept", Verdict::Deleted, NOW_MS - ttl_ms - 1000, "master-b", &[accept.version]);
+    assert_eq!(push(&mut a, &mut rt, "master-b", vec![delete]), 1);
+}
