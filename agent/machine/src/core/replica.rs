@@ -131,6 +131,11 @@ impl Replica {
         buckets.iter().copied().filter(|&b| self.cold.get(b as usize).is_some_and(|&n| n > 0)).collect()
     }
 
+    /// How many plain tombstones the store keeps in `buckets`.
+    pub fn n_cold_in(&self, buckets: &[u32]) -> usize {
+        buckets.iter().filter_map(|&b| self.cold.get(b as usize)).map(|&n| n as usize).sum()
+    }
+
     /// The store's plain tombstones, counted per bucket at start-up.
     pub fn set_cold(&mut self, per_bucket: Vec<u32>) {
         self.n_cold = per_bucket.iter().map(|&n| n as usize).sum();

@@ -10,6 +10,12 @@ use std::time::Duration;
 
 use crate::core::{Decision, MinionId};
 
+/// Most plain tombstones read back from the store for one Diff answer. Past
+/// it the answer carries none: this master's own round pushes each one to
+/// a peer that names its id, so nothing is lost, and a flood of deletes
+/// does not come back into memory all at once.
+pub(super) const MAX_COLD_IN_DIFF: usize = 20_000;
+
 use super::event::Event;
 use super::runtime::{Failure, Runtime};
 use super::{Node, Now};
@@ -59,12 +65,20 @@ impl Node {
     }
 
     /// Whether a peer's `decision` is a delete past `tombstone_ttl` of an id
-    /// held neither in memory nor in the store (warmed first): compacted
-    /// everywhere by now, or about to be, it has nothing to delete here.
+    /// held neither in memory nor in the store (warmed first), made knowing
+    /// no claim: compacted everywhere by now, or about to be, it has
+    /// nothing to delete here. (A delete that knew a claim is never
+    /// compacted: a master joining late may be sent the claim with it.)
     pub(super) fn compacted(&self, decision: &Decision, now: Now) -> bool {
         decision.verdict.kind() == crate::core::VerdictKind::Deleted
-            && decision.version.millis().saturating_add(self.ttl_ms()) < now.wall_ms
+            && self.past_ttl(&decision.version, now)
+            && decision.context.iter().all(|known| !known.is_claim())
             && self.replica.entry(&decision.id).is_none()
+    }
+
+    /// Whether `version` was issued longer than `tombstone_ttl` before `now`.
+    pub(super) fn past_ttl(&self, version: &crate::core::Version, now: Now) -> bool {
+        version.millis().saturating_add(self.ttl_ms()) < now.wall_ms
     }
 
     fn ttl_ms(&self) -> u64 {

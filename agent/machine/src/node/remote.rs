@@ -108,9 +108,16 @@ impl Node {
         // Plain tombstones among these ids are read back from the store first.
         // If it cannot be read, nothing is decided: the peers still hold
         // these decisions and offer them again (a retry's is retried).
-        if self.warm(todo.iter().map(|(_, _, d)| &d.id), rt).is_err() {
-            if source == Source::Retry {
-                self.retry.extend(todo.into_iter().map(|(_, from, d)| (from, d)));
+        if let Err(e) = self.warm(todo.iter().map(|(_, _, d)| &d.id), rt) {
+            self.trouble.failed(rt, now.mono, "state store, reading tombstones", &e);
+            // Retried after the backoff: judged ones (possibly on disk, or let
+            // through by the guard) as retries, the others merged afresh.
+            self.rescan_pending = true;
+            for (_, from, decision) in todo {
+                match source {
+                    Source::Retry | Source::Guard => self.retry.push((from, decision)),
+                    Source::Peer => self.wait_for_rescan(from, decision),
+                }
             }
             return n_applied;
         }
@@ -154,7 +161,7 @@ impl Node {
                 if self.compacted(&decision, now) {
                     continue;
                 }
-                let decision = self.doubt_claims(decision, &from, rt);
+                let decision = self.doubt_claims(decision, &from, now, rt);
                 // (An operator's release or revert retried after a failed write
                 // comes from this node itself: it made it.)
                 let retried_own = *from == *self.settings.node;
@@ -201,9 +208,13 @@ impl Node {
     /// only if this node made it: a claim of one it never made (an hlc it
     /// never issued for this id) would hide a conflict this node can see for
     /// itself, so it is dropped from the context (and told).
-    fn doubt_claims(&self, decision: Decision, from: &Arc<str>, rt: &mut impl Runtime) -> Decision {
+    fn doubt_claims(&self, decision: Decision, from: &Arc<str>, now: Now, rt: &mut impl Runtime) -> Decision {
         let node = &*self.settings.node;
         let Some(claimed) = decision.context.iter().find(|v| &*v.node == node).cloned() else { return decision };
+        if self.past_ttl(&claimed, now) {
+            // This node may have compacted it (a delete): it cannot tell.
+            return decision;
+        }
         let made = self
             .replica
             .entry(&decision.id)

@@ -115,7 +115,7 @@ impl Node {
         let tombstones: Vec<u32> =
             buckets.iter().copied().filter(|&b| theirs.get(b as usize).is_some_and(|&d| d != 0)).collect();
         let cold_buckets = self.replica.cold_buckets(&tombstones);
-        let cold = if cold_buckets.is_empty() {
+        let cold = if cold_buckets.is_empty() || self.replica.n_cold_in(&cold_buckets) > super::cold::MAX_COLD_IN_DIFF {
             Vec::new()
         } else {
             rt.cold_in(&cold_buckets).unwrap_or_else(|error| {
@@ -167,9 +167,11 @@ impl Node {
         summaries: Vec<Summaries>,
         rt: &mut impl Runtime,
     ) -> (usize, Vec<MinionId>) {
-        // The plain tombstones the peer names something about are read back
-        // from the store: they may beat what it holds, or it may hold newer.
-        if self.warm(summaries.iter().flatten().map(|(id, _)| id), rt).is_err() {
+        // The plain tombstones the peer holds something else for are read
+        // back from the store: they may beat it, or it may be newer. (Where
+        // the peer holds a delete too, both show nothing.)
+        let named = summaries.iter().flatten().filter(|(_, theirs)| !theirs.is_delete());
+        if self.warm(named.map(|(id, _)| id), rt).is_err() {
             return (0, Vec::new());
         }
         let compared = self.compare(peer, buckets, summaries);

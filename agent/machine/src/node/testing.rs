@@ -93,6 +93,8 @@ pub struct Faults {
     pub record: bool,
     /// Store commits that succeed before every later one fails.
     pub records_before_failing: Option<u32>,
+    /// Plain tombstones cannot be read back from the store.
+    pub load_cold: bool,
 }
 
 /// A state store in memory: what the agent's redb store keeps.
@@ -323,6 +325,9 @@ impl Runtime for Recorder {
     }
 
     fn load_cold(&mut self, ids: &[MinionId]) -> Result<Vec<(MinionId, Entry)>, Failure> {
+        if self.faults.load_cold {
+            return Err("state store: Input/output error".into());
+        }
         Ok(self.store.cold(ids))
     }
 

@@ -41,8 +41,12 @@ impl Node {
             return;
         }
         rt.audit(Event::FinishingJournal { n: journal.len() });
-        if self.warm(journal.iter().map(|d| &d.id), rt).is_err() {
-            // Left in the journal: finished at the next start.
+        if let Err(e) = self.warm(journal.iter().map(|d| &d.id), rt) {
+            // Retried once the store can be read: still the agent's own
+            // writes (possibly half done) to the scans until then.
+            self.trouble.failed(rt, now.mono, "state store, reading tombstones", &e);
+            self.rescan_pending = true;
+            self.retry.extend(journal.into_iter().map(|d| (Arc::from("journal"), d)));
             return;
         }
         // A decision whose id's files show neither what was held nor what the

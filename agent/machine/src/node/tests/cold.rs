@@ -111,3 +111,67 @@ fn tombstones_past_their_time_are_compacted_and_not_taken_again() {
     let delete = on("kept", Verdict::Deleted, NOW_MS - ttl_ms - 1000, "master-b", &[accept.version]);
     assert_eq!(push(&mut a, &mut rt, "master-b", vec![delete]), 1);
 }
+
+/// Tombstones that cannot be read back at start-up leave the journal's
+/// decisions the agent's own writes, finished once the store can be read
+/// (found by review: the half-done write of a peer's accept was read as an
+/// operator's new decision, with a fresh version that beat later deletes).
+#[test]
+fn a_journal_is_finished_after_tombstones_could_not_be_read() {
+    let mut rt = Recorder::default();
+    let a = node("master-a", &mut rt);
+    let gone = on("y", Verdict::Deleted, NOW_MS - 90, "master-b", &[]);
+    push_to(a, &mut rt, gone.clone());
+    // Killed after journalling and writing a peer's accept of y, before recording it.
+    let accept = on("y", Verdict::Accepted(key("mwIDAQAB")), NOW_MS - 80, "master-b", &[gone.version]);
+    rt.store.journal.insert(accept.id.clone(), accept.clone());
+    rt.folders.apply(&accept);
+    rt.faults.load_cold = true;
+    let mut a = node_with("master-a", GuardSettings::default(), rt.store.loaded(), &mut rt);
+    assert!(a.entry(&id("y")).is_none(), "nothing decided about y while its tombstone cannot be read");
+    rt.faults.load_cold = false;
+    a.on_tick(Now { mono: Instant::now() + Duration::from_secs(10), wall_ms: NOW_MS }, &mut rt);
+    assert_eq!(a.entry(&id("y")).map(|e| e.version.clone()), Some(accept.version.clone()), "{:?}", rt.events);
+    assert!(rt.store.journal.is_empty());
+    assert!(!rt.events.iter().any(|e| matches!(e, Event::Decided { .. })), "no operator's decision: {:?}", rt.events);
+}
+
+fn push_to(mut node: Node, rt: &mut Recorder, decision: Decision) {
+    assert_eq!(push(&mut node, rt, "master-b", vec![decision]), 1);
+}
+
+/// A Diff answer reads back at most `MAX_COLD_IN_DIFF` tombstones: past it,
+/// none (this master's own round pushes each to a peer naming its id).
+#[test]
+fn a_diff_answer_does_not_bring_a_flood_of_tombstones_back_into_memory() {
+    let mut rt = Recorder::default();
+    let mut a = node("master-a", &mut rt);
+    let n = crate::node::cold::MAX_COLD_IN_DIFF + 1;
+    let deletes: Vec<Decision> =
+        (0..n).map(|i| on(&format!("made-up-{i}"), Verdict::Deleted, NOW_MS - 50, "master-b", &[])).collect();
+    assert_eq!(push(&mut a, &mut rt, "master-b", deletes) as usize, n);
+    let (buckets, summaries) = a.diff(&[u64::MAX; N_BUCKETS], &mut rt);
+    assert_eq!((buckets.len(), summaries.len()), (N_BUCKETS, 0));
+    // Fewer, and they are read back (what `recover` asks for).
+    let compacted = rt.store.compact(u64::MAX, 2);
+    a.replica.forget_cold(&compacted);
+    let (_, summaries) = a.diff(&[u64::MAX; N_BUCKETS], &mut rt);
+    assert_eq!(summaries.len(), n - 2);
+}
+
+/// A peer's decision that knew a delete of this master older than
+/// `tombstone_ttl` (compacted here) is not doubted: this master cannot
+/// tell whether it made it.
+#[test]
+fn knowing_a_compacted_delete_of_this_master_is_not_doubted() {
+    let mut rt = Recorder::default();
+    let mut a = node("master-a", &mut rt);
+    let ancient = Version::new((NOW_MS - TTL.as_millis() as u64 - 1000) << 16, "master-a");
+    let accept = on("web09", Verdict::Accepted(key("mwIDAQAB")), NOW_MS - 10, "master-b", &[ancient]);
+    assert_eq!(push(&mut a, &mut rt, "master-b", vec![accept]), 1);
+    assert!(!rt.events.iter().any(|e| matches!(e, Event::Doubted { .. })), "{:?}", rt.events);
+    let recent = Version::new((NOW_MS - 1000) << 16, "master-a");
+    let accept = on("web10", Verdict::Accepted(key("mwIDAQAB")), NOW_MS - 10, "master-b", &[recent]);
+    assert_eq!(push(&mut a, &mut rt, "master-b", vec![accept]), 1);
+    assert!(rt.events.iter().any(|e| matches!(e, Event::Doubted { .. })), "a recent one still is");
+}

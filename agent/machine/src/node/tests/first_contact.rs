@@ -275,3 +275,35 @@ fn a_first_start_cut_short_is_a_first_start_again() {
     assert!(again.entries().all(|(_, e)| e.version.is_claim()), "every file a claim");
     assert!(rt.store.initialized);
 }
+
+/// A master joining long after keys it never saw were adopted (first-start
+/// claims) and then deleted live: it is sent each claim with the delete that
+/// knew it, past `tombstone_ttl`, and must take the delete, not only the
+/// claim (found by review: it wrote the old keys, then held their deletes
+/// in the guard).
+#[test]
+fn a_joiner_takes_an_old_delete_of_a_claimed_key_with_the_claim() {
+    let ttl_ms = TTL.as_millis() as u64;
+    let names: Vec<String> = (0..10).map(|i| format!("old{i}")).collect();
+    let keys: Vec<PublicKey> = (0..10).map(|i| key(&format!("mwIDAQA{i}"))).collect();
+    let files: Vec<(Folder, &str, &PublicKey)> =
+        names.iter().zip(&keys).map(|(n, k)| (Folder::Accepted, n.as_str(), k)).collect();
+    let mut b = master("master-b", &files);
+    let deletes: Vec<Decision> = names
+        .iter()
+        .map(|n| {
+            let id = MinionId::parse(n).unwrap();
+            let claim = b.node.entry(&id).unwrap().version.clone();
+            Decision { id, ..decision(Verdict::Deleted, NOW_MS - ttl_ms - 10_000, "master-c", &[claim]) }
+        })
+        .collect();
+    b.node.on_batches(vec![(Arc::from("master-c"), deletes)], now(), &mut b.rt);
+    assert!(b.rt.folders.files.is_empty());
+    let mut rt = Recorder::default();
+    let node = node_with("master-a", GuardSettings::default(), Loaded::default(), &mut rt);
+    let mut a = Master { name: "master-a", rt, node };
+    round(&mut a, &mut b);
+    assert!(a.rt.folders.files.is_empty(), "the joiner shows {} old keys", a.rt.folders.files.len());
+    assert_eq!(a.node.held().count(), 0, "and holds no delete in the guard");
+    assert_eq!(a.node.digests(), b.node.digests());
+}
