@@ -169,9 +169,6 @@ impl Replica {
                 self.n_cold += 1;
             }
         }
-        if self.entries.capacity() > 2 * self.entries.len() + 4096 {
-            self.entries.shrink_to_fit();
-        }
     }
 
     /// Plain tombstones the store compacted (see `tombstone_ttl`).
@@ -338,9 +335,12 @@ impl Replica {
         let plain = self.in_buckets(tombstones).filter(|(_, entry)| entry.is_plain_tombstone());
         // Counted first: a joining master asks for all 100,000, and a list
         // grown by doubling would have room for 131,072.
-        let n = self.in_buckets(buckets).map(|(_, entry)| digested(entry).len()).sum::<usize>()
-            + plain.clone().count()
-            + cold.len();
+        let parts = |entry: &Entry| match entry.is_plain_tombstone() {
+            true => 0,
+            false => 1 + entry.seen().iter().filter(|s| s.version.is_claim()).count(),
+        };
+        let n =
+            self.in_buckets(buckets).map(|(_, entry)| parts(entry)).sum::<usize>() + plain.clone().count() + cold.len();
         let mut out = Vec::with_capacity(n);
         out.extend(self.summarise_in(buckets).map(|(id, summary)| (id.clone(), summary)));
         out.extend(plain.map(|(id, entry)| (id.clone(), Summary::of(&entry.held()))));
