@@ -133,6 +133,9 @@ pub struct Node {
     /// Local decisions could not be made durable: the folders are scanned
     /// again when the backoff allows.
     rescan_pending: bool,
+    /// The journal a stop left, not finished yet: its tombstones could not
+    /// be read at start-up (finished by `retry_failed`).
+    journal_waiting: Vec<Decision>,
     start: Start,
     trouble: trouble::WriteTrouble,
     /// Losing versions of conflicts already audited, and peers' versions
@@ -174,6 +177,7 @@ impl Node {
             deferred: Vec::new(),
             retry_settling: Vec::new(),
             rescan_pending: false,
+            journal_waiting: Vec::new(),
             start: Start::Done,
             trouble: trouble::WriteTrouble::default(),
             reported: HashSet::new(),
@@ -220,7 +224,8 @@ impl Node {
     pub fn on_tick(&mut self, now: Now, rt: &mut impl Runtime) {
         self.seen = now.mono;
         self.process_due(now, rt);
-        if (!self.retry.is_empty() || self.rescan_pending) && self.trouble.retry_due(now.mono) {
+        let waiting = !self.retry.is_empty() || self.rescan_pending || !self.journal_waiting.is_empty();
+        if waiting && self.trouble.retry_due(now.mono) {
             self.retry_failed(now, rt);
         }
         if now.mono >= self.next_rescan {
@@ -236,8 +241,9 @@ impl Node {
     /// When [`Node::on_tick`] next has something to do.
     pub fn poll_at(&self) -> Option<Instant> {
         // Writes to try again: decisions, a rescan, held deletes the store could not keep.
-        let retry = (!self.retry.is_empty() || self.rescan_pending || self.guard.unsaved)
-            .then(|| self.trouble.next_try().unwrap_or(self.seen));
+        let retry =
+            (!self.retry.is_empty() || self.rescan_pending || !self.journal_waiting.is_empty() || self.guard.unsaved)
+                .then(|| self.trouble.next_try().unwrap_or(self.seen));
         [
             self.settler.next_due(),
             retry,
@@ -296,6 +302,7 @@ impl Node {
             && self.deferred.is_empty()
             && self.retry_settling.is_empty()
             && !self.rescan_pending
+            && self.journal_waiting.is_empty()
             && !self.guard.is_waiting()
     }
 
@@ -310,9 +317,10 @@ impl Node {
     }
 
     /// Peers' decisions for `id` whose write waits for a retry (`retry`,
-    /// `retry_settling`): one per id in flight.
+    /// `retry_settling`, the journal not finished yet): one per id in flight.
     fn retried<'a>(&'a self, id: &'a MinionId) -> impl Iterator<Item = &'a Decision> + 'a {
-        self.retry.iter().chain(&self.retry_settling).map(|(_, d)| d).filter(move |d| d.id == *id)
+        let journal = self.journal_waiting.iter();
+        self.retry.iter().chain(&self.retry_settling).map(|(_, d)| d).chain(journal).filter(move |d| d.id == *id)
     }
 
     /// Keys accepted here (what the folders show).

@@ -63,11 +63,23 @@ pub async fn recover_from_peers(config: &Config, force: bool) -> Result<Recovere
         bail!("no [[peer]] in the config: there is nothing to recover from");
     }
     let tls = crate::setup::load_tls(config)?;
+    // The ids this master's folders decide (accepted, rejected): asked for
+    // by name too, so that the peers' deletes of them come (a Diff answer
+    // carries a bounded number of deletes; their Fetch answers any id).
+    let listed = pki.list().with_context(|| format!("cannot list the key folders in {}", config.pki_dir.display()))?;
+    let local: Vec<String> = listed
+        .into_iter()
+        .filter(|(folder, name)| {
+            matches!(folder, crate::core::Folder::Accepted | crate::core::Folder::Rejected)
+                && MinionId::parse(name).is_ok()
+        })
+        .map(|(_, name)| name)
+        .collect();
     let mut newest: HashMap<MinionId, Decision> = HashMap::new();
     let mut answered = Vec::new();
     let mut unreachable = Vec::new();
     for peer in &config.peers {
-        match tokio::time::timeout(PEER_TIMEOUT, fetch_all(config, peer, &tls)).await {
+        match tokio::time::timeout(PEER_TIMEOUT, fetch_all(config, peer, &tls, &local)).await {
             Ok(Ok(decisions)) => {
                 answered.push((peer.name.clone(), decisions.len()));
                 for decision in decisions {
@@ -107,8 +119,14 @@ pub async fn recover_from_peers(config: &Config, force: bool) -> Result<Recovere
 }
 
 /// Every decision `peer` holds: its summaries for all buckets (an empty
-/// store's digests differ from every non-empty bucket), then the decisions.
-async fn fetch_all(config: &Config, peer: &Peer, tls: &keysync_server::TlsSetup) -> Result<Vec<Decision>> {
+/// store's digests differ from every non-empty bucket), then the decisions;
+/// and whatever it holds for the `local` ids (its deletes of them).
+async fn fetch_all(
+    config: &Config,
+    peer: &Peer,
+    tls: &keysync_server::TlsSetup,
+    local: &[String],
+) -> Result<Vec<Decision>> {
     let mut client = keysync_server::connect(
         &peer.address,
         &peer.name,
@@ -124,16 +142,18 @@ async fn fetch_all(config: &Config, peer: &Peer, tls: &keysync_server::TlsSetup)
     if hello.node != peer.name {
         bail!("peer answered Hello as {:?}", hello.node);
     }
-    // Digests no state has, none of them empty: every bucket differs, and
-    // the peer sends its tombstones too (it sends none for a bucket the
-    // asker holds nothing in). This master's folders may still hold keys
-    // deleted elsewhere while it was down: the tombstones delete them.
-    let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests: vec![u64::MAX; N_BUCKETS] };
+    let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests: vec![0; N_BUCKETS] };
     let mut stream = client.diff(request).await?.into_inner();
     let mut ids = Vec::new();
     while let Some(chunk) = stream.message().await? {
         ids.extend(chunk.entries.into_iter().map(|summary| summary.minion));
     }
+    // This master's folders may still hold keys deleted elsewhere while it
+    // was down; the peer's Diff answer names no delete to a store this
+    // empty: its deletes of them are asked for by name.
+    ids.extend(local.iter().cloned());
+    ids.sort_unstable();
+    ids.dedup();
     let mut decisions = Vec::with_capacity(ids.len());
     for chunk in ids.chunks(MAX_FETCH_IDS) {
         let mut stream = client.fetch(v1::FetchRequest { minions: chunk.to_vec() }).await?.into_inner();

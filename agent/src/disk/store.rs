@@ -49,9 +49,6 @@ const META_NODE: &str = "node";
 /// A random id made when the store is created; the marker in pki_dir names
 /// it, which ties the folders to this store (see `state_guard.rs`).
 const META_STORE_ID: &str = "store_id";
-/// Set once `TOMBSTONES` lists every plain tombstone (stores of earlier
-/// releases had no such table).
-const META_TOMBSTONES: &str = "tombstones_indexed";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -133,20 +130,8 @@ impl Store {
                     id
                 }
             };
-            if meta.get(META_TOMBSTONES).map_err(|e| store.err(e))?.is_none() {
-                // A store of an earlier release: its plain tombstones listed once.
-                let decisions = txn.open_table(DECISIONS).map_err(|e| store.err(e))?;
-                let mut tombstones = txn.open_table(TOMBSTONES).map_err(|e| store.err(e))?;
-                for row in decisions.iter().map_err(|e| store.err(e))? {
-                    let (id, value) = row.map_err(|e| store.err(e))?;
-                    let record = store.decode(id.value(), value.value())?;
-                    if record.is_plain_tombstone() {
-                        index(&mut tombstones, &record.decision, &[], None).map_err(|e| store.err(e))?;
-                    }
-                }
-                meta.insert(META_TOMBSTONES, [1u8].as_slice()).map_err(|e| store.err(e))?;
-            }
         }
+        store.list_tombstones(&txn)?;
         txn.commit().map_err(|e| store.err(e))?;
         Ok(store)
     }
@@ -174,6 +159,42 @@ impl Store {
             Ok(meta.get(key).map_err(|e| db_error(&path, e))?.map(|v| String::from_utf8_lossy(v.value()).into_owned()))
         };
         Ok(Peek::Found { id: text(META_STORE_ID)?.unwrap_or_default(), initialized: text(META_NODE)?.is_some() })
+    }
+
+    /// Makes `TOMBSTONES` list exactly the plain tombstones of `DECISIONS`,
+    /// checked at every open: a store of an earlier release has no list,
+    /// and a downgraded release writes decisions without keeping it.
+    /// (Compared by a sum of hashes: no list of ids in memory.)
+    fn list_tombstones(&self, txn: &redb::WriteTransaction) -> Result<(), StoreError> {
+        let mut decisions_sum = (0u64, 0u64);
+        for row in txn.open_table(DECISIONS).map_err(|e| self.err(e))?.iter().map_err(|e| self.err(e))? {
+            let (id, value) = row.map_err(|e| self.err(e))?;
+            let record = self.decode(id.value(), value.value())?;
+            if record.is_plain_tombstone() {
+                let row = tombstone_row(&record.decision);
+                decisions_sum = add_row(decisions_sum, &row.0, &row.1);
+            }
+        }
+        let mut listed_sum = (0u64, 0u64);
+        let mut tombstones = txn.open_table(TOMBSTONES).map_err(|e| self.err(e))?;
+        for row in tombstones.iter().map_err(|e| self.err(e))? {
+            let (key, value) = row.map_err(|e| self.err(e))?;
+            listed_sum = add_row(listed_sum, key.value(), value.value());
+        }
+        if decisions_sum == listed_sum {
+            return Ok(());
+        }
+        tombstones.retain(|_, _| false).map_err(|e| self.err(e))?;
+        for row in txn.open_table(DECISIONS).map_err(|e| self.err(e))?.iter().map_err(|e| self.err(e))? {
+            let (id, value) = row.map_err(|e| self.err(e))?;
+            let record = self.decode(id.value(), value.value())?;
+            if record.is_plain_tombstone() {
+                let (key, value) = tombstone_row(&record.decision);
+                tombstones.insert(key.as_slice(), value.as_slice()).map_err(|e| self.err(e))?;
+            }
+        }
+        tracing::info!("state store: the list of tombstones was made again (a store of another release)");
+        Ok(())
     }
 
     /// This store's random id (see `state_guard.rs`).
@@ -281,6 +302,7 @@ impl Store {
             let mut decisions = txn.open_table(DECISIONS).map_err(|e| self.err(e))?;
             let journal = txn.open_table(JOURNAL).map_err(|e| self.err(e))?;
             let held = txn.open_table(HELD).map_err(|e| self.err(e))?;
+            let mut stale = Vec::new();
             for row in tombstones.iter().map_err(|e| self.err(e))? {
                 let (key, value) = row.map_err(|e| self.err(e))?;
                 let (id, version) = self.tombstone(key.value(), value.value())?;
@@ -290,10 +312,23 @@ impl Store {
                 {
                     continue;
                 }
-                old.push((key.value().to_vec(), id));
+                // Only what the decisions table holds as this very tombstone.
+                let record = match decisions.get(id.as_str()).map_err(|e| self.err(e))? {
+                    Some(value) => Some(self.decode(id.as_str(), value.value())?),
+                    None => None,
+                };
+                match record {
+                    Some(record) if record.is_plain_tombstone() && record.decision.version == version => {
+                        old.push((key.value().to_vec(), id));
+                    }
+                    _ => stale.push(key.value().to_vec()),
+                }
                 if old.len() == max {
                     break;
                 }
+            }
+            for key in &stale {
+                tombstones.remove(key.as_slice()).map_err(|e| self.err(e))?;
             }
             for (key, id) in &old {
                 tombstones.remove(key.as_slice()).map_err(|e| self.err(e))?;
@@ -470,17 +505,35 @@ fn index(
     seen: &[Seen],
     mine: Option<&Version>,
 ) -> Result<(), redb::StorageError> {
-    let bucket = u16::try_from(bucket_of(&decision.id)).unwrap_or(u16::MAX);
-    let mut key = bucket.to_be_bytes().to_vec();
-    key.extend_from_slice(decision.id.as_str().as_bytes());
+    let (key, value) = tombstone_row(decision);
     if is_plain_tombstone(decision.verdict.kind(), seen, mine) {
-        let mut value = decision.version.hlc.to_be_bytes().to_vec();
-        value.extend_from_slice(decision.version.node.as_bytes());
         tombstones.insert(key.as_slice(), value.as_slice())?;
     } else {
         tombstones.remove(key.as_slice())?;
     }
     Ok(())
+}
+
+/// `decision`'s row in `TOMBSTONES`: (bucket, id) → version.
+fn tombstone_row(decision: &Decision) -> (Vec<u8>, Vec<u8>) {
+    let bucket = u16::try_from(bucket_of(&decision.id)).unwrap_or(u16::MAX);
+    let mut key = bucket.to_be_bytes().to_vec();
+    key.extend_from_slice(decision.id.as_str().as_bytes());
+    let mut value = decision.version.hlc.to_be_bytes().to_vec();
+    value.extend_from_slice(decision.version.node.as_bytes());
+    (key, value)
+}
+
+/// Adds one `TOMBSTONES` row to a sum of rows (count, and the sum of their
+/// hashes): equal sums, equal lists.
+fn add_row((n, sum): (u64, u64), key: &[u8], value: &[u8]) -> (u64, u64) {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    hasher.update((key.len() as u64).to_be_bytes());
+    hasher.update(key);
+    hasher.update(value);
+    let hash = hasher.finalize();
+    (n + 1, sum.wrapping_add(u64::from_be_bytes(hash[..8].try_into().expect("sha256 is 32 bytes"))))
 }
 
 /// The claims table's key for a claim.
@@ -646,14 +699,73 @@ mod tests {
         assert_eq!(store.compact(5_000, 10).unwrap(), vec![old.id.clone()]);
         assert!(store.get(std::slice::from_ref(&old.id)).unwrap().is_empty());
         assert_eq!(store.load().unwrap().cold.iter().sum::<u32>(), 1);
-        // A store of an earlier release (no list): listed when opened.
+        // A store of an earlier release (no list): listed when opened, the
+        // plain tombstones only.
         let txn = store.db.begin_write().unwrap();
         txn.delete_table(TOMBSTONES).unwrap();
-        txn.open_table(META).unwrap().remove(META_TOMBSTONES).unwrap();
         txn.commit().unwrap();
         drop(store);
         let store = Store::open(dir.path(), "a").unwrap();
-        assert_eq!(store.cold_in(&[bucket]).unwrap(), vec![(young.id.clone(), young.version.clone())]);
+        let all: Vec<u32> = (0..N_BUCKETS as u32).collect();
+        assert_eq!(store.cold_in(&all).unwrap(), vec![(young.id.clone(), young.version.clone())]);
+        // An earlier release run after this one (a downgrade) accepts the key
+        // again without unlisting it: the list is made again at the next
+        // open, and a compaction never removes the accept anyway.
+        let again = decision("gone-young", Verdict::Accepted(PublicKey::new(PUB.as_bytes())), 11_000 << 16, None);
+        let txn = store.db.begin_write().unwrap();
+        let record = codec::encode_record(&again, &[], None);
+        txn.open_table(DECISIONS).unwrap().insert(again.id.as_str(), record.as_slice()).unwrap();
+        txn.commit().unwrap();
+        assert_eq!(store.compact(u64::MAX, 10).unwrap(), Vec::<MinionId>::new(), "a stale row is no tombstone");
+        assert!(store.get(std::slice::from_ref(&again.id)).unwrap().contains(&again));
+        assert!(store.cold_in(&all).unwrap().is_empty(), "and the stale row is gone");
+        let txn = store.db.begin_write().unwrap();
+        let (key, value) = tombstone_row(&young);
+        txn.open_table(TOMBSTONES).unwrap().insert(key.as_slice(), value.as_slice()).unwrap();
+        txn.commit().unwrap();
+        drop(store);
+        let store = Store::open(dir.path(), "a").unwrap();
+        assert!(store.cold_in(&all).unwrap().is_empty(), "listed again at open");
+    }
+
+    /// The list follows what each write makes of a tombstone: a claim learnt
+    /// for its id takes it off (it is no plain tombstone then, and must not
+    /// be compacted); `cold_in` gives a bucket's own only; a held delete of
+    /// an id keeps its tombstone from compaction.
+    #[test]
+    fn the_tombstone_list_follows_claims_and_held_deletes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), "a").unwrap();
+        let key = PublicKey::new(PUB.as_bytes());
+        // Two deletes in different buckets.
+        let ids: Vec<String> = (0..50).map(|i| format!("gone{i}")).collect();
+        let first = MinionId::parse(&ids[0]).unwrap();
+        let other = ids.iter().find(|id| bucket_of(&MinionId::parse(id).unwrap()) != bucket_of(&first)).unwrap();
+        let (a, b) = (
+            decision(&ids[0], Verdict::Deleted, 1_000 << 16, None),
+            decision(other, Verdict::Deleted, 1_000 << 16, None),
+        );
+        store.record(&StoreWrite { decisions: &[a.clone(), b.clone()], ..StoreWrite::default() }, "a").unwrap();
+        let in_a = store.cold_in(&[bucket_of(&a.id) as u32]).unwrap();
+        assert_eq!(in_a, vec![(a.id.clone(), a.version.clone())], "only the bucket asked for");
+        // A claim learnt for a's id, kept with its delete (a kept-only write).
+        let claim = Decision {
+            version: Version::claim(false, &key.fingerprint().0),
+            verdict: Verdict::Accepted(key.clone()),
+            ..decision(&ids[0], Verdict::Deleted, 0, None)
+        };
+        let kept = vec![keysync_machine::node::Kept { id: a.id.clone(), seen: vec![claim.seen()], mine: None }];
+        let write = StoreWrite { claims: std::slice::from_ref(&claim), kept: &kept, ..StoreWrite::default() };
+        store.record(&write, "a").unwrap();
+        assert!(store.cold_in(&[bucket_of(&a.id) as u32]).unwrap().is_empty(), "no plain tombstone any more");
+        assert!(store.cold(std::slice::from_ref(&a.id)).unwrap().is_empty());
+        // b held by the guard (its delete of an accepted key, say): not compacted.
+        let held = keysync_machine::node::HeldDelete { decision: b.clone(), from: "b".into(), since_ms: 0 };
+        store.record(&StoreWrite { held: std::slice::from_ref(&held), ..StoreWrite::default() }, "a").unwrap();
+        assert!(store.compact(u64::MAX, 10).unwrap().is_empty(), "a's is no tombstone, b's is held");
+        store.record(&StoreWrite { unheld: std::slice::from_ref(&b.id), ..StoreWrite::default() }, "a").unwrap();
+        assert_eq!(store.compact(u64::MAX, 10).unwrap(), vec![b.id.clone()]);
+        assert_eq!(store.get(std::slice::from_ref(&a.id)).unwrap().len(), 2, "a's delete and claim stay");
     }
 
     #[test]

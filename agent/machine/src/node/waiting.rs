@@ -42,11 +42,11 @@ impl Node {
         }
         rt.audit(Event::FinishingJournal { n: journal.len() });
         if let Err(e) = self.warm(journal.iter().map(|d| &d.id), rt) {
-            // Retried once the store can be read: still the agent's own
-            // writes (possibly half done) to the scans until then.
+            // Finished once the store can be read (`retry_failed`): still the
+            // agent's own writes (possibly half done) to the scans until then.
             self.trouble.failed(rt, now.mono, "state store, reading tombstones", &e);
             self.rescan_pending = true;
-            self.retry.extend(journal.into_iter().map(|d| (Arc::from("journal"), d)));
+            self.journal_waiting = journal;
             return;
         }
         // A decision whose id's files show neither what was held nor what the
@@ -110,6 +110,10 @@ impl Node {
         // writes for the retried decisions are not taken for them: see
         // `observe_name`), so a peer's decision retried next meets them as a
         // conflict instead of overwriting them.
+        let journal = std::mem::take(&mut self.journal_waiting);
+        if !journal.is_empty() {
+            self.finish_journal(journal, now, rt);
+        }
         if std::mem::take(&mut self.rescan_pending) {
             self.rescan("retry after a failed write", now, rt);
         }
@@ -121,7 +125,7 @@ impl Node {
         if !self.rescan_pending {
             self.apply_deferred(now, rt);
         }
-        if self.retry.is_empty() && !self.rescan_pending {
+        if self.retry.is_empty() && !self.rescan_pending && self.journal_waiting.is_empty() {
             self.trouble.succeeded(rt, now.mono);
         }
     }

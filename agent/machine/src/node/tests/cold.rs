@@ -58,11 +58,17 @@ fn tombstones_reach_a_peer_that_holds_what_they_delete_and_no_other() {
     let unknown = on("ghost", Verdict::Deleted, NOW_MS - 50, "master-c", &[]);
     push(&mut a, &mut rt_a, "master-c", vec![accept.clone(), delete.clone(), unknown]);
     assert_eq!(a.len(), 0);
-    // An empty peer (a joining master) is sent no tombstone.
+    // A key in ghost's bucket, held here: that bucket differs from an empty peer's.
+    let ghost_bucket = bucket_of(&id("ghost"));
+    let neighbour = (0..).map(|i| format!("live{i}")).find(|n| bucket_of(&id(n)) == ghost_bucket).unwrap();
+    let live = on(&neighbour, Verdict::Accepted(key("mwIDAQAB")), NOW_MS - 60, "master-c", &[]);
+    push(&mut a, &mut rt_a, "master-c", vec![live.clone()]);
+    // An empty peer (a joining master) is sent no tombstone, not even there.
     let (buckets, summaries) = a.diff(&b.digests(), &mut rt_a);
-    assert!(buckets.is_empty() && summaries.is_empty(), "{buckets:?} {summaries:?}");
+    assert_eq!(buckets, vec![ghost_bucket as u32]);
+    assert_eq!(summaries.iter().map(|(i, _)| i.as_str()).collect::<Vec<_>>(), vec![neighbour.as_str()]);
     // A peer still holding the accept learns of the delete from a's Diff answer...
-    push(&mut b, &mut rt_b, "master-c", vec![accept]);
+    push(&mut b, &mut rt_b, "master-c", vec![accept, live]);
     let (buckets, summaries) = a.diff(&b.digests(), &mut rt_a);
     assert_eq!(buckets, vec![bucket_of(&id("web07")) as u32]);
     assert!(summaries.iter().any(|(i, s)| *i == id("web07") && s.version == delete.version), "{summaries:?}");
@@ -74,7 +80,7 @@ fn tombstones_reach_a_peer_that_holds_what_they_delete_and_no_other() {
     let (n_newer, pushed) = a.repair_compare("master-b", &buckets, summaries, &mut rt_a);
     assert_eq!(n_newer, 0);
     assert_eq!(pushed.iter().map(|d| d.version.clone()).collect::<Vec<_>>(), vec![delete.version.clone()]);
-    assert_eq!(a.len(), 0, "read back for the round, left to the store after it");
+    assert_eq!(a.len(), 1, "read back for the round, left to the store after it (only the live key held)");
     assert_eq!(push(&mut b, &mut rt_b, "master-a", pushed), 1);
     assert_eq!(b.digests(), a.digests());
 }
