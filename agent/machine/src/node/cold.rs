@@ -59,6 +59,14 @@ impl Node {
         }
     }
 
+    /// Tombstones a decision needed could not be read: the store is tried
+    /// again after the write backoff (`retry_failed`, which rescans the
+    /// folders first).
+    pub(super) fn retry_after_cold_failure(&mut self, error: &str, now: Now, rt: &mut impl Runtime) {
+        self.trouble.failed(rt, now.mono, "state store, reading tombstones", error);
+        self.rescan_pending = true;
+    }
+
     /// Ends a call: the plain tombstones it made or read back are left to the store.
     pub(super) fn cool(&mut self) {
         self.replica.cool();

@@ -50,8 +50,7 @@ impl Node {
         self.note_slots(&id, &slots, rt);
         if let Err(e) = self.warm([&id], rt) {
             // Read again by the rescan that follows the backoff.
-            self.trouble.failed(rt, now.mono, "state store, reading tombstones", &e);
-            self.rescan_pending = true;
+            self.retry_after_cold_failure(&e, now, rt);
             return None;
         }
         let decision = self.replica.observe(&id, interpret(&slots), now.wall_ms, mode)?;

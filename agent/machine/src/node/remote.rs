@@ -109,10 +109,9 @@ impl Node {
         // If it cannot be read, nothing is decided: the peers still hold
         // these decisions and offer them again (a retry's is retried).
         if let Err(e) = self.warm(todo.iter().map(|(_, _, d)| &d.id), rt) {
-            self.trouble.failed(rt, now.mono, "state store, reading tombstones", &e);
             // Retried after the backoff: judged ones (possibly on disk, or let
             // through by the guard) as retries, the others merged afresh.
-            self.rescan_pending = true;
+            self.retry_after_cold_failure(&e, now, rt);
             for (_, from, decision) in todo {
                 match source {
                     Source::Retry | Source::Guard => self.retry.push((from, decision)),

@@ -44,8 +44,7 @@ impl Node {
         if let Err(e) = self.warm(journal.iter().map(|d| &d.id), rt) {
             // Finished once the store can be read (`retry_failed`): still the
             // agent's own writes (possibly half done) to the scans until then.
-            self.trouble.failed(rt, now.mono, "state store, reading tombstones", &e);
-            self.rescan_pending = true;
+            self.retry_after_cold_failure(&e, now, rt);
             self.journal_waiting = journal;
             return;
         }

@@ -33,6 +33,12 @@ impl Record {
     pub fn is_plain_tombstone(&self) -> bool {
         crate::core::decision::is_plain_tombstone(self.decision.verdict.kind(), &self.seen, self.mine.as_ref())
     }
+
+    /// Its id, and what the replica holds for it.
+    pub fn into_entry(self) -> (crate::core::MinionId, crate::core::Entry) {
+        let entry = self.decision.entry().with_seen(self.seen).with_mine(self.mine);
+        (self.decision.id, entry)
+    }
 }
 
 pub fn encode_record(decision: &Decision, seen: &[Seen], mine: Option<&Version>) -> Vec<u8> {
