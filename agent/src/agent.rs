@@ -138,6 +138,7 @@ pub async fn run_with(
         observe,
         guard: config.guard.clone(),
         tombstone_ttl: config.timings.tombstone_ttl,
+        masters: config.masters(),
     };
     let settle = SettleTimings { absent_grace: config.timings.absent_grace, ..SettleTimings::default() };
     let mut metrics = crate::ops::metrics::Metrics::new(&config.node);

@@ -22,6 +22,8 @@ struct RawConfig {
     #[serde(default)]
     peer: Vec<RawPeer>,
     #[serde(default)]
+    retired_masters: Vec<String>,
+    #[serde(default)]
     salt: RawSalt,
     log_format: Option<String>,
     #[serde(default)]
@@ -237,6 +239,9 @@ pub struct Config {
     pub audit_log: PathBuf,
     pub tls: Tls,
     pub peers: Vec<Peer>,
+    /// Masters removed from the site whose decisions still stand: a peer may
+    /// forward them, though no link to them is kept.
+    pub retired_masters: Vec<String>,
     pub salt: Salt,
     pub log_format: LogFormat,
     pub timings: Timings,
@@ -264,6 +269,12 @@ pub enum ConfigError {
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/salt-keysync";
 
 impl Config {
+    /// The masters a peer's decision may name as its origin besides this
+    /// node: the peers, and the retired masters.
+    pub fn masters(&self) -> Vec<String> {
+        self.peers.iter().map(|p| p.name.clone()).chain(self.retired_masters.iter().cloned()).collect()
+    }
+
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read { path: path.into(), cause })?;
         Config::parse(&text, path)
@@ -310,6 +321,18 @@ impl Config {
                 ));
             }
             peers.push(Peer { name: peer.name, address: peer.address });
+        }
+        let mut retired_masters: Vec<String> = Vec::new();
+        for (idx, name) in raw.retired_masters.into_iter().enumerate() {
+            let key = format!("retired_masters[{idx}]");
+            check_name(&name).map_err(|m| invalid(&key, m))?;
+            if name == raw.node || peers.iter().any(|p| p.name == name) {
+                return Err(invalid(&key, format!("{name:?} is this node or a [[peer]]: a master still in the site")));
+            }
+            if retired_masters.contains(&name) {
+                return Err(invalid(&key, format!("{name:?} is listed twice")));
+            }
+            retired_masters.push(name);
         }
 
         let mode = match raw.mode.as_deref() {
@@ -386,6 +409,7 @@ impl Config {
             audit_log,
             tls: Tls { ca: resolve(raw.tls.ca), cert: resolve(raw.tls.cert), key: resolve(raw.tls.key) },
             peers,
+            retired_masters,
             salt,
             log_format,
             timings,
@@ -506,6 +530,21 @@ address = "10.0.0.12:4515"
         assert_eq!(config.metrics_listen, None);
         let with_metrics = parse(&format!("metrics_listen = \"127.0.0.1:9515\"\n{MINIMAL}")).unwrap();
         assert_eq!(with_metrics.metrics_listen, Some("127.0.0.1:9515".parse().unwrap()));
+    }
+
+    /// Retired masters are origins a peer may name, never this node or a peer.
+    #[test]
+    fn retired_masters_are_masters_no_longer_peers() {
+        let config = parse(&format!("retired_masters = [\"master-old\"]\n{MINIMAL}")).unwrap();
+        assert_eq!(config.masters(), ["master-b", "master-old"]);
+        for (text, error) in [
+            ("retired_masters = [\"master-b\"]", "retired_masters[0]: \"master-b\" is this node or a [[peer]]"),
+            ("retired_masters = [\"x\", \"x\"]", "retired_masters[1]: \"x\" is listed twice"),
+            ("retired_masters = [\"-x\"]", "retired_masters[0]: \"-x\" is not a DNS name"),
+        ] {
+            let e = parse(&format!("{text}\n{MINIMAL}")).unwrap_err();
+            assert!(e.contains(error), "{e}");
+        }
     }
 
     #[test]

@@ -70,6 +70,9 @@ pub enum Request {
     Plan { ids: Option<Vec<MinionId>>, reply: oneshot::Sender<Vec<keysync_machine::node::PlanRow>> },
     /// The peers' deletes the blast-radius guard holds here.
     Held { reply: oneshot::Sender<Vec<HeldDelete>> },
+    /// The configured peers changed (a reload): the origins a peer's
+    /// decision may name.
+    Masters { names: Vec<String> },
     /// An operator releases or reverts held deletes (from `origin`, of `ids`
     /// if any); `by`: who asked, for the audit log.
     Operator {
@@ -122,6 +125,8 @@ pub struct CoreSettings {
     /// The blast-radius guard.
     pub guard: keysync_machine::node::GuardSettings,
     pub tombstone_ttl: Duration,
+    /// The configured peers' names: the origins a peer's decision may name.
+    pub masters: Vec<String>,
 }
 
 pub struct Core {
@@ -133,6 +138,11 @@ pub struct Core {
     held_exported: std::collections::BTreeMap<String, i64>,
     /// The guard's [`Node::held_changes`] when `held_exported` was counted.
     held_exported_at: Option<u64>,
+}
+
+/// The machine's set of the site's masters, from the peers' names.
+fn masters(names: &[String]) -> std::collections::BTreeSet<Arc<str>> {
+    names.iter().map(|name| keysync_machine::core::version::node_name(name)).collect()
 }
 
 /// Wall-clock milliseconds for the HLC.
@@ -347,6 +357,7 @@ impl Core {
             Request::Held { reply } => {
                 let _ = reply.send(self.node.held().cloned().collect());
             }
+            Request::Masters { names } => self.node.set_masters(masters(&names)),
             Request::Operator { action, origin, ids, by, reply } => {
                 let (origin, now) = (origin.as_deref(), now());
                 let outcome = match action {
@@ -394,6 +405,7 @@ pub fn start(parts: CoreParts) -> Result<(Core, CoreHandle, mpsc::Receiver<Reque
         observe: parts.settings.observe,
         guard: parts.settings.guard.clone(),
         tombstone_ttl: parts.settings.tombstone_ttl,
+        masters: masters(&parts.settings.masters),
     };
     let mut effects = Effects {
         node: parts.settings.node,

@@ -25,7 +25,7 @@ mod tests;
 mod trouble;
 mod waiting;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -60,6 +60,10 @@ pub struct Settings {
     /// How long a plain tombstone is kept (`cold.rs`): longer than any
     /// master may be out of contact.
     pub tombstone_ttl: Duration,
+    /// The site's masters: this node's configured peers (and masters retired
+    /// from the site whose decisions still stand). A peer's decision whose
+    /// origin is none of them nor this node is refused (`remote.rs`).
+    pub masters: BTreeSet<Arc<str>>,
 }
 
 /// The time an input happens at: monotonic for timers, wall-clock
@@ -194,6 +198,11 @@ impl Node {
         node.recheck_held(now, rt);
         node.cool();
         node
+    }
+
+    /// The site's masters changed (a reload): see [`Settings::masters`].
+    pub fn set_masters(&mut self, masters: BTreeSet<Arc<str>>) {
+        self.settings.masters = masters;
     }
 
     pub fn name(&self) -> &str {

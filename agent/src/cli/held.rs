@@ -66,7 +66,10 @@ pub fn operate(socket: &Path, action: &str, origin: Option<String>, ids: Vec<Str
 pub fn render_reply(reply: &OperatorReply) -> String {
     let reply = crate::cli::status::shown(reply);
     let what = match reply.action.as_str() {
-        "release" => "released: deleted here, and sent to every master, whose guard lets them through",
+        "release" => {
+            "released: deleted here and sent to the peers; a peer whose guard holds them too holds them until \
+             its own operator releases them there"
+        }
         _ => "reverted: accepted again everywhere, the master they were deleted on included",
     };
     let mut out = format!("{} {what}\n", reply.done.len());

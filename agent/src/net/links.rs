@@ -76,6 +76,15 @@ impl PeerLinks {
         links
     }
 
+    /// Tells the core the site's masters (a reload changed them): the
+    /// origins a peer's decision may name.
+    pub fn set_masters(&self, names: Vec<String>) {
+        let core = self.ctx.core.clone();
+        self.ctx.tasks.spawn(async move {
+            let _ = core.tell(crate::node::Request::Masters { names }).await;
+        });
+    }
+
     /// Makes the running links match `peers`. `restart_all`: restart the
     /// links that stay too, so each connection proves itself under new trust.
     pub fn update(&mut self, peers: &[Peer], restart_all: bool) -> LinkChanges {

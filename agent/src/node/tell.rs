@@ -155,24 +155,42 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
             reason: Some(format!("writes succeed again after {lasted:.1?} (first error: {first_error})")),
             ..Record::new("write", "local", "recovered")
         },
-        Event::DeletesHeld { origin, n, limit, first } => Record {
-            origin: Some(origin.to_string()),
+        Event::DeletesHeld { via, forwarded: false, n, limit, first } => Record {
             reason: Some(format!(
-                "{n} deletes of accepted keys made on {origin} came faster than the guard lets through (at most {limit} \
-                 within its window here): held, with every further one from {origin} until it has been quiet for a \
-                 window; first held: {}; `salt-keysync held` lists them, `release` applies them everywhere, \
-                 `revert` restores the keys on {origin}",
+                "{n} deletes of accepted keys came from {via} faster than the guard lets through (at most {limit} \
+                 within its window here): held, with every further one from {via} until it has been quiet for a \
+                 window; first held: {}; `salt-keysync held` lists them, `release` applies them here, `revert` \
+                 restores the keys on every master",
                 first.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
             )),
-            ..Record::new("hold", origin, "held")
+            ..Record::new("hold", via, "held")
         },
-        Event::HoldEnded { origin, n } => Record {
-            origin: Some(origin.to_string()),
+        Event::DeletesHeld { via, forwarded: true, n, limit, first } => Record {
             reason: Some(format!(
-                "{origin} has been quiet for a window: {n} of its deletes were held in this burst (held still, \
+                "{n} deletes of accepted keys made on other masters and forwarded by {via} took the deletes from all \
+                 peers past what the guard lets through (at most {limit} within its window here): held, with every \
+                 further forwarded one until the peers have been quiet; first held: {}; `salt-keysync held` lists \
+                 them, `release` applies them here, `revert` restores the keys on every master",
+                first.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+            )),
+            ..Record::new("hold", via, "held")
+        },
+        Event::HoldEnded { via, n } => Record {
+            reason: Some(format!(
+                "{via} has been quiet for a window: {n} deletes it brought were held in this burst (held still, \
                  until released or reverted); its next deletes are judged afresh"
             )),
-            ..Record::new("hold", origin, "ended")
+            ..Record::new("hold", via, "ended")
+        },
+        Event::UnknownOrigins { from, n, n_origins, origins, first } => Record {
+            minion: Some(first.to_string()),
+            reason: Some(format!(
+                "{n} decisions name an origin that is no master of this site ({n_origins} names: {}{}): refused; \
+                 a peer decides only as itself or as a configured master",
+                origins.iter().map(|o| format!("{o:?}")).collect::<Vec<_>>().join(", "),
+                if *n_origins > origins.len() { ", …" } else { "" }
+            )),
+            ..Record::new("refuse", from, "refused")
         },
         Event::MassDeleteHere { n, limit } => Record {
             origin: Some(node.to_string()),
@@ -196,12 +214,23 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
                     held.decision.version,
                     held.origin()
                 ),
+                keysync_machine::node::Settled::Rejudged => format!(
+                    "the held delete {} was held as forwarded by {}; it came from its origin {} too: judged again \
+                     with {}'s own deletes",
+                    held.decision.version,
+                    held.from,
+                    held.origin(),
+                    held.origin()
+                ),
             };
             let outcome = match how {
                 keysync_machine::node::Settled::By(_) => "superseded",
-                keysync_machine::node::Settled::NotAccepted => "unheld",
+                keysync_machine::node::Settled::NotAccepted | keysync_machine::node::Settled::Rejudged => "unheld",
             };
-            Record { other_version: Some(held.decision.version.to_string()), ..remote_record(&held.decision, &held.from, "delete", outcome, Some(reason)) }
+            Record {
+                other_version: Some(held.decision.version.to_string()),
+                ..remote_record(&held.decision, &held.from, "delete", outcome, Some(reason))
+            }
         }
         Event::Operator { action, decision, by, held } => Record {
             minion: Some(decision.id.to_string()),
@@ -317,6 +346,15 @@ pub fn log_and_count(event: &Event, metrics: &Metrics) {
             claimed = %claimed,
             "a decision claims to have known one this master never made"
         ),
+        Event::UnknownOrigins { from, n, n_origins, .. } => {
+            metrics.decisions_refused.inc_by(*n as u64);
+            tracing::warn!(
+                peer = &**from,
+                n,
+                n_origins,
+                "refused decisions naming an origin that is no master of this site"
+            );
+        }
         Event::NotOurs { decision, from } => {
             metrics.decisions_refused.inc();
             tracing::warn!(minion = %decision.id, peer = &**from, version = %decision.version, "refused a decision claiming this master as its origin");
@@ -353,22 +391,19 @@ pub fn log_and_count(event: &Event, metrics: &Metrics) {
         Event::Compacted { n, before_ms } => {
             tracing::info!(n, before_ms, "compacted tombstones older than tombstone_ttl")
         }
-        Event::DeletesHeld { origin, n, limit, first } => {
-            metrics.held_bursts.get_or_create(&OriginLabel { origin: origin.to_string() }).inc();
+        Event::DeletesHeld { via, forwarded, n, limit, first } => {
+            metrics.held_bursts.get_or_create(&OriginLabel { origin: via.to_string() }).inc();
             tracing::warn!(
-                origin = &**origin,
+                peer = &**via,
+                forwarded,
                 n,
                 limit,
                 first = %first.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
                 "a mass delete from a peer is held: `salt-keysync held` lists it, `release` or `revert` ends it"
             )
         }
-        Event::HoldEnded { origin, n } => {
-            tracing::warn!(
-                origin = &**origin,
-                n,
-                "the held burst ended; its deletes stay held until released or reverted"
-            )
+        Event::HoldEnded { via, n } => {
+            tracing::warn!(peer = &**via, n, "the held burst ended; its deletes stay held until released or reverted")
         }
         Event::MassDeleteHere { n, limit } => {
             metrics.mass_deletes_here.inc();

@@ -20,6 +20,7 @@ fn core_in(dir: &std::path::Path) -> (Core, CoreHandle, mpsc::Receiver<Request>)
             // The guard's own tests are the machine's; here a delete applies at once.
             guard: keysync_machine::node::GuardSettings { enabled: false, ..Default::default() },
             tombstone_ttl: Duration::from_secs(86_400),
+            masters: vec!["a".into(), "c".into()],
         },
         store: {
             std::fs::create_dir(dir.join("state")).unwrap();

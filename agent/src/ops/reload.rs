@@ -101,6 +101,7 @@ impl Reloader {
         let n_closed = if ca_changed { self.control.close_connections() } else { 0 };
         self.tls.send_replace(Arc::new(tls));
         let changes = self.links.update(&new.peers, ca_changed);
+        self.links.set_masters(new.masters());
 
         let mut summary = changes.to_string();
         match (ca_changed, own_changed) {
@@ -147,15 +148,16 @@ fn refuse_restart_only_changes(old: &Config, new: &Config) -> anyhow::Result<()>
         let mut probe = new.clone();
         probe.peers = old.peers.clone();
         probe.tls = old.tls.clone();
+        probe.retired_masters = old.retired_masters.clone();
         if format!("{probe:?}") != format!("{old:?}") {
-            changed.push("a setting other than [[peer]] and [tls]".to_string());
+            changed.push("a setting other than [[peer]], retired_masters and [tls]".to_string());
         }
     }
     if changed.is_empty() {
         return Ok(());
     }
     anyhow::bail!(
-        "{} cannot change while running (only [[peer]] and [tls] reload live); restart the agent to apply it",
+        "{} cannot change while running (only [[peer]], retired_masters and [tls] reload live); restart the agent to apply it",
         changed.join(", ")
     )
 }

@@ -1,7 +1,7 @@
 //! Issue 17: `salt-key -D -y` on one master is held by the other masters'
 //! blast-radius guard (every key kept, no `.dfn` dropped); `held` lists it,
 //! `revert` brings the keys back on the origin; a second mass delete is
-//! then `release`d and goes everywhere. (Deleting ten keys at once is not
+//! then `release`d on each master that holds it. (Deleting ten keys at once is not
 //! held: scenario 5 deletes ten on A and they reach B.)
 
 use std::collections::BTreeSet;
@@ -91,12 +91,27 @@ pub fn mass_delete_on_a_is_held_and_reverted(c: &mut SaltCluster) {
 }
 
 /// A second `salt-key -D -y` on A, held again, then `release`d on C: the
-/// keys leave every master.
+/// keys leave C; B, whose guard held them too, holds C's release as C's
+/// mass delete (nothing a peer sends releases what a guard holds) until B's
+/// operator releases it; then the keys have left every master.
 pub fn mass_delete_released_goes_everywhere(c: &mut SaltCluster) {
     let before = accepted(c, 0);
     c.masters[0].salt_key(&["-D"]);
+    wait_held(c, 1, &before);
     wait_held(c, 2, &before);
     let text = c.keysync(2, &["release", "--origin", "master-a"]);
+    assert!(text.starts_with(&format!("{} released", before.len())), "{text}");
+    wait_for(Duration::from_secs(60), Duration::from_millis(200), "C's release held on B", || {
+        let list: serde_json::Value = serde_json::from_str(&c.keysync(1, &["held", "--json"])).unwrap();
+        let from_c = list["held"].as_array().unwrap().iter().filter(|h| h["origin"] == "master-c").count();
+        if from_c == before.len() {
+            Ok(())
+        } else {
+            Err(format!("{from_c} of {} held as master-c's", before.len()))
+        }
+    });
+    assert_eq!(accepted(c, 1), before, "B keeps every key: C's release is no release on B");
+    let text = c.keysync(1, &["release", "--origin", "master-c"]);
     assert!(text.starts_with(&format!("{} released", before.len())), "{text}");
     for master in 0..3 {
         wait_for(Duration::from_secs(60), Duration::from_millis(200), "released everywhere", || {
@@ -108,5 +123,5 @@ pub fn mass_delete_released_goes_everywhere(c: &mut SaltCluster) {
             }
         });
     }
-    assert!(held(c, 1).is_empty(), "B's held deletes were settled by C's release");
+    assert!(held(c, 1).is_empty() && held(c, 2).is_empty(), "nothing held on B or C");
 }

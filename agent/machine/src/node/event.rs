@@ -49,6 +49,10 @@ pub enum Event {
     /// A peer's decision claiming this node as its origin, which this node
     /// never made: refused (told once).
     NotOurs { decision: Decision, from: Arc<str> },
+    /// Decisions in one arrival from `from` whose origin is no master of the
+    /// site: refused, `n` of them, naming `n_origins` origins (`origins`:
+    /// the first few; `first`: one id).
+    UnknownOrigins { from: Arc<str>, n: usize, n_origins: usize, origins: Vec<Arc<str>>, first: MinionId },
     /// A peer's decision for an id whose own events are still settling (a
     /// salt-key run in progress here): merged once they have settled.
     Deferred { id: MinionId, from: Arc<str> },
@@ -105,12 +109,14 @@ pub enum Event {
     ColdFailed { error: String },
     /// Plain tombstones issued before `before_ms` were forgotten (`tombstone_ttl`).
     Compacted { n: usize, before_ms: u64 },
-    /// A burst of deletes of accepted keys from one origin went past the
-    /// guard's limit: held here, with every later one from that origin until
-    /// it has been quiet for a window (`first`: the first ids held).
-    DeletesHeld { origin: Arc<str>, n: usize, limit: usize, first: Vec<MinionId> },
-    /// A held burst's origin has been quiet for a window: `n` deletes held in all.
-    HoldEnded { origin: Arc<str>, n: usize },
+    /// A burst of deletes of accepted keys from the peer `via` (the link,
+    /// authenticated) went past the guard's limit: held here, with every
+    /// later one from that link until it has been quiet for a window. With
+    /// `forwarded`, the deletes it forwarded (made elsewhere) went past the
+    /// whole master's limit instead (`first`: the first ids held).
+    DeletesHeld { via: Arc<str>, forwarded: bool, n: usize, limit: usize, first: Vec<MinionId> },
+    /// A held burst's link has been quiet for a window: `n` deletes held in all.
+    HoldEnded { via: Arc<str>, n: usize },
     /// This master's operator deleted more accepted keys than the guard lets
     /// through: the peers hold these deletes until released or reverted.
     MassDeleteHere { n: usize, limit: usize },
@@ -131,4 +137,7 @@ pub enum Settled {
     By(crate::core::Seen),
     /// The key is no longer accepted here: the delete is applied as any other.
     NotAccepted,
+    /// Held as forwarded by one peer, the very delete then came from its
+    /// origin: judged again with the origin's own deletes.
+    Rejudged,
 }

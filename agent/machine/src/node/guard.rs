@@ -1,24 +1,36 @@
 //! The blast-radius guard: a peer's deletes of keys this master has
-//! accepted are judged per origin before they are applied, so one master's
+//! accepted are judged before they are applied, so one master's
 //! `salt-key -D -y` (or a script, or `manage.key_regen` with auto_accept)
 //! is not copied to every master in milliseconds.
 //!
-//! A delete of an accepted key from a peer waits until its origin has sent
-//! no other for `quiet` (a burst has ended), then is applied — unless the
-//! burst, with the deletes let through from that origin within `window`,
-//! has grown past the limit ([`GuardSettings::limit`]): then the whole burst
-//! is held, and so is every later delete of an accepted key from that origin
-//! until it has been quiet for `window`. Waiting for the burst to end is
-//! what lets the first deletes of a mass delete be held too: they look like
-//! any single delete when they arrive.
+//! Deletes are counted by the link they arrive on — the peer authenticated
+//! by TLS, which no peer can forge — not by the origin a decision names,
+//! which a peer writes itself. A delete of an accepted key waits until its
+//! link has sent no other for `quiet` (a burst has ended), then is applied —
+//! unless the burst, with the deletes let through from that link within
+//! `window`, has grown past the limit ([`GuardSettings::limit`]): then the
+//! whole burst is held, and so is every later delete of an accepted key from
+//! that link until it has been quiet for `window`. Waiting for the burst to
+//! end is what lets the first deletes of a mass delete be held too: they
+//! look like any single delete when they arrive.
+//!
+//! A delete a peer forwards (its origin is another master) also counts
+//! against the whole master's budget: one that takes the deletes from all
+//! links within `window` past the limit is held, so a master cannot spread
+//! a mass delete over its peers' links. A delete that comes from its very
+//! origin (firsthand) is judged by its own link alone: deletes forged in
+//! another master's name, or forwarded faster than the origin's own copy,
+//! never hold that master's deletes.
 //!
 //! Held deletes are kept in the store, never applied or dropped silently:
-//! an operator releases them (a new delete that knew them, which passes the
-//! guard everywhere) or reverts them (a new accept of the key held here,
-//! which wins everywhere, the origin included); a newer decision about the
-//! id settles them too. Rejections, accepts and deletes of keys not
-//! accepted here are never judged: in Salt a rejection is the ban and a
-//! delete is housekeeping (a deleted minion comes straight back pending).
+//! an operator releases them here (a new delete from this master) or
+//! reverts them (a new accept of the key held here, which wins everywhere,
+//! the origin included); a newer decision about the id settles them too.
+//! Nothing a peer sends releases a held delete: a peer's delete that knew
+//! it is a delete from that peer, judged like any other. Rejections,
+//! accepts and deletes of keys not accepted here are never judged: in Salt
+//! a rejection is the ban and a delete is housekeeping (a deleted minion
+//! comes straight back pending).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -30,16 +42,17 @@ use crate::core::{Decision, Entry, MinionId};
 #[derive(Clone, Debug, PartialEq)]
 pub struct GuardSettings {
     pub enabled: bool,
-    /// A burst has ended when its origin sent no delete of an accepted key
+    /// A burst has ended when its link sent no delete of an accepted key
     /// for this long; its deletes wait for that before they are applied.
     pub quiet: Duration,
-    /// Deletes from one origin counted together; a held burst's origin stays
+    /// Deletes from one link counted together; a held burst's link stays
     /// held until it has been quiet this long.
     pub window: Duration,
-    /// Most deletes of accepted keys from one origin within `window`.
+    /// Most deletes of accepted keys from one link (and forwarded ones from
+    /// all links together) within `window`.
     pub max_deletes: usize,
-    /// Most deletes of accepted keys from one origin within `window`, as a
-    /// share of the keys this master had accepted when they began.
+    /// The same as a share of the keys this master had accepted when they
+    /// began.
     pub max_share: f64,
 }
 
@@ -56,7 +69,7 @@ impl Default for GuardSettings {
 }
 
 impl GuardSettings {
-    /// Most deletes of accepted keys one origin may make within `window` on
+    /// Most deletes of accepted keys one link may bring within `window` on
     /// a master that had `n_accepted` accepted keys: `max_deletes`, or
     /// `max_share` of them if that is fewer, but at least one.
     pub fn limit(&self, n_accepted: usize) -> usize {
@@ -87,20 +100,28 @@ impl HeldDelete {
     }
 }
 
-/// One origin's deletes of accepted keys, as the guard counts them.
+/// The deletes of accepted keys one link brought, as the guard counts them.
 #[derive(Debug)]
 struct Burst {
     /// When the last one arrived.
     last: Instant,
     /// Accepted keys here when the burst began: the share is of these.
     base: usize,
-    /// Waiting for the origin to go quiet.
-    gathered: Vec<(Arc<str>, Decision)>,
-    /// When deletes from this origin were let through, within `window`.
+    /// Waiting for the link to go quiet.
+    gathered: Vec<Decision>,
+    /// When deletes from this link were let through, within `window`.
     passed: VecDeque<Instant>,
+    /// Held for going past the whole master's budget, within `window`:
+    /// they count against the link's own limit too.
+    held: usize,
     /// The burst went past the limit: every delete of an accepted key from
-    /// this origin is held until it has been quiet for `window`.
+    /// this link is held until it has been quiet for `window`.
     tripped: Option<usize>,
+}
+
+/// Whether `decision` came from its very origin on link `from`.
+fn firsthand(from: &str, decision: &Decision) -> bool {
+    *decision.version.node == *from
 }
 
 /// What the guard has to tell since it was last asked.
@@ -108,12 +129,28 @@ struct Burst {
 pub(super) struct News {
     /// Deletes held now, to be kept in the store.
     pub fresh: Vec<HeldDelete>,
-    /// Bursts that went past the limit: origin, deletes held so far, limit.
-    pub tripped: Vec<(Arc<str>, usize, usize)>,
-    /// Held bursts whose origin has been quiet for a window: origin, deletes held.
+    /// Bursts that went past the limit: what they held so far.
+    pub tripped: Vec<Tripped>,
+    /// Held bursts whose link has been quiet for a window: link, deletes held.
     pub ended: Vec<(Arc<str>, usize)>,
     /// Held deletes replaced by a newer held delete of the same id.
     pub replaced: Vec<(HeldDelete, Decision)>,
+    /// Held deletes given back to be judged again: the very delete came
+    /// from its origin after it was held as forwarded by another link.
+    pub rejudged: Vec<HeldDelete>,
+}
+
+/// A burst the guard began to hold.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Tripped {
+    /// The link its deletes came on.
+    pub via: Arc<str>,
+    /// Held for being forwarded past the whole master's budget, not for the
+    /// link's own burst.
+    pub forwarded: bool,
+    /// Deletes held so far, and the limit they went past.
+    pub n: usize,
+    pub limit: usize,
 }
 
 #[derive(Debug)]
@@ -122,8 +159,11 @@ pub(super) struct Guard {
     held: BTreeMap<MinionId, HeldDelete>,
     /// Changes made to `held` so far (see [`Guard::held_changes`]).
     changes: u64,
-    /// Per origin, in name order (a run is the same run every time).
+    /// Per link, in name order (a run is the same run every time).
     bursts: BTreeMap<Arc<str>, Burst>,
+    /// Forwarded deletes are being held for going past the whole master's
+    /// budget (told once until the deletes within `window` are under it).
+    forwarded_held: bool,
     /// Deletes let through for being judged, or no longer judged (the key
     /// is not accepted here any more): applied at the next tick.
     ready: Vec<(Arc<str>, Decision)>,
@@ -142,6 +182,7 @@ impl Guard {
             held: BTreeMap::new(),
             changes: 0,
             bursts: BTreeMap::new(),
+            forwarded_held: false,
             ready: Vec::new(),
             news: News::default(),
             local: VecDeque::new(),
@@ -156,35 +197,63 @@ impl Guard {
         self.held.insert(held.decision.id.clone(), held);
     }
 
-    /// Whether `decision` releases a delete held here: an operator's delete
-    /// that knew it.
-    pub fn releases(&self, decision: &Decision) -> bool {
-        self.held.get(&decision.id).is_some_and(|held| decision.context.knows(&held.decision.version))
-    }
-
     /// Whether `decision` is held or waiting already, or a newer delete of
     /// its id is (another peer forwarded it, or anti-entropy offers it again).
     fn knows(&self, decision: &Decision) -> bool {
-        let origin = &decision.version.node;
         self.held.get(&decision.id).is_some_and(|held| held.decision.version >= decision.version)
-            || self.bursts.get(origin).is_some_and(|burst| {
-                burst.gathered.iter().any(|(_, d)| d.id == decision.id && d.version >= decision.version)
-            })
+            || self
+                .bursts
+                .values()
+                .any(|burst| burst.gathered.iter().any(|d| d.id == decision.id && d.version >= decision.version))
     }
 
-    /// A peer's delete of a key accepted here, from `from`: held, or waiting
-    /// for its origin to go quiet. `n_accepted`: keys accepted here now.
+    /// `decision` came from its origin on its own link: if that very delete
+    /// waits or is held as forwarded by another link (which may have raced
+    /// the origin, or be the one flooding), it is taken from there to be
+    /// judged with its origin's own deletes.
+    fn take_forwarded_copy(&mut self, from: &str, decision: &Decision) {
+        for (link, burst) in &mut self.bursts {
+            if **link != *from {
+                burst.gathered.retain(|d| d.version != decision.version || d.id != decision.id);
+            }
+        }
+        if self
+            .held
+            .get(&decision.id)
+            .is_some_and(|held| *held.from != *from && held.decision.version == decision.version)
+        {
+            if let Some(held) = self.held.remove(&decision.id) {
+                self.changes += 1;
+                self.news.rejudged.push(held);
+            }
+        }
+    }
+
+    /// Deletes of accepted keys from all links within `window`: let through,
+    /// and waiting.
+    fn all_links(&self) -> (usize, usize) {
+        self.bursts
+            .values()
+            .fold((0, 0), |(passed, gathered), b| (passed + b.passed.len(), gathered + b.gathered.len()))
+    }
+
+    /// A peer's delete of a key accepted here, from link `from`: held, or
+    /// waiting for its link to go quiet. `n_accepted`: keys accepted here now.
     pub fn offer(&mut self, from: Arc<str>, decision: Decision, n_accepted: usize, now: Instant, wall_ms: u64) {
+        let firsthand = firsthand(&from, &decision);
+        if firsthand {
+            self.take_forwarded_copy(&from, &decision);
+        }
         if self.knows(&decision) {
             return;
         }
         let window = self.settings.window;
-        let origin = decision.version.node.clone();
-        let burst = self.bursts.entry(origin.clone()).or_insert_with(|| Burst {
+        let burst = self.bursts.entry(from.clone()).or_insert_with(|| Burst {
             last: now,
             base: n_accepted,
             gathered: Vec::new(),
             passed: VecDeque::new(),
+            held: 0,
             tripped: None,
         });
         if burst.gathered.is_empty() && burst.tripped.is_none() {
@@ -196,25 +265,62 @@ impl Guard {
         while burst.passed.front().is_some_and(|at| now.duration_since(*at) > window) {
             burst.passed.pop_front();
         }
-        burst.gathered.retain(|(_, d)| d.id != decision.id);
-        burst.gathered.push((from, decision));
+        burst.gathered.retain(|d| d.id != decision.id);
+        burst.gathered.push(decision);
         if let Some(n_held) = &mut burst.tripped {
             *n_held += burst.gathered.len();
         } else {
             let limit = self.settings.limit(burst.base);
-            if burst.gathered.len() + burst.passed.len() <= limit {
+            if burst.gathered.len() + burst.passed.len() + burst.held > limit {
+                burst.tripped = Some(burst.gathered.len());
+                let n = burst.gathered.len();
+                self.news.tripped.push(Tripped { via: from.clone(), forwarded: false, n, limit });
+            } else if !firsthand {
+                self.judge_forwarded(n_accepted, wall_ms);
+                return;
+            } else {
                 return;
             }
-            burst.tripped = Some(burst.gathered.len());
-            self.news.tripped.push((origin.clone(), burst.gathered.len(), limit));
         }
-        for (from, decision) in std::mem::take(&mut burst.gathered) {
+        let gathered = std::mem::take(&mut self.bursts.get_mut(&from).expect("just used").gathered);
+        self.hold(&from, gathered, wall_ms);
+    }
+
+    /// The whole master's budget: forwarded deletes that take the deletes
+    /// from all links within `window` past the limit are held, on every link.
+    fn judge_forwarded(&mut self, n_accepted: usize, wall_ms: u64) {
+        let (passed, gathered) = self.all_links();
+        let limit = self.settings.limit(n_accepted + passed);
+        if passed + gathered <= limit {
+            return;
+        }
+        let links: Vec<Arc<str>> = self.bursts.keys().cloned().collect();
+        for link in links {
+            let burst = self.bursts.get_mut(&link).expect("listed");
+            let (forwarded, own): (Vec<Decision>, Vec<Decision>) =
+                std::mem::take(&mut burst.gathered).into_iter().partition(|d| !firsthand(&link, d));
+            burst.gathered = own;
+            if forwarded.is_empty() {
+                continue;
+            }
+            burst.held += forwarded.len();
+            if !self.forwarded_held {
+                self.forwarded_held = true;
+                self.news.tripped.push(Tripped { via: link.clone(), forwarded: true, n: forwarded.len(), limit });
+            }
+            self.hold(&link, forwarded, wall_ms);
+        }
+    }
+
+    /// Holds deletes that came on link `from`.
+    fn hold(&mut self, from: &Arc<str>, decisions: Vec<Decision>, wall_ms: u64) {
+        for decision in decisions {
             // Gathered before a newer delete of the same id was held (from
-            // another origin): that one stands, this one is covered by it.
+            // another link): that one stands, this one is covered by it.
             if self.held.get(&decision.id).is_some_and(|held| held.decision.version > decision.version) {
                 continue;
             }
-            let held = HeldDelete { decision, from, since_ms: wall_ms };
+            let held = HeldDelete { decision, from: from.clone(), since_ms: wall_ms };
             self.changes += 1;
             self.news.fresh.push(held.clone());
             if let Some(old) = self.held.insert(held.decision.id.clone(), held.clone()) {
@@ -229,21 +335,27 @@ impl Guard {
     pub fn due(&mut self, now: Instant) -> Vec<(Arc<str>, Decision)> {
         let mut due = std::mem::take(&mut self.ready);
         let (quiet, window) = (self.settings.quiet, self.settings.window);
-        for (origin, burst) in &mut self.bursts {
+        for (link, burst) in &mut self.bursts {
             let idle = now.saturating_duration_since(burst.last);
             if burst.tripped.is_none() && !burst.gathered.is_empty() && idle >= quiet {
                 burst.passed.extend(std::iter::repeat_n(now, burst.gathered.len()));
-                due.append(&mut burst.gathered);
+                due.extend(burst.gathered.drain(..).map(|d| (link.clone(), d)));
+            }
+            while burst.passed.front().is_some_and(|at| now.duration_since(*at) > window) {
+                burst.passed.pop_front();
             }
             if idle >= window {
                 if let Some(n_held) = burst.tripped.take() {
-                    self.news.ended.push((origin.clone(), n_held));
+                    self.news.ended.push((link.clone(), n_held));
                 }
                 burst.passed.clear();
+                burst.held = 0;
             }
         }
-        self.bursts
-            .retain(|_, burst| burst.tripped.is_some() || !burst.gathered.is_empty() || !burst.passed.is_empty());
+        self.bursts.retain(|_, b| b.tripped.is_some() || !b.gathered.is_empty() || !b.passed.is_empty() || b.held > 0);
+        if self.all_links() == (0, 0) {
+            self.forwarded_held = false;
+        }
         due
     }
 
@@ -296,7 +408,7 @@ impl Guard {
     /// to go quiet that it beats are done with (applied, or superseded).
     pub fn forget_waiting(&mut self, id: &MinionId, version: &crate::core::Version) {
         for burst in self.bursts.values_mut() {
-            burst.gathered.retain(|(_, d)| d.id != *id || d.version > *version);
+            burst.gathered.retain(|d| d.id != *id || d.version > *version);
         }
     }
 
@@ -409,9 +521,9 @@ mod tests {
         assert_eq!(g.held().count(), 300);
         let news = g.take_news();
         assert_eq!(news.fresh.len(), 300);
-        assert_eq!(news.tripped, vec![(Arc::from("a"), 51, 50)]);
+        assert_eq!(news.tripped, vec![Tripped { via: Arc::from("a"), forwarded: false, n: 51, limit: 50 }]);
         assert!(g.due(t0 + Duration::from_secs(5)).is_empty(), "nothing is let through");
-        g.offer("c".into(), delete("late", "a", 2), 10, t0 + Duration::from_secs(30), 7);
+        g.offer("a".into(), delete("late", "a", 2), 10, t0 + Duration::from_secs(30), 7);
         assert!(g.is_held(&MinionId::parse("late").unwrap()), "still held half a window later");
         assert!(g.due(t0 + Duration::from_secs(91)).is_empty());
         assert_eq!(g.take_news().ended, vec![(Arc::from("a"), 301)]);
@@ -466,6 +578,94 @@ mod tests {
         }
         let x = g.held.get(&MinionId::parse("x").unwrap()).unwrap();
         assert_eq!((x.origin().as_ref(), x.decision.version.hlc), ("c", 9 << 16), "the newer one stands");
+    }
+
+    /// One link's deletes count together whatever origins they name: sixty
+    /// made-up (or real) origins do not split the budget.
+    #[test]
+    fn deletes_naming_many_origins_count_by_their_link() {
+        let mut g = guard();
+        let t0 = Instant::now();
+        for i in 0..60 {
+            g.offer("c".into(), delete(&format!("m{i}"), &format!("m{i}.example"), 1), 300, t0, 0);
+        }
+        assert_eq!(g.held().count(), 60, "held whole");
+        assert!(g.due(t0 + Duration::from_secs(5)).is_empty());
+        let news = g.take_news();
+        assert_eq!(news.tripped.len(), 1);
+        assert_eq!((&*news.tripped[0].via, news.tripped[0].forwarded), ("c", false));
+        assert!(g.held().all(|h| &*h.from == "c"));
+    }
+
+    /// Deletes forged in a's name by c, however many, never hold a's own
+    /// deletes (from a, on a's link), nor keep a from being quiet.
+    #[test]
+    fn forged_deletes_in_anothers_name_never_hold_its_own() {
+        let mut g = guard();
+        let t0 = Instant::now();
+        for i in 0..200u64 {
+            let at = t0 + Duration::from_millis(i * 10);
+            g.offer("c".into(), delete(&format!("forged{i}"), "a", 1), 1000, at, 0);
+            if i % 50 == 0 {
+                g.offer("a".into(), delete(&format!("real{i}"), "a", 2), 1000, at, 0);
+            }
+        }
+        assert_eq!(g.held().filter(|h| &*h.from == "c").count(), 200);
+        assert!(g.held().all(|h| &*h.from == "c"), "none of a's own is held");
+        let due = g.due(t0 + Duration::from_secs(3));
+        let names: Vec<&str> = due.iter().map(|(_, d)| d.id.as_str()).collect();
+        assert_eq!(names, ["real0", "real50", "real100", "real150"], "a's deletes apply once a is quiet");
+    }
+
+    /// A peer forwarding the origin's delete before the origin's own copy
+    /// arrives cannot make it its own: the origin's copy takes it back,
+    /// from the waiting deletes or from those held.
+    #[test]
+    fn the_origins_own_copy_takes_a_forwarded_delete_back() {
+        let mut g = guard();
+        let t0 = Instant::now();
+        // c floods, forwarding a's real delete first.
+        g.offer("c".into(), delete("real", "a", 2), 1000, t0, 0);
+        for i in 0..60 {
+            g.offer("c".into(), delete(&format!("forged{i}"), "a", 1), 1000, t0, 0);
+        }
+        assert!(g.is_held(&MinionId::parse("real").unwrap()), "held with c's burst");
+        g.take_news();
+        g.offer("a".into(), delete("real", "a", 2), 1000, t0 + Duration::from_millis(5), 0);
+        assert!(!g.is_held(&MinionId::parse("real").unwrap()), "taken back");
+        let news = g.take_news();
+        assert_eq!(news.rejudged.len(), 1);
+        assert_eq!(&*news.rejudged[0].from, "c");
+        let due = g.due(t0 + Duration::from_secs(2));
+        assert_eq!(due.len(), 1);
+        assert_eq!((&*due[0].0, due[0].1.id.as_str()), ("a", "real"));
+        // Waiting rather than held: the same.
+        g.offer("b".into(), delete("late", "a", 3), 1000, t0 + Duration::from_secs(3), 0);
+        g.offer("a".into(), delete("late", "a", 3), 1000, t0 + Duration::from_secs(3), 0);
+        let due = g.due(t0 + Duration::from_secs(5));
+        assert_eq!(due.iter().map(|(from, _)| &**from).collect::<Vec<_>>(), ["a"], "once, as a's");
+    }
+
+    /// A master cannot spread a mass delete over its peers' links: what
+    /// they forward counts against the whole master's budget too.
+    #[test]
+    fn forwarded_deletes_count_against_the_whole_masters_budget() {
+        let mut g = guard();
+        let t0 = Instant::now();
+        // 40 straight from a, 40 more of a's forwarded by b, 40 by c: each
+        // link under 50, all of them together not.
+        for i in 0..40 {
+            g.offer("a".into(), delete(&format!("a{i}"), "a", 1), 1000, t0, 0);
+            g.offer("b".into(), delete(&format!("b{i}"), "a", 1), 1000, t0, 0);
+            g.offer("c".into(), delete(&format!("c{i}"), "a", 1), 1000, t0, 0);
+        }
+        let held_from = |g: &Guard, link: &str| g.held().filter(|h| &*h.from == link).count();
+        assert_eq!(held_from(&g, "a"), 0, "firsthand deletes are judged by their link alone");
+        assert!(held_from(&g, "b") + held_from(&g, "c") >= 70, "forwarded ones past the total are held");
+        let passed = g.due(t0 + Duration::from_secs(2)).len();
+        assert!(passed <= 50, "{passed} let through in all, at most the limit");
+        let news = g.take_news();
+        assert_eq!(news.tripped.iter().filter(|t| t.forwarded).count(), 1, "told once");
     }
 
     /// The origin warns of its own mass delete once per burst.

@@ -54,13 +54,14 @@ fn shows_accepted(entry: Option<&Entry>) -> bool {
 
 impl Node {
     /// Whether the guard judges a peer's `decision`, which beats what is
-    /// held: a delete of a key accepted here, not one an operator released.
+    /// held: a delete of a key accepted here. One that knew a delete held
+    /// here is judged too: only this master's operator releases what its
+    /// guard holds, and a peer's delete is that peer's, whatever it knew.
     pub(super) fn guards(&self, decision: &Decision) -> bool {
         self.guard.settings.enabled
             && decision.verdict.kind() == VerdictKind::Deleted
             && *decision.version.node != *self.settings.node
             && shows_accepted(self.replica.entry(&decision.id))
-            && !self.guard.releases(decision)
     }
 
     /// Offers peers' deletes of accepted keys to the guard, and tells what it did.
@@ -96,12 +97,16 @@ impl Node {
     fn tell_guard(&mut self, now: Now, rt: &mut impl Runtime) {
         let news = self.guard.take_news();
         let retry = self.guard.unsaved && self.trouble.retry_due(now.mono);
-        if !news.fresh.is_empty() || retry {
+        // Given back to be judged again and not held again at once.
+        let unheld: Vec<MinionId> =
+            news.rejudged.iter().map(|held| held.decision.id.clone()).filter(|id| !self.guard.is_held(id)).collect();
+        if !news.fresh.is_empty() || !unheld.is_empty() || retry {
             // After a failed write, all of them: the store may have none.
             let everything: Vec<HeldDelete> =
                 if self.guard.unsaved { self.guard.held().cloned().collect() } else { Vec::new() };
             let held = if self.guard.unsaved { &everything } else { &news.fresh };
-            match rt.record(&StoreWrite { held, clock: self.replica.clock(), ..StoreWrite::default() }) {
+            let write = StoreWrite { held, unheld: &unheld, clock: self.replica.clock(), ..StoreWrite::default() };
+            match rt.record(&write) {
                 Ok(()) => {
                     self.guard.unsaved = false;
                     if self.retry.is_empty() && !self.rescan_pending {
@@ -115,13 +120,17 @@ impl Node {
                 }
             }
         }
-        for (origin, n, limit) in news.tripped {
-            let first = self.guard.held().filter(|h| *h.origin() == origin).take(10).map(|h| h.decision.id.clone());
-            let first = first.collect();
-            rt.audit(Event::DeletesHeld { origin, n, limit, first });
+        for held in news.rejudged {
+            rt.audit(Event::HeldSettled { held, how: Settled::Rejudged });
         }
-        for (origin, n) in news.ended {
-            rt.audit(Event::HoldEnded { origin, n });
+        for tripped in news.tripped {
+            let via = tripped.via;
+            let first = self.guard.held().filter(|h| h.from == via).take(10).map(|h| h.decision.id.clone());
+            let (n, limit, forwarded, first) = (tripped.n, tripped.limit, tripped.forwarded, first.collect());
+            rt.audit(Event::DeletesHeld { via, forwarded, n, limit, first });
+        }
+        for (via, n) in news.ended {
+            rt.audit(Event::HoldEnded { via, n });
         }
         for (held, by) in news.replaced {
             rt.audit(Event::HeldSettled { held, how: Settled::By(by.seen()) });

@@ -41,6 +41,43 @@ pub(super) struct Merged {
 }
 
 impl Node {
+    /// Whether `origin` may have made a decision a peer sends: a master of
+    /// the site (this node's own are checked apart: `NotOurs`), or a claim.
+    fn is_site_origin(&self, origin: &Arc<str>) -> bool {
+        **origin == *self.settings.node
+            || self.settings.masters.contains(origin)
+            || **origin == *crate::core::version::CLAIM_ACCEPT
+            || **origin == *crate::core::version::CLAIM_REJECT
+    }
+
+    /// Peers' decisions whose origin is no master of the site are refused,
+    /// told once per arrival with a count: a peer decides only as itself or
+    /// as a master this node knows, never as a name it made up.
+    fn refuse_strangers(
+        &mut self,
+        arrivals: Vec<(Arc<str>, Vec<Decision>)>,
+        rt: &mut impl Runtime,
+    ) -> Vec<(Arc<str>, Vec<Decision>)> {
+        arrivals
+            .into_iter()
+            .map(|(from, decisions)| {
+                if decisions.iter().all(|d| self.is_site_origin(&d.version.node)) {
+                    return (from, decisions);
+                }
+                let (kept, refused): (Vec<Decision>, Vec<Decision>) =
+                    decisions.into_iter().partition(|d| self.is_site_origin(&d.version.node));
+                let mut origins: Vec<Arc<str>> = refused.iter().map(|d| d.version.node.clone()).collect();
+                origins.sort();
+                origins.dedup();
+                let n_origins = origins.len();
+                origins.truncate(3);
+                let first = refused[0].id.clone();
+                rt.audit(Event::UnknownOrigins { from: from.clone(), n: refused.len(), n_origins, origins, first });
+                (from, kept)
+            })
+            .collect()
+    }
+
     /// Peers' decisions, one arrival per push (or fetch) handled together:
     /// merged, and the newer ones applied as one batch — one journal
     /// commit, one syncfs, one store commit and one audit flush for all of
@@ -72,6 +109,7 @@ impl Node {
         let judged = source != Source::Peer;
         let max_skew = self.settings.max_clock_skew.as_millis() as u64;
         let mut n_applied = vec![0; arrivals.len()];
+        let arrivals = if judged { arrivals } else { self.refuse_strangers(arrivals, rt) };
         if self.rescan_pending {
             // Operators' changes are not recorded yet (writes failed): a peer's
             // decision written now could cover one of them, silently. Record

@@ -21,6 +21,9 @@ fn now() -> Now {
 /// How long plain tombstones are kept in these tests.
 const TTL: Duration = Duration::from_secs(86_400);
 
+/// The masters of the tests' site: the origins their peers may name.
+const MASTERS: &[&str] = &["a", "b", "c", "master-a", "master-b", "master-c", "master-d", "master-x", "peer"];
+
 fn node(name: &str, rt: &mut Recorder) -> Node {
     node_with(name, GuardSettings { enabled: false, ..GuardSettings::default() }, Default::default(), rt)
 }
@@ -34,6 +37,7 @@ fn node_with(name: &str, guard: GuardSettings, loaded: Loaded, rt: &mut Recorder
         observe: false,
         guard,
         tombstone_ttl: TTL,
+        masters: MASTERS.iter().map(|&m| Arc::from(m)).collect(),
     };
     Node::start(settings, loaded, now(), rt)
 }

@@ -9,7 +9,8 @@
 //! run it (`world/links.rs`). Each seed runs twice and the two traces must
 //! hash alike; `world/checker.rs` judges each run in Jepsen's set-full terms.
 //!
-//! `SIM_SEED=n` reruns one seed with its trace, `SIM_SEEDS=n` runs that many.
+//! `SIM_SEED=n` reruns one seed with its trace, `SIM_SEEDS=n` runs that many
+//! (from `SIM_FIRST_SEED`, 0 by default).
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -66,7 +67,10 @@ fn masters_converge_under_chaos() {
     let one = env("SIM_SEED");
     let seeds: Vec<u64> = match one {
         Some(seed) => vec![seed],
-        None => (0..env("SIM_SEEDS").unwrap_or(DEFAULT_SEEDS)).collect(),
+        None => {
+            let first = env("SIM_FIRST_SEED").unwrap_or(0);
+            (first..first + env("SIM_SEEDS").unwrap_or(DEFAULT_SEEDS)).collect()
+        }
     };
     let started = Instant::now();
     let next = AtomicU64::new(0);

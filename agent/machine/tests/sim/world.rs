@@ -361,6 +361,7 @@ impl Sim {
             observe: false,
             guard: guard::settings(),
             tombstone_ttl: Duration::from_millis(TOMBSTONE_TTL_MS),
+            masters: self.nodes.iter().map(|n| n.name.as_str().into()).collect(),
         }
     }
 

@@ -98,15 +98,99 @@ fn a_mass_delete_is_held_whole_and_released_by_an_operator() {
     let told = |e: &Event| matches!(e, Event::Operator { action: OperatorAction::Release, by, .. } if by == "root");
     assert_eq!(count(&rt_b, told), N_KEYS);
 
-    // A third master that held them too lets the release through at once.
+    // A third master that held them too is not released by what a peer
+    // sends: b's release is b's mass delete there, held in its turn, until
+    // c's own operator releases it.
     let (mut c, mut rt_c) = master("master-c", N_KEYS);
     c.on_batches(vec![("master-a".into(), deletes.clone())], at(base, 6.0), &mut rt_c);
     assert_eq!(c.held().count(), N_KEYS);
     c.on_batches(vec![("master-b".into(), sent)], at(base, 202.0), &mut rt_c);
-    assert_eq!(accepted(&rt_c), 0, "released everywhere");
-    assert_eq!(c.held().count(), 0);
-    let settled = |e: &Event| matches!(e, Event::HeldSettled { how: Settled::By(_), .. });
-    assert_eq!(count(&rt_c, settled), N_KEYS);
+    c.on_tick(at(base, 210.0), &mut rt_c);
+    assert_eq!(accepted(&rt_c), N_KEYS, "a peer's release releases nothing here");
+    assert_eq!(c.held().count(), N_KEYS);
+    assert!(c.held().all(|h| &*h.from == "master-b"), "held now as master-b's deletes");
+    let replaced = |e: &Event| matches!(e, Event::HeldSettled { how: Settled::By(_), .. });
+    assert_eq!(count(&rt_c, replaced), N_KEYS, "each of a's held deletes told as replaced");
+    let released = c.release_held(None, &[], "carol", at(base, 211.0), &mut rt_c).unwrap();
+    assert_eq!(released.done.len(), N_KEYS);
+    assert_eq!((accepted(&rt_c), c.held().count()), (0, 0), "released by c's operator");
+}
+
+/// A peer cannot release what the guard holds here by sending the held
+/// deletes again knowing them (an independent review applied 60 that way).
+#[test]
+fn a_peer_naming_held_deletes_in_its_context_releases_nothing() {
+    let base = Instant::now();
+    let (mut a, mut rt_a) = master("master-a", N_KEYS);
+    let (mut b, mut rt_b) = master("master-b", N_KEYS);
+    let deletes = delete_on(&mut a, &mut rt_a, &ids(60), base, 0.0);
+    b.on_batches(vec![("master-a".into(), deletes.clone())], at(base, 6.0), &mut rt_b);
+    assert_eq!(b.held().count(), 60);
+    // The hostile peer (master-c's certificate) re-issues each delete, newer,
+    // knowing the held one, in master-a's name and in its own.
+    let forged: Vec<Decision> = deletes
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let mut f = d.clone();
+            f.context.add(&d.version);
+            f.version = Version::new(d.version.hlc + 1, if i % 2 == 0 { "master-a" } else { "master-c" });
+            f
+        })
+        .collect();
+    b.on_batches(vec![("master-c".into(), forged)], at(base, 7.0), &mut rt_b);
+    b.on_tick(at(base, 20.0), &mut rt_b);
+    assert_eq!(accepted(&rt_b), N_KEYS, "nothing applied");
+    assert_eq!(b.held().count(), 60);
+    assert_eq!(count(&rt_b, |e| matches!(e, Event::Operator { .. })), 0);
+}
+
+/// Deletes forged in master-a's name by another peer never hold master-a's
+/// own: its operator's deletes apply once a is quiet, as without them.
+#[test]
+fn forged_deletes_never_hold_the_named_masters_own() {
+    let base = Instant::now();
+    let (mut a, mut rt_a) = master("master-a", N_KEYS);
+    let (mut b, mut rt_b) = master("master-b", N_KEYS);
+    let real = delete_on(&mut a, &mut rt_a, &ids(3), base, 0.0);
+    let forged: Vec<Decision> = (3..60)
+        .map(|i| {
+            let mut f = real[0].clone();
+            f.id = MinionId::parse(&format!("m{i:03}")).unwrap();
+            f
+        })
+        .collect();
+    b.on_batches(vec![("master-c".into(), forged)], at(base, 6.0), &mut rt_b);
+    b.on_batches(vec![("master-a".into(), real)], at(base, 6.1), &mut rt_b);
+    b.on_tick(at(base, 8.0), &mut rt_b);
+    for id in ids(3) {
+        assert!(rt_b.folders.get(Folder::Accepted, &id).is_none(), "{id}: master-a's own delete applied");
+    }
+    assert_eq!(b.held().count(), 57, "the forged ones are held");
+    assert!(b.held().all(|h| &*h.from == "master-c"));
+}
+
+/// Decisions naming an origin that is no master of the site are refused,
+/// told once per arrival with a count; the others in it are applied.
+#[test]
+fn made_up_origins_are_refused_once_per_arrival() {
+    let base = Instant::now();
+    let (mut a, mut rt_a) = master("master-a", N_KEYS);
+    let (mut b, mut rt_b) = master("master-b", N_KEYS);
+    let real = delete_on(&mut a, &mut rt_a, &ids(1), base, 0.0);
+    let mut arrival = real.clone();
+    for (i, origin) in ["m61.example", "master-a.", "MASTER-A", "master-e"].iter().enumerate() {
+        let mut f = real[0].clone();
+        f.id = MinionId::parse(&format!("m{:03}", i + 10)).unwrap();
+        f.version = Version::new(f.version.hlc, *origin);
+        arrival.push(f);
+    }
+    b.on_batches(vec![("master-c".into(), arrival)], at(base, 6.0), &mut rt_b);
+    b.on_tick(at(base, 8.0), &mut rt_b);
+    assert_eq!(accepted(&rt_b), N_KEYS - 1, "only master-a's delete applied");
+    let refused: Vec<&Event> = rt_b.events.iter().filter(|e| matches!(e, Event::UnknownOrigins { .. })).collect();
+    assert_eq!(refused.len(), 1, "told once");
+    assert!(matches!(refused[0], Event::UnknownOrigins { n: 4, n_origins: 4, origins, .. } if origins.len() == 3));
 }
 
 /// A revert on a master that held the deletes puts the keys back on the

@@ -165,7 +165,10 @@ impl Sim {
             return;
         }
         let let_through = n.audit.iter().any(|e| {
-            matches!(e, node::Event::HeldSettled { held, how: Settled::NotAccepted }
+            // No longer judged, or given back to be judged with its origin's
+            // own deletes (it came from the origin after it was held as
+            // forwarded by another peer).
+            matches!(e, node::Event::HeldSettled { held, how: Settled::NotAccepted | Settled::Rejudged }
                 if held.decision.id == decision.id && held.decision.version == decision.version)
         });
         if !let_through && !n.audit_maybe_lost.contains(&decision.id) {

@@ -23,7 +23,7 @@ impl Sim {
                 _ => {}
             }
             match event {
-                node::Event::DeletesHeld { origin, n: count, .. } => {
+                node::Event::DeletesHeld { via: origin, n: count, .. } => {
                     trace!(self, "{} holds {count} deletes from {origin}", n.name)
                 }
                 node::Event::HeldSettled { held, how } => {
