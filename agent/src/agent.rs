@@ -246,6 +246,20 @@ pub async fn run_with(
     }
     tasks.spawn(notifier.clone().watchdog(handle.clone(), shutdown.clone()));
     tasks.spawn({
+        // A peer that stopped sending refused things still gets its count told.
+        let (audit, shutdown) = (audit.clone(), shutdown.clone());
+        async move {
+            let mut every = tokio::time::interval(crate::disk::audit::refusals::WINDOW / 4);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    _ = every.tick() => audit.flush_refusals(false),
+                }
+            }
+        }
+    });
+    tasks.spawn({
         let (notifier, shutdown) = (notifier.clone(), shutdown.clone());
         async move {
             shutdown.cancelled().await;
@@ -261,6 +275,7 @@ pub async fn run_with(
     shutdown.cancel();
     tasks.wait().await;
     drop(watch);
+    audit.flush_refusals(true);
     audit.record(Record::new("stop", "local", "stopped"));
     audit.sync();
     // Where the chain ends at this clean stop: a cut tail is noticed at the

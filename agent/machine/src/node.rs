@@ -142,9 +142,9 @@ pub struct Node {
     journal_waiting: Vec<Decision>,
     start: Start,
     trouble: trouble::WriteTrouble,
-    /// Losing versions of conflicts already audited, and peers' versions
-    /// already refused for clock skew: each is told once, however often it
-    /// arrives again.
+    /// Peers' versions already refused (clock skew, or claiming this node as
+    /// origin): each is told once, however often it arrives again (bounded:
+    /// see `remote.rs` `first_report`).
     reported: HashSet<(MinionId, Version)>,
     next_rescan: Instant,
     /// What a first start found, told once it is recorded.

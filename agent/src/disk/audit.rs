@@ -9,10 +9,12 @@
 //!   tails a file across rotations;
 //! - `verify.rs` checks the chain over one or several files and names the
 //!   first bad record;
-//! - `filter.rs` selects records for `salt-keysync audit`.
+//! - `filter.rs` selects records for `salt-keysync audit`;
+//! - `refusals.rs` aggregates each peer's refusals (ten a minute, then a count).
 
 mod filter;
 mod reader;
+pub mod refusals;
 mod verify;
 mod writer;
 

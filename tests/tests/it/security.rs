@@ -342,6 +342,50 @@ async fn hostile_messages_from_a_configured_peer_are_refused_and_write_nothing()
     cluster.shutdown().await;
 }
 
+/// Issue 27, item 6: a configured peer sending thousands of invalid
+/// decisions (or decisions naming made-up origins) adds ten `refuse`
+/// records a minute to the audit log, then one with the count; the agent
+/// stays up and replicating.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peers_refusals_are_aggregated_not_one_record_each() {
+    let mut cluster = TestCluster::start(2).await;
+    let key = new_public_key();
+    let mut client = peer_client(cluster.agents[0].addr, "master-a", &identity(&cluster, "master-b")).await;
+    let hello =
+        v1::HelloRequest { node: "master-b".into(), protocol_version: keysync_proto::PROTOCOL_VERSION, health: None };
+    client.hello(hello).await.unwrap();
+    let now = now_hlc(Duration::ZERO);
+    let (n_batches, per_batch) = (5, 1_000);
+    let mut n_applied = 0;
+    for b in 0..n_batches {
+        let mut batch: Vec<v1::Decision> =
+            (0..per_batch).map(|i| wire_accept(&format!("bad/{b}/{i}"), &key, now)).collect();
+        // Valid decisions in a made-up master's name: refused too, one record per batch.
+        let mut stranger = wire_accept(&format!("stranger{b}"), &key, now);
+        stranger.version.as_mut().unwrap().node = format!("m{b}.example");
+        batch.push(stranger);
+        let mut acks =
+            client.push(tokio_stream::iter([v1::DecisionBatch { decisions: batch }])).await.unwrap().into_inner();
+        n_applied += acks.message().await.unwrap().expect("an ack").n_applied;
+    }
+    assert_eq!(n_applied, 0, "nothing applied");
+    let refusals = |audit: &[Record]| -> Vec<Record> {
+        audit.iter().filter(|r| r.action == "refuse" && r.via == "master-b").cloned().collect()
+    };
+    let told = refusals(&cluster.agents[0].audit());
+    assert_eq!(told.len(), 10, "ten told one by one: {told:#?}");
+    // Still replicating with the real peer.
+    accepted_everywhere(&cluster, 1, "after the flood", &new_public_key()).await;
+    // The count of the rest is told when the window ends, or at a stop.
+    cluster.stop(0).await;
+    let told = refusals(&cluster.agents[0].audit());
+    assert_eq!(told.len(), 11, "{told:#?}");
+    let summary = told.last().unwrap().reason.clone().unwrap();
+    let n_refused = n_batches * (per_batch + 1);
+    assert!(summary.starts_with(&format!("{} more refusals of what master-b sent", n_refused - 10)), "{summary}");
+    cluster.shutdown().await;
+}
+
 /// Opens one raw TLS connection to `addr` from `source` as `identity` (or
 /// with no client certificate), trusting `ca_pem` for the server, and says
 /// whether the server refused it (handshake failed, or the connection closed

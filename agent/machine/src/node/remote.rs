@@ -78,6 +78,19 @@ impl Node {
             .collect()
     }
 
+    /// Whether `decision` is refused for the first time (told once: anti-
+    /// entropy offers the same version again and again). The memory of what
+    /// was told is bounded: a peer sending ever new versions makes it start
+    /// afresh, telling some again (the audit log aggregates a peer's
+    /// refusals), never grow without end.
+    fn first_report(&mut self, decision: &Decision) -> bool {
+        const MAX_REPORTED: usize = 50_000;
+        if self.reported.len() >= MAX_REPORTED {
+            self.reported = HashSet::new();
+        }
+        self.reported.insert((decision.id.clone(), decision.version.clone()))
+    }
+
     /// Peers' decisions, one arrival per push (or fetch) handled together:
     /// merged, and the newer ones applied as one batch — one journal
     /// commit, one syncfs, one store commit and one audit flush for all of
@@ -204,7 +217,7 @@ impl Node {
                 let retried_own = *from == *self.settings.node;
                 if *decision.version.node == *self.settings.node && !retried_own && !self.issued(&decision) {
                     // Claims this node as its origin, and this node never made it.
-                    if self.reported.insert((decision.id.clone(), decision.version.clone())) {
+                    if self.first_report(&decision) {
                         rt.audit(Event::NotOurs { decision, from });
                     }
                     continue;
@@ -212,7 +225,7 @@ impl Node {
                 match self.replica.merge(&decision, now.wall_ms, max_skew) {
                     Err(error) => {
                         // Told once: anti-entropy offers the same version again and again.
-                        if self.reported.insert((decision.id.clone(), decision.version.clone())) {
+                        if self.first_report(&decision) {
                             rt.audit(Event::FromTheFuture { decision, from, error });
                         }
                     }

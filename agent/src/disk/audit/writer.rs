@@ -82,6 +82,8 @@ struct Tail {
     /// Records that could not be written since the last one that was, and why.
     n_lost: u64,
     lost_error: String,
+    /// Each peer's refusals, told ten a minute and then counted.
+    refusals: super::refusals::PeerRefusals,
 }
 
 /// The end of a file: its last complete line, and a torn tail after it.
@@ -152,6 +154,7 @@ impl AuditLog {
             seq: 0,
             n_lost: 0,
             lost_error: String::new(),
+            refusals: Default::default(),
         };
         let end = read_end(&tail.file, tail.len).map_err(io_err)?;
         let mut first: Vec<Record> = Vec::new();
@@ -209,6 +212,19 @@ impl AuditLog {
         self.record_all(vec![record]);
     }
 
+    /// Tells the counts of peers' refusal windows that ended (called
+    /// periodically: a peer that stopped sending still gets its count
+    /// told), or of every window (`all`, at a stop).
+    pub fn flush_refusals(&self, all: bool) {
+        let mut tail = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !tail.refusals.is_counting() {
+            return;
+        }
+        let summaries = tail.refusals.ended(std::time::Instant::now(), all);
+        drop(tail);
+        self.record_all(summaries);
+    }
+
     /// Collects records and appends them [`BATCH_LINES`] at a time.
     pub fn batch(&self) -> Batch<'_> {
         Batch { log: self, records: Vec::new() }
@@ -217,11 +233,21 @@ impl AuditLog {
     /// Appends records in order, as [`AuditLog::record`] does one, with one
     /// rotation check and one write for all of them: a burst of 10,000
     /// decisions costs a few system calls, not 30,000.
-    pub fn record_all(&self, records: Vec<Record>) {
+    /// A peer's refusals past the first ten of a minute are only counted
+    /// (`refusals.rs`), then told as one record with the count.
+    pub fn record_all(&self, mut records: Vec<Record>) {
         if records.is_empty() {
             return;
         }
         let mut tail = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = std::time::Instant::now();
+        let mut summaries = tail.refusals.ended(now, false);
+        records.retain(|record| tail.refusals.admit(record, now));
+        summaries.append(&mut records);
+        let records = summaries;
+        if records.is_empty() {
+            return;
+        }
         if let Some(how) = self.follow_rotation(&mut tail) {
             tracing::info!(path = %self.path.display(), how, "audit log rotated; continuing the chain");
             let marker = Record {
