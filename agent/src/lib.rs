@@ -20,3 +20,18 @@ pub mod node;
 pub mod ops;
 pub mod setup;
 pub mod text;
+
+/// What `salt-keysync --version` prints after the name: this build's
+/// version (the package's) and the replication protocols it speaks, e.g.
+/// `0.2.0 (protocol 2, oldest peer protocol 1)`.
+pub fn version_line() -> &'static str {
+    static LINE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "{} (protocol {}, oldest peer protocol {})",
+            env!("CARGO_PKG_VERSION"),
+            keysync_proto::PROTOCOL_VERSION,
+            keysync_proto::MIN_PROTOCOL_VERSION
+        )
+    });
+    LINE.as_str()
+}

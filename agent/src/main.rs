@@ -76,7 +76,11 @@ fn purge_freed_memory_at_once() {
 }
 
 #[derive(Parser)]
-#[command(name = "salt-keysync", version, about = "Replicates salt-key decisions between SaltStack masters")]
+#[command(
+    name = "salt-keysync",
+    version = salt_keysync::version_line(),
+    about = "Replicates salt-key decisions between SaltStack masters"
+)]
 struct Cli {
     /// The config file of the subcommand (its `--config`: only the
     /// subcommands that read the config have one), set after parsing.

@@ -114,6 +114,34 @@ fn completions_offer_every_subcommand_and_not_the_hidden_one() {
     }
 }
 
+/// `--version` names the release the packages carry (the workspace's
+/// version: cargo-deb and cargo-generate-rpm take theirs from it) and the
+/// replication protocols this build speaks; CHANGELOG.md has a section for
+/// that release.
+#[test]
+fn version_names_the_release_and_its_protocols() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let manifest = read(&repo.join("Cargo.toml"));
+    let release = manifest
+        .split("[workspace.package]")
+        .nth(1)
+        .and_then(|table| table.lines().find_map(|line| line.strip_prefix("version = \"")))
+        .and_then(|rest| rest.strip_suffix('"'))
+        .expect("Cargo.toml's [workspace.package] has a version");
+    let out = run_cli(&["--version"]);
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!(
+            "salt-keysync {release} (protocol {}, oldest peer protocol {})\n",
+            keysync_proto::PROTOCOL_VERSION,
+            keysync_proto::MIN_PROTOCOL_VERSION
+        )
+    );
+    let changelog = read(&repo.join("CHANGELOG.md"));
+    assert!(changelog.contains(&format!("\n## [{release}]")), "CHANGELOG.md has no section for {release}");
+}
+
 #[test]
 fn run_and_check_help_show_examples() {
     for sub in ["run", "check"] {
