@@ -134,9 +134,10 @@ last error, last contact, what the peer lacks from this master and this master f
 from the last anti-entropy digest comparison), key counts per state, the last anti-entropy round, \
 and whether the peer's master.pub, must-agree master settings (external_auth, publisher_acl, \
 peer, peer_run, nodegroups) and key-acceptance settings match this master's, and every master's \
-Salt version. A master that accepts keys by itself (auto_accept, open_mode, an autosign file or \
-grains folder) is an error on every master. --cluster shows one row per master. Exits 1 with a \
-one-line message when the agent is not running.",
+Salt version and salt-keysync version (this agent's with its protocol). A master that accepts keys \
+by itself (auto_accept, open_mode, an autosign file or grains folder) is an error on every master; \
+agents of different versions are a warning until the upgrade ends. --cluster shows one row per \
+master. Exits 1 with a one-line message when the agent is not running.",
         after_help = "Examples:\n  salt-keysync status\n  salt-keysync status --cluster\n  salt-keysync status --cluster --json | jq '.findings[] | select(.level == \"error\")'\n  salt-keysync status --config /etc/salt-keysync/config.toml --json | jq '.peers[] | select(.state != \"up\")'"
     )]
     Status(StatusArgs),
@@ -287,7 +288,7 @@ struct StatusArgs {
     /// Print the whole report as one JSON object (an error as {"error": "..."}).
     #[arg(long)]
     json: bool,
-    /// One row per master of the site as this agent knows it (link, last contact, key counts, Salt version, findings).
+    /// One row per master of the site as this agent knows it (link, last contact, key counts, Salt and agent versions, findings).
     #[arg(long)]
     cluster: bool,
 }

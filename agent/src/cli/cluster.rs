@@ -1,13 +1,13 @@
 //! `salt-keysync status --cluster`: every master as this agent knows it, in
-//! one table (link, last contact, key counts, Salt version, findings), then
-//! every finding in full; `--json` for scripts. Made from the same report as
+//! one table (link, last contact, key counts, Salt version, agent version,
+//! findings), then every finding in full; `--json` for scripts. Made from the same report as
 //! `status`, so it asks the agent nothing more.
 
 use serde::{Deserialize, Serialize};
 
 use crate::disk::health::KeyCounts;
 use crate::ops::board::{LinkState, StatusReport};
-use crate::ops::findings::{Finding, Level};
+use crate::ops::findings::{agent_version, Finding, Level};
 
 /// One master, as `status --cluster --json` prints it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -22,6 +22,11 @@ pub struct MasterRow {
     /// As it last reported them; `None` while unknown (or an older agent).
     pub keys: Option<KeyCounts>,
     pub salt_version: Option<String>,
+    /// The salt-keysync version of its agent; `None` while unknown ("0.1.0"
+    /// for an agent that reported without one: see
+    /// [`crate::ops::findings::UNSENT_AGENT_VERSION`]).
+    #[serde(default)]
+    pub agent_version: Option<String>,
     /// Findings about this master (the full list is in [`ClusterReport::findings`]).
     pub findings: Vec<Finding>,
 }
@@ -31,6 +36,11 @@ pub struct MasterRow {
 pub struct ClusterReport {
     /// The agent asked.
     pub node: String,
+    /// Its salt-keysync version and the replication protocol it speaks.
+    #[serde(default)]
+    pub version: String,
+    #[serde(default)]
+    pub protocol_version: Option<u32>,
     pub now: String,
     pub masters: Vec<MasterRow>,
     /// Everything wrong, errors first.
@@ -49,6 +59,7 @@ pub fn cluster(report: &StatusReport) -> ClusterReport {
         last_contact: None,
         keys: Some(report.keys.clone()),
         salt_version: report.health.salt_version.clone(),
+        agent_version: Some(report.version.clone()),
         findings: about(&report.node),
     }];
     for peer in &report.peers {
@@ -60,17 +71,26 @@ pub fn cluster(report: &StatusReport) -> ClusterReport {
             last_contact: peer.last_contact.clone(),
             keys: health.and_then(|h| h.keys.clone()),
             salt_version: health.and_then(|h| h.salt_version.clone()),
+            agent_version: agent_version(health),
             findings: about(&peer.name),
         });
     }
-    ClusterReport { node: report.node.clone(), now: report.now.clone(), masters, findings: report.findings.clone() }
+    ClusterReport {
+        node: report.node.clone(),
+        version: report.version.clone(),
+        protocol_version: report.protocol_version,
+        now: report.now.clone(),
+        masters,
+        findings: report.findings.clone(),
+    }
 }
 
 /// The table, then the findings in full.
 pub fn render(cluster: &ClusterReport) -> String {
     let cluster = &super::status::shown(cluster);
     let now = super::status::parse_time(&cluster.now);
-    let header = ["MASTER", "LINK", "LAST CONTACT", "ACCEPTED", "REJECTED", "PENDING", "DELETED", "SALT", "FINDINGS"];
+    let header =
+        ["MASTER", "LINK", "LAST CONTACT", "ACCEPTED", "REJECTED", "PENDING", "DELETED", "SALT", "AGENT", "FINDINGS"];
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
     for master in &cluster.masters {
         let count = |pick: fn(&KeyCounts) -> usize| master.keys.as_ref().map_or("?".into(), |k| pick(k).to_string());
@@ -83,6 +103,7 @@ pub fn render(cluster: &ClusterReport) -> String {
             count(|k| k.pending),
             count(|k| k.deleted),
             master.salt_version.clone().unwrap_or_else(|| "?".into()),
+            master.agent_version.clone().unwrap_or_else(|| "?".into()),
             summary(&master.findings),
         ]);
     }
@@ -95,8 +116,13 @@ pub fn render(cluster: &ClusterReport) -> String {
         out.push('\n');
     }
     out.push_str("\n(key counts: as each master last reported them; ? while unknown)\n");
+    let protocol = cluster.protocol_version.map_or(String::new(), |p| format!(", protocol {p}"));
+    out.push_str(&format!("asked: {}, salt-keysync {}{protocol}\n", cluster.node, cluster.version));
     if cluster.findings.is_empty() {
-        out.push_str("no findings: every master known shares master.pub and settings, none accepts keys by itself\n");
+        out.push_str(
+            "no findings: every master known shares master.pub and settings, none accepts keys by itself, \
+             their agents run one version\n",
+        );
     }
     for finding in &cluster.findings {
         out.push_str(&format!("{:<8} {}\n", finding.level.to_string().to_uppercase(), finding.message));
@@ -147,12 +173,14 @@ mod tests {
             health,
             drift: Drift::default(),
         };
-        let local = health("3008.3", false, 120);
+        let local = MasterHealth { agent_version: Some("0.2.0".into()), ..health("3008.3", false, 120) };
+        // master-b's agent reported without its version: 0.1.0.
         let b = health("3006.28", true, 120);
         let masters = vec![("master-a", Some(&local)), ("master-b", Some(&b)), ("master-c", None)];
         let report = StatusReport {
             node: "master-a".into(),
-            version: "0.1.0".into(),
+            version: "0.2.0".into(),
+            protocol_version: Some(2),
             now: "2026-11-21T12:00:03Z".into(),
             started: "2026-11-21T11:00:00Z".into(),
             keys: KeyCounts { accepted: 120, rejected: 1, pending: 4, deleted: 2 },
@@ -167,15 +195,17 @@ mod tests {
         };
         let cluster = cluster(&report);
         assert_eq!(cluster.masters.len(), 3);
-        assert_eq!(cluster.masters[1].findings.len(), 2, "{:?}", cluster.masters[1]);
+        assert_eq!(cluster.masters[1].findings.len(), 3, "{:?}", cluster.masters[1]);
         let text = render(&cluster);
         for want in [
-            "MASTER           LINK        LAST CONTACT  ACCEPTED  REJECTED  PENDING  DELETED  SALT     FINDINGS",
-            "master-a (this)  -           -             120       1         4        2        3008.3   warning salt-version",
-            "master-b         up          3s ago        120       1         0        2        3006.28  ERROR auto-accept, warning salt-version",
-            "master-c         connecting  never         ?         ?         ?        ?        ?        -",
+            "MASTER           LINK        LAST CONTACT  ACCEPTED  REJECTED  PENDING  DELETED  SALT     AGENT  FINDINGS",
+            "master-a (this)  -           -             120       1         4        2        3008.3   0.2.0  warning salt-version, warning agent-version",
+            "master-b         up          3s ago        120       1         0        2        3006.28  0.1.0  ERROR auto-accept, warning salt-version, warning agent-version",
+            "master-c         connecting  never         ?         ?         ?        ?        ?        ?      -",
+            "asked: master-a, salt-keysync 0.2.0, protocol 2",
             "ERROR    master-b accepts keys by itself (auto_accept: True): every key it accepts is accepted on every master by replication",
             "WARNING  the masters run different Salt versions: 3006.28 on master-b; 3008.3 on master-a",
+            "WARNING  the agents run different salt-keysync versions: 0.1.0 on master-b; 0.2.0 on master-a; finish the upgrade",
         ] {
             assert!(text.contains(want), "{want:?} missing from:\n{text}");
         }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::disk::health::UNSET;
 use crate::ops::board::{LinkState, PeerStatus, StatusReport};
+use crate::ops::findings::agent_version;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -73,7 +74,11 @@ pub fn render(report: &StatusReport) -> String {
     let ago = |time: &Option<String>| ago(now, time);
     let mut out = String::new();
     let k = &report.keys;
-    out.push_str(&format!("node      {} (salt-keysync {}, started {})\n", report.node, report.version, report.started));
+    let protocol = report.protocol_version.map_or(String::new(), |p| format!(", protocol {p}"));
+    out.push_str(&format!(
+        "node      {} (salt-keysync {}{protocol}, started {})\n",
+        report.node, report.version, report.started
+    ));
     out.push_str(&format!(
         "keys      {} accepted, {} rejected, {} pending, {} deleted (tombstones)\n",
         k.accepted, k.rejected, k.pending, k.deleted
@@ -87,8 +92,9 @@ pub fn render(report: &StatusReport) -> String {
         out.push_str(&format!("          ! {error}\n"));
     }
     out.push('\n');
-    let header = ["PEER", "STATE", "LAST CONTACT", "LACKS FROM US", "WE LACK", "MASTER.PUB", "SETTINGS", "SALT"];
-    let mut rows: Vec<[String; 8]> = vec![header.map(String::from)];
+    let header =
+        ["PEER", "STATE", "LAST CONTACT", "LACKS FROM US", "WE LACK", "MASTER.PUB", "SETTINGS", "SALT", "AGENT"];
+    let mut rows: Vec<[String; 9]> = vec![header.map(String::from)];
     for peer in &report.peers {
         let (they_lack, we_lack) = match &peer.anti_entropy {
             Some(run) => (run.peer_lacked.to_string(), run.we_lacked.to_string()),
@@ -103,9 +109,10 @@ pub fn render(report: &StatusReport) -> String {
             master_pub_cell(peer),
             settings_cell(peer),
             peer.health.as_ref().and_then(|h| h.salt_version.clone()).unwrap_or_else(|| "?".into()),
+            agent_version(peer.health.as_ref()).unwrap_or_else(|| "?".into()),
         ]);
     }
-    let widths: Vec<usize> = (0..8).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..header.len()).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
     for row in &rows {
         let line: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
         out.push_str(line.join("  ").trim_end());
@@ -147,7 +154,9 @@ pub fn render(report: &StatusReport) -> String {
         }
     }
     // Mismatch and drift are told per peer above; these concern the site.
-    for finding in report.findings.iter().filter(|f| f.kind == "auto-accept" || f.kind == "salt-version") {
+    for finding in
+        report.findings.iter().filter(|f| matches!(f.kind.as_str(), "auto-accept" | "salt-version" | "agent-version"))
+    {
         out.push_str(&format!("{}: {}\n", finding.level.to_string().to_uppercase(), finding.message));
     }
     for burst in &report.held {
@@ -267,7 +276,8 @@ mod tests {
         };
         let report = StatusReport {
             node: "master-a".into(),
-            version: "0.1.0".into(),
+            version: "0.2.0".into(),
+            protocol_version: Some(2),
             now: "2026-11-21T12:00:05Z".into(),
             started: "2026-11-21T11:00:00Z".into(),
             keys: KeyCounts { accepted: 3, rejected: 1, pending: 2, deleted: 4 },
@@ -289,12 +299,21 @@ mod tests {
                 },
                 PeerStatus { last_error: Some("connection refused".into()), ..peer("master-c", LinkState::Down) },
             ],
-            findings: vec![Finding {
-                level: Level::Error,
-                kind: "auto-accept".into(),
-                masters: vec!["master-b".into()],
-                message: "master-b accepts keys by itself (open_mode: True): …".into(),
-            }],
+            findings: vec![
+                Finding {
+                    level: Level::Error,
+                    kind: "auto-accept".into(),
+                    masters: vec!["master-b".into()],
+                    message: "master-b accepts keys by itself (open_mode: True): …".into(),
+                },
+                Finding {
+                    level: Level::Warning,
+                    kind: "agent-version".into(),
+                    masters: vec!["master-b".into(), "master-a".into()],
+                    message: "the agents run different salt-keysync versions: 0.1.0 on master-b; 0.2.0 on master-a; …"
+                        .into(),
+                },
+            ],
             conflicts: vec![crate::ops::site_plan::Entry {
                 minion: "web01".into(),
                 holds: crate::ops::site_plan::Shown { state: "accepted".into(), fingerprint: Some("3f:a1".into()) },
@@ -316,11 +335,15 @@ mod tests {
         assert!(!forged.chars().any(|c| c.is_control() && c != '\n'), "{forged:?}");
         let text = render(&report);
         for want in [
+            "node      master-a (salt-keysync 0.2.0, protocol 2, started 2026-11-21T11:00:00Z)",
+            "SETTINGS              SALT     AGENT",
             "3 accepted, 1 rejected, 2 pending, 4 deleted",
             "master-b  up     5s ago",
             "master    master.pub aa:bb, salt-master 3008.3",
-            "7              2        MISMATCH    DRIFT: publisher_acl  3006.28",
-            "master-c  down   5s ago        ?              ?        unknown     unknown               ?",
+            // master-b reported without an agent version: 0.1.0.
+            "7              2        MISMATCH    DRIFT: publisher_acl  3006.28  0.1.0",
+            "master-c  down   5s ago        ?              ?        unknown     unknown               ?        ?",
+            "WARNING: the agents run different salt-keysync versions: 0.1.0 on master-b; 0.2.0 on master-a",
             "ERROR: master-b accepts keys by itself (open_mode: True)",
             "CONFLICTS: 1 id(s) whose masters keep different keys",
             "  web01: this master shows accepted 3f:a1",

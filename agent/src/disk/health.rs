@@ -1,9 +1,9 @@
 //! Cluster health beyond keys: the sha256 fingerprint of this master's
 //! `master.pub`, fingerprints of the master settings that Salt's
 //! multi-master tutorial says must agree on every master, the settings that
-//! decide which keys get accepted (`disk::accept`), the salt-master version
-//! and the key counts. Peers exchange these in `Hello`; [`compare`] says
-//! what differs.
+//! decide which keys get accepted (`disk::accept`), the salt-master version,
+//! the key counts and the agent's own version. Peers exchange these in
+//! `Hello`; [`compare`] says what differs.
 //!
 //! The most common multi-master failure is masters that do not share one
 //! key pair: minions then log "The Salt Master server's public key did not
@@ -56,6 +56,10 @@ pub struct MasterHealth {
     /// Key counts when this report was made; `None` from an older peer.
     #[serde(default)]
     pub keys: Option<KeyCounts>,
+    /// The salt-keysync version of the agent that made this report; `None`
+    /// from an agent of 0.1.0, which did not send it.
+    #[serde(default)]
+    pub agent_version: Option<String>,
     /// Why something above is missing (local only, never sent).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<String>,
@@ -88,10 +92,10 @@ impl Drift {
 }
 
 /// Reads this master's health: `pki_dir/master.pub` and the settings from
-/// `master_config` plus `master.d/*.conf` beside it (the salt-master
-/// version and the key counts come from elsewhere).
+/// `master_config` plus `master.d/*.conf` beside it, and this agent's
+/// version (the salt-master version and the key counts come from elsewhere).
 pub fn local_health(pki_dir: &Path, master_config: &Path) -> MasterHealth {
-    let mut health = MasterHealth::default();
+    let mut health = MasterHealth { agent_version: Some(env!("CARGO_PKG_VERSION").into()), ..MasterHealth::default() };
     match master_pub_fingerprint(pki_dir) {
         Ok(fingerprint) => health.master_pub = Some(fingerprint),
         Err(e) => health.errors.push(e),

@@ -185,6 +185,7 @@ pub fn health_to_wire(health: &MasterHealth) -> v1::MasterHealth {
             pending: k.pending as u64,
             deleted: k.deleted as u64,
         }),
+        agent_version: health.agent_version.clone().unwrap_or_default(),
     }
 }
 
@@ -240,6 +241,7 @@ pub fn health_from_wire(msg: Option<v1::MasterHealth>) -> MasterHealth {
             pending: count(k.pending),
             deleted: count(k.deleted),
         }),
+        agent_version: is_version(&msg.agent_version).then_some(msg.agent_version),
         errors: Vec::new(),
     }
 }
@@ -390,6 +392,7 @@ mod tests {
                 ..AcceptSettings::salt_defaults()
             }),
             keys: Some(KeyCounts { accepted: 3, rejected: 1, pending: 0, deleted: 7 }),
+            agent_version: Some("0.2.0".into()),
             errors: Vec::new(),
         };
         assert_eq!(health_from_wire(Some(health_to_wire(&health))), health);
@@ -402,6 +405,7 @@ mod tests {
                 ..accept_to_wire(health.accept.as_ref().unwrap())
             }),
             keys: None,
+            agent_version: "0.2.0 \u{202e}".into(),
         };
         assert_eq!(health_from_wire(Some(hostile)), MasterHealth::default());
         assert_eq!(health_from_wire(None), MasterHealth::default());
@@ -415,8 +419,8 @@ mod tests {
         assert_eq!(health_from_wire(Some(partial)).accept, None);
     }
 
-    /// MasterHealth as agents before the salt version, accept settings and
-    /// key counts (fields 3-5) encode and decode it.
+    /// MasterHealth as agents before the salt version, accept settings, key
+    /// counts and agent version (fields 3-6) encode and decode it.
     #[derive(Clone, PartialEq, prost::Message)]
     struct OldMasterHealth {
         #[prost(string, tag = "1")]
@@ -432,8 +436,10 @@ mod tests {
         let new = v1::MasterHealth::decode(old.encode_to_vec().as_slice()).unwrap();
         let health = health_from_wire(Some(new));
         assert_eq!((health.salt_version, health.accept, health.keys), (None, None, None), "unknown, not empty");
+        assert_eq!(health.agent_version, None, "an agent of 0.1.0 sends no version");
         let ours = v1::MasterHealth {
             salt_version: "3008.3".into(),
+            agent_version: "0.2.0".into(),
             accept: Some(accept_to_wire(&AcceptSettings::salt_defaults())),
             keys: Some(v1::KeyCounts { accepted: 1, ..Default::default() }),
             ..old.clone().into_new()

@@ -85,7 +85,12 @@ pub struct PeerStatus {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusReport {
     pub node: String,
+    /// This agent's salt-keysync version.
     pub version: String,
+    /// The replication protocol this agent speaks (`None` from an agent of
+    /// 0.1.0, which did not say).
+    #[serde(default)]
+    pub protocol_version: Option<u32>,
     pub now: String,
     pub started: String,
     pub keys: KeyCounts,
@@ -425,6 +430,7 @@ impl Board {
         StatusReport {
             node: self.node.clone(),
             version: env!("CARGO_PKG_VERSION").into(),
+            protocol_version: Some(keysync_proto::PROTOCOL_VERSION),
             now: crate::disk::audit::now_rfc3339(),
             started: self.started.clone(),
             keys,
@@ -489,6 +495,32 @@ mod tests {
         let report = board.report_with(KeyCounts::default());
         assert!(!report.peers[0].drift.master_pub_mismatch);
         assert!(board.metrics().encode().contains("keysync_master_key_mismatch{peer=\"master-b\"} 0"));
+    }
+
+    #[test]
+    fn the_report_names_this_agents_version_and_protocol_and_a_peer_of_another_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let (board, _) = board(dir.path());
+        let ours = board.refresh_local(None);
+        assert_eq!(ours.agent_version.as_deref(), Some(env!("CARGO_PKG_VERSION")), "sent in every Hello");
+        let report = board.report_with(KeyCounts::default());
+        assert_eq!(report.version, env!("CARGO_PKG_VERSION"));
+        assert_eq!(report.protocol_version, Some(keysync_proto::PROTOCOL_VERSION));
+        assert!(report.findings.is_empty(), "a peer that has not reported is no other version: {:?}", report.findings);
+        // A peer's Hello without a version: an agent of 0.1.0.
+        board.peer_health("master-b", theirs(ours.master_pub.as_deref().unwrap()));
+        let report = board.report_with(KeyCounts::default());
+        let mixed: Vec<&Finding> = report.findings.iter().filter(|f| f.kind == "agent-version").collect();
+        assert_eq!(mixed.len(), 1, "{:?}", report.findings);
+        assert!(
+            mixed[0].message.contains(&format!("0.1.0 on master-b; {} on master-a", env!("CARGO_PKG_VERSION"))),
+            "{mixed:?}"
+        );
+        board.peer_health(
+            "master-b",
+            MasterHealth { agent_version: ours.agent_version.clone(), ..theirs(ours.master_pub.as_deref().unwrap()) },
+        );
+        assert!(board.report_with(KeyCounts::default()).findings.is_empty(), "the upgrade has ended");
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! only its own: each key it accepts is accepted everywhere by replication.
 //! So each agent judges every master it knows (its own and its peers', from
 //! their `Hello`), exports it as `keysync_master_auto_accept`, and logs and
-//! audits each change once. Salt versions are compared the same way.
+//! audits each change once. Salt versions are compared the same way, and
+//! so are the agents' own versions: agents of different releases side by
+//! side are a rolling upgrade that has not ended (a warning until it has).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -35,7 +37,7 @@ impl std::fmt::Display for Level {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Finding {
     pub level: Level,
-    /// `auto-accept`, `master-key`, `settings` or `salt-version`.
+    /// `auto-accept`, `master-key`, `settings`, `salt-version` or `agent-version`.
     pub kind: String,
     /// The masters it is about.
     pub masters: Vec<String>,
@@ -62,6 +64,38 @@ pub fn version_skew(masters: &Masters<'_>) -> Option<BTreeMap<String, Vec<String
     (by_version.len() > 1).then_some(by_version)
 }
 
+/// The version of salt-keysync an agent that reported without one runs:
+/// agents of 0.1.0 did not send their version (every build before 0.2.0
+/// called itself 0.1.0).
+pub const UNSENT_AGENT_VERSION: &str = "0.1.0";
+
+/// The salt-keysync version of a master's agent, as far as its report
+/// tells; `None` while it has not reported.
+pub fn agent_version(health: Option<&MasterHealth>) -> Option<String> {
+    health.map(|h| h.agent_version.clone().unwrap_or_else(|| UNSENT_AGENT_VERSION.into()))
+}
+
+/// The salt-keysync versions the masters' agents run, and the masters
+/// running each, when they differ (a rolling upgrade not ended).
+pub fn mixed_versions(masters: &Masters<'_>) -> Option<BTreeMap<String, Vec<String>>> {
+    let mut by_version: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (name, health) in masters {
+        if let Some(version) = agent_version(*health) {
+            by_version.entry(version).or_default().push(name.to_string());
+        }
+    }
+    (by_version.len() > 1).then_some(by_version)
+}
+
+fn describe_mixed(mixed: &BTreeMap<String, Vec<String>>) -> String {
+    let parts: Vec<String> =
+        mixed.iter().map(|(version, masters)| format!("{version} on {}", masters.join(", "))).collect();
+    format!(
+        "the agents run different salt-keysync versions: {}; finish the upgrade (\"Upgrading the agent\" in /usr/share/doc/salt-keysync/operations.md)",
+        parts.join("; ")
+    )
+}
+
 fn describe_skew(skew: &BTreeMap<String, Vec<String>>) -> String {
     let parts: Vec<String> =
         skew.iter().map(|(version, masters)| format!("{version} on {}", masters.join(", "))).collect();
@@ -78,7 +112,7 @@ fn auto_accept_message(master: &str, how: &[(&'static str, String)]) -> String {
 
 /// Everything wrong, errors first: auto-accepting masters, `master.pub`
 /// mismatches and drift with each peer (`drift`: peer name → what differs),
-/// Salt version skew.
+/// Salt version skew, agents of different versions.
 pub fn findings(masters: &Masters<'_>, drift: &[(&str, &crate::disk::health::Drift)]) -> Vec<Finding> {
     let mut found = Vec::new();
     for (name, health) in masters {
@@ -119,6 +153,14 @@ pub fn findings(masters: &Masters<'_>, drift: &[(&str, &crate::disk::health::Dri
             message: describe_skew(&skew),
         });
     }
+    if let Some(mixed) = mixed_versions(masters) {
+        found.push(Finding {
+            level: Level::Warning,
+            kind: "agent-version".into(),
+            masters: mixed.values().flatten().cloned().collect(),
+            message: describe_mixed(&mixed),
+        });
+    }
     found.sort_by_key(|f| f.level);
     found
 }
@@ -131,12 +173,14 @@ pub struct Reported {
     /// Master → the version label exported for it.
     salt_version: BTreeMap<String, String>,
     skew: Option<BTreeMap<String, Vec<String>>>,
+    mixed: Option<BTreeMap<String, Vec<String>>>,
 }
 
 impl Reported {
     /// Judges every master again (after any report changed): metrics set,
     /// and each new or ended auto-acceptance logged and audited, each new
-    /// version skew logged. A master not known yet changes nothing.
+    /// Salt version skew and each new mix of agent versions logged. A
+    /// master not known yet changes nothing.
     pub fn evaluate(&mut self, this_node: &str, masters: &Masters<'_>, audit: &AuditLog, metrics: &Metrics) {
         for (name, health) in masters {
             let Some(how) = auto_accepting(*health) else { continue };
@@ -187,6 +231,14 @@ impl Reported {
                 None => tracing::info!("the masters' Salt versions agree again"),
             }
             self.skew = skew;
+        }
+        let mixed = mixed_versions(masters);
+        if mixed != self.mixed {
+            match &mixed {
+                Some(mixed) => tracing::warn!("{}", describe_mixed(mixed)),
+                None => tracing::info!("every agent runs the same salt-keysync version again"),
+            }
+            self.mixed = mixed;
         }
     }
 
@@ -278,5 +330,35 @@ mod tests {
         assert!(findings(&upgraded, &[]).is_empty());
         reported.forget("master-b", &metrics);
         assert!(!metrics.encode().contains(r#"master="master-b""#));
+    }
+
+    #[test]
+    fn agents_of_different_versions_are_a_warning_until_the_upgrade_ends() {
+        let agent = |version: Option<&str>| MasterHealth {
+            agent_version: version.map(str::to_string),
+            ..health("3008.3", false)
+        };
+        let (a, b_old, c_new) = (agent(Some("0.2.0")), agent(None), agent(Some("0.2.0")));
+        // master-b reported without a version: an agent of 0.1.0.
+        let upgrading = vec![("master-a", Some(&a)), ("master-b", Some(&b_old)), ("master-c", Some(&c_new))];
+        let found = findings(&upgrading, &[]);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!((found[0].level, found[0].kind.as_str()), (Level::Warning, "agent-version"));
+        assert_eq!(found[0].masters, ["master-b", "master-a", "master-c"]);
+        assert!(
+            found[0].message.starts_with(
+                "the agents run different salt-keysync versions: 0.1.0 on master-b; 0.2.0 on master-a, master-c; \
+                 finish the upgrade"
+            ),
+            "{found:?}"
+        );
+        let newer = agent(Some("0.3.0"));
+        let found = findings(&vec![("master-a", Some(&a)), ("master-b", Some(&newer))], &[]);
+        assert_eq!(found[0].masters, ["master-a", "master-b"], "a newer peer is a mix too: {found:?}");
+        // A master that has not reported is unknown, not another version.
+        let b_new = agent(Some("0.2.0"));
+        assert!(findings(&vec![("master-a", Some(&a)), ("master-b", Some(&b_new)), ("master-c", None)], &[]).is_empty());
+        assert_eq!(agent_version(None), None);
+        assert_eq!(agent_version(Some(&b_old)).as_deref(), Some("0.1.0"));
     }
 }

@@ -1,19 +1,25 @@
 //! `salt-keysync status` (the real binary) against running agents: link
-//! state of a stopped peer, key counts, a stopped agent's message, and
-//! master.pub / settings drift between masters — also as metrics.
+//! state of a stopped peer, key counts, every agent's version, a stopped
+//! agent's message, and master.pub / settings drift between masters — also
+//! as metrics.
 
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use keysync_proto::PROTOCOL_VERSION;
 use keysync_tests::binary::{free_addr, run_cli, ProcessCluster};
 use keysync_tests::cluster::TestCluster;
 use keysync_tests::probe::{metrics_text, write_private};
 use keysync_tests::salt_ops::{delete_key, master_writes_pending, move_key, new_public_key, path, SaltLine};
 use keysync_tests::wait_until;
+use salt_keysync::cli::cluster::ClusterReport;
 use salt_keysync::ops::board::{LinkState, StatusReport};
 
 const WAIT: Duration = Duration::from_secs(20);
+
+/// The agents' version: the workspace's, as the packages carry it.
+const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Runs `salt-keysync status --json` for the agent of `config`.
 async fn status(config: &Path) -> Result<StatusReport, String> {
@@ -57,6 +63,12 @@ async fn status_reports_a_stopped_peer_down_and_counts_keys() {
     })
     .await;
     assert_eq!(report.node, "master-a");
+    assert_eq!((report.version.as_str(), report.protocol_version), (VERSION, Some(PROTOCOL_VERSION)));
+    for name in ["master-b", "master-c"] {
+        let told = peer(&report, name).health.as_ref().and_then(|h| h.agent_version.as_deref());
+        assert_eq!(told, Some(VERSION), "{name}'s Hello names its agent's version");
+    }
+    assert!(report.findings.iter().all(|f| f.kind != "agent-version"), "one version: {:?}", report.findings);
     assert_eq!(report.keys.pending, 1, "{report:?}");
     assert_eq!(report.keys.rejected, 0);
     assert!(peer(&report, "master-b").last_contact.is_some());
@@ -76,6 +88,21 @@ async fn status_reports_a_stopped_peer_down_and_counts_keys() {
     assert!(out.status.success(), "{table}");
     assert!(table.lines().any(|l| l.starts_with("master-c") && l.contains(" down ")), "{table}");
     assert!(table.contains("1 accepted, 0 rejected, 1 pending, 0 deleted"), "{table}");
+    assert!(table.contains(&format!("(salt-keysync {VERSION}, protocol {PROTOCOL_VERSION}, started")), "{table}");
+    assert!(table.lines().any(|l| l.starts_with("master-b") && l.trim_end().ends_with(VERSION)), "{table}");
+
+    // status --cluster: every master's agent version (master-c's as it last
+    // reported it), and this agent's protocol.
+    let config = config_a.to_str().unwrap().to_string();
+    let out = tokio::task::spawn_blocking(move || run_cli(&["status", "--config", &config, "--cluster", "--json"]))
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let site: ClusterReport = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((site.version.as_str(), site.protocol_version), (VERSION, Some(PROTOCOL_VERSION)));
+    let versions: Vec<(&str, Option<&str>)> =
+        site.masters.iter().map(|m| (m.name.as_str(), m.agent_version.as_deref())).collect();
+    assert_eq!(versions, [("master-a", Some(VERSION)), ("master-b", Some(VERSION)), ("master-c", Some(VERSION))]);
 
     // The stopped agent: one clear line, non-zero exit, no panic.
     let config_c = cluster.agents[2].files.config_path.to_str().unwrap().to_string();
