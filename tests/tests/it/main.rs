@@ -16,6 +16,9 @@ mod doc_commands;
 /// First contact on agent processes: drifted masters started in two orders
 /// end alike, an identical site rewrites nothing, observe mode and `plan`.
 mod first_contact;
+/// Issue 27 item 9: the salt user played against the real postrm, %postun
+/// and owners as root (mount namespace); a staging folder left by root.
+mod maintainer_scripts;
 /// The shipped alert rules and dashboard: only exported metrics, mixin
 /// conventions, a runbook section and a promtool test case per alert.
 mod monitoring;
