@@ -12,7 +12,9 @@ mod tell;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use keysync_machine::node::{FsEvent, HeldDelete, Node, Now, OperatorAction, Outcome, Runtime, Settings, Summaries};
+use keysync_machine::node::{
+    BadAnswer, Compared, FsEvent, HeldDelete, Node, Now, OperatorAction, Outcome, Runtime, Settings, Summaries,
+};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -45,16 +47,18 @@ pub enum Request {
     Fetch { ids: Vec<MinionId>, reply: oneshot::Sender<Vec<Decision>> },
     /// This node's digests, for its own anti-entropy round.
     Digests { reply: oneshot::Sender<Vec<u64>> },
-    /// On the link to `peer`, the peer's Diff answer (its summaries in the
-    /// chunks they came in): replies with how many ids it holds newer
-    /// (planned for fetching) and the ids whose decisions are newer here
-    /// (loaded with `Fetch` a chunk at a time, and pushed).
-    RepairCompare {
-        peer: String,
-        buckets: Vec<u32>,
-        summaries: Vec<Summaries>,
-        reply: oneshot::Sender<(usize, Vec<MinionId>)>,
-    },
+    /// On the link to `peer`, the first chunk of the peer's Diff answer named
+    /// the differing buckets: a comparison begins.
+    RepairBegin { peer: String, buckets: Vec<u32>, reply: oneshot::Sender<Result<(), BadAnswer>> },
+    /// One chunk of the peer's Diff answer, compared as it comes.
+    RepairChunk { peer: String, summaries: Summaries, reply: oneshot::Sender<Result<(), BadAnswer>> },
+    /// The Diff answer was read whole: how many ids the peer holds newer
+    /// (planned for fetching), the ids whose decisions are newer here
+    /// (loaded with `Fetch` a chunk at a time, and pushed), and whether the
+    /// plan is full (the next round soon).
+    RepairEnd { peer: String, reply: oneshot::Sender<Result<Compared, BadAnswer>> },
+    /// The Diff answer could not be read whole: the comparison is dropped.
+    RepairAbort { peer: String },
     /// The next ids to fetch from `peer`, `None` when its plan is done.
     RepairNext { peer: String, reply: oneshot::Sender<Option<Vec<MinionId>>> },
     /// What a fetch of `ids` from `peer` brought; replies with how many were applied.
@@ -334,9 +338,16 @@ impl Core {
             Request::Digests { reply } => {
                 let _ = reply.send(self.node.digests());
             }
-            Request::RepairCompare { peer, buckets, summaries, reply } => {
-                let _ = reply.send(self.node.repair_compare_ids(&peer, &buckets, summaries, &mut self.effects));
+            Request::RepairBegin { peer, buckets, reply } => {
+                let _ = reply.send(self.node.repair_begin(&peer, &buckets));
             }
+            Request::RepairChunk { peer, summaries, reply } => {
+                let _ = reply.send(self.node.repair_chunk(&peer, summaries, &mut self.effects));
+            }
+            Request::RepairEnd { peer, reply } => {
+                let _ = reply.send(self.node.repair_end(&peer));
+            }
+            Request::RepairAbort { peer } => self.node.repair_abort(&peer),
             Request::RepairNext { peer, reply } => {
                 let _ = reply.send(self.node.repair_next(&peer));
             }

@@ -13,10 +13,22 @@
 //! the number of peers, and a peer that pushes faster than this master
 //! applies is slowed, not served out of memory.
 
+//!
+//! Answers (Diff and Fetch streams) are budgeted too: a peer may have
+//! [`ANSWERS_PER_PEER`] of them in flight at once (a further one is
+//! refused), and each must be read whole within the answer deadline
+//! ([`crate::ServeOptions::answer_deadline`]): a peer that stops reading
+//! (an HTTP/2 window of 0) is cut off and the answer's memory given back,
+//! so what stalled answers hold is bounded by the number of peers.
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Diff and Fetch answers of one peer in flight at once (an agent's link
+/// reads one at a time).
+pub const ANSWERS_PER_PEER: usize = 2;
 
 /// Pushed batches of one peer handled at once, and its push streams open at once.
 pub const CALLS_PER_PEER: usize = 2;
@@ -31,11 +43,17 @@ pub(crate) struct Budgets {
     per_peer: Arc<Mutex<HashMap<String, PeerBudget>>>,
 }
 
-/// One peer's permits: batches handled, and push streams open.
+/// One peer's permits: batches handled, push streams open, answers in flight.
 #[derive(Clone)]
 struct PeerBudget {
     calls: Arc<Semaphore>,
     streams: Arc<Semaphore>,
+    answers: Arc<Semaphore>,
+}
+
+/// One of a peer's answers in flight: its place is given back when dropped.
+pub(crate) struct AnswerPlace {
+    _place: OwnedSemaphorePermit,
 }
 
 /// One of a peer's open push streams: its place is given back when dropped.
@@ -60,8 +78,15 @@ impl Budgets {
             .or_insert_with(|| PeerBudget {
                 calls: Arc::new(Semaphore::new(CALLS_PER_PEER)),
                 streams: Arc::new(Semaphore::new(CALLS_PER_PEER)),
+                answers: Arc::new(Semaphore::new(ANSWERS_PER_PEER)),
             })
             .clone()
+    }
+
+    /// A place for one more Diff or Fetch answer to `peer`; `None` when it
+    /// has [`ANSWERS_PER_PEER`] in flight already.
+    pub(crate) fn open_answer(&self, peer: &str) -> Option<AnswerPlace> {
+        self.of_peer(peer).answers.try_acquire_owned().ok().map(|place| AnswerPlace { _place: place })
     }
 
     /// A place for one more push stream of `peer`; `None` when it has

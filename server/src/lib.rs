@@ -28,7 +28,7 @@ mod service;
 pub mod tls;
 mod verifier;
 
-pub use budget::{CALLS_IN_ALL, CALLS_PER_PEER};
+pub use budget::{ANSWERS_PER_PEER, CALLS_IN_ALL, CALLS_PER_PEER};
 pub use certgen::{CertAuthority, CertError, IssuedCert};
 pub use client::{alert_received, connect, tls_refusal, ConnectError};
 pub use control::{ListenerControl, CONNECTIONS_PER_PEER};

@@ -58,6 +58,9 @@ pub struct ServeOptions {
     /// Refusals from one source address are reported once per window, then counted (zero:
     /// each one reported).
     pub refusal_window: Duration,
+    /// Longest a peer may take to read a Diff or Fetch answer whole: then it is cut off and
+    /// the answer's memory given back (`budget.rs`).
+    pub answer_deadline: Duration,
 }
 
 impl Default for ServeOptions {
@@ -68,6 +71,7 @@ impl Default for ServeOptions {
             handshake_timeout: Duration::from_secs(5),
             limits: crate::limits::ConnectionLimits::default(),
             refusal_window: crate::events::REFUSAL_WINDOW,
+            answer_deadline: Duration::from_secs(120),
         }
     }
 }
@@ -119,7 +123,7 @@ pub async fn serve_with<H: Handler>(
     let force_close = CancellationToken::new();
     let handshakes = TaskTracker::new();
 
-    let service = KeySyncServer::new(KeySyncService::new(handler, events.clone()))
+    let service = KeySyncServer::new(KeySyncService::new(handler, events.clone(), opts.answer_deadline))
         .max_decoding_message_size(opts.max_message_bytes)
         .max_encoding_message_size(opts.max_message_bytes);
     let audit_events = events.clone();

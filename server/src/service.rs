@@ -46,11 +46,66 @@ pub(crate) struct KeySyncService<H> {
     handler: Arc<H>,
     events: EventSink,
     budgets: crate::budget::Budgets,
+    /// Longest a peer may take to read an answer whole.
+    answer_deadline: std::time::Duration,
 }
 
 impl<H: Handler> KeySyncService<H> {
-    pub(crate) fn new(handler: Arc<H>, events: EventSink) -> Self {
-        Self { handler, events, budgets: crate::budget::Budgets::new() }
+    pub(crate) fn new(handler: Arc<H>, events: EventSink, answer_deadline: std::time::Duration) -> Self {
+        Self { handler, events, budgets: crate::budget::Budgets::new(), answer_deadline }
+    }
+
+    /// A place for an answer to `peer` (`what`: the call), or the refusal.
+    fn answer_place(&self, peer: &PeerName, what: &str) -> Result<crate::budget::AnswerPlace, Status> {
+        self.budgets.open_answer(&peer.0).ok_or_else(|| {
+            self.refuse(
+                peer,
+                Status::resource_exhausted(format!(
+                    "{what}: {peer} has {} answers in flight already: this one is refused (an agent reads one at a \
+                     time)",
+                    crate::budget::ANSWERS_PER_PEER
+                )),
+            )
+        })
+    }
+
+    /// Sends `items` as they are read, within the peer's answer budget: the
+    /// place is held until the answer is read whole or cut off; a peer that
+    /// has not read it all by the deadline is cut off (its stream ends with
+    /// an error, told once) and the answer's memory given back.
+    fn answer<T: Send + 'static>(
+        &self,
+        peer: PeerName,
+        what: &'static str,
+        items: Items<T>,
+        place: crate::budget::AnswerPlace,
+    ) -> BoxStream<T> {
+        let (tx, rx) = mpsc::channel::<Result<T, Status>>(1);
+        let deadline = tokio::time::Instant::now() + self.answer_deadline;
+        let events = self.events.clone();
+        tokio::spawn(async move {
+            let mut items = items;
+            for item in items.by_ref() {
+                match tokio::time::timeout_at(deadline, tx.send(Ok(item))).await {
+                    Ok(Ok(())) => {}
+                    // The peer went away: nothing more to send.
+                    Ok(Err(_)) => return,
+                    Err(_) => {
+                        // The answer's memory and the place are given back now; the
+                        // reader, if it comes back, learns the answer was cut off.
+                        drop(items);
+                        drop(place);
+                        let status = Status::deadline_exceeded(format!(
+                            "{what}: the answer was not read whole within the answer deadline: cut off"
+                        ));
+                        events.emit(TransportEvent::RequestRefused { peer, reason: status.message().to_owned() });
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Box::pin(ReceiverStream::new(rx))
     }
 
     /// The caller's peer name; also tells the audit layer that the request got this far.
@@ -75,10 +130,6 @@ impl<H: Handler> KeySyncService<H> {
 /// to the connection going away, which is not worth an audit record).
 fn is_refusal(status: &Status) -> bool {
     matches!(status.code(), Code::OutOfRange | Code::ResourceExhausted | Code::Internal | Code::InvalidArgument)
-}
-
-fn stream_of<T: Send + 'static>(items: Items<T>) -> BoxStream<T> {
-    Box::pin(tokio_stream::iter(items.map(Ok)))
 }
 
 #[tonic::async_trait]
@@ -164,16 +215,18 @@ impl<H: Handler> KeySync for KeySyncService<H> {
 
     async fn diff(&self, request: Request<DiffRequest>) -> Result<Response<Self::DiffStream>, Status> {
         let peer = self.peer_of(&request)?;
+        let place = self.answer_place(&peer, "Diff")?;
         let chunks = self.handler.diff(&peer, request.into_inner()).await?;
-        Ok(Response::new(stream_of(chunks)))
+        Ok(Response::new(self.answer(peer, "Diff", chunks, place)))
     }
 
     type FetchStream = BoxStream<DecisionBatch>;
 
     async fn fetch(&self, request: Request<FetchRequest>) -> Result<Response<Self::FetchStream>, Status> {
         let peer = self.peer_of(&request)?;
+        let place = self.answer_place(&peer, "Fetch")?;
         let batches = self.handler.fetch(&peer, request.into_inner()).await?;
-        Ok(Response::new(stream_of(batches)))
+        Ok(Response::new(self.answer(peer, "Fetch", batches, place)))
     }
 
     async fn plan(&self, request: Request<PlanRequest>) -> Result<Response<PlanResponse>, Status> {

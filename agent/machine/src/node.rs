@@ -40,7 +40,7 @@ pub use guard::{GuardSettings, HeldDelete};
 pub use held::{OperatorAction, Outcome};
 pub use inventory::Held;
 pub use plan::{Holding, PlanRow};
-pub use repair::{Summaries, FETCH_CHUNK, MAX_FETCH};
+pub use repair::{BadAnswer, Compared, Summaries, FETCH_CHUNK, MAX_FETCH, MAX_PLANNED, MAX_ROWS_PER_ID};
 pub use runtime::{Applied, Failure, Kept, Runtime, StoreWrite};
 
 /// The node's settings, from the agent's config.

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keysync_machine::node::FETCH_CHUNK;
+use keysync_machine::node::{Compared, FETCH_CHUNK};
 use keysync_proto::v1::{self, key_sync_client::KeySyncClient};
 use keysync_proto::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
 use keysync_server::TlsSetup;
@@ -47,6 +47,10 @@ enum SessionError {
     PushClosed,
     #[error(transparent)]
     CoreGone(#[from] crate::node::CoreGone),
+    #[error("refused the peer's answer: {0}")]
+    BadAnswer(keysync_machine::node::BadAnswer),
+    #[error("refused the peer's Fetch answer: {0}")]
+    BadFetch(String),
 }
 
 pub struct PeerLink {
@@ -297,28 +301,54 @@ impl PeerLink {
         let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests };
         let mut run = AntiEntropyRun { bytes_sent: request.encoded_len(), ..AntiEntropyRun::default() };
         let mut stream = client.diff(request).await?.into_inner();
-        let mut buckets = Vec::new();
-        // Kept in the chunks they come in, each its own size: one list of
-        // 100,000 grown by doubling held two copies while it grew.
-        let mut summaries: Vec<keysync_machine::node::Summaries> = Vec::new();
-        while let Some(chunk) = stream.message().await? {
+        // Compared chunk by chunk as they come (the node keeps only its plan
+        // and what it needs of the ids it holds): a peer's answer, however
+        // large, is never held whole. The first chunk names the buckets.
+        let mut n_buckets = None;
+        let failed = loop {
+            let chunk = match stream.message().await {
+                Ok(Some(chunk)) => chunk,
+                Ok(None) => break None,
+                Err(e) => break Some(SessionError::Rpc(e)),
+            };
             run.bytes_received += chunk.encoded_len();
-            buckets.extend(chunk.buckets);
-            let mut rows = Vec::with_capacity(chunk.entries.len());
+            let peer = self.peer.name.clone();
+            if n_buckets.is_none() {
+                n_buckets = Some(chunk.buckets.len());
+                if chunk.buckets.is_empty() {
+                    break None;
+                }
+                let buckets = chunk.buckets;
+                if let Err(e) = self.core.ask(|reply| Request::RepairBegin { peer, buckets, reply }).await? {
+                    break Some(SessionError::BadAnswer(e));
+                }
+            } else if !chunk.buckets.is_empty() {
+                break Some(SessionError::BadAnswer(keysync_machine::node::BadAnswer::BucketsLate));
+            }
             // A malformed summary only means that id is not fetched.
-            rows.extend(chunk.entries.into_iter().filter_map(crate::net::wire::summary_from_wire));
-            summaries.push(rows);
+            let summaries = chunk.entries.into_iter().filter_map(crate::net::wire::summary_from_wire).collect();
+            let peer = self.peer.name.clone();
+            if let Err(e) = self.core.ask(|reply| Request::RepairChunk { peer, summaries, reply }).await? {
+                break Some(SessionError::BadAnswer(e));
+            }
+        };
+        if let Some(e) = failed {
+            let _ = self.core.tell(Request::RepairAbort { peer: self.peer.name.clone() }).await;
+            return Err(e);
         }
         self.board.contact(&self.peer.name);
-        if buckets.is_empty() {
+        let n_buckets = n_buckets.unwrap_or(0);
+        if n_buckets == 0 {
             run.at = crate::disk::audit::now_rfc3339();
             self.board.anti_entropy(&self.peer.name, run);
             return Ok(false);
         }
-        let n_buckets = buckets.len();
         let peer = self.peer.name.clone();
-        let (n_newer_there, newer_here) =
-            self.core.ask(|reply| Request::RepairCompare { peer, buckets, summaries, reply }).await?;
+        let compared = match self.core.ask(|reply| Request::RepairEnd { peer, reply }).await? {
+            Ok(compared) => compared,
+            Err(e) => return Err(SessionError::BadAnswer(e)),
+        };
+        let Compared { n_newer_there, newer_here, full } = compared;
         // Loaded and pushed a chunk at a time: to a joining master that is
         // every decision held, 100,000 keys. Unless the peer started
         // fetching from this master meanwhile (both rounds began at once):
@@ -375,7 +405,10 @@ impl PeerLink {
         run.applied = n_applied;
         run.at = crate::disk::audit::now_rfc3339();
         self.board.anti_entropy(&self.peer.name, run);
-        Ok(left)
+        if full {
+            tracing::info!(n_applied, "more differs than one round fetches; comparing again soon");
+        }
+        Ok(left || full)
     }
 }
 
@@ -409,15 +442,29 @@ impl PeerLink {
         let mut received = 0;
         let mut stream = client.fetch(request).await?.into_inner();
         let mut decisions: Vec<Decision> = Vec::with_capacity(ids.len());
+        // Read as it comes, and refused as soon as it gives more than was
+        // asked: an id not asked for, or more rows than an id can have.
+        let asked: std::collections::HashSet<&MinionId> = ids.iter().collect();
+        let most = ids.len() * keysync_machine::node::MAX_ROWS_PER_ID;
+        let mut n_rows = 0;
         while let Some(batch) = stream.message().await? {
             received += batch.encoded_len();
-            decisions.extend(batch.decisions.into_iter().filter_map(|msg| match decision_from_wire(msg) {
-                Ok(decision) => Some(decision),
-                Err(e) => {
-                    crate::net::rpc::audit_refused(&self.audit, self.board.metrics(), &self.peer.name, &e);
-                    None
+            n_rows += batch.decisions.len();
+            if n_rows > most {
+                return Err(SessionError::BadFetch(format!(
+                    "more than {most} decisions for the {} ids asked for",
+                    ids.len()
+                )));
+            }
+            for msg in batch.decisions {
+                match decision_from_wire(msg) {
+                    Ok(decision) if !asked.contains(&decision.id) => {
+                        return Err(SessionError::BadFetch(format!("a decision for {:?}, not asked for", decision.id)));
+                    }
+                    Ok(decision) => decisions.push(decision),
+                    Err(e) => crate::net::rpc::audit_refused(&self.audit, self.board.metrics(), &self.peer.name, &e),
                 }
-            }));
+            }
         }
         Ok((decisions, sent, received))
     }

@@ -188,3 +188,123 @@ async fn idle_push_streams_hold_no_budget() {
     })
     .await;
 }
+
+/// Answers big enough to stall a reader that does not read: each Fetch
+/// answer is 400 messages of 64 KiB, made one at a time as they are sent.
+struct BigAnswers {
+    /// Answers whose items were all dropped (sent, or the answer cut off).
+    freed: Arc<AtomicUsize>,
+}
+
+/// Counts an answer as freed when its items are dropped.
+struct Freed(Arc<AtomicUsize>);
+
+impl Drop for Freed {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[tonic::async_trait]
+impl Handler for BigAnswers {
+    async fn hello(&self, _: &PeerName, _: HelloRequest) -> Result<HelloResponse, Status> {
+        Ok(HelloResponse { node: "b".into(), protocol_version: keysync_proto::PROTOCOL_VERSION, ..Default::default() })
+    }
+
+    async fn push(&self, _: &PeerName, _: DecisionBatch) -> Result<PushAck, Status> {
+        Ok(PushAck::default())
+    }
+
+    async fn diff(&self, _: &PeerName, _: DiffRequest) -> Result<Items<DiffChunk>, Status> {
+        Ok(Box::new(std::iter::empty()))
+    }
+
+    async fn fetch(&self, _: &PeerName, _: FetchRequest) -> Result<Items<DecisionBatch>, Status> {
+        let freed = Freed(self.freed.clone());
+        let decision = keysync_proto::v1::Decision { public_key: vec![b'k'; 64 * 1024], ..Default::default() };
+        Ok(Box::new((0..400).map(move |_| {
+            let _ = &freed;
+            DecisionBatch { decisions: vec![decision.clone()] }
+        })))
+    }
+
+    async fn plan(&self, _: &PeerName, _: PlanRequest) -> Result<PlanResponse, Status> {
+        Ok(PlanResponse::default())
+    }
+}
+
+/// Issue 27, item 4: a peer that opens Fetch streams and never reads them
+/// (the review held 400 at once with an HTTP/2 window of 0 and grew the
+/// agent to 1.2 GiB) has at most two answers in flight (a third is refused),
+/// and those are cut off at the answer deadline, their memory given back;
+/// then it is answered again, and other peers all along.
+#[tokio::test]
+async fn stalled_answers_are_capped_per_peer_and_cut_off_at_the_deadline() {
+    bounded(async {
+        let pki = Pki::new();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let freed = Arc::new(AtomicUsize::new(0));
+        let handler = Arc::new(BigAnswers { freed: freed.clone() });
+        let shutdown = CancellationToken::new();
+        let opts = ServeOptions {
+            allowed_peers: vec!["a".into(), "c".into()],
+            answer_deadline: Duration::from_secs(2),
+            ..ServeOptions::default()
+        };
+        let tls = pki.setup(&["b"]);
+        tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { serve(listener, &tls, opts, handler, Arc::new(|_| {}), shutdown).await }
+        });
+        let client = keysync_server::connect(&addr, "b", &pki.setup(&["a"]), MAX_MESSAGE, CONNECT_TIMEOUT)
+            .await
+            .expect("a peer connects");
+        // Opened, never read.
+        let mut stalled = Vec::new();
+        let mut refused = 0;
+        for _ in 0..6 {
+            match client.clone().fetch(FetchRequest::default()).await {
+                Ok(response) => stalled.push(response.into_inner()),
+                Err(status) if status.code() == tonic::Code::ResourceExhausted => refused += 1,
+                Err(status) => panic!("a fetch failed: {status}"),
+            }
+        }
+        assert_eq!((stalled.len(), refused), (keysync_server::ANSWERS_PER_PEER, 4), "two in flight, the rest refused");
+        // Another peer is answered meanwhile, read whole.
+        let mut other = keysync_server::connect(&addr, "b", &pki.setup(&["c"]), MAX_MESSAGE, CONNECT_TIMEOUT)
+            .await
+            .expect("another peer connects");
+        let mut answer = other.fetch(FetchRequest::default()).await.expect("served").into_inner();
+        let mut n = 0;
+        while answer.message().await.expect("read whole").is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 400);
+        // The stalled ones are cut off at the deadline and their memory freed.
+        let t0 = std::time::Instant::now();
+        while freed.load(Ordering::SeqCst) < 3 {
+            assert!(t0.elapsed() < Duration::from_secs(30), "the stalled answers were never cut off");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Read now: what was buffered, then the cut.
+        let mut cut = 0;
+        for mut stream in stalled {
+            loop {
+                match stream.message().await {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => break,
+                    Err(status) => {
+                        assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status}");
+                        cut += 1;
+                        break;
+                    }
+                }
+            }
+        }
+        assert_eq!(cut, keysync_server::ANSWERS_PER_PEER, "a reader that comes back learns it was cut off");
+        client.clone().fetch(FetchRequest::default()).await.expect("places given back: answered again");
+        shutdown.cancel();
+    })
+    .await;
+}

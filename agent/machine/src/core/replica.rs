@@ -358,6 +358,11 @@ impl Replica {
             .flat_map(|(id, entry)| digested(entry).into_iter().map(move |part| (id, Summary::of(&part))))
     }
 
+    /// The summaries of `entry` a Diff shows (none for a plain tombstone).
+    pub fn summaries_of(entry: &Entry) -> impl Iterator<Item = Summary> {
+        digested(entry).into_iter().map(|part| Summary::of(&part))
+    }
+
     /// The entries in the given buckets.
     fn in_buckets(&self, buckets: &[u32]) -> impl Iterator<Item = (&MinionId, &Entry)> + Clone {
         let mut wanted = vec![false; self.digests.as_slice().len()];

@@ -38,10 +38,23 @@ pub const MAX_FETCH: usize = 5000;
 /// bookkeeping: at 5,000 keys that was 15–20 MiB of its peak.
 pub const FETCH_CHUNK: usize = 2000;
 
+/// Most ids one comparison plans to fetch from a peer. The rest of a larger
+/// difference waits for the link's next round, which the link runs soon
+/// after (see [`Compared::full`]): a peer's Diff answer, however large,
+/// costs this node a bounded plan (a hostile peer's 4,000,000 summaries
+/// were 400 MiB of plans and rows).
+pub const MAX_PLANNED: usize = 200_000;
+
+/// Most rows (the held decision and claims) a peer's Diff answer may give
+/// one id: a larger answer is refused.
+pub const MAX_ROWS_PER_ID: usize = 64;
+
 /// The fetches planned on each link, and the ids claimed by a link's fetch.
 #[derive(Debug, Default)]
 pub(super) struct Repairs {
     plans: HashMap<Arc<str>, Plan>,
+    /// Per link, the comparison of a peer's Diff answer in progress.
+    comparing: HashMap<Arc<str>, Comparing>,
     /// Id → the link fetching it now (large repairs only).
     in_flight: HashMap<MinionId, Arc<str>>,
     /// Keys the [`Tag`]s of this process's plans.
@@ -55,6 +68,76 @@ struct Plan {
     todo: VecDeque<(MinionId, Tag)>,
     /// Larger than one fetch: chunks are cut and claimed (see the module doc).
     large: bool,
+}
+
+/// A peer's Diff answer being compared, a chunk at a time: nothing of it is
+/// kept but the plan and, per id held here that the peer named, how this
+/// node's rows fare against the peer's (bounded by what this node holds).
+#[derive(Debug, Default)]
+struct Comparing {
+    buckets: Vec<u32>,
+    /// Per id held here that the peer named: how this node's rows fare.
+    mine: HashMap<MinionId, HeldHere>,
+    todo: Vec<(MinionId, Tag)>,
+    /// More ids are newer on the peer than [`MAX_PLANNED`].
+    full: bool,
+}
+
+/// An id held here that a peer's Diff answer named.
+#[derive(Debug)]
+struct HeldHere {
+    rows: Vec<MineRow>,
+    /// A plain tombstone: in no digest, compared only where the peer names it.
+    plain: bool,
+    /// Rows the peer gave for it.
+    n_theirs: usize,
+}
+
+/// One of this node's rows for an id (the held decision, or a claim).
+#[derive(Debug)]
+struct MineRow {
+    mine: Summary,
+    /// The peer holds this very row.
+    known: bool,
+    /// It beats every row the peer holds.
+    beats: bool,
+}
+
+impl MineRow {
+    /// Whether it is pushed: the peer does not hold it, and (for a decision,
+    /// not a claim) holds no row it does not beat.
+    fn is_newer(&self) -> bool {
+        !self.known && (self.mine.version.is_claim() || self.beats)
+    }
+}
+
+/// What comparing a peer's Diff answer found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Compared {
+    /// Ids the peer holds newer (planned for [`Node::repair_next`]).
+    pub n_newer_there: usize,
+    /// Ids whose decisions are newer here (or unknown there), sorted: to push.
+    pub newer_here: Vec<MinionId>,
+    /// The plan is full: more differs than one round fetches; run the next
+    /// round soon.
+    pub full: bool,
+}
+
+/// A peer's Diff answer that no agent would send.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BadAnswer {
+    #[error("the Diff answer names bucket {0}, of {n} buckets", n = crate::core::digest::N_BUCKETS)]
+    NoSuchBucket(u32),
+    #[error("the Diff answer names bucket {0} twice")]
+    BucketTwice(u32),
+    #[error("the Diff answer gives {0:?} in bucket {1}, which it did not name")]
+    OutsideBuckets(MinionId, usize),
+    #[error("the Diff answer gives {0:?} more than {MAX_ROWS_PER_ID} rows")]
+    TooManyRows(MinionId),
+    #[error("the Diff answer names buckets after its first chunk")]
+    BucketsLate,
+    #[error("no comparison is in progress on this link")]
+    NotComparing,
 }
 
 /// A peer's summary of one id as a plan keeps it: a keyed hash of its
@@ -157,9 +240,7 @@ impl Node {
     /// [`Node::repair_compare`] naming the ids whose decisions are newer
     /// here, sorted, instead of loading them all at once: a link to a
     /// joining master pushes every decision held, and loads them with
-    /// [`Node::fetch`] a chunk at a time. The peer's summaries come in the
-    /// chunks they arrived in (100,000 for a joining master: no list grown
-    /// by doubling to hold them).
+    /// [`Node::fetch`] a chunk at a time.
     pub fn repair_compare_ids(
         &mut self,
         peer: &str,
@@ -167,65 +248,134 @@ impl Node {
         summaries: Vec<Summaries>,
         rt: &mut impl Runtime,
     ) -> (usize, Vec<MinionId>) {
-        // The plain tombstones the peer holds something else for are read
-        // back from the store: they may beat it, or it may be newer. (Where
-        // the peer holds a delete too, both show nothing.)
-        let named = summaries.iter().flatten().filter(|(_, theirs)| !theirs.is_delete());
-        if self.warm(named.map(|(id, _)| id), rt).is_err() {
+        if self.repair_begin(peer, buckets).is_err() {
             return (0, Vec::new());
         }
-        let compared = self.compare(peer, buckets, summaries);
-        self.cool();
-        compared
-    }
-
-    fn compare(&mut self, peer: &str, buckets: &[u32], summaries: Vec<Summaries>) -> (usize, Vec<MinionId>) {
-        // Per id held here, every row the peer holds: the decision held and
-        // its claims (no other id is looked up: a joining master maps none).
-        let mut theirs: HashMap<&MinionId, Vec<&Summary>> = HashMap::new();
-        for (id, summary) in summaries.iter().flatten() {
-            if self.replica.holds(id.as_str()) {
-                theirs.entry(id).or_default().push(summary);
+        for chunk in summaries {
+            if self.repair_chunk(peer, chunk, rt).is_err() {
+                self.repair_abort(peer);
+                return (0, Vec::new());
             }
         }
+        let compared = self.repair_end(peer).unwrap_or_default();
+        (compared.n_newer_there, compared.newer_here)
+    }
+
+    /// On this node's link to `peer`, the first chunk of the peer's Diff
+    /// answer named the differing `buckets`: a comparison begins (its
+    /// chunks follow with [`Node::repair_chunk`], then [`Node::repair_end`]).
+    pub fn repair_begin(&mut self, peer: &str, buckets: &[u32]) -> Result<(), BadAnswer> {
+        let mut named = vec![false; crate::core::digest::N_BUCKETS];
+        for &bucket in buckets {
+            let slot = named.get_mut(bucket as usize).ok_or(BadAnswer::NoSuchBucket(bucket))?;
+            if std::mem::replace(slot, true) {
+                return Err(BadAnswer::BucketTwice(bucket));
+            }
+        }
+        self.repairs.comparing.insert(peer.into(), Comparing { buckets: buckets.to_vec(), ..Comparing::default() });
+        Ok(())
+    }
+
+    /// One chunk of the peer's Diff answer, compared as it comes: what this
+    /// node lacks is planned (up to [`MAX_PLANNED`]), and how this node's rows
+    /// fare against the peer's noted for the ids held here. An answer giving
+    /// ids outside the buckets it named is refused (the comparison dropped).
+    pub fn repair_chunk(&mut self, peer: &str, chunk: Summaries, rt: &mut impl Runtime) -> Result<(), BadAnswer> {
+        let Some(mut comparing) = self.repairs.comparing.remove(peer) else { return Err(BadAnswer::NotComparing) };
+        // The plain tombstones the peer holds something else for are read
+        // back from the store: they may beat it, or it may be newer. (Where
+        // the peer holds a delete too, both show nothing.) If the store
+        // cannot be read, the chunk is compared without them: their ids are
+        // fetched or pushed again at worst, never lost.
+        let named = chunk.iter().filter(|(_, theirs)| !theirs.is_delete());
+        let _ = self.warm(named.map(|(id, _)| id), rt);
+        let outcome = self.compare_chunk(&mut comparing, chunk);
+        self.cool();
+        if outcome.is_ok() {
+            self.repairs.comparing.insert(peer.into(), comparing);
+        }
+        outcome
+    }
+
+    fn compare_chunk(&self, comparing: &mut Comparing, chunk: Summaries) -> Result<(), BadAnswer> {
+        let keys = &self.repairs.tags;
+        for (id, theirs) in chunk {
+            let bucket = crate::core::digest::bucket_of(&id);
+            if !comparing.buckets.contains(&(bucket as u32)) {
+                return Err(BadAnswer::OutsideBuckets(id, bucket));
+            }
+            if let Some(entry) = self.replica.entry(&id) {
+                let held = comparing.mine.entry(id.clone()).or_insert_with(|| {
+                    let plain = entry.is_plain_tombstone();
+                    let mine: Vec<Summary> = if plain {
+                        vec![Summary::of(&entry.held())]
+                    } else {
+                        crate::core::replica::Replica::summaries_of(entry).collect()
+                    };
+                    let rows = mine.into_iter().map(|mine| MineRow { mine, known: false, beats: true }).collect();
+                    HeldHere { rows, plain, n_theirs: 0 }
+                });
+                held.n_theirs += 1;
+                if held.n_theirs > MAX_ROWS_PER_ID {
+                    return Err(BadAnswer::TooManyRows(id));
+                }
+                for row in &mut held.rows {
+                    row.known |= theirs.version == row.mine.version && theirs.content == row.mine.content;
+                    row.beats &= row.mine.beats(&theirs);
+                }
+            }
+            if self.replica.is_newer_on_peer(&id, &theirs) {
+                // One fetch per id brings all it has (summaries come sorted by id).
+                if comparing.todo.last().is_some_and(|(last, _)| *last == id) {
+                    continue;
+                }
+                if comparing.todo.len() < MAX_PLANNED {
+                    comparing.todo.push((id, Tag::of_summary(keys, &theirs)));
+                } else {
+                    comparing.full = true;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The peer's Diff answer was read whole: what to push, and the plan of
+    /// what to fetch.
+    pub fn repair_end(&mut self, peer: &str) -> Result<Compared, BadAnswer> {
+        let comparing = self.repairs.comparing.remove(peer).ok_or(BadAnswer::NotComparing)?;
+        let Comparing { buckets, mine, todo, full } = comparing;
+        // Per row held here: pushed unless the peer holds it, or (for a
+        // decision, not a claim) holds a row it does not beat.
         let mut newer_here: Vec<MinionId> = self
             .replica
-            .summarise_in(buckets)
-            .filter(|(id, mine)| {
-                let Some(rows) = theirs.get(id) else { return true };
-                let known = rows.iter().any(|t| t.version == mine.version && t.content == mine.content);
-                !known && (mine.version.is_claim() || rows.iter().all(|t| mine.beats(t)))
+            .summarise_in(&buckets)
+            .filter(|(id, row)| match mine.get(*id) {
+                None => true,
+                Some(held) => held.rows.iter().find(|r| r.mine == *row).is_none_or(MineRow::is_newer),
             })
             .map(|(id, _)| id.clone())
             .collect();
         // A plain tombstone is pushed where it deletes something (it is in no
         // digest, and a peer holding nothing for its id shows the same).
-        newer_here.extend(theirs.iter().filter_map(|(&id, rows)| {
-            let entry = self.replica.entry(id).filter(|entry| entry.is_plain_tombstone())?;
-            let mine = Summary::of(&entry.held());
-            let known = rows.iter().any(|t| t.version == mine.version && t.content == mine.content);
-            (!known && rows.iter().all(|t| mine.beats(t))).then(|| id.clone())
+        newer_here.extend(mine.iter().filter_map(|(id, held)| {
+            let row = held.rows.first()?;
+            (held.plain && !row.known && row.beats).then(|| id.clone())
         }));
         newer_here.sort_unstable();
         newer_here.dedup();
-        drop(theirs);
-        // Counted first: the plan is kept for the whole repair, so it gets
-        // no room to spare.
-        let newer_there = |(id, theirs): &(MinionId, Summary)| self.replica.is_newer_on_peer(id, theirs);
-        let mut todo = Vec::with_capacity(summaries.iter().flatten().filter(|row| newer_there(row)).count());
-        let keys = &self.repairs.tags;
-        for chunk in summaries {
-            let newer = chunk.into_iter().filter(|row| newer_there(row));
-            todo.extend(newer.map(|(id, theirs)| (id, Tag::of_summary(keys, &theirs))));
-        }
-        // One fetch per id brings all it has (summaries come sorted by id).
-        todo.dedup_by(|later, first| later.0 == first.0);
+        drop(mine);
         let todo = VecDeque::from(todo);
         let n_newer_there = todo.len();
         // The ids new here are held once fetched: room for them now.
         self.replica.reserve(todo.iter().filter(|(id, _)| !self.replica.holds(id.as_str())).count());
         self.repairs.plans.insert(peer.into(), Plan { large: todo.len() > FETCH_CHUNK, todo });
-        (n_newer_there, newer_here)
+        Ok(Compared { n_newer_there, newer_here, full })
+    }
+
+    /// The peer's Diff answer could not be read whole (or was refused): the
+    /// comparison is dropped; the next round compares again.
+    pub fn repair_abort(&mut self, peer: &str) {
+        self.repairs.comparing.remove(peer);
     }
 
     /// The next ids to fetch from `peer` (at most [`FETCH_CHUNK`]); `None`
@@ -296,6 +446,7 @@ impl Node {
     /// The link to `peer` is down: its plan is dropped and its claims released.
     pub fn link_down(&mut self, peer: &str) {
         self.repairs.plans.remove(peer);
+        self.repairs.comparing.remove(peer);
         self.repairs.in_flight.retain(|_, link| &**link != peer);
     }
 }

@@ -120,6 +120,7 @@ fn a_forwarded_decision_names_the_peers_it_came_through() {
 mod cold;
 mod first_contact;
 mod guard;
+mod repair;
 
 /// A peer's decision written but not recorded (the store failed) waits for
 /// its retry; a newer decision meanwhile waits for that retry too, then must
