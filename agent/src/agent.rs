@@ -193,9 +193,9 @@ pub async fn run_with(
     tasks.spawn(crate::ops::control::serve(control_socket, control_ctx, shutdown.clone()));
     if let Some(listener) = metrics_listener {
         tracing::info!(address = %listener.local_addr()?, "serving Prometheus metrics on /metrics");
-        let (metrics, shutdown) = (metrics.clone(), shutdown.clone());
+        let (metrics, shutdown, allow) = (metrics.clone(), shutdown.clone(), config.metrics_allow.clone());
         tasks.spawn(async move {
-            if let Err(e) = crate::ops::metrics::serve(listener, metrics, shutdown).await {
+            if let Err(e) = crate::ops::metrics::serve(listener, allow, metrics, shutdown).await {
                 tracing::error!(error = %e, "metrics listener failed");
             }
         });

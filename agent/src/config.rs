@@ -30,6 +30,8 @@ struct RawConfig {
     timings: RawTimings,
     control_socket: Option<PathBuf>,
     metrics_listen: Option<String>,
+    #[serde(default)]
+    metrics_allow: Vec<String>,
     mode: Option<String>,
     #[serde(default)]
     guard: RawGuard,
@@ -249,6 +251,8 @@ pub struct Config {
     pub control_socket: PathBuf,
     /// Where Prometheus metrics are served; `None`: no metrics listener.
     pub metrics_listen: Option<SocketAddr>,
+    /// The only addresses `/metrics` serves (empty: any).
+    pub metrics_allow: Vec<std::net::IpAddr>,
     pub mode: Mode,
     /// The blast-radius guard (`[guard]`; see `keysync_machine::node::GuardSettings`).
     pub guard: keysync_machine::node::GuardSettings,
@@ -301,6 +305,14 @@ impl Config {
                 Some(text.parse().map_err(|_| invalid("metrics_listen", format!("{text:?} is not ip:port")))?)
             }
         };
+
+        let mut metrics_allow = Vec::new();
+        for (idx, text) in raw.metrics_allow.iter().enumerate() {
+            let address = text.parse().map_err(|_| {
+                invalid(&format!("metrics_allow[{idx}]"), format!("{text:?} is not an IP address (the scraper's)"))
+            })?;
+            metrics_allow.push(address);
+        }
 
         let mut peers: Vec<Peer> = Vec::new();
         for (idx, peer) in raw.peer.into_iter().enumerate() {
@@ -415,6 +427,7 @@ impl Config {
             timings,
             control_socket,
             metrics_listen,
+            metrics_allow,
             mode,
             guard,
         })
@@ -530,6 +543,11 @@ address = "10.0.0.12:4515"
         assert_eq!(config.metrics_listen, None);
         let with_metrics = parse(&format!("metrics_listen = \"127.0.0.1:9515\"\n{MINIMAL}")).unwrap();
         assert_eq!(with_metrics.metrics_listen, Some("127.0.0.1:9515".parse().unwrap()));
+        assert!(with_metrics.metrics_allow.is_empty(), "any scraper by default");
+        let allow = parse(&format!("metrics_allow = [\"10.0.0.5\", \"::1\"]\n{MINIMAL}")).unwrap();
+        assert_eq!(allow.metrics_allow, ["10.0.0.5".parse::<std::net::IpAddr>().unwrap(), "::1".parse().unwrap()]);
+        let e = parse(&format!("metrics_allow = [\"10.0.0.0/8\"]\n{MINIMAL}")).unwrap_err();
+        assert!(e.contains("metrics_allow[0]: \"10.0.0.0/8\" is not an IP address"), "{e}");
     }
 
     /// Retired masters are origins a peer may name, never this node or a peer.

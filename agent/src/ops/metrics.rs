@@ -290,11 +290,17 @@ pub async fn bind(address: SocketAddr) -> anyhow::Result<TcpListener> {
     TcpListener::bind(address).await.with_context(|| format!("metrics_listen: cannot listen on {address}"))
 }
 
-/// Serves `GET /metrics` until `shutdown`.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: CancellationToken) -> std::io::Result<()> {
-    use super::scrape_listener::{ScrapeListener, CONNECTION_DEADLINE, MAX_CONNECTIONS};
-    // Bounded in connections and time (see `scrape_listener.rs`).
-    serve_on(ScrapeListener::new(listener, MAX_CONNECTIONS, CONNECTION_DEADLINE), metrics, shutdown).await
+/// Serves `GET /metrics` until `shutdown`, to the addresses in `allow`
+/// (empty: any).
+pub async fn serve(
+    listener: TcpListener,
+    allow: Vec<std::net::IpAddr>,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    use super::scrape_listener::{Bounds, ScrapeListener};
+    // Bounded in connections, sources and time (see `scrape_listener.rs`).
+    serve_on(ScrapeListener::new(listener, Bounds::with_allow(allow)), metrics, shutdown).await
 }
 
 /// [`serve`] on a listener already bounded.
