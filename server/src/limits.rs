@@ -5,12 +5,13 @@
 //! with a count, so that a flood cannot fill the audit log (321,552 records
 //! in 25 s).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
 
 /// Handshake budgets of one listener.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,24 +35,41 @@ pub(crate) struct Gate {
     limits: ConnectionLimits,
     others: Arc<Semaphore>,
     reserved: Arc<Semaphore>,
-    per_source: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    /// Per source, the handshakes in progress, oldest first.
+    per_source: Arc<Mutex<Sources>>,
 }
 
-/// A handshake's place: released when dropped.
+#[derive(Debug, Default)]
+struct Sources {
+    by_source: HashMap<IpAddr, VecDeque<Slot>>,
+    next_id: u64,
+}
+
+/// One handshake in progress: its permit, and how to end it early.
+#[derive(Debug)]
+struct Slot {
+    id: u64,
+    permit: OwnedSemaphorePermit,
+    evict: CancellationToken,
+}
+
+/// A handshake's place: released when dropped. `evicted` fires when a newer
+/// handshake from a configured peer's address took it (see [`Gate::admit`]).
 #[derive(Debug)]
 pub(crate) struct Admitted {
-    _permit: OwnedSemaphorePermit,
+    id: u64,
     source: IpAddr,
-    per_source: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    pub(crate) evicted: CancellationToken,
+    per_source: Arc<Mutex<Sources>>,
 }
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        let mut counts = self.per_source.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(n) = counts.get_mut(&self.source) {
-            *n -= 1;
-            if *n == 0 {
-                counts.remove(&self.source);
+        let mut sources = self.per_source.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(slots) = sources.by_source.get_mut(&self.source) {
+            slots.retain(|slot| slot.id != self.id);
+            if slots.is_empty() {
+                sources.by_source.remove(&self.source);
             }
         }
     }
@@ -68,22 +86,44 @@ impl Gate {
     }
 
     /// A place for a handshake from `source` (`is_peer`: one of the configured
-    /// peers' addresses), or why there is none.
+    /// peers' addresses), or why there is none. A peer's address that has
+    /// its handshakes in progress already gets the place of its oldest one,
+    /// which is ended: a local user on a peer's host (same address) holding
+    /// idle connections cannot lock that peer out, since the peer's own
+    /// handshake completes in milliseconds while the idle ones wait.
     pub(crate) fn admit(&self, source: IpAddr, is_peer: bool) -> Result<Admitted, String> {
-        let mut counts = self.per_source.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let n = counts.get(&source).copied().unwrap_or(0);
-        if n >= self.limits.per_source {
-            return Err(format!("more than {} handshakes in progress from this address", self.limits.per_source));
-        }
-        let permit = match self.others.clone().try_acquire_owned() {
-            Ok(permit) => permit,
-            Err(_) if is_peer => self.reserved.clone().try_acquire_owned().map_err(|_| {
-                format!("more than {} handshakes in progress", self.limits.others + self.limits.reserved)
-            })?,
-            Err(_) => return Err(format!("more than {} handshakes in progress from strangers", self.limits.others)),
+        let mut sources = self.per_source.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let id = sources.next_id;
+        sources.next_id += 1;
+        let slots = sources.by_source.entry(source).or_default();
+        let permit = if slots.len() >= self.limits.per_source {
+            if !is_peer {
+                return Err(format!("more than {} handshakes in progress from this address", self.limits.per_source));
+            }
+            let oldest = slots.pop_front().expect("at the limit, so not empty");
+            oldest.evict.cancel();
+            oldest.permit
+        } else {
+            let permit = match self.others.clone().try_acquire_owned() {
+                Ok(permit) => Ok(permit),
+                Err(_) if is_peer => self.reserved.clone().try_acquire_owned().map_err(|_| {
+                    format!("more than {} handshakes in progress", self.limits.others + self.limits.reserved)
+                }),
+                Err(_) => Err(format!("more than {} handshakes in progress from strangers", self.limits.others)),
+            };
+            match permit {
+                Ok(permit) => permit,
+                Err(reason) => {
+                    if slots.is_empty() {
+                        sources.by_source.remove(&source);
+                    }
+                    return Err(reason);
+                }
+            }
         };
-        counts.insert(source, n + 1);
-        Ok(Admitted { _permit: permit, source, per_source: self.per_source.clone() })
+        let evicted = CancellationToken::new();
+        slots.push_back(Slot { id, permit, evict: evicted.clone() });
+        Ok(Admitted { id, source, evicted, per_source: self.per_source.clone() })
     }
 }
 
@@ -191,6 +231,29 @@ mod tests {
         drop(a1);
         drop(peer);
         assert!(gate.admit(ip(4), false).is_ok(), "places come back");
+    }
+
+    /// Issue 27 item 8: idle connections from a peer's own address (a local
+    /// user on its host) cannot lock the peer out: its newest handshake takes
+    /// the oldest one's place, which is ended; strangers' addresses are
+    /// still refused at their limit.
+    #[test]
+    fn a_peers_address_takes_the_place_of_its_oldest_handshake() {
+        let gate = Gate::new(ConnectionLimits { per_source: 2, others: 2, reserved: 1 });
+        let idle1 = gate.admit(ip(1), true).unwrap();
+        let idle2 = gate.admit(ip(1), true).unwrap();
+        let peer = gate.admit(ip(1), true).expect("not refused: the oldest makes room");
+        assert!(idle1.evicted.is_cancelled(), "the oldest is ended");
+        assert!(!idle2.evicted.is_cancelled() && !peer.evicted.is_cancelled());
+        drop(idle1);
+        let again = gate.admit(ip(1), true).unwrap();
+        assert!(idle2.evicted.is_cancelled(), "then the next oldest");
+        assert!(!peer.evicted.is_cancelled());
+        drop((idle2, again, peer));
+        let _s1 = gate.admit(ip(5), false).unwrap();
+        let _s2 = gate.admit(ip(5), false).unwrap();
+        assert!(gate.admit(ip(5), false).unwrap_err().contains("from this address"), "strangers are refused");
+        assert!(gate.per_source.lock().unwrap().by_source.len() == 1, "nothing left of ip(1)");
     }
 
     #[test]

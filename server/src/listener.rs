@@ -206,7 +206,15 @@ async fn accept_loop(listener: TcpListener, limits: crate::limits::ConnectionLim
                 Ok(place) => {
                     let ctx = ctx.clone();
                     ctx.handshakes.clone().spawn(async move {
-                        handshake(ctx, tcp, remote).await;
+                        tokio::select! {
+                            () = handshake(ctx.clone(), tcp, remote) => {}
+                            // A newer handshake from a peer's address took its place.
+                            () = place.evicted.cancelled() => ctx.events.emit(TransportEvent::HandshakeRefused {
+                                remote,
+                                presented: Vec::new(),
+                                reason: "ended for a newer handshake from this peer's address".into(),
+                            }),
+                        }
                         drop(place);
                     });
                 }

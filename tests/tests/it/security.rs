@@ -386,6 +386,75 @@ async fn a_peers_refusals_are_aggregated_not_one_record_each() {
     cluster.shutdown().await;
 }
 
+/// Whether the agent of `config` has its link to `peer` up (`status --json`).
+fn link_up(config: &str, peer: &str) -> bool {
+    let out = keysync_tests::binary::run_cli(&["status", "--json", "--config", config]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    report["peers"].as_array().is_some_and(|peers| peers.iter().any(|p| p["name"] == peer && p["state"] == "up"))
+}
+
+/// Issue 27 item 8: a local user on a peer's host (the same source
+/// address, here 127.0.0.1, which the relays connect from) keeps hundreds of
+/// idle connections open to master-b, renewing them as they close; master-a
+/// and master-c reconnect to it all the same, and decisions flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_from_a_peers_own_address_never_lock_it_out() {
+    let cluster = TestCluster::start(3).await;
+    let target = cluster.agents[1].addr;
+    cluster.partition(&[&[0], &[1], &[2]]);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let attacker = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let mut idle: Vec<tokio::net::TcpStream> = Vec::new();
+            let mut opened = 0u32;
+            while !stop.is_cancelled() {
+                // Kept at 300 open: closed ones are replaced.
+                idle.retain(
+                    |s| matches!(s.try_read(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+                );
+                while idle.len() < 300 {
+                    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+                    match tokio::time::timeout(Duration::from_secs(1), socket.connect(target)).await {
+                        Ok(Ok(stream)) => idle.push(stream),
+                        _ => break,
+                    }
+                    opened += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            opened
+        }
+    });
+    // The flood's first handshakes are held for the handshake deadline (5 s):
+    // before the fix, a peer got in only once they expired (4.4 s after the
+    // heal here), and not at all against a faster flood.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let healed = std::time::Instant::now();
+    cluster.heal();
+    // master-a's and master-c's own links to master-b come up (master-b's
+    // links to them would carry decisions anyway: the links are what the
+    // flood would lock out).
+    for idx in [0, 2] {
+        let config = cluster.agents[idx].files.config_path.to_str().unwrap().to_string();
+        let what = format!("agent {idx}'s link to master-b up");
+        wait_until(Duration::from_secs(20), &what, || link_up(&config, "master-b")).await;
+    }
+    let took = healed.elapsed();
+    eprintln!("master-a and master-c reconnected to master-b {took:?} after the heal, under the flood");
+    assert!(
+        took < Duration::from_secs(4),
+        "reconnected {took:?} after the heal: only once the flood's handshakes expired"
+    );
+    accepted_everywhere(&cluster, 0, "while-held", &new_public_key()).await;
+    stop.cancel();
+    let opened = attacker.await.unwrap();
+    assert!(opened >= 300, "the flood ran: {opened} connections");
+    accepted_everywhere(&cluster, 2, "after", &new_public_key()).await;
+    cluster.shutdown().await;
+}
+
 /// Opens one raw TLS connection to `addr` from `source` as `identity` (or
 /// with no client certificate), trusting `ca_pem` for the server, and says
 /// whether the server refused it (handshake failed, or the connection closed
