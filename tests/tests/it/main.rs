@@ -9,6 +9,9 @@ mod certs;
 /// `status --cluster` beside real Salt 3008.3 and 3006.28: versions, key
 /// counts, skew, and an auto-accepting master as an error on every master.
 mod cluster_health;
+/// Issue 27: a compromised master decides only as itself, and cannot starve
+/// or flood the others.
+mod compromised;
 /// `salt-keysync demo`: three operations shown propagating, private files, cleanup on Ctrl-C.
 mod demo;
 /// Issue 20: every shell command in the docs is run by a test or marked as an example.

@@ -18,9 +18,9 @@ use salt_keysync::core::MinionId;
 use salt_keysync::disk::audit::Record;
 use salt_keysync::disk::store::Store;
 
-const SETTLE: Duration = Duration::from_secs(15);
+pub(crate) const SETTLE: Duration = Duration::from_secs(15);
 
-async fn accepted_everywhere(cluster: &TestCluster, origin: usize, id: &str, key: &str) {
+pub(crate) async fn accepted_everywhere(cluster: &TestCluster, origin: usize, id: &str, key: &str) {
     for idx in 0..cluster.agents.len() {
         master_writes_pending(cluster.pki(idx), id, key);
     }
@@ -208,7 +208,7 @@ async fn a_huge_key_file_is_refused_without_being_read() {
 }
 
 /// A client presenting `material` (a configured peer's identity) to `addr`.
-async fn peer_client(
+pub(crate) async fn peer_client(
     addr: std::net::SocketAddr,
     server: &str,
     material: &TlsMaterial,
@@ -217,7 +217,7 @@ async fn peer_client(
     keysync_server::connect(&addr.to_string(), server, &tls, 32 * 1024 * 1024, Duration::from_secs(10)).await.unwrap()
 }
 
-fn identity(cluster: &TestCluster, name: &str) -> TlsMaterial {
+pub(crate) fn identity(cluster: &TestCluster, name: &str) -> TlsMaterial {
     let now = time::OffsetDateTime::now_utc();
     let issued = cluster.ca.issue(&[name], now - time::Duration::hours(1), now + time::Duration::days(1)).unwrap();
     TlsMaterial {
@@ -227,12 +227,12 @@ fn identity(cluster: &TestCluster, name: &str) -> TlsMaterial {
     }
 }
 
-fn now_hlc(offset: Duration) -> u64 {
+pub(crate) fn now_hlc(offset: Duration) -> u64 {
     let ms = (std::time::SystemTime::now() + offset).duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
     (ms as u64) << 16
 }
 
-fn wire_accept(minion: &str, key: &str, hlc: u64) -> v1::Decision {
+pub(crate) fn wire_accept(minion: &str, key: &str, hlc: u64) -> v1::Decision {
     v1::Decision {
         minion: minion.into(),
         verdict: v1::Verdict::Accepted.into(),
@@ -339,119 +339,6 @@ async fn hostile_messages_from_a_configured_peer_are_refused_and_write_nothing()
 
     // Still replicating with the real peer.
     accepted_everywhere(&cluster, 1, "after", &new_public_key()).await;
-    cluster.shutdown().await;
-}
-
-/// Issue 27, item 6: a configured peer sending thousands of invalid
-/// decisions (or decisions naming made-up origins) adds ten `refuse`
-/// records a minute to the audit log, then one with the count; the agent
-/// stays up and replicating.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_peers_refusals_are_aggregated_not_one_record_each() {
-    let mut cluster = TestCluster::start(2).await;
-    let key = new_public_key();
-    let mut client = peer_client(cluster.agents[0].addr, "master-a", &identity(&cluster, "master-b")).await;
-    let hello =
-        v1::HelloRequest { node: "master-b".into(), protocol_version: keysync_proto::PROTOCOL_VERSION, health: None };
-    client.hello(hello).await.unwrap();
-    let now = now_hlc(Duration::ZERO);
-    let (n_batches, per_batch) = (5, 1_000);
-    let mut n_applied = 0;
-    for b in 0..n_batches {
-        let mut batch: Vec<v1::Decision> =
-            (0..per_batch).map(|i| wire_accept(&format!("bad/{b}/{i}"), &key, now)).collect();
-        // Valid decisions in a made-up master's name: refused too, one record per batch.
-        let mut stranger = wire_accept(&format!("stranger{b}"), &key, now);
-        stranger.version.as_mut().unwrap().node = format!("m{b}.example");
-        batch.push(stranger);
-        let mut acks =
-            client.push(tokio_stream::iter([v1::DecisionBatch { decisions: batch }])).await.unwrap().into_inner();
-        n_applied += acks.message().await.unwrap().expect("an ack").n_applied;
-    }
-    assert_eq!(n_applied, 0, "nothing applied");
-    let refusals = |audit: &[Record]| -> Vec<Record> {
-        audit.iter().filter(|r| r.action == "refuse" && r.via == "master-b").cloned().collect()
-    };
-    let told = refusals(&cluster.agents[0].audit());
-    assert_eq!(told.len(), 10, "ten told one by one: {told:#?}");
-    // Still replicating with the real peer.
-    accepted_everywhere(&cluster, 1, "after the flood", &new_public_key()).await;
-    // The count of the rest is told when the window ends, or at a stop.
-    cluster.stop(0).await;
-    let told = refusals(&cluster.agents[0].audit());
-    assert_eq!(told.len(), 11, "{told:#?}");
-    let summary = told.last().unwrap().reason.clone().unwrap();
-    let n_refused = n_batches * (per_batch + 1);
-    assert!(summary.starts_with(&format!("{} more refusals of what master-b sent", n_refused - 10)), "{summary}");
-    cluster.shutdown().await;
-}
-
-/// Whether the agent of `config` has its link to `peer` up (`status --json`).
-fn link_up(config: &str, peer: &str) -> bool {
-    let out = keysync_tests::binary::run_cli(&["status", "--json", "--config", config]);
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    report["peers"].as_array().is_some_and(|peers| peers.iter().any(|p| p["name"] == peer && p["state"] == "up"))
-}
-
-/// Issue 27 item 8: a local user on a peer's host (the same source
-/// address, here 127.0.0.1, which the relays connect from) keeps hundreds of
-/// idle connections open to master-b, renewing them as they close; master-a
-/// and master-c reconnect to it all the same, and decisions flow.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn idle_connections_from_a_peers_own_address_never_lock_it_out() {
-    let cluster = TestCluster::start(3).await;
-    let target = cluster.agents[1].addr;
-    cluster.partition(&[&[0], &[1], &[2]]);
-    let stop = tokio_util::sync::CancellationToken::new();
-    let attacker = tokio::spawn({
-        let stop = stop.clone();
-        async move {
-            let mut idle: Vec<tokio::net::TcpStream> = Vec::new();
-            let mut opened = 0u32;
-            while !stop.is_cancelled() {
-                // Kept at 300 open: closed ones are replaced.
-                idle.retain(
-                    |s| matches!(s.try_read(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
-                );
-                while idle.len() < 300 {
-                    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-                    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
-                    match tokio::time::timeout(Duration::from_secs(1), socket.connect(target)).await {
-                        Ok(Ok(stream)) => idle.push(stream),
-                        _ => break,
-                    }
-                    opened += 1;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            opened
-        }
-    });
-    // The flood's first handshakes are held for the handshake deadline (5 s):
-    // before the fix, a peer got in only once they expired (4.4 s after the
-    // heal here), and not at all against a faster flood.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let healed = std::time::Instant::now();
-    cluster.heal();
-    // master-a's and master-c's own links to master-b come up (master-b's
-    // links to them would carry decisions anyway: the links are what the
-    // flood would lock out).
-    for idx in [0, 2] {
-        let config = cluster.agents[idx].files.config_path.to_str().unwrap().to_string();
-        let what = format!("agent {idx}'s link to master-b up");
-        wait_until(Duration::from_secs(20), &what, || link_up(&config, "master-b")).await;
-    }
-    let took = healed.elapsed();
-    eprintln!("master-a and master-c reconnected to master-b {took:?} after the heal, under the flood");
-    assert!(
-        took < Duration::from_secs(4),
-        "reconnected {took:?} after the heal: only once the flood's handshakes expired"
-    );
-    accepted_everywhere(&cluster, 0, "while-held", &new_public_key()).await;
-    stop.cancel();
-    let opened = attacker.await.unwrap();
-    assert!(opened >= 300, "the flood ran: {opened} connections");
-    accepted_everywhere(&cluster, 2, "after", &new_public_key()).await;
     cluster.shutdown().await;
 }
 
