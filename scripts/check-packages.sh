@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Checks the packages ./scripts/package.sh made: every expected file with its
-# mode and kind, conffiles, maintainer scripts; then, where the machine
-# allows (root, dpkg, no salt-keysync installed by someone else), installs
-# the .deb, runs the binary, checks that the documents it names are there, `check`, `systemd-analyze verify` on the
-# installed unit and its generator, removes and purges it, and checks that
-# purge keeps the audit log unless SALT_KEYSYNC_PURGE_AUDIT=yes. The package
-# under a real systemd beside a real salt-master is tests/systemd/run.sh.
+# mode and kind, conffiles (the .deb's config is none), maintainer scripts,
+# the version; then, where the machine allows (root, dpkg, no salt-keysync
+# installed by someone else), installs the .deb, runs the binary, checks
+# that the documents it names are there, `check`, `systemd-analyze verify`
+# on the installed unit and its generator, removes and purges it, and checks
+# that purge keeps the audit log unless SALT_KEYSYNC_PURGE_AUDIT=yes; last,
+# upgrades to it without a terminal from a package laid out as 0.1.0 was
+# (the config a conffile, edited, its example changed since), keeping the
+# edit. The package under a real systemd beside a real salt-master is
+# tests/systemd/run.sh.
 #
 # The .rpm is read with `rpm -qp` if rpm is installed, else by reading its
 # header directly (a small parser below: lead, signature and main header;
@@ -32,7 +36,7 @@ common=(
     "usr/lib/systemd/system-generators/salt-keysync-generator 100755"
     "usr/lib/salt-keysync/master-user 100755"
     "usr/lib/salt-keysync/owners 100755"
-    "etc/salt-keysync/config.toml 100600"
+    "usr/share/salt-keysync/config.toml 100644"
     "etc/logrotate.d/salt-keysync 100644"
     "usr/share/bash-completion/completions/salt-keysync 100644"
     "usr/share/fish/vendor_completions.d/salt-keysync.fish 100644"
@@ -40,6 +44,7 @@ common=(
     "usr/share/doc/salt-keysync/recovery.md 100644"
     "usr/share/doc/salt-keysync/SECURITY.md 100644"
     "usr/share/doc/salt-keysync/README.md 100644"
+    "usr/share/doc/salt-keysync/CHANGELOG.md 100644"
     "usr/share/doc/salt-keysync/monitoring.md 100644"
     "usr/share/doc/salt-keysync/monitoring-dashboard.png 100644"
     "usr/share/salt-keysync/monitoring/alerts.yml 100644"
@@ -55,7 +60,10 @@ done < <(find packaging/salt-formula -type f | sort)
 formula_version=$(sed -n 's/^version: //p' packaging/salt-formula/FORMULA)
 [ "$formula_version" = "$version" ] || fail "packaging/salt-formula/FORMULA says version $formula_version, Cargo.toml $version"
 deb_only=("usr/share/zsh/vendor-completions/_salt-keysync 100644")
-rpm_only=("usr/share/zsh/site-functions/_salt-keysync 100644")
+# The .rpm ships the config as %config(noreplace), which never asks; the .deb
+# only the example, which postinst copies when /etc has none (no conffile:
+# dpkg would ask on upgrade).
+rpm_only=("usr/share/zsh/site-functions/_salt-keysync 100644" "etc/salt-keysync/config.toml 100600")
 # Neither tool ships empty folders: both packages' post-install scripts make
 # the state and audit log folders, private and owned by the agent's user
 # (packaging/owners).
@@ -84,9 +92,11 @@ for m in tarfile.open(fileobj=sys.stdin.buffer, mode="r|"):
 ' >"$work/deb.list"
 expect_all "$work/deb.list" "$deb" "${common[@]}" "${deb_only[@]}"
 dpkg-deb -e "$deb" "$work/control"
-for conffile in /etc/salt-keysync/config.toml /etc/logrotate.d/salt-keysync; do
-    grep -qxF "$conffile" "$work/control/conffiles" || fail "$deb: $conffile is not a conffile"
-done
+grep -qxF /etc/logrotate.d/salt-keysync "$work/control/conffiles" || fail "$deb: /etc/logrotate.d/salt-keysync is not a conffile"
+if grep -F /etc/salt-keysync "$work/control/conffiles"; then
+    fail "$deb: the config is a conffile: an upgrade over an edited one would stop at dpkg's question"
+fi
+grep -qF /usr/share/salt-keysync/config.toml "$work/control/postinst" || fail "$deb: postinst does not install the config from the example"
 for script in postinst prerm postrm; do
     [ -x "$work/control/$script" ] || fail "$deb: maintainer script $script missing or not executable"
     sh -n "$work/control/$script" || fail "$deb: $script is not valid sh"
@@ -94,7 +104,7 @@ done
 grep -q SALT_KEYSYNC_PURGE_AUDIT "$work/control/postrm" || fail "$deb: postrm does not keep the audit log"
 grep -qF "$private_dirs" "$work/control/postinst" || fail "$deb: postinst does not make the private folders"
 grep -q "^Version: $version-1$" "$work/control/control" || fail "$deb: version is not $version-1"
-echo "ok   .deb: ${#common[@]} common + ${#deb_only[@]} own files with their modes, conffiles, scripts"
+echo "ok   .deb: ${#common[@]} common + ${#deb_only[@]} own files with their modes, conffiles (not the config), scripts"
 
 echo "== $rpm"
 if command -v rpm >/dev/null; then
@@ -187,9 +197,43 @@ cleanup() {
 trap cleanup EXIT
 mode_of() { stat -c %a "$1"; }
 
+# 0.1.0 shipped the config as a conffile: upgraded without a terminal over
+# an edited one whose example changed since, dpkg stopped at its question
+# ("end of file on stdin at conffile prompt") and the upgrade failed. The
+# same package laid out as 0.1.0 was, installed and edited, then this one
+# with no terminal and nothing on stdin: no question, the edit kept.
+echo "== upgrade from a 0.1.0 layout (config a conffile, edited) without a terminal"
+old="$work/old"
+dpkg-deb --raw-extract "$deb" "$old"
+sed -i 's/^Version: .*/Version: 0.1.0-1/' "$old/DEBIAN/control"
+install -d "$old/etc/salt-keysync"
+{ cat packaging/config.toml; echo '# (the example as an older release shipped it)'; } >"$old/etc/salt-keysync/config.toml"
+chmod 0600 "$old/etc/salt-keysync/config.toml"
+echo /etc/salt-keysync/config.toml >>"$old/DEBIAN/conffiles"
+dpkg-deb --build "$old" "$work/salt-keysync_0.1.0-1_amd64.deb" >/dev/null
+dpkg -i "$work/salt-keysync_0.1.0-1_amd64.deb" >/dev/null
+dpkg-query -W -f '${Conffiles}\n' salt-keysync | grep -q " /etc/salt-keysync/config.toml " \
+    || fail "the 0.1.0 layout did not install the config as a conffile"
+echo 'node = "edited-by-the-operator"' >>/etc/salt-keysync/config.toml
+edited=$(sha256sum </etc/salt-keysync/config.toml)
+setsid --wait dpkg -i "$deb" </dev/null >"$work/upgrade.out" 2>&1 \
+    || fail "the upgrade without a terminal failed: $(tail -n 5 "$work/upgrade.out")"
+[ "$(dpkg-query -W -f '${Status} ${Version}' salt-keysync)" = "install ok installed $version-1" ] \
+    || fail "not upgraded: $(dpkg-query -W -f '${Status} ${Version}' salt-keysync)"
+[ "$(sha256sum </etc/salt-keysync/config.toml)" = "$edited" ] || fail "the upgrade changed the edited config"
+[ "$(stat -c '%a %U' /etc/salt-keysync/config.toml)" = "640 root" ] \
+    || fail "config after the upgrade: $(stat -c '%a %U' /etc/salt-keysync/config.toml)"
+echo "ok   0.1.0 layout → $version-1 without a terminal: no question, the edited config kept"
+# (dpkg purges the conffile 0.1.0 left, now obsolete, with the package.)
+SALT_KEYSYNC_PURGE_AUDIT=yes dpkg --purge salt-keysync >/dev/null
+[ ! -e /etc/salt-keysync/config.toml ] || fail "purge after the upgrade kept the config"
+rm -rf /etc/salt-keysync
+
 echo "== dpkg -i $deb"
 dpkg -i "$deb"
-[ "$(salt-keysync --version)" = "salt-keysync $version" ] || fail "installed --version: $(salt-keysync --version)"
+protocol=$(sed -n 's/^pub const PROTOCOL_VERSION: u32 = \([0-9]*\);/\1/p' proto/src/lib.rs)
+[[ "$(salt-keysync --version)" == "salt-keysync $version (protocol $protocol, "* ]] \
+    || fail "installed --version: $(salt-keysync --version), not salt-keysync $version (protocol $protocol, …)"
 salt-keysync check --help | grep -q "Examples:" || fail "installed check --help has no examples"
 # Every document the binary points an operator to is on the host.
 named_docs=$(salt-keysync recover --help | grep -o '/usr/share/doc/salt-keysync/[A-Za-z0-9._-]*' | sort -u)
@@ -204,6 +248,7 @@ for dir in /var/lib/salt-keysync /var/log/salt-keysync; do
 done
 [ "$(stat -c '%a %U:%G' /etc/salt-keysync)" = "750 root:root" ] || fail "/etc/salt-keysync: $(stat -c '%a %U:%G' /etc/salt-keysync)"
 [ "$(mode_of /etc/salt-keysync/config.toml)" = 640 ] || fail "config.toml mode $(mode_of /etc/salt-keysync/config.toml)"
+cmp -s /etc/salt-keysync/config.toml /usr/share/salt-keysync/config.toml || fail "postinst's config.toml is not the example"
 # The packaged config parses; check then stops at the certificates that the
 # operator has yet to make, naming them.
 if salt-keysync check >"$work/check.out" 2>&1; then fail "check passed without certificates"; fi
@@ -255,3 +300,4 @@ dpkg -i "$deb" >/dev/null
 SALT_KEYSYNC_PURGE_AUDIT=yes dpkg --purge salt-keysync
 [ ! -e /var/log/salt-keysync ] || fail "SALT_KEYSYNC_PURGE_AUDIT=yes kept /var/log/salt-keysync"
 echo "ok   .deb installs, runs, removes and purges cleanly; purge keeps the audit log unless asked"
+

@@ -8,7 +8,8 @@
 # verbatim.
 
 # formula_pillar PEER... [-- YAML-LINE...]: master-a's config pillar, the
-# package from the shared folder; extra lines go under `config:`.
+# package $formula_source (from the shared folder); extra lines go under
+# `config:`.
 formula_pillar() {
     local peers=() extra=() peer
     while [ $# -gt 0 ] && [ "$1" != -- ]; do peers+=("$1"); shift; done
@@ -17,7 +18,7 @@ formula_pillar() {
         cat <<EOF
 salt_keysync:
   pkg:
-    source: /srv/keysync/$(basename "$deb")
+    source: $formula_source
   config:
     node: master-a
     listen: "$A_IP:4515"
@@ -117,6 +118,7 @@ phase_formula() {
         || fail "the formula in $(basename "$deb") differs from packaging/salt-formula (run scripts/package.sh): $(head -n 20 "$work/formula-diff.out")"
     ok "the .deb's formula, taken out as the docs say, is packaging/salt-formula"
     run_doc_block formula-roots
+    formula_source="/srv/keysync/$(basename "$deb")"
     formula_pillar master-b master-c
     inside sh -c "printf 'base:\n  \"*\":\n    - salt_keysync\n    - salt_keysync_tls\n' >/srv/pillar/top.sls"
     run_doc_block formula-pillar-tls
@@ -164,7 +166,25 @@ phase_formula() {
     grep -qx "0 changes, 0 failed" "$work/doc-formula-unchanged.out" || fail "a second apply: $(tail -n 5 "$work/doc-formula-unchanged.out")"
     ok "a second apply changes nothing"
 
-    local pid
+    # A new build rolls out: pkg:source names the next revision (a higher
+    # version, so pkg.installed installs it); the package's install script
+    # restarts the agent, the formula's config stays as it wrote it.
+    local pid config_sha upgrade_deb
+    pid=$(unit_prop MainPID)
+    config_sha=$(inside sha256sum /etc/salt-keysync/config.toml)
+    upgrade_deb=$(cd "$share/upgrade" && echo salt-keysync_*_amd64.deb)
+    formula_source="/srv/keysync/upgrade/$upgrade_deb"
+    formula_pillar master-b master-c
+    formula_apply upgrade salt_keysync || fail "state.apply with a new build: $(formula_states upgrade 2>&1 | tr '\n' ';') $(tail -n 5 "$work/salt-upgrade.err")"
+    expect_states upgrade package-install-pkg-installed="True changed" config-file-file-managed="True same" \
+        service-running-cmd-check=absent service-running-service-running="True same"
+    [ "$(inside dpkg-query -W -f '${Version}' salt-keysync)" = "${version%-*}-99" ] \
+        || fail "the formula did not upgrade to $upgrade_deb: $(inside dpkg-query -W -f '${Version}' salt-keysync)"
+    [ "$(inside sha256sum /etc/salt-keysync/config.toml)" = "$config_sha" ] || fail "the upgrade changed the formula's config"
+    eventually 30 "the upgraded agent runs" restarted_as "$(unit_prop NRestarts)" "$pid"
+    eventually 30 "master-b up after the formula's upgrade" expect_peer_state master-b up
+    ok "a new build from pkg:source: upgraded to ${version%-*}-99 and restarted, the config unchanged"
+
     pid=$(unit_prop MainPID)
     formula_pillar master-b
     formula_apply peer-removed salt_keysync || fail "state.apply with master-c removed: $(formula_states peer-removed 2>&1 | tr '\n' ';') $(tail -n 5 "$work/salt-peer-removed.err")"

@@ -84,10 +84,16 @@ find_leader() {
     [ -n "$pid" ] && [ "$(readlink "/proc/$pid/exe")" != "$(readlink "/proc/$nspawn_pid/exe")" ] && echo "$pid"
 }
 
-# inside COMMAND...: runs COMMAND in the container as its root, with a clean
-# environment, in /srv/keysync.
+# inside [--no-terminal] COMMAND...: runs COMMAND in the container as its
+# root, with a clean environment, in /srv/keysync; --no-terminal: in a
+# session of its own, without the controlling terminal of the test's.
 inside() {
-    nsenter --target "$leader" --all \
+    local session=()
+    if [ "$1" = --no-terminal ]; then
+        session=(setsid --wait)
+        shift
+    fi
+    "${session[@]}" nsenter --target "$leader" --all \
         env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
         sh -c 'cd /srv/keysync && exec "$@"' sh "$@"
 }
@@ -125,13 +131,15 @@ doc_block() {
     ' "$repo/docs/operations.md" "$repo/docs/recovery.md" "$repo/docs/formula.md"
 }
 
-# run_doc_block NAME [FOLDER]: runs the block in /srv/keysync/FOLDER as root.
+# run_doc_block NAME [FOLDER]: runs the block in /srv/keysync/FOLDER as root,
+# as automation would: no terminal (a session of its own) and nothing on
+# stdin, so a command that would ask a question fails instead.
 run_doc_block() {
     local name=$1 folder=${2:-.} block
     block=$(doc_block "$name")
     [ -n "$block" ] || fail "docs/*.md have no block marked <!-- systemd-test: $name -->"
     printf '%s\n' "$block" | sed 's/^/     $ /'
-    inside sh -euc "cd '/srv/keysync/$folder'; $block" >"$work/doc-$name.out" 2>&1 \
+    inside --no-terminal sh -euc "cd '/srv/keysync/$folder'; $block" </dev/null >"$work/doc-$name.out" 2>&1 \
         || fail "the docs' '$name' commands failed in the container: $(tail -n 15 "$work/doc-$name.out")"
     ok "the docs' '$name' commands, verbatim"
 }
@@ -139,9 +147,12 @@ run_doc_block() {
 # ---- the agents and Salt outside the container ----
 
 # peer_setup NAME ADDRESS: a master's pki_dir, master config (for salt-key),
-# and agent config under $work/NAME, with master-a as its peer.
+# and agent config under $work/NAME, with master-a and the other master
+# outside as its peers (every master lists every other: a decision whose
+# origin is no master of the site is refused).
 peer_setup() {
-    local name=$1 address=$2 dir="$work/$1"
+    local name=$1 address=$2 dir="$work/$1" other other_address
+    if [ "$name" = master-b ]; then other=master-c other_address=$C_ADDR; else other=master-b other_address=$B_ADDR; fi
     mkdir -p "$dir/pki/minions" "$dir/pki/minions_pre" "$dir/pki/minions_rejected" "$dir/cache" "$dir/sock"
     chmod 0700 "$dir" "$dir/pki" "$dir/cache"
     # Salt's multi-master: every master has the same key pair.
@@ -172,6 +183,10 @@ key = "$work/tls/$name.key"
 [[peer]]
 name = "master-a"
 address = "$A_IP:4515"
+
+[[peer]]
+name = "$other"
+address = "$other_address"
 
 [salt]
 master_config = "$dir/master"

@@ -452,17 +452,36 @@ phase_state_lost() {
 }
 
 phase_upgrade() {
-    step "upgrade under a running cluster"
-    local pid
+    step "upgrade under a running cluster, without a terminal, over the edited config"
+    local pid config
     pid=$(unit_prop MainPID)
+    config=$(inside cat /etc/salt-keysync/config.toml)
+    # The operator's config (write_config) against a package whose example
+    # changed: a conffile would stop at dpkg's question here.
+    if inside cmp -s /etc/salt-keysync/config.toml /usr/share/salt-keysync/config.toml; then
+        fail "the config is still the package's example: the upgrade below would prove nothing"
+    fi
     run_doc_block upgrade upgrade
     [ "$(inside dpkg-query -W -f '${Version}' salt-keysync)" = "${version%-*}-99" ] || fail "not upgraded"
+    [ "$(inside cat /etc/salt-keysync/config.toml)" = "$config" ] || fail "the upgrade changed the operator's config"
+    [ "$(inside stat -c '%a %U:%G' /etc/salt-keysync/config.toml)" = "640 root:salt" ] \
+        || fail "the config after the upgrade: $(inside stat -c '%a %U:%G' /etc/salt-keysync/config.toml)"
+    inside grep -q "changed in revision 99" /usr/share/salt-keysync/config.toml || fail "the new example is not installed"
+    ok "apt-get install -y without a terminal: upgraded, no question, the edited config kept, the new example beside it"
     eventually 30 "the upgraded agent runs" restarted_as "$(unit_prop NRestarts)" "$pid"
     [ "$(unit_prop User)" = salt ] || fail "User= after the upgrade: $(unit_prop User)"
     pending_on_both web7
     salt_key_on master-b -a web7
     eventually 15 "web7 reaches master-a after the upgrade" expect_folder master-a "$(in_root $PKI)" web7 minions
     ok "upgrade: restarted on the new package, still salt, replicating"
+    # Versions mean something: the older build is a downgrade, which apt
+    # refuses under -y unless asked (--allow-downgrades).
+    if inside --no-terminal apt-get install -y "./$(basename "$deb")" </dev/null >"$work/downgrade.out" 2>&1; then
+        fail "apt-get install -y of the older $(basename "$deb") over ${version%-*}-99 succeeded"
+    fi
+    grep -q "downgrade" "$work/downgrade.out" || fail "the refused downgrade does not say why: $(tail -n 5 "$work/downgrade.out")"
+    [ "$(inside dpkg-query -W -f '${Version}' salt-keysync)" = "${version%-*}-99" ] || fail "the refused downgrade changed the package"
+    ok "apt-get install -y of the older build is refused as a downgrade"
 }
 
 phase_remove_purge_reinstall() {

@@ -38,7 +38,7 @@ source "$here/formula.sh"
 
 [ "$(id -u)" -eq 0 ] || fail "must run as root (systemd-nspawn, mmdebstrap, nsenter)"
 missing=()
-for tool in systemd-nspawn mmdebstrap unshare nsenter pgrep dpkg-deb python3 flock; do
+for tool in systemd-nspawn mmdebstrap unshare nsenter setsid pgrep dpkg-deb python3 flock; do
     command -v "$tool" >/dev/null || missing+=("$tool")
 done
 [ ${#missing[@]} -eq 0 ] || fail "missing ${missing[*]}: run scripts/deps.sh as root (apt-get install systemd-container mmdebstrap)"
@@ -48,7 +48,7 @@ debs=("$target"/debian/*.deb)
 deb=${debs[0]}
 bin="$target/release/salt-keysync"
 version=$(dpkg-deb -f "$deb" Version)
-[ -x "$bin" ] && [ "$("$bin" --version)" = "salt-keysync ${version%-*}" ] \
+[ -x "$bin" ] && [[ "$("$bin" --version)" == "salt-keysync ${version%-*} (protocol "* ]] \
     || fail "$bin is missing or not the .deb's version ${version%-*}: run scripts/package.sh"
 
 # One run at a time on this machine: the addresses above and nspawn's
@@ -93,9 +93,11 @@ done
 cp "$work/tls/ca.pem" "$work/tls/master-a.pem" "$work/tls/master-a.key" "$share/"
 cp "$deb" "$share/"
 "$salt_venv/bin/python" "$repo/tests/salt/gen-keys.py" "$share/keys" web 10 >/dev/null
-# The same package one Debian revision later, for the upgrade.
+# The same package one Debian revision later, for the upgrade; its example
+# config changed, as a release's does.
 dpkg-deb --raw-extract "$deb" "$work/repack"
 sed -i "s/^Version: .*/Version: ${version%-*}-99/" "$work/repack/DEBIAN/control"
+echo "# (changed in revision 99)" >>"$work/repack/usr/share/salt-keysync/config.toml"
 dpkg-deb --build "$work/repack" "$share/upgrade/" >/dev/null
 chmod -R a+rX "$share"
 ok "certificates for master-a, -b, -c; 10 minion keys; $(basename "$deb") and its -99 revision"
