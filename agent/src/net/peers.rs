@@ -217,12 +217,23 @@ impl PeerLink {
 
     /// Names this node and its master's health; records the peer's.
     async fn hello(&self, client: &mut KeySyncClient<Channel>) -> Result<v1::HelloResponse, SessionError> {
-        let request = v1::HelloRequest {
-            node: self.node.clone(),
-            protocol_version: PROTOCOL_VERSION,
-            health: Some(health_to_wire(&self.board.hello_health(&self.core).await)),
+        let health = Some(health_to_wire(&self.board.hello_health(&self.core).await));
+        let request =
+            |protocol_version| v1::HelloRequest { node: self.node.clone(), protocol_version, health: health.clone() };
+        let hello = match client.hello(request(PROTOCOL_VERSION)).await {
+            Ok(answer) => answer.into_inner(),
+            // An agent of an earlier release refuses a Hello newer than it
+            // speaks, naming what it speaks: asked again in that protocol
+            // (every message since protocol 1 carries what it needs), so a
+            // rolling upgrade replicates both ways at full speed.
+            Err(status) => match older_server(&status) {
+                Some(theirs) => {
+                    tracing::debug!(theirs, "the peer speaks an older protocol; speaking it");
+                    client.hello(request(theirs)).await?.into_inner()
+                }
+                None => return Err(status.into()),
+            },
         };
-        let hello = client.hello(request).await?.into_inner();
         if hello.node != self.peer.name {
             return Err(SessionError::WrongName(hello.node));
         }
@@ -305,6 +316,7 @@ impl PeerLink {
         // and what it needs of the ids it holds): a peer's answer, however
         // large, is never held whole. The first chunk names the buckets.
         let mut n_buckets = None;
+        let mut pending: keysync_machine::node::Summaries = Vec::new();
         let failed = loop {
             let chunk = match stream.message().await {
                 Ok(Some(chunk)) => chunk,
@@ -325,12 +337,27 @@ impl PeerLink {
             } else if !chunk.buckets.is_empty() {
                 break Some(SessionError::BadAnswer(keysync_machine::node::BadAnswer::BucketsLate));
             }
-            // A malformed summary only means that id is not fetched.
-            let summaries = chunk.entries.into_iter().filter_map(crate::net::wire::summary_from_wire).collect();
-            let peer = self.peer.name.clone();
-            if let Err(e) = self.core.ask(|reply| Request::RepairChunk { peer, summaries, reply }).await? {
-                break Some(SessionError::BadAnswer(e));
+            // A malformed summary only means that id is not fetched. Handed
+            // to the node COMPARE_CHUNK at a time: one ask per 2,000-summary
+            // message kept a joining master's Diff waiting behind its fetches.
+            pending.extend(chunk.entries.into_iter().filter_map(crate::net::wire::summary_from_wire));
+            if pending.len() >= COMPARE_CHUNK {
+                let (peer, summaries) = (self.peer.name.clone(), std::mem::take(&mut pending));
+                if let Err(e) = self.core.ask(|reply| Request::RepairChunk { peer, summaries, reply }).await? {
+                    break Some(SessionError::BadAnswer(e));
+                }
             }
+        };
+        let failed = match failed {
+            None if !pending.is_empty() => {
+                let (peer, summaries) = (self.peer.name.clone(), pending);
+                self.core
+                    .ask(|reply| Request::RepairChunk { peer, summaries, reply })
+                    .await?
+                    .err()
+                    .map(SessionError::BadAnswer)
+            }
+            failed => failed,
         };
         if let Some(e) = failed {
             let _ = self.core.tell(Request::RepairAbort { peer: self.peer.name.clone() }).await;
@@ -470,6 +497,21 @@ impl PeerLink {
     }
 }
 
+/// Summaries of a peer's Diff answer handed to the node at once (a few MiB).
+const COMPARE_CHUNK: usize = 20_000;
+
+/// The protocol an agent of an earlier release speaks, from its refusal of
+/// a newer Hello ("protocol version 2 is not supported (this server speaks
+/// 1)"), if this agent speaks it too.
+fn older_server(status: &tonic::Status) -> Option<u32> {
+    if status.code() != tonic::Code::FailedPrecondition || !status.message().contains("is not supported") {
+        return None;
+    }
+    let (_, speaks) = status.message().rsplit_once("this server speaks ")?;
+    let theirs: u32 = speaks.trim_end_matches(')').parse().ok()?;
+    (MIN_PROTOCOL_VERSION..PROTOCOL_VERSION).contains(&theirs).then_some(theirs)
+}
+
 /// Most decisions a link holds back for its peer during an anti-entropy
 /// round (see [`PeerLink::repair`]). Held with their keys: a master joining
 /// two peers forwards to each the decisions fetched from the other, and
@@ -563,6 +605,21 @@ mod tests {
     use super::*;
     use crate::core::{MinionId, Verdict, Version};
     use crate::node::Outgoing;
+
+    /// An agent of 0.1.0 (protocol 1) refuses protocol 2's Hello naming what
+    /// it speaks: the link speaks it (issue 29 item 1); other refusals, and
+    /// protocols this agent does not speak, are not taken for one.
+    #[test]
+    fn an_older_servers_refusal_names_the_protocol_to_speak() {
+        let old = tonic::Status::failed_precondition("protocol version 2 is not supported (this server speaks 1)");
+        assert_eq!(older_server(&old), Some(1));
+        let unknown = tonic::Status::failed_precondition("protocol version 2 is not supported (this server speaks 0)");
+        assert_eq!(older_server(&unknown), None, "older than this agent speaks");
+        let newer = tonic::Status::failed_precondition("protocol version 2 is not supported (this server speaks 9)");
+        assert_eq!(older_server(&newer), None);
+        let other = tonic::Status::permission_denied("Hello names node \"x\" but the client certificate is for \"y\"");
+        assert_eq!(older_server(&other), None);
+    }
 
     fn batch(from: &str, n: usize) -> Arc<Outgoing> {
         let decisions = (0..n)

@@ -44,6 +44,8 @@ mod reload;
 /// In-process three-agent clusters over real mTLS: accept, reject and delete
 /// in both Salt patterns, restarts, transitive propagation, partitions.
 mod replication;
+/// Issue 29: a rolling upgrade, this release beside an agent of the previous one.
+mod rolling;
 /// Real `salt-key` from Salt 3008.3, 3007.15 and 3006.28 driving three agent
 /// processes; a first-contact conflict settled by one live `salt-key -d`.
 mod salt_key;
