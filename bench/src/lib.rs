@@ -8,6 +8,7 @@
 pub mod adopt;
 pub mod cluster;
 pub mod flood;
+pub mod hostile;
 pub mod join;
 pub mod latency;
 pub mod procfs;
@@ -48,6 +49,13 @@ pub struct Settings {
     /// from one peer to a lone agent (0: no flood).
     pub n_flood: usize,
     pub flood_pushes: usize,
+    /// Decided keys of the lone agent a compromised master attacks (0: no
+    /// attack; see `hostile.rs`), for how long, and the size of the fake
+    /// peer's Diff and Fetch answers.
+    pub n_hostile_keys: usize,
+    pub hostile_for: Duration,
+    pub hostile_diff: usize,
+    pub hostile_fetch: usize,
 }
 
 impl Settings {
@@ -65,6 +73,10 @@ impl Settings {
             layout: cluster::Layout::Plain,
             n_flood: 25_000,
             flood_pushes: 20,
+            n_hostile_keys: 5_000,
+            hostile_for: Duration::from_secs(30),
+            hostile_diff: 4_000_000,
+            hostile_fetch: 480_000,
         }
     }
 
@@ -78,6 +90,11 @@ impl Settings {
             idle: Duration::from_secs(3),
             n_flood: 2_000,
             flood_pushes: 20,
+            // Answers larger than the client's HTTP/2 windows, so they stall.
+            n_hostile_keys: 5_000,
+            hostile_for: Duration::from_secs(5),
+            hostile_diff: 100_000,
+            hostile_fetch: 20_000,
             ..Settings::full()
         }
     }
@@ -98,6 +115,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<Report> {
     let join = if settings.n_join > 0 { Some(join::run(settings, &keys)?) } else { None };
     let adopt = if settings.n_adopt > 0 { Some(adopt::run(settings, &keys)?) } else { None };
     let flood = if settings.n_flood > 0 && settings.flood_pushes > 0 { Some(flood::run(settings)?) } else { None };
+    let hostile = if settings.n_hostile_keys > 0 { Some(hostile::run(settings)?) } else { None };
     let (join, agents) = join.map_or((None, Vec::new()), |j| (Some(j.join), j.agents));
     Ok(Report {
         settings: settings.clone(),
@@ -110,6 +128,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<Report> {
         agents,
         adopt,
         flood,
+        hostile,
     })
 }
 

@@ -25,6 +25,8 @@ pub struct Report {
     pub adopt: Option<AdoptRow>,
     /// `null` when skipped (`--flood 0`).
     pub flood: Option<crate::flood::FloodRow>,
+    /// `null` when skipped (`--hostile 0`).
+    pub hostile: Option<crate::hostile::HostileRow>,
 }
 
 /// Latency of one kind of operation: one sample per operation and peer.
@@ -315,6 +317,30 @@ impl Report {
                 f.rss_after_mib,
                 PEAK_RSS_TARGET_MIB,
                 mark(f.peak_rss_mib <= PEAK_RSS_TARGET_MIB)
+            );
+        }
+        if let Some(h) = &self.hostile {
+            let _ = writeln!(
+                out,
+                "\nhostile: master-b's certificate against a lone agent holding {} keys, {:.1} s: {} Fetch streams never read ({} more refused); a fake master-b answering {} Diffs with {} summaries and {} Fetches with {} decisions nobody asked for",
+                h.keys, h.secs, h.stalled, h.refused, h.diffs_served, h.diff_summaries, h.fetches_served, h.fetch_decisions
+            );
+            let _ = writeln!(
+                out,
+                "  agent memory {:.1} MiB before, peak {:.1} MiB, {:.1} MiB after  target peak <={:.0} MiB: {}",
+                h.rss_before_mib,
+                h.peak_rss_mib,
+                h.rss_after_mib,
+                PEAK_RSS_TARGET_MIB,
+                mark(h.peak_rss_mib <= PEAK_RSS_TARGET_MIB)
+            );
+            let _ = writeln!(
+                out,
+                "  audit +{} lines, +{} bytes: {:.0} bytes a minute  target <=1 MB a minute: {}",
+                h.audit_lines_added,
+                h.audit_bytes_added,
+                h.audit_bytes_per_minute,
+                mark(h.audit_bytes_per_minute <= 1_000_000.0)
             );
         }
         out

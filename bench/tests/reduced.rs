@@ -49,6 +49,16 @@ fn reduced_benchmark_runs_and_reports_sane_figures() {
     assert_eq!(flood.received, (settings.flood_pushes * settings.n_flood) as u64, "{flood:?}");
     assert!(flood.applied <= flood.received, "{flood:?}");
     assert!(flood.peak_rss_mib >= flood.rss_before_mib && flood.rss_before_mib > 1.0, "{flood:?}");
+    // A compromised master's stalled Fetch streams: two in flight at once
+    // (answered, never read), the rest refused; its fake answers were asked for and read;
+    // the audit log grows by a few records a minute, not one per refusal.
+    let hostile = report.hostile.as_ref().expect("the attack ran");
+    // (An answer the client's HTTP/2 windows take whole frees its place.)
+    assert_eq!(hostile.stalled + hostile.refused, 400, "{hostile:?}");
+    assert!(hostile.refused >= 300, "at most a few answers in flight at once: {hostile:?}");
+    assert!(hostile.diffs_served >= 1 && hostile.fetches_served >= 1, "the link read the fake answers: {hostile:?}");
+    assert!(hostile.audit_bytes_per_minute <= 1_000_000.0, "{hostile:?}");
+    assert!(hostile.peak_rss_mib >= hostile.rss_before_mib && hostile.rss_before_mib > 1.0, "{hostile:?}");
     let json: serde_json::Value = serde_json::from_str(&report.to_json()).expect("the summary is JSON");
     assert!(json["ops"][0]["p99_ms"].is_number(), "{json}");
     assert!(json["agents"][0]["peak_rss_mib"].is_number(), "the join's peak RSS: {json}");
