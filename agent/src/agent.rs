@@ -90,6 +90,9 @@ pub async fn run_with(
     // Observe mode opens the folders as normal mode does (making the agent's
     // own staging folder if missing) but writes nothing into them.
     let pki = Arc::new(open_pki(&config, true)?);
+    // One agent per pki_dir: a second (another state_dir or port) is refused
+    // before it changes anything. Held until the agent exits.
+    let _serving = pki.lock_serving().map_err(anyhow::Error::msg)?;
     // Where .dfn goes: a symlink or a stranger's folder is refused now, not
     // found out at the first revocation.
     if !crate::disk::pki::check_cachedir(&config.salt.cachedir, &pki.trust()).map_err(anyhow::Error::msg)? {

@@ -45,6 +45,9 @@ pub struct Recovered {
 pub async fn recover_from_peers(config: &Config, force: bool) -> Result<Recovered> {
     let state_file = config.state_dir.join("state.redb");
     let pki = crate::setup::open_pki(config, true)?;
+    // Not while an agent serves these folders: its marker would be rewritten
+    // under it (and the real agent refuse to start afterwards).
+    let _serving = pki.lock_serving().map_err(anyhow::Error::msg)?;
     if state_file.exists() {
         match Store::open(&config.state_dir, &config.node) {
             Err(StoreError::Db { cause, .. }) if matches!(*cause, redb::Error::DatabaseAlreadyOpen) => {

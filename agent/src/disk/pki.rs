@@ -360,10 +360,32 @@ impl Pki {
         self.staging.write_marker(text)
     }
 
+    /// Locks these folders for this process while it serves them (the agent,
+    /// or `recover`): a second agent on the same pki_dir (another state_dir
+    /// or port) is refused, naming the one that serves it.
+    pub fn lock_serving(&self) -> Result<ServingLock, String> {
+        let path = self.root_path.join(STAGING_DIR).join(staging::LOCK);
+        match self.staging.lock() {
+            Ok(Ok(fd)) => Ok(ServingLock { _fd: fd }),
+            Ok(Err(pid)) => Err(format!(
+                "another agent (pid {pid}) serves this pki_dir ({}): stop it first (its lock: {})",
+                self.root_path.display(),
+                path.display()
+            )),
+            Err(e) => Err(format!("cannot lock {}: {e}", path.display())),
+        }
+    }
+
     /// Where the marker is, for messages.
     pub fn marker_path(&self) -> PathBuf {
         self.root_path.join(STAGING_DIR).join(staging::MARKER)
     }
+}
+
+/// This process serves a pki_dir while it holds this (see [`Pki::lock_serving`]).
+#[derive(Debug)]
+pub struct ServingLock {
+    _fd: OwnedFd,
 }
 
 /// The first key folder on another mount than the staging folder, if any

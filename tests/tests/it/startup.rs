@@ -256,3 +256,54 @@ fn the_binary_refuses_a_readable_config_and_check_lists_every_problem() {
     assert!(check.status.success(), "{stdout}");
     assert!(stdout.contains("ok   permissions of the config, TLS files, state_dir and pki_dir"), "{stdout}");
 }
+
+/// Issue 28 item 3: a second agent on a pki_dir an agent serves (another
+/// state_dir and port) said "state lost … recover --from-peers", and
+/// following that advice rewrote the running agent's marker. Both are now
+/// refused, naming the agent that serves the folders, and change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_agent_on_a_served_pki_dir_is_refused_and_named() {
+    let root = tempfile::tempdir().unwrap();
+    let first = fresh_agent(root.path(), "master-a");
+    let shutdown = CancellationToken::new();
+    let running =
+        tokio::spawn(salt_keysync::agent::run(Config::load(&first.config_path).unwrap(), None, shutdown.clone()));
+    let marker = first.pki.join(".keysync-staging/.salt-keysync-state");
+    keysync_tests::wait_until(Duration::from_secs(20), "the first agent serves", || marker.exists()).await;
+    let marker_before = std::fs::read(&marker).unwrap();
+
+    // The same pki_dir, another state_dir and port.
+    let text = std::fs::read_to_string(&first.config_path).unwrap();
+    let listen = Config::load(&first.config_path).unwrap().listen.to_string();
+    let second_state = root.path().join("second-state");
+    std::fs::create_dir(&second_state).unwrap();
+    chmod(&second_state, 0o700);
+    let text = text
+        .replace(&listen, &free_addr().to_string())
+        .replace(&format!("{}/state", first.dir.display()), &second_state.display().to_string());
+    let second = root.path().join("second.toml");
+    std::fs::write(&second, text).unwrap();
+    chmod(&second, 0o600);
+    let config = Config::load(&second).unwrap();
+    assert_eq!(config.pki_dir, Config::load(&first.config_path).unwrap().pki_dir);
+    let want = format!("another agent (pid {}) serves this pki_dir", std::process::id());
+
+    let run = salt_keysync::agent::run(config.clone(), None, CancellationToken::new());
+    let refused = match tokio::time::timeout(Duration::from_secs(10), run).await {
+        Ok(Err(e)) => format!("{e:#}"),
+        Ok(Ok(())) => panic!("the second agent ran and stopped instead of refusing"),
+        Err(_) => panic!("the second agent started instead of refusing"),
+    };
+    assert!(refused.contains(&want), "{refused}");
+    let recovered = salt_keysync::cli::recover::recover_from_peers(&config, true).await.unwrap_err();
+    assert!(format!("{recovered:#}").contains(&want), "{recovered:#}");
+    assert_eq!(std::fs::read(&marker).unwrap(), marker_before, "the running agent's marker is untouched");
+
+    shutdown.cancel();
+    running.await.unwrap().unwrap();
+    // Once it stopped, the folders are free again.
+    let run = salt_keysync::agent::run(config, None, CancellationToken::new());
+    if let Ok(Err(e)) = tokio::time::timeout(Duration::from_secs(10), run).await {
+        assert!(!format!("{e:#}").contains("another agent"), "{e:#}");
+    }
+}

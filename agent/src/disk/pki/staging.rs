@@ -17,6 +17,9 @@ use super::{dirs, read_names, remove_if_present, staged_name, PkiError, STAGING_
 
 /// The marker naming the state store that synced these folders (`state_guard.rs`).
 pub const MARKER: &str = ".salt-keysync-state";
+/// Locked (`flock`) by the agent or `recover` serving these folders, and
+/// naming its process id: a second one on the same pki_dir is refused.
+pub const LOCK: &str = ".salt-keysync-lock";
 /// Writer `n > 0` stages in `writer-<n>/`.
 const WRITER_DIR_PREFIX: &str = "writer-";
 /// The marker is small; anything larger is not one.
@@ -102,6 +105,30 @@ impl Staging {
             }
         }
         Ok(removed)
+    }
+
+    /// Takes the lock of the folders for this process (held until the
+    /// descriptor is closed, at exit whatever the exit): `Ok(Err(pid))` when
+    /// another process holds it (its pid as it wrote it, 0 if unreadable).
+    pub(super) fn lock(&self) -> io::Result<Result<OwnedFd, u32>> {
+        let flags = OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let fd = rustix::fs::openat(&*self.fd, LOCK, flags, Mode::from_raw_mode(0o600))?;
+        if rustix::fs::FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode) != rustix::fs::FileType::RegularFile {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "the lock is not a regular file"));
+        }
+        match rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                let mut text = String::new();
+                let _ = std::fs::File::from(fd).take(32).read_to_string(&mut text);
+                return Ok(Err(text.trim().parse().unwrap_or(0)));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        rustix::fs::ftruncate(&fd, 0)?;
+        let mut file = std::fs::File::from(fd);
+        write!(file, "{}", std::process::id())?;
+        Ok(Ok(OwnedFd::from(file)))
     }
 
     pub(super) fn read_marker(&self) -> io::Result<Option<String>> {
