@@ -74,6 +74,8 @@ pub enum Request {
     Plan { ids: Option<Vec<MinionId>>, reply: oneshot::Sender<Vec<keysync_machine::node::PlanRow>> },
     /// The peers' deletes the blast-radius guard holds here.
     Held { reply: oneshot::Sender<Vec<HeldDelete>> },
+    /// While writes fail: for how long, and the last error.
+    WriteTrouble { reply: oneshot::Sender<Option<(Duration, String)>> },
     /// The configured peers changed (a reload): the origins a peer's
     /// decision may name.
     Masters { names: Vec<String> },
@@ -361,6 +363,9 @@ impl Core {
             }
             Request::Counts { reply } => {
                 let _ = reply.send(self.node.counts());
+            }
+            Request::WriteTrouble { reply } => {
+                let _ = reply.send(self.node.write_trouble(now().mono));
             }
             Request::Plan { ids, reply } => {
                 let _ = reply.send(self.node.plan(ids.as_deref()));

@@ -200,6 +200,12 @@ impl Node {
         node
     }
 
+    /// While writes fail (a full disk, a store that cannot commit): how long
+    /// since the episode began, and the last error.
+    pub fn write_trouble(&self, now: Instant) -> Option<(Duration, String)> {
+        self.trouble.failing().map(|(since, error)| (now.saturating_duration_since(since), error.to_string()))
+    }
+
     /// The site's masters changed (a reload): see [`Settings::masters`].
     pub fn set_masters(&mut self, masters: BTreeSet<Arc<str>>) {
         self.settings.masters = masters;

@@ -192,6 +192,7 @@ mod tests {
             findings: crate::ops::findings::findings(&masters, &[]),
             conflicts: Vec::new(),
             held: Vec::new(),
+            write_trouble: None,
         };
         let cluster = cluster(&report);
         assert_eq!(cluster.masters.len(), 3);

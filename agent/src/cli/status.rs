@@ -159,11 +159,14 @@ pub fn render(report: &StatusReport) -> String {
     {
         out.push_str(&format!("{}: {}\n", finding.level.to_string().to_uppercase(), finding.message));
     }
+    if let Some(trouble) = &report.write_trouble {
+        out.push_str(&format!("ERROR: {trouble}\n"));
+    }
     for burst in &report.held {
         let more = if burst.count > burst.first.len() { ", …" } else { "" };
         out.push_str(&format!(
             "HELD DELETES: {} from {} since {} ({}{more}): a mass delete the guard keeps from this master's keys; \
-             `salt-keysync held` lists them, `salt-keysync release --origin {}` applies them everywhere, \
+             `salt-keysync held` lists them, `salt-keysync release --origin {}` applies them here, \
              `salt-keysync revert --origin {}` restores the keys on {}\n",
             burst.count,
             burst.origin,
@@ -327,6 +330,10 @@ mod tests {
                 since: "2026-11-21T11:59:58Z".into(),
                 first: vec!["web001".into(), "web002".into()],
             }],
+            write_trouble: Some(crate::ops::sd_notify::write_trouble(
+                std::time::Duration::from_secs(125),
+                "state store, for decisions: No space left on device (os error 28)",
+            )),
         };
         let mut forged = report.clone();
         forged.peers[1].last_error = Some("refused\nmaster-x  up  1s ago\u{1b}[8m".into());
@@ -348,7 +355,9 @@ mod tests {
             "CONFLICTS: 1 id(s) whose masters keep different keys",
             "  web01: this master shows accepted 3f:a1",
             "HELD DELETES: 302 from master-c since 2026-11-21T11:59:58Z (web001, web002, …)",
-            "salt-keysync release --origin master-c",
+            "salt-keysync release --origin master-c` applies them here",
+            "ERROR: writes failing for 2m 5s: state store, for decisions: No space left on device (os error 28); \
+             nothing recorded",
             "master-c: down — connection refused",
             "master-b: MASTER KEY MISMATCH: its master.pub is cc:dd",
             "master-b: SETTINGS DRIFT: publisher_acl",

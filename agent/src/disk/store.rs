@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
 use keysync_machine::node::{Loaded, StoreWrite};
 
@@ -17,6 +17,7 @@ use crate::core::{Decision, MinionId};
 use crate::disk::audit::AuditHead;
 
 mod codec;
+mod db;
 mod tombstones;
 
 const DECISIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("decisions");
@@ -62,7 +63,7 @@ pub enum StoreError {
 }
 
 pub struct Store {
-    db: Database,
+    db: db::Db,
     path: PathBuf,
     id: String,
 }
@@ -84,7 +85,7 @@ pub enum Peek {
 impl Store {
     pub fn open(state_dir: &Path, node: &str) -> Result<Store, StoreError> {
         let path = state_dir.join("state.redb");
-        let db = redb::Builder::new().set_cache_size(CACHE_BYTES).create(&path).map_err(|e| db_error(&path, e))?;
+        let db = db::Db::file(path.clone()).map_err(|e| db_error(&path, e))?;
         Store::init(Store { db, path, id: String::new() }, node)
     }
 
@@ -96,7 +97,7 @@ impl Store {
             .set_cache_size(CACHE_BYTES)
             .create_with_backend(redb::backends::InMemoryBackend::new())
             .map_err(|e| db_error(&path, e))?;
-        Store::init(Store { db, path, id: String::new() }, node)
+        Store::init(Store { db: db::Db::memory(path.clone(), db), path, id: String::new() }, node)
     }
 
     fn init(mut store: Store, node: &str) -> Result<Store, StoreError> {
@@ -173,8 +174,15 @@ impl Store {
         Ok(meta.get(META_NODE).map_err(|e| self.err(e))?.is_some())
     }
 
+    /// A redb error as the store's, noted (an I/O error makes the next
+    /// transaction reopen the database: `db.rs`).
     fn err(&self, e: impl Into<redb::Error>) -> StoreError {
-        db_error(&self.path, e)
+        db_error(&self.path, self.db.noted(e.into()))
+    }
+
+    /// How many times the database was reopened after an I/O error.
+    pub fn reopened(&self) -> u64 {
+        self.db.reopened()
     }
 
     /// Everything the store holds, read at start-up.

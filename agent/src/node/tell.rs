@@ -151,6 +151,7 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
             reason: Some(format!("{what}: {error}; nothing recorded, retrying with backoff")),
             ..Record::new("write", "local", "failed")
         },
+        Event::WritesStillFailing { .. } => return None,
         Event::WriteRecovered { lasted, first_error } => Record {
             reason: Some(format!("writes succeed again after {lasted:.1?} (first error: {first_error})")),
             ..Record::new("write", "local", "recovered")
@@ -367,6 +368,11 @@ pub fn log_and_count(event: &Event, metrics: &Metrics) {
         Event::WriteFailed { what, error } => {
             tracing::error!(what = %what, error = %error, "cannot write; nothing recorded, retrying with backoff")
         }
+        Event::WritesStillFailing { lasted, error } => tracing::error!(
+            lasted = %humantime::format_duration(std::time::Duration::from_secs(lasted.as_secs())),
+            error = %error,
+            "writes still fail; nothing recorded, retrying every few seconds (status shows it)"
+        ),
         Event::WriteRecovered { lasted, first_error } => {
             tracing::info!(lasted = ?lasted, first_error = %first_error, "writes succeed again")
         }

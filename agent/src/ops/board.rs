@@ -106,6 +106,9 @@ pub struct StatusReport {
     /// Peers' deletes the blast-radius guard holds here, per origin.
     #[serde(default)]
     pub held: Vec<crate::ops::held::HeldBurst>,
+    /// While writes fail here (a full disk): for how long, and why.
+    #[serde(default)]
+    pub write_trouble: Option<String>,
 }
 
 struct PeerEntry {
@@ -439,6 +442,7 @@ impl Board {
             findings,
             conflicts: Vec::new(),
             held: Vec::new(),
+            write_trouble: None,
         }
     }
 

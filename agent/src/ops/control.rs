@@ -170,6 +170,8 @@ async fn answer(stream: UnixStream, ctx: &ControlContext) -> Result<()> {
             report.conflicts = rows.iter().filter(|r| r.conflict).map(crate::ops::site_plan::entry).collect();
             let held = ctx.core.ask(|reply| crate::node::Request::Held { reply }).await?;
             report.held = crate::ops::held::bursts(&held);
+            let trouble = ctx.core.ask(|reply| crate::node::Request::WriteTrouble { reply }).await?;
+            report.write_trouble = trouble.map(|(lasted, error)| crate::ops::sd_notify::write_trouble(lasted, &error));
             serde_json::to_string(&report)?
         }
         "plan" => serde_json::to_string(&ctx.plan.site(&ctx.board.peers()).await)?,

@@ -100,18 +100,41 @@ impl Notifier {
         let Some(interval) = self.watchdog_interval() else { return };
         let mut timer = tokio::time::interval(interval);
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut was_failing = false;
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 _ = timer.tick() => {}
             }
-            match tokio::time::timeout(interval, core.ask(|reply| Request::Count { reply })).await {
-                Ok(Ok(_)) => self.send("WATCHDOG=1"),
+            match tokio::time::timeout(interval, core.ask(|reply| Request::WriteTrouble { reply })).await {
+                // The core answers while writes fail (it retries them): the
+                // service's status line says so, `systemctl status` shows it.
+                Ok(Ok(trouble)) => {
+                    let status = match &trouble {
+                        Some((lasted, error)) => Some(format!("STATUS={}", one_line(&write_trouble(*lasted, error)))),
+                        None if was_failing => Some("STATUS=writes succeed again".to_string()),
+                        None => None,
+                    };
+                    was_failing = trouble.is_some();
+                    match status {
+                        Some(status) => self.send(&format!("WATCHDOG=1\n{status}")),
+                        None => self.send("WATCHDOG=1"),
+                    }
+                }
                 Ok(Err(_)) => return,
                 Err(_) => tracing::warn!(waited = ?interval, "core task did not answer: withholding the watchdog ping"),
             }
         }
     }
+}
+
+/// What `status` and the service's status line say while writes fail.
+pub fn write_trouble(lasted: Duration, error: &str) -> String {
+    format!(
+        "writes failing for {}: {error}; nothing recorded, retried every few seconds (free the disk: it catches up \
+         by itself)",
+        humantime::format_duration(Duration::from_secs(lasted.as_secs()))
+    )
 }
 
 /// Half of `WATCHDOG_USEC`, if it is set, positive, and meant for this process.

@@ -201,3 +201,52 @@ async fn an_audit_log_on_a_full_disk_is_counted_and_its_gap_recorded() {
     cluster.stop_all();
     drop(disk);
 }
+
+/// Issue 29 item 2: master-b's state folder (its redb store, and here its
+/// audit log) on a full disk. redb refuses every transaction after an I/O
+/// error until the database is reopened: the agent stayed stuck (637 of
+/// 1,000 keys missing five minutes after space came back) until restarted.
+/// Now it reopens the store and catches up by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_state_disk_heals_without_a_restart() {
+    let _serial = crate::common::SERIAL.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let keys = key_pool(8);
+    let ids: Vec<String> = (0..200).map(|i| format!("state{i:03}")).collect();
+    let mut cluster = FaultCluster::create(root.path(), 3, |idx, f| {
+        if idx == 0 {
+            write_pending(&f.pki, ids.iter().cloned(), &keys);
+        }
+    })
+    .await;
+    let state_b = cluster.files[1].dir.join("state");
+    std::fs::create_dir_all(&state_b).unwrap();
+    let disk = SmallDisk::mount(&state_b, "4m");
+    cluster.start_all().await;
+    let a = cluster.files[0].pki.clone();
+    let b = cluster.files[1].pki.clone();
+
+    disk.fill();
+    for id in &ids {
+        std::fs::rename(a.join("minions_pre").join(id), a.join("minions").join(id)).unwrap();
+    }
+    wait_until(Duration::from_secs(30), "master-c has the accepts", || count(&cluster.files[2].pki, "minions") == 200)
+        .await;
+    // Writes fail on master-b meanwhile (its store cannot commit), and its
+    // status says so.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(count(&b, "minions") < 200, "master-b could not have recorded them all with its state disk full");
+    let config = cluster.files[1].config_path.to_str().unwrap().to_string();
+    let out = keysync_tests::binary::run_cli(&["status", "--json", "--config", &config]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let trouble = report["write_trouble"].as_str().unwrap_or_default().to_string();
+    assert!(trouble.starts_with("writes failing for ") && trouble.contains("state store"), "{report}");
+
+    disk.free();
+    wait_until(Duration::from_secs(60), "master-b catches up without a restart", || count(&b, "minions") == 200).await;
+    let log = std::fs::read_to_string(cluster.log(1)).unwrap_or_default();
+    assert!(log.contains("state store reopened after an I/O error"), "the store was reopened, not the agent restarted");
+    assert_no_decision(&cluster, &["delete", "reject"]);
+    cluster.stop_all();
+    drop(disk);
+}

@@ -80,6 +80,9 @@ pub enum Event {
     WriteFailed { what: String, error: String },
     /// Writes succeed again after an episode of failures.
     WriteRecovered { lasted: Duration, first_error: String },
+    /// Writes still fail, `lasted` into the episode (told at most once a
+    /// minute while it goes on; logged, not audited).
+    WritesStillFailing { lasted: Duration, error: String },
     /// Inotify events were lost: every name is read again once settled.
     EventsLost { why: String, n_names: usize },
     /// A rescan found changes no event reported.

@@ -10,6 +10,9 @@ use super::runtime::Runtime;
 
 const FIRST_DELAY: Duration = Duration::from_millis(250);
 const MAX_DELAY: Duration = Duration::from_secs(5);
+/// While writes keep failing, told again at most this often (the log then
+/// says so, not only its first line of the episode).
+const REMIND_EVERY: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Default)]
 pub(super) struct WriteTrouble {
@@ -17,6 +20,9 @@ pub(super) struct WriteTrouble {
     failing: Option<(Instant, String)>,
     next_try: Option<Instant>,
     delay: Duration,
+    /// When the episode was last told, and the last error since.
+    told: Option<Instant>,
+    last_error: String,
 }
 
 impl WriteTrouble {
@@ -25,12 +31,24 @@ impl WriteTrouble {
     pub(super) fn failed(&mut self, rt: &mut impl Runtime, now: Instant, what: &str, error: &str) {
         self.delay = if self.failing.is_some() { (self.delay * 2).min(MAX_DELAY) } else { FIRST_DELAY };
         self.next_try = Some(now + self.delay);
-        if self.failing.is_some() {
+        self.last_error = format!("{what}: {error}");
+        if let Some((since, _)) = &self.failing {
+            if self.told.is_some_and(|told| now.saturating_duration_since(told) >= REMIND_EVERY) {
+                self.told = Some(now);
+                let lasted = now.saturating_duration_since(*since);
+                rt.audit(Event::WritesStillFailing { lasted, error: self.last_error.clone() });
+            }
             return;
         }
         rt.audit(Event::WriteFailed { what: what.to_string(), error: error.to_string() });
         rt.flush_audit();
-        self.failing = Some((now, format!("{what}: {error}")));
+        self.failing = Some((now, self.last_error.clone()));
+        self.told = Some(now);
+    }
+
+    /// While writes fail: since when, and the last error.
+    pub(super) fn failing(&self) -> Option<(Instant, &str)> {
+        self.failing.as_ref().map(|(since, _)| (*since, self.last_error.as_str()))
     }
 
     /// Notes a write that succeeded: ends an episode.
@@ -90,5 +108,38 @@ mod tests {
             })
             .collect();
         assert_eq!(told, ["failed", "recovered"]);
+    }
+
+    /// Issue 29 item 2: a stuck agent said so once, then nothing. While the
+    /// episode goes on it is told again once a minute, whatever the retries,
+    /// with the latest error; `failing` says since when, for `status`.
+    #[test]
+    fn a_long_episode_is_told_again_once_a_minute() {
+        let mut rt = Recorder::default();
+        let mut trouble = WriteTrouble::default();
+        let t0 = Instant::now();
+        for s in 0..=150u64 {
+            let error = if s < 100 { "No space left on device" } else { "Previous I/O error occurred" };
+            trouble.failed(&mut rt, t0 + Duration::from_secs(s), "state store", error);
+        }
+        let reminders: Vec<(Duration, &str)> = rt
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                Event::WritesStillFailing { lasted, error } => Some((*lasted, error.as_str())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            reminders,
+            [
+                (Duration::from_secs(60), "state store: No space left on device"),
+                (Duration::from_secs(120), "state store: Previous I/O error occurred")
+            ]
+        );
+        let (since, error) = trouble.failing().unwrap();
+        assert_eq!((since, error), (t0, "state store: Previous I/O error occurred"));
+        trouble.succeeded(&mut rt, t0 + Duration::from_secs(151));
+        assert!(trouble.failing().is_none());
     }
 }

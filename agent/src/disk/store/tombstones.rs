@@ -3,7 +3,7 @@
 //! every commit ([`index`]), compared with it at every load, read back by
 //! id or by bucket and compacted (what `node/cold.rs` asks for).
 
-use redb::{ReadableDatabase, ReadableTable};
+use redb::ReadableTable;
 
 use super::{Store, StoreError, DECISIONS, HELD, JOURNAL, TOMBSTONES};
 use crate::core::decision::is_plain_tombstone;
