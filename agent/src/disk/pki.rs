@@ -368,7 +368,7 @@ impl Pki {
         match self.staging.lock() {
             Ok(Ok(fd)) => Ok(ServingLock { _fd: fd }),
             Ok(Err(pid)) => Err(format!(
-                "another agent (pid {pid}) serves this pki_dir ({}): stop it first (its lock: {})",
+                "another agent (pid {pid}) serves this pki_dir ({}): stop the agent first (its lock: {})",
                 self.root_path.display(),
                 path.display()
             )),
