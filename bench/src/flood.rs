@@ -23,7 +23,7 @@ use crate::{procfs, Settings};
 const BATCH: usize = 5_000;
 /// Connections the pushing peer opens: the most a master admits from one
 /// peer; the pushes share them (HTTP/2 streams).
-const CONNECTIONS: usize = 4;
+const CONNECTIONS: usize = keysync_server::CONNECTIONS_PER_PEER;
 
 #[derive(Debug, Serialize)]
 pub struct FloodRow {
@@ -93,16 +93,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<FloodRow> {
 async fn push_all(listen: &str, setup: &TlsSetup, pushes: usize, n_ids: usize) -> anyhow::Result<Pushed> {
     let mut clients = Vec::new();
     for _ in 0..CONNECTIONS.min(pushes.max(1)) {
-        let mut client = keysync_server::connect(listen, "master-a", setup, MAX_MESSAGE_BYTES, Duration::from_secs(10))
-            .await
-            .with_context(|| format!("connecting to master-a at {listen}"))?;
-        let hello = v1::HelloRequest {
-            node: "master-b".into(),
-            protocol_version: keysync_proto::PROTOCOL_VERSION,
-            health: None,
-        };
-        client.hello(hello).await.context("hello to master-a")?;
-        clients.push(client);
+        clients.push(connect_as_master_b(listen, setup).await?);
     }
     let mut tasks = tokio::task::JoinSet::new();
     for push in 0..pushes {
@@ -143,6 +134,27 @@ async fn push_all(listen: &str, setup: &TlsSetup, pushes: usize, n_ids: usize) -
     Ok(all)
 }
 
+/// A connection to master-a at `listen` as master-b (with its TLS `setup`),
+/// after Hello.
+pub(crate) async fn connect_as_master_b(
+    listen: &str,
+    setup: &TlsSetup,
+) -> anyhow::Result<v1::key_sync_client::KeySyncClient<tonic::transport::Channel>> {
+    let mut client = keysync_server::connect(listen, "master-a", setup, MAX_MESSAGE_BYTES, Duration::from_secs(10))
+        .await
+        .with_context(|| format!("connecting to master-a at {listen}"))?;
+    let hello =
+        v1::HelloRequest { node: "master-b".into(), protocol_version: keysync_proto::PROTOCOL_VERSION, health: None };
+    client.hello(hello).await.context("hello to master-a")?;
+    Ok(client)
+}
+
+/// Now as a version's clock: wall-clock milliseconds, shifted.
+pub(crate) fn now_hlc() -> u64 {
+    let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
+    (ms as u64) << 16
+}
+
 /// What the pushes were told.
 #[derive(Debug, Default)]
 struct Pushed {
@@ -154,13 +166,13 @@ struct Pushed {
 
 /// Deletes of the made-up ids `range` of push `push`, versioned now by master-b.
 fn batch(push: usize, range: std::ops::Range<usize>) -> v1::DecisionBatch {
-    let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
+    let hlc = now_hlc();
     let decisions = range
         .map(|i| v1::Decision {
             minion: format!("flood{push:02}-{i:07}"),
             verdict: v1::Verdict::Deleted.into(),
             public_key: Vec::new(),
-            version: Some(v1::Version { hlc: (ms as u64) << 16, node: "master-b".into() }),
+            version: Some(v1::Version { hlc, node: "master-b".into() }),
             supersedes: None,
             context: Vec::new(),
             relays: Vec::new(),

@@ -25,11 +25,12 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use crate::cluster::{seed_decided, BenchCluster};
+use crate::flood::now_hlc;
 use crate::{procfs, Settings};
 
 /// Connections the stalling peer opens (the most a master admits from one
 /// peer), and Fetch streams on each.
-const CONNECTIONS: usize = 4;
+const CONNECTIONS: usize = keysync_server::CONNECTIONS_PER_PEER;
 const STREAMS_PER_CONNECTION: usize = 100;
 /// Summaries per Diff chunk and decisions per Fetch batch the fake peer sends.
 const SUMMARIES_PER_CHUNK: usize = 20_000;
@@ -134,15 +135,7 @@ async fn stall(
     let mut held = Vec::new();
     let mut refused = 0;
     for _ in 0..CONNECTIONS {
-        let client = keysync_server::connect(listen, "master-a", setup, MAX_MESSAGE_BYTES, Duration::from_secs(10))
-            .await
-            .with_context(|| format!("connecting to master-a at {listen}"))?;
-        let hello = v1::HelloRequest {
-            node: "master-b".into(),
-            protocol_version: keysync_proto::PROTOCOL_VERSION,
-            health: None,
-        };
-        client.clone().hello(hello).await.context("hello to master-a")?;
+        let client = crate::flood::connect_as_master_b(listen, setup).await?;
         for _ in 0..STREAMS_PER_CONNECTION {
             let request = v1::FetchRequest { minions: ids.to_vec() };
             match client.clone().fetch(request).await {
@@ -161,11 +154,6 @@ struct FakePeer {
     key: Vec<u8>,
     diffs: AtomicUsize,
     fetches: AtomicUsize,
-}
-
-fn now_hlc() -> u64 {
-    let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
-    (ms as u64) << 16
 }
 
 #[tonic::async_trait]
