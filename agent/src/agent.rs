@@ -244,8 +244,15 @@ pub async fn run_with(
         };
         tasks.spawn(reloader.run(requests, shutdown.clone()));
     }
-    if config.salt.key_mode.is_none() {
-        tasks.spawn(follow_key_mode(pki.clone(), board.clone(), shutdown.clone()));
+    if observe {
+        // Observe mode writes nothing to the key folders.
+    } else if config.salt.key_mode.is_none() {
+        tasks.spawn(follow_key_mode(pki.clone(), board.clone(), audit.clone(), shutdown.clone()));
+    } else {
+        tasks.spawn({
+            let (pki, audit) = (pki.clone(), audit.clone());
+            async move { narrow_key_modes(&pki, &audit).await }
+        });
     }
     tasks.spawn(notifier.clone().watchdog(handle.clone(), shutdown.clone()));
     tasks.spawn({
@@ -295,18 +302,44 @@ pub async fn run_with(
 async fn follow_key_mode(
     pki: Arc<crate::disk::pki::Pki>,
     board: Arc<crate::ops::board::Board>,
+    audit: Arc<AuditLog>,
     shutdown: CancellationToken,
 ) {
     let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
+    // Key files are narrowed once, when the mode is first known.
+    let mut narrowed = false;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
             _ = every.tick() => {}
         }
         let Some(mode) = board.salt_version().as_deref().and_then(crate::disk::pki::key_mode_for) else { continue };
-        if pki.key_mode() != mode {
-            tracing::info!(mode = format!("{mode:04o}"), version = ?board.salt_version(), "key files get the mode this master's Salt gives them");
-            pki.set_key_mode(mode);
+        if pki.key_mode() != mode || !narrowed {
+            if pki.key_mode() != mode {
+                tracing::info!(mode = format!("{mode:04o}"), version = ?board.salt_version(), "key files get the mode this master's Salt gives them");
+                pki.set_key_mode(mode);
+            }
+            narrowed = true;
+            narrow_key_modes(&pki, &audit).await;
         }
     }
+}
+
+/// Key files earlier releases left wider than this master's Salt writes
+/// them get its mode (see `Pki::narrow_key_modes`), audited once with a count.
+async fn narrow_key_modes(pki: &Arc<crate::disk::pki::Pki>, audit: &AuditLog) {
+    let pki = pki.clone();
+    let Ok((narrowed, failed)) = tokio::task::spawn_blocking(move || pki.narrow_key_modes()).await else { return };
+    if narrowed + failed == 0 {
+        return;
+    }
+    tracing::info!(narrowed, failed, "key files narrowed to 0600, as this master's Salt writes them");
+    audit.record(Record {
+        reason: Some(format!(
+            "{narrowed} key files in minions/ and minions_rejected/ narrowed to 0600, as this master's Salt writes \
+             them{}",
+            if failed > 0 { format!("; {failed} could not be (not the agent's user's)") } else { String::new() }
+        )),
+        ..Record::new("mode", "local", "applied")
+    });
 }

@@ -62,6 +62,7 @@ pub const ACTIONS: &[&str] = &[
     "hold",
     "release",
     "revert",
+    "mode",
     CONTINUE,
 ];
 

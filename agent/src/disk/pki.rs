@@ -214,6 +214,40 @@ impl Pki {
         }
     }
 
+    /// Narrows decided key files (`minions/`, `minions_rejected/`) left
+    /// 0644 by earlier releases, or by Salt before 3008, to 0600 when this
+    /// master's Salt writes 0600: done once the mode is known, through each
+    /// file's own descriptor (opened `O_NOFOLLOW`, regular files with one
+    /// name only, never widened). Returns how many were narrowed and how many could not be.
+    pub fn narrow_key_modes(&self) -> (usize, usize) {
+        if self.key_mode() != KEY_MODE_3008 {
+            return (0, 0);
+        }
+        let (mut narrowed, mut failed) = (0, 0);
+        for folder in [Folder::Accepted, Folder::Rejected] {
+            let Ok(dir) = self.folder_fd(folder) else { continue };
+            let Ok(names) = read_names(&*dir) else { continue };
+            for name in names.iter().filter(|n| !n.as_encoded_bytes().starts_with(b".")) {
+                let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+                let Ok(fd) = rustix::fs::openat(&*dir, name.as_os_str(), flags, Mode::empty()) else { continue };
+                let Ok(st) = rustix::fs::fstat(&fd) else { continue };
+                let mode = st.st_mode & 0o7777;
+                // A second name of another file (a hard link) is never touched.
+                if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile
+                    || st.st_nlink != 1
+                    || mode & 0o077 == 0
+                {
+                    continue;
+                }
+                match rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode & 0o700)) {
+                    Ok(()) => narrowed += 1,
+                    Err(_) => failed += 1,
+                }
+            }
+        }
+        (narrowed, failed)
+    }
+
     /// Compares each key folder with what pki_dir names now: a folder
     /// replaced by a plain folder of a trusted owner is reopened, one
     /// replaced by anything else (a symlink, another owner) is refused.

@@ -417,3 +417,42 @@ fn a_changed_key_mode_applies_to_the_next_writes() {
     let mode = std::fs::metadata(dir.path().join("minions/web01")).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
 }
+
+/// Issue 29 item 6: key files earlier releases wrote 0644 stayed 0644 after
+/// an upgrade on Salt 3008 (which writes 0600). Once the mode is 0600 they
+/// are narrowed, through their own descriptors: never a symlink's target, a
+/// hard link's other name, a pending key, or widened.
+#[test]
+fn key_files_left_wider_than_salt_writes_them_are_narrowed_once_the_mode_is_known() {
+    let (dir, pki) = setup();
+    let p = |folder: &str, name: &str| dir.path().join(folder).join(name);
+    for (folder, name, mode) in [
+        ("minions", "old01", 0o644),
+        ("minions", "new01", 0o600),
+        ("minions_rejected", "old02", 0o640),
+        ("minions_pre", "pending01", 0o644),
+    ] {
+        fs::write(p(folder, name), PUB).unwrap();
+        fs::set_permissions(p(folder, name), fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let outside = dir.path().join("outside");
+    fs::write(&outside, "x").unwrap();
+    fs::set_permissions(&outside, fs::Permissions::from_mode(0o644)).unwrap();
+    std::os::unix::fs::symlink(&outside, p("minions", "link01")).unwrap();
+    let shared = dir.path().join("shared");
+    fs::write(&shared, PUB).unwrap();
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o644)).unwrap();
+    fs::hard_link(&shared, p("minions", "hard01")).unwrap();
+    let mode = |path: &Path| fs::symlink_metadata(path).unwrap().permissions().mode() & 0o777;
+
+    assert_eq!(pki.narrow_key_modes(), (0, 0), "the mode is 0644 (Salt before 3008): nothing to narrow");
+    pki.set_key_mode(KEY_MODE_3008);
+    assert_eq!(pki.narrow_key_modes(), (2, 0));
+    assert_eq!(mode(&p("minions", "old01")), 0o600);
+    assert_eq!(mode(&p("minions_rejected", "old02")), 0o600);
+    assert_eq!(mode(&p("minions", "new01")), 0o600);
+    assert_eq!(mode(&p("minions_pre", "pending01")), 0o644, "pending keys are the master's");
+    assert_eq!(mode(&outside), 0o644, "a symlink is not followed");
+    assert_eq!(mode(&shared), 0o644, "a hard link's other name is not touched");
+    assert_eq!(pki.narrow_key_modes(), (0, 0), "once");
+}
