@@ -293,7 +293,7 @@ impl Config {
         let base = path.parent().unwrap_or(Path::new("."));
         let resolve = |p: PathBuf| if p.is_relative() { base.join(p) } else { p };
 
-        check_name(&raw.node).map_err(|m| invalid("node", m))?;
+        check_node_name(&raw.node).map_err(|m| invalid("node", m))?;
         let listen_raw = raw.listen.unwrap_or_else(|| "0.0.0.0:4515".into());
         let listen = listen_raw.parse().map_err(|_| invalid("listen", format!("{listen_raw:?} is not ip:port")))?;
         let state_dir = resolve(raw.state_dir.unwrap_or_else(|| DEFAULT_STATE_DIR.into()));
@@ -316,7 +316,7 @@ impl Config {
 
         let mut peers: Vec<Peer> = Vec::new();
         for (idx, peer) in raw.peer.into_iter().enumerate() {
-            check_name(&peer.name).map_err(|m| invalid(&format!("peer[{idx}].name"), m))?;
+            check_node_name(&peer.name).map_err(|m| invalid(&format!("peer[{idx}].name"), m))?;
             if peer.name == raw.node {
                 return Err(invalid(&format!("peer[{idx}].name"), format!("{:?} is this node's own name", peer.name)));
             }
@@ -337,7 +337,7 @@ impl Config {
         let mut retired_masters: Vec<String> = Vec::new();
         for (idx, name) in raw.retired_masters.into_iter().enumerate() {
             let key = format!("retired_masters[{idx}]");
-            check_name(&name).map_err(|m| invalid(&key, m))?;
+            check_node_name(&name).map_err(|m| invalid(&key, m))?;
             if name == raw.node || peers.iter().any(|p| p.name == name) {
                 return Err(invalid(&key, format!("{name:?} is this node or a [[peer]]: a master still in the site")));
             }
@@ -474,6 +474,18 @@ fn guard(
     })
 }
 
+/// A node's name: a DNS name of its certificate, written in lowercase, the
+/// one form TLS compares and decisions carry (`master-A` passed `check`,
+/// then no certificate matched it at run time; a peer's decision naming
+/// `MASTER-A` is another origin than `master-a`).
+pub fn check_node_name(name: &str) -> Result<(), String> {
+    check_name(name)?;
+    if name.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Err(format!("{name:?} has capital letters: write node names in lowercase ({:?})", name.to_lowercase()));
+    }
+    Ok(())
+}
+
 /// Node names are DNS names of certificates.
 pub fn check_name(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
@@ -548,6 +560,18 @@ address = "10.0.0.12:4515"
         assert_eq!(allow.metrics_allow, ["10.0.0.5".parse::<std::net::IpAddr>().unwrap(), "::1".parse().unwrap()]);
         let e = parse(&format!("metrics_allow = [\"10.0.0.0/8\"]\n{MINIMAL}")).unwrap_err();
         assert!(e.contains("metrics_allow[0]: \"10.0.0.0/8\" is not an IP address"), "{e}");
+    }
+
+    /// Issue 28 item 5: a peer named `master-A` passed check and failed at run
+    /// time. Node names are lowercase, as TLS compares them.
+    #[test]
+    fn node_names_are_lowercase() {
+        let e = parse(&MINIMAL.replace("name = \"master-b\"", "name = \"master-B\"")).unwrap_err();
+        assert!(e.contains("peer[0].name: \"master-B\" has capital letters"), "{e}");
+        assert!(e.contains("(\"master-b\")"), "{e}");
+        let e = parse(&MINIMAL.replace("node = \"master-a\"", "node = \"Master-A\"")).unwrap_err();
+        assert!(e.contains("node: \"Master-A\" has capital letters"), "{e}");
+        assert!(parse(&MINIMAL.replace("10.0.0.12:4515", "Master-B.Example:4515")).is_ok(), "host names are not");
     }
 
     /// Retired masters are origins a peer may name, never this node or a peer.
