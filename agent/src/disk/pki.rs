@@ -463,8 +463,9 @@ pub fn inspect(root_path: &Path, trust: &Trust) -> (Vec<String>, Vec<String>) {
         let fd = dirs::open_dir_at(&root, folder.dir_name().as_bytes(), &path);
         match fd.and_then(|fd| dirs::check_dir(&fd, &path, trust).map(|_| fd)) {
             Ok(fd) => opened.push((folder, fd)),
+            // `run` makes a missing key folder (as the salt-master would).
             Err(e) if e.is_not_found() => {
-                problems.push(format!("{} is missing (has the salt-master run once?)", path.display()))
+                notes.push(format!("{} is missing: the agent makes it at start", path.display()))
             }
             Err(e) => problems.push(e.to_string()),
         }

@@ -456,3 +456,20 @@ fn key_files_left_wider_than_salt_writes_them_are_narrowed_once_the_mode_is_know
     assert_eq!(mode(&shared), 0o644, "a hard link's other name is not touched");
     assert_eq!(pki.narrow_key_modes(), (0, 0), "once");
 }
+
+/// Issue 28 item 5: a missing `minions_pre` failed `check` while `run`
+/// makes it. `check` now says the agent makes it, and `run` does.
+#[test]
+fn a_missing_key_folder_is_a_note_for_check_and_made_by_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki_dir = dir.path().join("pki");
+    fs::create_dir_all(pki_dir.join("minions")).unwrap();
+    fs::create_dir_all(pki_dir.join("minions_rejected")).unwrap();
+    let owner = Owner::of_path(dir.path()).unwrap();
+    let (problems, notes) = inspect(&pki_dir, &Trust::of(owner.uid, owner.gid));
+    assert!(problems.is_empty(), "{problems:?}");
+    assert!(notes.iter().any(|n| n.contains("minions_pre is missing: the agent makes it at start")), "{notes:?}");
+    let options = PkiOptions { owner, trust: Trust::of(owner.uid, owner.gid), key_mode: KEY_MODE, create: true };
+    Pki::open(&pki_dir, options).unwrap();
+    assert!(pki_dir.join("minions_pre").is_dir(), "run makes it");
+}
