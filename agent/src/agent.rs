@@ -191,6 +191,7 @@ pub async fn run_with(
         core: handle.clone(),
         // Only where a reloader will answer.
         reload: options.reload_requests.clone().filter(|_| options.config_path.is_some() && options.reload.is_some()),
+        config_path: options.config_path.clone(),
         plan,
     });
     tasks.spawn(crate::ops::control::serve(control_socket, control_ctx, shutdown.clone()));

@@ -11,16 +11,22 @@ use crate::config::Config;
 
 /// Reloads the agent whose config is `path`; the summary of what changed.
 pub fn reload(path: &Path) -> Result<String> {
+    // A mistyped path is named as such, not taken for an agent not running.
+    if let Err(e) = std::fs::metadata(path) {
+        bail!("cannot read config {}: {e}", path.display());
+    }
     let socket = control_socket(path);
     let reply = crate::cli::status::ask(&socket, "reload")?;
     let value: serde_json::Value = serde_json::from_str(&reply)
         .with_context(|| format!("the agent at {} gave an unreadable answer: {}", socket.display(), reply.trim()))?;
     let field = |key: &str| value.get(key).and_then(|v| v.as_str()).map(str::to_string);
+    // The file the agent read: its own, which may not be the one given here.
+    let read = field("config").map(|config| format!(" {config}")).unwrap_or_default();
     if let Some(summary) = field("reloaded") {
-        return Ok(summary);
+        return Ok(format!("reloaded{read}: {summary}"));
     }
     if let Some(reason) = field("refused") {
-        bail!("reload refused, the running config stays in force: {reason}");
+        bail!("reload of{read} refused, the running config stays in force: {reason}");
     }
     bail!("reload not done: {}", field("error").unwrap_or_else(|| reply.trim().to_string()))
 }

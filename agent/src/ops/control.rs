@@ -122,6 +122,8 @@ pub struct ControlContext {
     /// The reloader's queue (the one SIGHUP feeds); `None` when the agent
     /// was started without a config file to re-read.
     pub reload: Option<mpsc::Sender<Option<ReloadReply>>>,
+    /// The config file a reload re-reads (named in the reply).
+    pub config_path: Option<std::path::PathBuf>,
     /// Gathers `plan` from this node and the peers.
     pub plan: crate::ops::site_plan::Gather,
 }
@@ -204,8 +206,8 @@ async fn reload(ctx: &ControlContext) -> serde_json::Value {
         return serde_json::json!({ "error": "the agent is stopping" });
     }
     match outcome.await {
-        Ok(Ok(summary)) => serde_json::json!({ "reloaded": summary }),
-        Ok(Err(reason)) => serde_json::json!({ "refused": reason }),
+        Ok(Ok(summary)) => serde_json::json!({ "reloaded": summary, "config": ctx.config_path }),
+        Ok(Err(reason)) => serde_json::json!({ "refused": reason, "config": ctx.config_path }),
         Err(_) => serde_json::json!({ "error": "the agent stopped before the reload finished" }),
     }
 }

@@ -43,6 +43,8 @@ fn a_missing_config_and_a_stopped_agent_each_say_their_cause_once() {
         vec!["check", "--config", missing],
         vec!["run", "--config", missing],
         vec!["audit", "--config", missing],
+        // Issue 28 item 5: a mistyped path said "the agent is not running".
+        vec!["reload", "--config", missing],
     ] {
         let out = run_cli(&args);
         let stderr = text(&out.stderr);
@@ -157,7 +159,7 @@ fn config_is_offered_only_where_it_is_read() {
         assert!(!text(&out.stdout).contains("--config"), "{help:?} offers --config: {}", text(&out.stdout));
     }
     // Where it is read, it is taken, also after a nested subcommand (the
-    // missing file is the error; `reload` then asks the default socket).
+    // missing file is the error).
     for args in [
         vec!["run", "--config", missing],
         vec!["check", "--config", missing],

@@ -76,7 +76,10 @@ fn reload_says_what_changed_or_why_it_was_refused() {
     let out = reload(&a);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(!stdout.trim().is_empty(), "a summary of what changed");
+    assert!(
+        stdout.starts_with(&format!("reloaded {}: ", a.display())),
+        "a summary of what changed, naming the file read: {stdout}"
+    );
 
     // Refused: listen cannot change while running. systemctl reload fails with the reason.
     let listen = good.lines().find(|l| l.starts_with("listen = ")).unwrap();
@@ -84,7 +87,8 @@ fn reload_says_what_changed_or_why_it_was_refused() {
     let out = reload(&a);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.starts_with("salt-keysync: reload refused, the running config stays in force: "), "{stderr}");
+    let refused = format!("salt-keysync: reload of {} refused, the running config stays in force: ", a.display());
+    assert!(stderr.starts_with(&refused), "{stderr}");
     assert!(stderr.contains("listen"), "{stderr}");
 
     // A config that does not even parse is refused by the agent, not guessed at here.
@@ -92,7 +96,7 @@ fn reload_says_what_changed_or_why_it_was_refused() {
     let out = reload(&a);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("reload refused"), "{stderr}");
+    assert!(stderr.starts_with(&refused), "{stderr}");
     assert!(cluster.agent(0).is_running(), "a refused reload stopped the agent");
 
     std::fs::write(&a, &good).unwrap();
