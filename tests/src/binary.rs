@@ -217,19 +217,27 @@ impl ProcessCluster {
 /// suite). Ports 20000–31999 instead, each handed out once per process, from
 /// an offset per process.
 pub fn free_addr() -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], free_port_on(&[std::net::Ipv4Addr::LOCALHOST])))
+}
+
+/// A port free on every one of `ips` (loopback addresses), from the same
+/// range and counter as [`free_addr`]: the real-Salt tests run three
+/// clusters at once on the same addresses, and ports from the ephemeral
+/// range collided there too ("cannot listen on 127.0.0.3:37909: Address
+/// already in use").
+pub fn free_port_on(ips: &[std::net::Ipv4Addr]) -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
     const FIRST: u32 = 20_000;
     const SPAN: u32 = 12_000;
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let offset = std::process::id().wrapping_mul(2_654_435_761) % SPAN;
     for _ in 0..SPAN {
-        let port = FIRST + (offset + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN;
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port as u16));
-        if std::net::TcpListener::bind(addr).is_ok() {
-            return addr;
+        let port = (FIRST + (offset + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN) as u16;
+        if ips.iter().all(|ip| std::net::TcpListener::bind((*ip, port)).is_ok()) {
+            return port;
         }
     }
-    panic!("no free loopback port in {FIRST}..{}", FIRST + SPAN);
+    panic!("no free port on {ips:?} in {FIRST}..{}", FIRST + SPAN);
 }
 
 /// Agent processes whose peers are reached through cuttable relays, and that

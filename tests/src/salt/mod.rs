@@ -11,7 +11,7 @@ pub mod harness;
 pub mod master;
 pub mod minion;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -65,21 +65,16 @@ pub fn json_in(stdout: &[u8]) -> Option<serde_json::Value> {
     serde_json::Deserializer::from_str(&text[start..]).into_iter().next()?.ok()
 }
 
-/// A port free on every one of `ips` right now (masters on .2, .3 and .4 use
-/// the same publish and return ports, as a minion expects).
+/// A port free on every one of `ips` (masters on .2, .3 and .4 use the same
+/// publish and return ports, as a minion expects): see
+/// [`crate::binary::free_port_on`].
 pub fn free_port_on_all(ips: &[Ipv4Addr]) -> u16 {
-    for _ in 0..100 {
-        let port = TcpListener::bind((ips[0], 0)).unwrap().local_addr().unwrap().port();
-        if ips[1..].iter().all(|ip| TcpListener::bind((*ip, port)).is_ok()) {
-            return port;
-        }
-    }
-    panic!("no port free on all of {ips:?}")
+    crate::binary::free_port_on(ips)
 }
 
 /// A free address on `ip`.
 pub fn free_addr_on(ip: Ipv4Addr) -> SocketAddr {
-    TcpListener::bind((IpAddr::V4(ip), 0)).unwrap().local_addr().unwrap()
+    SocketAddr::new(IpAddr::V4(ip), crate::binary::free_port_on(&[ip]))
 }
 
 /// Polls `check` every `every` until it holds, or panics after `timeout`
