@@ -171,11 +171,8 @@ fn batch(push: usize, range: std::ops::Range<usize>) -> v1::DecisionBatch {
         .map(|i| v1::Decision {
             minion: format!("flood{push:02}-{i:07}"),
             verdict: v1::Verdict::Deleted.into(),
-            public_key: Vec::new(),
             version: Some(v1::Version { hlc, node: "master-b".into() }),
-            supersedes: None,
-            context: Vec::new(),
-            relays: Vec::new(),
+            ..Default::default()
         })
         .collect();
     v1::DecisionBatch { decisions }

@@ -202,9 +202,7 @@ impl Handler for FakePeer {
                     verdict: v1::Verdict::Accepted.into(),
                     public_key: key.clone(),
                     version: Some(v1::Version { hlc, node: "master-b".into() }),
-                    supersedes: None,
-                    context: Vec::new(),
-                    relays: Vec::new(),
+                    ..Default::default()
                 })
                 .collect();
             v1::DecisionBatch { decisions }

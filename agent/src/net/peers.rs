@@ -324,13 +324,12 @@ impl PeerLink {
                 Err(e) => break Some(SessionError::Rpc(e)),
             };
             run.bytes_received += chunk.encoded_len();
-            let peer = self.peer.name.clone();
             if n_buckets.is_none() {
                 n_buckets = Some(chunk.buckets.len());
                 if chunk.buckets.is_empty() {
                     break None;
                 }
-                let buckets = chunk.buckets;
+                let (peer, buckets) = (self.peer.name.clone(), chunk.buckets);
                 if let Err(e) = self.core.ask(|reply| Request::RepairBegin { peer, buckets, reply }).await? {
                     break Some(SessionError::BadAnswer(e));
                 }
@@ -342,21 +341,13 @@ impl PeerLink {
             // message kept a joining master's Diff waiting behind its fetches.
             pending.extend(chunk.entries.into_iter().filter_map(crate::net::wire::summary_from_wire));
             if pending.len() >= COMPARE_CHUNK {
-                let (peer, summaries) = (self.peer.name.clone(), std::mem::take(&mut pending));
-                if let Err(e) = self.core.ask(|reply| Request::RepairChunk { peer, summaries, reply }).await? {
+                if let Err(e) = self.compare_chunk(std::mem::take(&mut pending)).await? {
                     break Some(SessionError::BadAnswer(e));
                 }
             }
         };
         let failed = match failed {
-            None if !pending.is_empty() => {
-                let (peer, summaries) = (self.peer.name.clone(), pending);
-                self.core
-                    .ask(|reply| Request::RepairChunk { peer, summaries, reply })
-                    .await?
-                    .err()
-                    .map(SessionError::BadAnswer)
-            }
+            None if !pending.is_empty() => self.compare_chunk(pending).await?.err().map(SessionError::BadAnswer),
             failed => failed,
         };
         if let Some(e) = failed {
@@ -440,6 +431,15 @@ impl PeerLink {
 }
 
 impl PeerLink {
+    /// Hands the node summaries of the peer's Diff answer to compare.
+    async fn compare_chunk(
+        &self,
+        summaries: keysync_machine::node::Summaries,
+    ) -> Result<Result<(), keysync_machine::node::BadAnswer>, crate::node::CoreGone> {
+        let peer = self.peer.name.clone();
+        self.core.ask(|reply| Request::RepairChunk { peer, summaries, reply }).await
+    }
+
     /// Asks the node for the next ids to fetch and fetches them; `None`
     /// when the plan is done (or the core is gone).
     async fn fetch_next(
