@@ -46,7 +46,10 @@ pub enum Request {
     /// Full decisions for ids.
     Fetch { ids: Vec<MinionId>, reply: oneshot::Sender<Vec<Decision>> },
     /// This node's digests, for its own anti-entropy round.
-    Digests { reply: oneshot::Sender<Vec<u64>> },
+    /// `None`: the node runs no round (stale).
+    Digests { reply: oneshot::Sender<Option<Vec<u64>>> },
+    /// A link finished comparing digests with its peer.
+    Contact,
     /// On the link to `peer`, the first chunk of the peer's Diff answer named
     /// the differing buckets: a comparison begins.
     RepairBegin { peer: String, buckets: Vec<u32>, reply: oneshot::Sender<Result<(), BadAnswer>> },
@@ -76,6 +79,8 @@ pub enum Request {
     Held { reply: oneshot::Sender<Vec<HeldDelete>> },
     /// While writes fail: for how long, and the last error.
     WriteTrouble { reply: oneshot::Sender<Option<(Duration, String)>> },
+    /// Why the node offers nothing, if it does not.
+    Stale { reply: oneshot::Sender<Option<keysync_machine::node::Stale>> },
     /// The configured peers changed (a reload): the origins a peer's
     /// decision may name.
     Masters { names: Vec<String> },
@@ -367,6 +372,10 @@ impl Core {
             Request::WriteTrouble { reply } => {
                 let _ = reply.send(self.node.write_trouble(now().mono));
             }
+            Request::Stale { reply } => {
+                let _ = reply.send(self.node.stale());
+            }
+            Request::Contact => self.node.on_contact(now(), &mut self.effects),
             Request::Plan { ids, reply } => {
                 let _ = reply.send(self.node.plan(ids.as_deref()));
             }
@@ -421,6 +430,7 @@ pub fn start(parts: CoreParts) -> Result<(Core, CoreHandle, mpsc::Receiver<Reque
         observe: parts.settings.observe,
         guard: parts.settings.guard.clone(),
         tombstone_ttl: parts.settings.tombstone_ttl,
+        stale_after: parts.settings.tombstone_ttl,
         masters: masters(&parts.settings.masters),
     };
     let mut effects = Effects {

@@ -18,6 +18,7 @@ mod plan;
 mod remote;
 mod repair;
 pub mod runtime;
+mod stale;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testing;
 #[cfg(test)]
@@ -42,6 +43,7 @@ pub use inventory::Held;
 pub use plan::{Holding, PlanRow};
 pub use repair::{BadAnswer, Compared, Summaries, FETCH_CHUNK, MAX_FETCH, MAX_PLANNED, MAX_ROWS_PER_ID};
 pub use runtime::{Applied, Failure, Kept, Runtime, StoreWrite};
+pub use stale::Stale;
 
 /// The node's settings, from the agent's config.
 #[derive(Clone, Debug)]
@@ -60,6 +62,10 @@ pub struct Settings {
     /// How long a plain tombstone is kept (`cold.rs`): longer than any
     /// master may be out of contact.
     pub tombstone_ttl: Duration,
+    /// Out of contact with every peer for longer than this, the node offers
+    /// nothing (`stale.rs`): `tombstone_ttl` in the agent; the simulation,
+    /// whose TTL is seconds, sets it apart.
+    pub stale_after: Duration,
     /// The site's masters: this node's configured peers (and masters retired
     /// from the site whose decisions still stand). A peer's decision whose
     /// origin is none of them nor this node is refused (`remote.rs`).
@@ -90,6 +96,9 @@ pub struct Loaded {
     pub untold: Vec<(Arc<str>, crate::core::merge::Conflict)>,
     /// Peers' deletes the guard held (see `guard.rs`).
     pub held: Vec<HeldDelete>,
+    /// The last completed comparison with any peer (wall-clock ms; see
+    /// `stale.rs`), if the store has one.
+    pub last_contact_ms: Option<u64>,
 }
 
 /// A file event in one of the three key folders.
@@ -155,6 +164,8 @@ pub struct Node {
     guard: guard::Guard,
     /// When plain tombstones past `tombstone_ttl` are next looked for.
     next_compact: Instant,
+    /// The last contact with a peer, and whether it is too long ago (`stale.rs`).
+    contact: stale::Contact,
 }
 
 impl Node {
@@ -188,9 +199,16 @@ impl Node {
             inventory: inventory::Inventory::default(),
             repairs: repair::Repairs::default(),
             next_compact: now.mono,
+            contact: stale::Contact::loaded(loaded.last_contact_ms),
         };
         for held in loaded.held {
             node.guard.load(held);
+        }
+        node.check_stale(now, rt);
+        if node.is_stale() {
+            // Nothing is judged or finished: `rejoin` sets it all aside.
+            node.cool();
+            return node;
         }
         node.tell_untold(loaded.untold, now, rt);
         node.finish_journal(loaded.journal, now, rt);
@@ -220,6 +238,9 @@ impl Node {
     /// next [`Node::on_tick`] (call it when [`Node::poll_at`] says).
     pub fn on_fs(&mut self, event: &FsEvent, now: Now) {
         self.seen = now.mono;
+        if self.is_stale() {
+            return;
+        }
         if !self.echoes.is_echo(event.folder, &event.name, event.change, now.mono) {
             self.settler.on_event(event.folder, &event.name, event.change, now.mono);
         }
@@ -229,6 +250,9 @@ impl Node {
     /// awaited any more, and every name is read again once it has settled.
     pub fn on_lost(&mut self, why: &str, now: Now, rt: &mut impl Runtime) {
         self.seen = now.mono;
+        if self.is_stale() {
+            return;
+        }
         self.echoes.clear();
         self.recheck_all(why, now, rt);
         self.cool();
@@ -238,6 +262,10 @@ impl Node {
     /// once the backoff allows, and the periodic rescan.
     pub fn on_tick(&mut self, now: Now, rt: &mut impl Runtime) {
         self.seen = now.mono;
+        self.check_stale(now, rt);
+        if self.is_stale() {
+            return;
+        }
         self.process_due(now, rt);
         let waiting = !self.retry.is_empty() || self.rescan_pending || !self.journal_waiting.is_empty();
         if waiting && self.trouble.retry_due(now.mono) {
@@ -255,6 +283,9 @@ impl Node {
 
     /// When [`Node::on_tick`] next has something to do.
     pub fn poll_at(&self) -> Option<Instant> {
+        if self.is_stale() {
+            return None;
+        }
         // Writes to try again: decisions, a rescan, held deletes the store could not keep.
         let retry =
             (!self.retry.is_empty() || self.rescan_pending || !self.journal_waiting.is_empty() || self.guard.unsaved)

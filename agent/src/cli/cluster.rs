@@ -193,6 +193,7 @@ mod tests {
             conflicts: Vec::new(),
             held: Vec::new(),
             write_trouble: None,
+            stale: None,
         };
         let cluster = cluster(&report);
         assert_eq!(cluster.masters.len(), 3);

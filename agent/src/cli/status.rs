@@ -162,6 +162,9 @@ pub fn render(report: &StatusReport) -> String {
     if let Some(trouble) = &report.write_trouble {
         out.push_str(&format!("ERROR: {trouble}\n"));
     }
+    if let Some(stale) = &report.stale {
+        out.push_str(&format!("ERROR: {stale}\n"));
+    }
     for burst in &report.held {
         let more = if burst.count > burst.first.len() { ", …" } else { "" };
         out.push_str(&format!(
@@ -334,6 +337,11 @@ mod tests {
                 std::time::Duration::from_secs(125),
                 "state store, for decisions: No space left on device (os error 28)",
             )),
+            stale: Some(crate::ops::sd_notify::stale(&keysync_machine::node::Stale {
+                last_contact_ms: 1_760_000_000_000,
+                found_ms: 1_760_000_000_000 + 45 * 86_400_000,
+                ttl: std::time::Duration::from_secs(30 * 86_400),
+            })),
         };
         let mut forged = report.clone();
         forged.peers[1].last_error = Some("refused\nmaster-x  up  1s ago\u{1b}[8m".into());
@@ -358,6 +366,9 @@ mod tests {
             "salt-keysync release --origin master-c` applies them here",
             "ERROR: writes failing for 2m 5s: state store, for decisions: No space left on device (os error 28); \
              nothing recorded",
+            "ERROR: out of contact with every peer since 2025-10-09T08:53:20Z (45 days), longer than tombstone_ttl \
+             (30 days)",
+            "`salt-keysync rejoin` sets aside",
             "master-c: down — connection refused",
             "master-b: MASTER KEY MISMATCH: its master.pub is cc:dd",
             "master-b: SETTINGS DRIFT: publisher_acl",

@@ -63,6 +63,8 @@ pub const ACTIONS: &[&str] = &[
     "release",
     "revert",
     "mode",
+    "stale",
+    "rejoin",
     CONTINUE,
 ];
 

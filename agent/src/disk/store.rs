@@ -44,6 +44,9 @@ const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const CACHE_BYTES: usize = 4 * 1024 * 1024;
 
 const META_CLOCK: &str = "clock";
+/// The last completed comparison with a peer (wall-clock ms, u64 BE): a
+/// master out of contact for longer than `tombstone_ttl` offers nothing.
+const META_CONTACT: &str = "last_contact";
 /// The audit log's head when the store last committed (see `audit_guard.rs`).
 const META_AUDIT_HEAD: &str = "audit_head";
 const META_NODE: &str = "node";
@@ -219,6 +222,10 @@ impl Store {
             None => 0,
         };
         let initialized = meta.get(META_NODE).map_err(|e| self.err(e))?.is_some();
+        let last_contact_ms = meta
+            .get(META_CONTACT)
+            .map_err(|e| self.err(e))?
+            .and_then(|raw| raw.value().try_into().ok().map(u64::from_be_bytes));
         let mut held = Vec::new();
         for row in txn.open_table(HELD).map_err(|e| self.err(e))?.iter().map_err(|e| self.err(e))? {
             let (id, value) = row.map_err(|e| self.err(e))?;
@@ -227,7 +234,7 @@ impl Store {
         }
         drop(txn);
         self.check_tombstone_list(plain)?;
-        Ok(Loaded { entries, cold, journal, clock, initialized, untold, held })
+        Ok(Loaded { entries, cold, journal, clock, initialized, untold, held, last_contact_ms })
     }
 
     /// Full decisions (with keys) for the given ids: the one held and every
@@ -343,6 +350,9 @@ impl Store {
             meta.insert(META_CLOCK, write.clock.to_be_bytes().as_slice()).map_err(|e| self.err(e))?;
             if write.initialize {
                 meta.insert(META_NODE, node.as_bytes()).map_err(|e| self.err(e))?;
+            }
+            if let Some(contact) = write.contact {
+                meta.insert(META_CONTACT, contact.to_be_bytes().as_slice()).map_err(|e| self.err(e))?;
             }
             if let Some(head) = head {
                 meta.insert(META_AUDIT_HEAD, head.to_string().as_bytes()).map_err(|e| self.err(e))?;

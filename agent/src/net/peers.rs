@@ -308,7 +308,11 @@ impl PeerLink {
             tracing::debug!("the peer is fetching from this master in a round of its own; this round waits for it");
             return Ok(true);
         }
-        let digests = self.core.ask(|reply| Request::Digests { reply }).await?;
+        let Some(digests) = self.core.ask(|reply| Request::Digests { reply }).await? else {
+            // Stale: out of contact for longer than tombstone_ttl, this
+            // master offers nothing and asks for nothing until `rejoin`.
+            return Ok(false);
+        };
         let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests };
         let mut run = AntiEntropyRun { bytes_sent: request.encoded_len(), ..AntiEntropyRun::default() };
         let mut stream = client.diff(request).await?.into_inner();
@@ -355,6 +359,7 @@ impl PeerLink {
             return Err(e);
         }
         self.board.contact(&self.peer.name);
+        let _ = self.core.tell(Request::Contact).await;
         let n_buckets = n_buckets.unwrap_or(0);
         if n_buckets == 0 {
             run.at = crate::disk::audit::now_rfc3339();

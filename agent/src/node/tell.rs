@@ -152,6 +152,9 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
             ..Record::new("write", "local", "failed")
         },
         Event::WritesStillFailing { .. } => return None,
+        Event::Stale { stale } => {
+            Record { reason: Some(crate::ops::sd_notify::stale(stale)), ..Record::new("stale", "local", "refused") }
+        }
         Event::WriteRecovered { lasted, first_error } => Record {
             reason: Some(format!("writes succeed again after {lasted:.1?} (first error: {first_error})")),
             ..Record::new("write", "local", "recovered")
@@ -368,6 +371,7 @@ pub fn log_and_count(event: &Event, metrics: &Metrics) {
         Event::WriteFailed { what, error } => {
             tracing::error!(what = %what, error = %error, "cannot write; nothing recorded, retrying with backoff")
         }
+        Event::Stale { stale } => tracing::error!("{}", crate::ops::sd_notify::stale(stale)),
         Event::WritesStillFailing { lasted, error } => tracing::error!(
             lasted = %humantime::format_duration(std::time::Duration::from_secs(lasted.as_secs())),
             error = %error,

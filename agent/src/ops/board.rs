@@ -109,6 +109,10 @@ pub struct StatusReport {
     /// While writes fail here (a full disk): for how long, and why.
     #[serde(default)]
     pub write_trouble: Option<String>,
+    /// Out of contact for longer than `tombstone_ttl`: why this master
+    /// offers nothing, and the way out.
+    #[serde(default)]
+    pub stale: Option<String>,
 }
 
 struct PeerEntry {
@@ -443,6 +447,7 @@ impl Board {
             conflicts: Vec::new(),
             held: Vec::new(),
             write_trouble: None,
+            stale: None,
         }
     }
 

@@ -174,6 +174,8 @@ async fn answer(stream: UnixStream, ctx: &ControlContext) -> Result<()> {
             report.held = crate::ops::held::bursts(&held);
             let trouble = ctx.core.ask(|reply| crate::node::Request::WriteTrouble { reply }).await?;
             report.write_trouble = trouble.map(|(lasted, error)| crate::ops::sd_notify::write_trouble(lasted, &error));
+            let stale = ctx.core.ask(|reply| crate::node::Request::Stale { reply }).await?;
+            report.stale = stale.as_ref().map(crate::ops::sd_notify::stale);
             serde_json::to_string(&report)?
         }
         "plan" => serde_json::to_string(&ctx.plan.site(&ctx.board.peers()).await)?,

@@ -106,14 +106,22 @@ impl Notifier {
                 () = shutdown.cancelled() => return,
                 _ = timer.tick() => {}
             }
-            match tokio::time::timeout(interval, core.ask(|reply| Request::WriteTrouble { reply })).await {
-                // The core answers while writes fail (it retries them): the
-                // service's status line says so, `systemctl status` shows it.
-                Ok(Ok(trouble)) => {
-                    let status = match &trouble {
-                        Some((lasted, error)) => Some(format!("STATUS={}", one_line(&write_trouble(*lasted, error)))),
-                        None if was_failing => Some("STATUS=writes succeed again".to_string()),
-                        None => None,
+            let asked = async {
+                let trouble = core.ask(|reply| Request::WriteTrouble { reply }).await?;
+                Ok::<_, crate::node::CoreGone>((trouble, core.ask(|reply| Request::Stale { reply }).await?))
+            };
+            match tokio::time::timeout(interval, asked).await {
+                // The core answers while writes fail (it retries them) and
+                // while it offers nothing (stale): the service's status line
+                // says so, `systemctl status` shows it.
+                Ok(Ok((trouble, stale_since))) => {
+                    let status = match (&trouble, &stale_since) {
+                        (Some((lasted, error)), _) => {
+                            Some(format!("STATUS={}", one_line(&write_trouble(*lasted, error))))
+                        }
+                        (None, Some(since)) => Some(format!("STATUS={}", one_line(&stale(since)))),
+                        (None, None) if was_failing => Some("STATUS=writes succeed again".to_string()),
+                        (None, None) => None,
                     };
                     was_failing = trouble.is_some();
                     match status {
@@ -126,6 +134,20 @@ impl Notifier {
             }
         }
     }
+}
+
+/// What the log, the audit log, `status` and the service's status line say
+/// of a master out of contact for longer than `tombstone_ttl`.
+pub fn stale(stale: &keysync_machine::node::Stale) -> String {
+    let since = std::time::UNIX_EPOCH + Duration::from_millis(stale.last_contact_ms);
+    let days = stale.found_ms.saturating_sub(stale.last_contact_ms) / 86_400_000;
+    format!(
+        "out of contact with every peer since {} ({days} days), longer than tombstone_ttl ({} days): the peers may have \
+         forgotten deletes this master missed, so it offers and applies nothing; `salt-keysync plan` lists the keys \
+         `salt-keysync rejoin` sets aside (stop the agent, run it, start the agent: it then joins as a new master)",
+        humantime::format_rfc3339_seconds(since),
+        stale.ttl.as_secs() / 86_400
+    )
 }
 
 /// What `status` and the service's status line say while writes fail.

@@ -130,6 +130,9 @@ pub enum Event {
     Operator { action: super::OperatorAction, decision: Decision, by: String, held: super::HeldDelete },
     /// Deletes held before the agent stopped, held still.
     StillHeld { n: usize, origins: Vec<Arc<str>> },
+    /// The last contact with any peer is older than `tombstone_ttl`: this
+    /// master offers nothing until `rejoin` (`stale.rs`).
+    Stale { stale: super::Stale },
 }
 
 /// How a held delete settled without an operator here.

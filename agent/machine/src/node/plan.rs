@@ -37,6 +37,9 @@ impl Node {
     /// master's rows name them: the plan shows every master for each).
     pub fn plan(&self, ids: Option<&[MinionId]>) -> Vec<PlanRow> {
         let row = |id: &MinionId| self.plan_row(id);
+        if self.is_stale() {
+            return self.plan_stale(ids);
+        }
         let mut rows: Vec<PlanRow> = match ids {
             Some(ids) => ids.iter().map(row).collect(),
             None => {
@@ -92,6 +95,33 @@ impl Node {
         let live = entry.is_some_and(|e| !e.version.is_claim());
         let why = (holds != will).then(|| reason(&holds, &will, live));
         PlanRow { id: id.clone(), holds, will, conflict: entry.is_some_and(claims::unsettled), why }
+    }
+}
+
+/// Why a stale master's key is set aside (`stale.rs`).
+pub const STALE_WHY: &str = "this master was out of contact for longer than tombstone_ttl: `salt-keysync rejoin` sets its keys aside, and what the other masters hold comes back from them";
+
+impl Node {
+    /// A stale master's rows: every key `rejoin` sets aside (all it holds
+    /// accepted or rejected); pending keys stay.
+    fn plan_stale(&self, ids: Option<&[MinionId]>) -> Vec<PlanRow> {
+        let row = |id: &MinionId| {
+            let pending = self.pending.get(id).map(|fp| Holding::Pending(*fp));
+            let holds = self.replica.effective(id).as_ref().map_or(Holding::Nothing, holding);
+            let holds = match holds {
+                Holding::Nothing => pending.clone().unwrap_or(Holding::Nothing),
+                holds => holds,
+            };
+            let will = pending.unwrap_or(Holding::Nothing);
+            let why = (holds != will).then_some(STALE_WHY);
+            PlanRow { id: id.clone(), holds, will, conflict: false, why }
+        };
+        let mut rows: Vec<PlanRow> = match ids {
+            Some(ids) => ids.iter().map(row).collect(),
+            None => self.replica.entries().map(|(id, _)| row(id)).filter(|r| r.holds != r.will).collect(),
+        };
+        rows.sort_by(|a, b| a.id.cmp(&b.id));
+        rows
     }
 }
 

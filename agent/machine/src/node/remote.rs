@@ -102,6 +102,10 @@ impl Node {
         rt: &mut impl Runtime,
     ) -> Vec<u32> {
         self.seen = now.mono;
+        if self.is_stale() {
+            // Nothing is applied, whoever made it: `rejoin` first.
+            return vec![0; arrivals.len()];
+        }
         let n_applied = self.apply_arrivals(arrivals, Source::Peer, now, rt);
         self.cool();
         n_applied

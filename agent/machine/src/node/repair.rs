@@ -183,9 +183,10 @@ impl Tag {
 }
 
 impl Node {
-    /// This node's bucket digests, for its own anti-entropy round.
-    pub fn digests(&self) -> Vec<u64> {
-        self.replica.digests().as_slice().to_vec()
+    /// This node's bucket digests, for its own anti-entropy round; `None`
+    /// when it runs none (stale: `stale.rs`).
+    pub fn digests(&self) -> Option<Vec<u64>> {
+        (!self.is_stale()).then(|| self.replica.digests().as_slice().to_vec())
     }
 
     /// A peer's Diff: the buckets whose digests differ from `theirs`, and
@@ -194,6 +195,10 @@ impl Node {
     /// peer holds something: where it holds nothing they delete nothing (a
     /// joining master is sent none).
     pub fn diff(&self, theirs: &[u64], rt: &mut impl Runtime) -> (Vec<u32>, Summaries) {
+        if self.is_stale() {
+            // Offers nothing: to the peer this master holds what it holds.
+            return (Vec::new(), Vec::new());
+        }
         let buckets = self.replica.digests().differing(theirs);
         let tombstones: Vec<u32> =
             buckets.iter().copied().filter(|&b| theirs.get(b as usize).is_some_and(|&d| d != 0)).collect();
@@ -214,6 +219,9 @@ impl Node {
     /// A peer's Fetch: the full decisions known for `ids` (the one held and
     /// every claim).
     pub fn fetch(&self, ids: &[MinionId], rt: &mut impl Runtime) -> Vec<Decision> {
+        if self.is_stale() {
+            return Vec::new();
+        }
         match rt.load(ids) {
             Ok(decisions) => decisions,
             Err(error) => {

@@ -79,6 +79,8 @@ pub struct StoreWrite<'a> {
     pub held: &'a [super::HeldDelete],
     /// Ids whose held delete is settled (released, reverted, superseded).
     pub unheld: &'a [MinionId],
+    /// The last completed comparison with a peer (wall-clock ms), to keep.
+    pub contact: Option<u64>,
 }
 
 /// The effects of the node machine.

@@ -112,6 +112,8 @@ pub struct MemoryStore {
     pub untold: Vec<(Arc<str>, Conflict)>,
     /// Peers' deletes the guard holds.
     pub held: BTreeMap<MinionId, super::HeldDelete>,
+    /// The last completed comparison with a peer (`stale.rs`).
+    pub last_contact_ms: Option<u64>,
 }
 
 /// What the store keeps for one id.
@@ -169,6 +171,9 @@ impl MemoryStore {
         }
         self.clock = write.clock;
         self.initialized |= write.initialize;
+        if write.contact.is_some() {
+            self.last_contact_ms = write.contact;
+        }
     }
 
     /// What a start loads from this store.
@@ -190,6 +195,7 @@ impl MemoryStore {
             initialized: self.initialized,
             untold: self.untold.clone(),
             held: self.held.values().cloned().collect(),
+            last_contact_ms: self.last_contact_ms,
         }
     }
 

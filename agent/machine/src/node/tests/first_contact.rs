@@ -29,7 +29,7 @@ fn master(name: &'static str, files: &[(Folder, &str, &PublicKey)]) -> Master {
 /// One anti-entropy round of `a`'s link to `b`, as the links run it:
 /// digests, the peer's diff, pushes of what `a` has newer, fetches of the rest.
 fn round(a: &mut Master, b: &mut Master) {
-    let (buckets, summaries) = b.node.diff(&a.node.digests(), &mut b.rt);
+    let (buckets, summaries) = b.node.diff(&a.node.digests().unwrap(), &mut b.rt);
     let (_, push) = a.node.repair_compare(b.name, &buckets, summaries, &mut a.rt);
     if !push.is_empty() {
         b.node.on_batches(vec![(Arc::from(a.name), push)], now(), &mut b.rt);

@@ -95,7 +95,7 @@ fn chunks_compare_as_the_whole_answer() {
             push(&mut b, &mut rt_b, "master-d", vec![d]);
         }
     }
-    let (buckets, summaries) = a.diff(&b.digests(), &mut rt_a);
+    let (buckets, summaries) = a.diff(&b.digests().unwrap(), &mut rt_a);
     let whole = b.repair_compare_ids("master-a", &buckets, vec![summaries.clone()], &mut rt_b);
     b.link_down("master-a");
     for size in [1, 7, 64] {

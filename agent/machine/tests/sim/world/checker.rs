@@ -168,7 +168,7 @@ impl Sim {
             }
         }
         // Every master computes the same digests from the same entries.
-        let digests: BTreeSet<Vec<u64>> =
+        let digests: BTreeSet<Option<Vec<u64>>> =
             self.nodes.iter().filter_map(|n| n.machine.as_ref()).map(|m| m.digests()).collect();
         if digests.len() > 1 {
             problems.push(format!("{} different digest sets at the end", digests.len()));

@@ -37,7 +37,7 @@ impl Sim {
             if peer == node || !matches!(self.nodes[node].links[peer].state, State::Idle) {
                 continue;
             }
-            let Some(digests) = self.input(node, |machine, _, _| machine.digests()) else { return };
+            let Some(Some(digests)) = self.input(node, |machine, _, _| machine.digests()) else { return };
             let link = &mut self.nodes[node].links[peer];
             link.session += 1;
             link.state = State::AwaitDiff;
@@ -53,9 +53,11 @@ impl Sim {
             return;
         }
         let peer_name = self.nodes[peer].name.clone();
-        let Some((_, newer_here)) =
-            self.input(node, |machine, rt, _| machine.repair_compare(&peer_name, &buckets, summaries, rt))
-        else {
+        let Some((_, newer_here)) = self.input(node, |machine, rt, now| {
+            let compared = machine.repair_compare(&peer_name, &buckets, summaries, rt);
+            machine.on_contact(now, rt);
+            compared
+        }) else {
             return;
         };
         if !newer_here.is_empty() {
