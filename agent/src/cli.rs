@@ -10,6 +10,7 @@ pub mod generate;
 pub mod held;
 pub mod plan;
 pub mod recover;
+pub mod rejoin;
 pub mod reload;
 pub mod status;
 

@@ -186,6 +186,9 @@ ids, everything held here. Audited as `revert`, naming the user who ran it.",
     /// Rebuild a lost or corrupt state folder from the peers (the agent must be stopped).
     #[command(after_help = RECOVER_EXAMPLES)]
     Recover(RecoverArgs),
+    /// Join the site again as a new master after more than tombstone_ttl out of contact (the agent must be stopped).
+    #[command(after_help = REJOIN_EXAMPLES)]
+    Rejoin(RejoinArgs),
     /// Write man pages or shell completions (used to build the packages).
     #[command(hide = true, after_help = GENERATE_EXAMPLES)]
     Generate(generate::GenerateArgs),
@@ -201,6 +204,7 @@ impl Command {
             Command::Plan(args) => &args.config,
             Command::Audit(args) => &args.config,
             Command::Recover(args) => &args.config,
+            Command::Rejoin(args) => &args.config,
             Command::Held(args) => &args.config,
             Command::Release(args) | Command::Revert(args) => &args.config,
             Command::Certs(_) | Command::Demo(_) | Command::Generate(_) => return None,
@@ -225,6 +229,51 @@ Examples:
   salt-keysync recover --from-peers --force
 
 See /usr/share/doc/salt-keysync/recovery.md for every recovery case.";
+
+const REJOIN_EXAMPLES: &str = "\
+A master out of contact with every peer for longer than tombstone_ttl (a
+standby powered off for months) offers nothing: its peers have forgotten the
+deletes it missed, and its old keys would come back everywhere. `status` says
+so, and `salt-keysync plan` lists the keys this command sets aside: the state
+store and every accepted or rejected key file are moved into
+<state_dir>/rejoin-<time>/ (pending keys stay). The next start is a first
+start on folders that decide nothing: the agent fetches the site's state from
+its peers; keys only this master held come back as pending when their minions
+reconnect.
+
+Examples:
+  salt-keysync plan
+  systemctl stop salt-keysync
+  salt-keysync rejoin
+  systemctl start salt-keysync
+
+See /usr/share/doc/salt-keysync/operations.md, \"Deletes are remembered for tombstone_ttl\".";
+
+#[derive(clap::Args)]
+struct RejoinArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// Do it without asking.
+    #[arg(short = 'y', long)]
+    yes: bool,
+    /// Show what would be set aside, and change nothing.
+    #[arg(long, conflicts_with = "yes")]
+    dry_run: bool,
+    /// Also when this master is not stale (its last contact is within tombstone_ttl).
+    #[arg(long)]
+    force: bool,
+}
+
+/// `salt-keysync hand-over`: what `/usr/lib/salt-keysync/owners` runs as root
+/// (see `disk/handover.rs`).
+#[derive(clap::Args)]
+struct HandOverArgs {
+    #[command(flatten)]
+    config: ConfigArg,
+    /// The agent's user, as /etc/passwd names it.
+    #[arg(long, value_name = "NAME")]
+    user: String,
+}
 
 #[derive(clap::Args)]
 struct RecoverArgs {
@@ -345,6 +394,7 @@ fn main() {
         }
         Command::Audit(args) => std::process::exit(audit_cmd::audit(&cli.config, &args)),
         Command::Recover(args) => recover(&cli.config, &args),
+        Command::Rejoin(args) => rejoin(&cli.config, &args),
         Command::Generate(args) => generate::generate(&args, Cli::command()),
     };
     if let Err(e) = result {
@@ -490,6 +540,66 @@ fn recover(path: &std::path::Path, args: &RecoverArgs) -> Result<()> {
         "recovered {} decisions into state store {}; start the agent: it applies them first, and files found \
          only on this master are claims, which never override the peers' decisions",
         done.n_decisions, done.store_id
+    );
+    Ok(())
+}
+
+fn rejoin(path: &std::path::Path, args: &RejoinArgs) -> Result<()> {
+    use std::io::{BufRead, IsTerminal};
+    let config = Config::load(path)?;
+    become_agent_user(&config)?;
+    init_logging(&config.log_format);
+    let confirm = |preview: &salt_keysync::cli::rejoin::Preview| {
+        let since = match preview.last_contact_ms {
+            Some(ms) => humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+                .to_string(),
+            None => "never".to_string(),
+        };
+        let (n_accepted, n_rejected) = preview.keys.iter().fold((0, 0), |(a, r), (folder, _)| match folder {
+            salt_keysync::core::Folder::Accepted => (a + 1, r),
+            _ => (a, r + 1),
+        });
+        println!(
+            "last contact with a peer: {since}{}",
+            if preview.stale { " (longer ago than tombstone_ttl)" } else { "" }
+        );
+        for (folder, name) in &preview.keys {
+            println!("  {:<16} {name}", folder.dir_name());
+        }
+        println!(
+            "sets aside the state store and {n_accepted} accepted and {n_rejected} rejected key(s) into {}/rejoin-<time>/; \
+             the agent then joins its peers as a new master",
+            config.state_dir.display()
+        );
+        if args.dry_run {
+            println!("--dry-run: nothing changed");
+            return false;
+        }
+        if args.yes {
+            return true;
+        }
+        if !std::io::stdin().is_terminal() {
+            println!("not confirmed (no terminal): run it again with -y");
+            return false;
+        }
+        print!("Proceed? [n/y] ");
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+        let mut answer = String::new();
+        let _ = std::io::stdin().lock().read_line(&mut answer);
+        matches!(answer.trim(), "y" | "Y" | "yes")
+    };
+    let Some(done) = salt_keysync::cli::rejoin::rejoin(&config, args.force, confirm)? else {
+        return Ok(());
+    };
+    if let Some(error) = &done.dfn_error {
+        println!("WARNING: {error}; restart salt-master so that the minions whose keys were set aside stop hearing it");
+    }
+    println!(
+        "set aside {} key(s) and the state store in {}; new state store {}: start the agent, it joins its peers as a \
+         new master",
+        done.n_keys,
+        done.aside.display(),
+        done.store_id
     );
     Ok(())
 }

@@ -24,5 +24,7 @@ mod partition;
 mod rounds;
 /// Seeded randomised soak (SOAK_SEED, SOAK_OPS).
 mod soak;
+/// A standby off for longer than tombstone_ttl: stale, then `rejoin`.
+mod standby;
 /// The state folder lost or corrupt: refusal, then `recover --from-peers`.
 mod state_loss;

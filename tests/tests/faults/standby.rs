@@ -1,0 +1,141 @@
+//! A standby master powered off for longer than `tombstone_ttl` (issue 29
+//! item 7): while it was off, master-a deleted a key and every running
+//! master forgot the delete after the TTL. Started again, the standby offers
+//! nothing (its old accept would have come back everywhere), says why, and
+//! `rejoin` makes it a new master that takes the site's state. A month is
+//! passed with the test-only clock offset (agent/src/fault.rs).
+
+use std::time::Duration;
+
+use keysync_tests::binary::{run_cli, FaultCluster};
+use keysync_tests::salt_ops::{delete_key, move_key, SaltLine};
+use keysync_tests::wait_until;
+
+use crate::common::{audited, converged, count, decided, key_pool, write_pending};
+
+const OFFSET: &str = "SALT_KEYSYNC_FAULT_CLOCK_OFFSET_MS";
+const DAY_MS: u64 = 86_400_000;
+
+fn status(cluster: &FaultCluster, idx: usize) -> serde_json::Value {
+    let config = cluster.files[idx].config_path.to_str().unwrap().to_string();
+    let out = run_cli(&["status", "--json", "--config", &config]);
+    serde_json::from_slice(&out.stdout).unwrap_or_default()
+}
+
+/// Both peers have compared digests with `idx` (its contact is kept).
+fn compared_with_both(cluster: &FaultCluster, idx: usize) -> bool {
+    let report = status(cluster, idx);
+    let peers = report["peers"].as_array().cloned().unwrap_or_default();
+    peers.len() == 2 && peers.iter().all(|p| p["last_contact"].is_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_off_for_longer_than_the_ttl_offers_nothing_and_rejoins_without_resurrecting() {
+    let _serial = crate::common::SERIAL.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let keys = key_pool(4);
+    let ids: Vec<String> = (0..4).map(|i| format!("standby{i}")).collect();
+    let mut cluster =
+        FaultCluster::create(root.path(), 3, |_, f| write_pending(&f.pki, ids.iter().cloned(), &keys)).await;
+    cluster.start_all().await;
+    let (a, c) = (cluster.files[0].pki.clone(), cluster.files[2].pki.clone());
+    for id in &ids {
+        move_key(SaltLine::S3008, &a, id, "minions");
+    }
+    wait_until(Duration::from_secs(30), "the accepts reach master-c", || count(&c, "minions") == 4).await;
+    converged(&cluster, Duration::from_secs(30)).await;
+    wait_until(Duration::from_secs(30), "master-c compared with both peers", || compared_with_both(&cluster, 2)).await;
+    // The core keeps the contact right after the link tells it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // The standby is powered off; master-a deletes standby0.
+    cluster.stop(2);
+    delete_key(&a, "standby0");
+    wait_until(Duration::from_secs(30), "the delete reaches master-b", || {
+        !decided(&cluster.files[1].pki).contains_key("standby0")
+    })
+    .await;
+
+    // Time passes for master-a and master-b, in contact with each other: 16
+    // days on, they compare digests (their contact is kept); 31 days on,
+    // past the 30-day TTL, they forget the delete at their first tick.
+    for days in [16, 31] {
+        let offset = (days * DAY_MS).to_string();
+        for idx in 0..3 {
+            cluster.env[idx] = vec![(OFFSET.into(), offset.clone())];
+        }
+        for idx in [0, 1] {
+            cluster.stop(idx);
+            cluster.start(idx).await;
+            let log = std::fs::read_to_string(cluster.log(idx)).unwrap();
+            assert!(
+                log.contains("test-only fault injection active"),
+                "the agent binary lacks the fault-injection feature: run `cargo test --workspace` (or \
+                 `cargo build -p salt-keysync --features fault-injection`) before this test"
+            );
+        }
+        wait_until(Duration::from_secs(30), "master-a and master-b compared digests", || {
+            status(&cluster, 0)["peers"]
+                .as_array()
+                .is_some_and(|peers| peers.iter().any(|p| p["name"] == "master-b" && p["last_contact"].is_string()))
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for idx in [0, 1] {
+        assert!(status(&cluster, idx)["stale"].is_null(), "{} is in contact", cluster.files[idx].name);
+        wait_until(Duration::from_secs(30), "the delete is compacted", || status(&cluster, idx)["keys"]["deleted"] == 0)
+            .await;
+    }
+
+    // The standby starts again with its old folders and store: it offers
+    // nothing, and says so.
+    cluster.start(2).await;
+    wait_until(Duration::from_secs(30), "master-a links to master-c", || {
+        status(&cluster, 0)["peers"]
+            .as_array()
+            .is_some_and(|peers| peers.iter().any(|p| p["name"] == "master-c" && p["state"] == "up"))
+    })
+    .await;
+    let stale = status(&cluster, 2)["stale"].as_str().unwrap_or_default().to_string();
+    assert!(stale.starts_with("out of contact with every peer since") && stale.contains("rejoin"), "{stale}");
+    assert_eq!(audited(&cluster, 2, "stale", "refused").len(), 1);
+    // master-a's round on connect asked master-c's Diff: give a few more seconds.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for idx in [0, 1] {
+        assert!(
+            !decided(&cluster.files[idx].pki).contains_key("standby0"),
+            "standby0, deleted a month ago, came back on {}",
+            cluster.files[idx].name
+        );
+    }
+    assert!(decided(&c).contains_key("standby0"), "master-c wrote nothing either");
+
+    // The way out: rejoin, with the agent stopped.
+    cluster.stop(2);
+    let config = cluster.files[2].config_path.to_str().unwrap().to_string();
+    // On master-c's clock (a month on), as the agent's.
+    let rejoin = |flag: &str| {
+        std::process::Command::new(keysync_tests::binary::binary())
+            .args(["rejoin", flag, "--config", &config])
+            .env(OFFSET, (31 * DAY_MS).to_string())
+            .output()
+            .unwrap()
+    };
+    let dry = rejoin("--dry-run");
+    let dry_text = format!("{}{}", String::from_utf8_lossy(&dry.stdout), String::from_utf8_lossy(&dry.stderr));
+    assert!(dry.status.success() && dry_text.contains("nothing changed"), "{dry_text}");
+    assert_eq!(count(&c, "minions"), 4, "--dry-run changed nothing");
+    let out = rejoin("-y");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("set aside 4 key(s)"), "{text}");
+    assert_eq!(count(&c, "minions"), 0);
+    cluster.start(2).await;
+    wait_until(Duration::from_secs(30), "master-c takes the site's keys", || count(&c, "minions") == 3).await;
+    converged(&cluster, Duration::from_secs(30)).await;
+    for idx in 0..3 {
+        assert!(!decided(&cluster.files[idx].pki).contains_key("standby0"), "standby0 is deleted everywhere");
+    }
+    assert!(status(&cluster, 2)["stale"].is_null(), "a new master is not stale");
+    cluster.stop_all();
+}
