@@ -64,7 +64,6 @@ pub const ACTIONS: &[&str] = &[
     "revert",
     "mode",
     "stale",
-    "rejoin",
     CONTINUE,
 ];
 
