@@ -75,12 +75,15 @@ pub async fn run_with(
         // Nothing kept: the first start in normal mode afterwards is a first start.
         Arc::new(Store::in_memory(&config.node)?)
     } else {
-        Arc::new(Store::open(&config.state_dir, &config.node).with_context(|| {
-            format!(
+        // A newer format or another user's file says what to do itself; only
+        // what redb could not read may be corruption.
+        Arc::new(Store::open(&config.state_dir, &config.node).map_err(|e| match e {
+            crate::disk::store::StoreError::Db { .. } => anyhow::Error::new(e).context(format!(
                 "cannot open the state store; if it is corrupt, rebuild it with `{} --config FILE` ({})",
                 crate::disk::state_guard::RECOVER_COMMAND,
                 crate::disk::state_guard::RECOVERY_GUIDE
-            )
+            )),
+            e => anyhow::Error::new(e),
         })?)
     };
     if !observe {

@@ -6,6 +6,7 @@
 pub mod accept;
 pub mod audit;
 pub mod audit_guard;
+pub mod handover;
 pub mod health;
 pub mod perms;
 pub mod pki;

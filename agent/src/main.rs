@@ -192,6 +192,9 @@ ids, everything held here. Audited as `revert`, naming the user who ran it.",
     /// Write man pages or shell completions (used to build the packages).
     #[command(hide = true, after_help = GENERATE_EXAMPLES)]
     Generate(generate::GenerateArgs),
+    /// Hand the agent's files that root left in its folders to the agent's user (run by the packages, as root).
+    #[command(hide = true)]
+    HandOver(HandOverArgs),
 }
 
 impl Command {
@@ -207,6 +210,7 @@ impl Command {
             Command::Rejoin(args) => &args.config,
             Command::Held(args) => &args.config,
             Command::Release(args) | Command::Revert(args) => &args.config,
+            Command::HandOver(args) => &args.config,
             Command::Certs(_) | Command::Demo(_) | Command::Generate(_) => return None,
         };
         Some(&arg.config)
@@ -396,6 +400,7 @@ fn main() {
         Command::Recover(args) => recover(&cli.config, &args),
         Command::Rejoin(args) => rejoin(&cli.config, &args),
         Command::Generate(args) => generate::generate(&args, Cli::command()),
+        Command::HandOver(args) => salt_keysync::disk::handover::run(&cli.config, &args.user),
     };
     if let Err(e) = result {
         exit_with(&e, 1);

@@ -77,6 +77,10 @@ pub fn check(path: &Path) -> Result<()> {
         }
         Err(e) => problems.push(format!("{e:#}")),
     }
+    // The store's files: a format this release does not read, another user's, wider than 0600.
+    let (store_problems, store_warnings) = crate::disk::store::format::check_files(&config.state_dir);
+    problems.extend(store_problems);
+    store_warnings.into_iter().for_each(|warning| print(Level::WARN, format!("WARN {warning}")));
     match crate::disk::salt_master::check_master_config(&config.salt.master_config) {
         Ok(Some(note)) => ok(note),
         Ok(None) => ok(format!("no master config at {} (defaults assumed)", config.salt.master_config.display())),

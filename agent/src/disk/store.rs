@@ -18,6 +18,7 @@ use crate::disk::audit::AuditHead;
 
 mod codec;
 mod db;
+pub mod format;
 mod tombstones;
 
 const DECISIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("decisions");
@@ -63,6 +64,15 @@ pub enum StoreError {
     Corrupt { path: PathBuf, id: String },
     #[error("state store {path} belongs to node {found:?}, not {expected:?}")]
     WrongNode { path: PathBuf, found: String, expected: String },
+    /// A format this release does not read (a downgrade): refused before
+    /// anything is written.
+    #[error("{}", format::too_new_message(.path, .found))]
+    TooNew { path: PathBuf, found: format::Format },
+    /// The store file is another user's (see `format::own_and_narrow`).
+    #[error("state store {}", .0.message())]
+    Foreign(format::Foreign),
+    #[error("{path}: {cause}")]
+    File { path: PathBuf, cause: std::io::Error },
 }
 
 pub struct Store {
@@ -88,8 +98,11 @@ pub enum Peek {
 impl Store {
     pub fn open(state_dir: &Path, node: &str) -> Result<Store, StoreError> {
         let path = state_dir.join("state.redb");
+        if let Some(mode) = format::own_and_narrow(&path).map_err(StoreError::Foreign)? {
+            tracing::warn!(path = %path.display(), mode = format!("{mode:04o}"), "the state store was wider than 0600: narrowed");
+        }
         let db = db::Db::file(path.clone()).map_err(|e| db_error(&path, e))?;
-        Store::init(Store { db, path, id: String::new() }, node)
+        Store::init(Store { db, path, id: String::new() }, node, Some(state_dir))
     }
 
     /// A store in memory, gone when the agent stops: observe mode keeps no
@@ -100,11 +113,29 @@ impl Store {
             .set_cache_size(CACHE_BYTES)
             .create_with_backend(redb::backends::InMemoryBackend::new())
             .map_err(|e| db_error(&path, e))?;
-        Store::init(Store { db: db::Db::memory(path.clone(), db), path, id: String::new() }, node)
+        Store::init(Store { db: db::Db::memory(path.clone(), db), path, id: String::new() }, node, None)
     }
 
-    fn init(mut store: Store, node: &str) -> Result<Store, StoreError> {
+    /// Checks the store's format (a newer one is refused before anything is
+    /// written), makes the tables, and marks it with this release's format,
+    /// in `state.format` beside it first (`state_dir`, for a file).
+    fn init(mut store: Store, node: &str, state_dir: Option<&Path>) -> Result<Store, StoreError> {
         let txn = store.db.begin_write().map_err(|e| store.err(e))?;
+        {
+            let mut meta = txn.open_table(META).map_err(|e| store.err(e))?;
+            let found = format::read_meta(&meta).map_err(|e| store.err(e))?;
+            if let Some(found) = found.as_ref().filter(|found| !found.is_readable()) {
+                return Err(StoreError::TooNew { path: store.path.clone(), found: found.clone() });
+            }
+            let ours = format::Format::this_release();
+            if let Some(dir) = state_dir {
+                format::write_text(dir, &ours)
+                    .map_err(|cause| StoreError::File { path: dir.join(format::TEXT_NAME), cause })?;
+            }
+            if found.as_ref() != Some(&ours) {
+                format::write_meta(&mut meta, &ours).map_err(|e| store.err(e))?;
+            }
+        }
         {
             // Creating the tables up front lets readers assume they exist.
             txn.open_table(DECISIONS).map_err(|e| store.err(e))?;

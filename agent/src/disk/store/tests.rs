@@ -224,3 +224,99 @@ fn refuses_another_nodes_state() {
     let err = Store::open(dir.path(), "b").err().unwrap();
     assert!(err.to_string().contains("belongs to node \"a\", not \"b\""), "{err}");
 }
+
+/// What a later release writes into `meta` when it marks the store as its
+/// own (format 3 here): the format's number, the release, the first
+/// release that reads it.
+fn mark_as_written_by(dir: &std::path::Path, number: u32, release: &str) {
+    let db = redb::Database::create(dir.join("state.redb")).unwrap();
+    let txn = db.begin_write().unwrap();
+    {
+        let mut meta = txn.open_table(META).unwrap();
+        meta.insert("format", number.to_be_bytes().as_slice()).unwrap();
+        meta.insert("format_written_by", release.as_bytes()).unwrap();
+        meta.insert("format_read_since", release.as_bytes()).unwrap();
+    }
+    txn.commit().unwrap();
+}
+
+fn meta_text(dir: &std::path::Path, key: &str) -> Option<Vec<u8>> {
+    let db = redb::Database::create(dir.join("state.redb")).unwrap();
+    let txn = db.begin_read().unwrap();
+    let meta = txn.open_table(META).unwrap();
+    let value = meta.get(key).unwrap().map(|v| v.value().to_vec());
+    value
+}
+
+/// Issue 29 item 5: a release that finds a store of a newer format refuses
+/// it before it writes anything, naming the release that wrote it, its own,
+/// and the way out (0.1.0 called 0.2.0's store corrupt, and its advice,
+/// `recover`, was the only way it gave).
+#[test]
+fn a_store_of_a_newer_format_is_refused_naming_both_releases_and_the_way_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let accepted = decision("web01", Verdict::Accepted(PublicKey::new(PUB.as_bytes())), 7, None);
+    Store::open(dir.path(), "a")
+        .unwrap()
+        .record(
+            &StoreWrite { decisions: std::slice::from_ref(&accepted), initialize: true, ..StoreWrite::default() },
+            "a",
+        )
+        .unwrap();
+    mark_as_written_by(dir.path(), 3, "0.3.0");
+    let err = match Store::open(dir.path(), "a") {
+        Ok(_) => panic!("a store of format 3 was opened by a release that reads format 2"),
+        Err(e) => e.to_string(),
+    };
+    for said in [
+        "format 3",
+        "written by salt-keysync 0.3.0",
+        env!("CARGO_PKG_VERSION"),
+        "install salt-keysync 0.3.0 or later",
+        "recover --from-peers",
+    ] {
+        assert!(err.contains(said), "no {said:?} in: {err}");
+    }
+    assert_eq!(meta_text(dir.path(), "format"), Some(3u32.to_be_bytes().to_vec()), "the store was changed");
+}
+
+/// A store of 0.1.0 (no format recorded) is read and becomes this release's
+/// format; `state.format` beside it says so in plain text, for the package
+/// scripts, mode 0600.
+#[test]
+fn a_store_records_its_format_and_says_it_in_plain_text_beside() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    Store::open(dir.path(), "a").unwrap();
+    let txn_dir = dir.path();
+    {
+        let db = redb::Database::create(txn_dir.join("state.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        for key in ["format", "format_written_by", "format_read_since"] {
+            txn.open_table(META).unwrap().remove(key).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let _ = std::fs::remove_file(dir.path().join("state.format"));
+    Store::open(dir.path(), "a").unwrap();
+    assert_eq!(meta_text(dir.path(), "format"), Some(2u32.to_be_bytes().to_vec()));
+    assert_eq!(meta_text(dir.path(), "format_written_by"), Some(env!("CARGO_PKG_VERSION").as_bytes().to_vec()));
+    let text = std::fs::read_to_string(dir.path().join("state.format")).expect("state.format beside the store");
+    assert!(text.contains("\nformat 2\n") && text.contains("\nread-since 0.2.0\n"), "{text}");
+    assert!(text.contains(&format!("\nwritten-by {}\n", env!("CARGO_PKG_VERSION"))), "{text}");
+    let mode = std::fs::metadata(dir.path().join("state.format")).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o600);
+}
+
+/// Issue 29 item 5: `recover` run from a root shell (umask 022) left
+/// state.redb 0644; the agent narrows its own store to 0600 when it opens it.
+#[test]
+fn a_store_wider_than_0600_is_narrowed_when_opened() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    Store::open(dir.path(), "a").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    Store::open(dir.path(), "a").unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777, 0o600);
+}
