@@ -50,6 +50,10 @@ pub enum Request {
     Digests { reply: oneshot::Sender<Option<Vec<u64>>> },
     /// A link finished comparing digests with its peer.
     Contact,
+    /// A peer told (in `Hello`) when the newest delete it forgot was made.
+    PeerForgot { peer: String, forgot_ms: u64 },
+    /// When the newest delete this node forgot was made, for `Hello` to `peer`.
+    ForgotThrough { peer: String, reply: oneshot::Sender<u64> },
     /// On the link to `peer`, the first chunk of the peer's Diff answer named
     /// the differing buckets: a comparison begins.
     RepairBegin { peer: String, buckets: Vec<u32>, reply: oneshot::Sender<Result<(), BadAnswer>> },
@@ -373,7 +377,13 @@ impl Core {
                 let _ = reply.send(self.node.write_trouble(now().mono));
             }
             Request::Stale { reply } => {
-                let _ = reply.send(self.node.stale());
+                let _ = reply.send(self.node.stale().cloned());
+            }
+            Request::PeerForgot { peer, forgot_ms } => {
+                self.node.on_peer_forgot(&peer, forgot_ms, now(), &mut self.effects)
+            }
+            Request::ForgotThrough { peer, reply } => {
+                let _ = reply.send(self.node.forgot_through(&peer));
             }
             Request::Contact => self.node.on_contact(now(), &mut self.effects),
             Request::Plan { ids, reply } => {
@@ -430,7 +440,6 @@ pub fn start(parts: CoreParts) -> Result<(Core, CoreHandle, mpsc::Receiver<Reque
         observe: parts.settings.observe,
         guard: parts.settings.guard.clone(),
         tombstone_ttl: parts.settings.tombstone_ttl,
-        stale_after: parts.settings.tombstone_ttl,
         masters: masters(&parts.settings.masters),
     };
     let mut effects = Effects {

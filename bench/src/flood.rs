@@ -143,8 +143,12 @@ pub(crate) async fn connect_as_master_b(
     let mut client = keysync_server::connect(listen, "master-a", setup, MAX_MESSAGE_BYTES, Duration::from_secs(10))
         .await
         .with_context(|| format!("connecting to master-a at {listen}"))?;
-    let hello =
-        v1::HelloRequest { node: "master-b".into(), protocol_version: keysync_proto::PROTOCOL_VERSION, health: None };
+    let hello = v1::HelloRequest {
+        node: "master-b".into(),
+        protocol_version: keysync_proto::PROTOCOL_VERSION,
+        health: None,
+        forgot_through_ms: 0,
+    };
     client.hello(hello).await.context("hello to master-a")?;
     Ok(client)
 }

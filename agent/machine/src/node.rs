@@ -62,10 +62,6 @@ pub struct Settings {
     /// How long a plain tombstone is kept (`cold.rs`): longer than any
     /// master may be out of contact.
     pub tombstone_ttl: Duration,
-    /// Out of contact with every peer for longer than this, the node offers
-    /// nothing (`stale.rs`): `tombstone_ttl` in the agent; the simulation,
-    /// whose TTL is seconds, sets it apart.
-    pub stale_after: Duration,
     /// The site's masters: this node's configured peers (and masters retired
     /// from the site whose decisions still stand). A peer's decision whose
     /// origin is none of them nor this node is refused (`remote.rs`).
@@ -99,6 +95,8 @@ pub struct Loaded {
     /// The last completed comparison with any peer (wall-clock ms; see
     /// `stale.rs`), if the store has one.
     pub last_contact_ms: Option<u64>,
+    /// Per origin, when the newest delete this store forgot was made.
+    pub forgot: Vec<(Arc<str>, u64)>,
 }
 
 /// A file event in one of the three key folders.
@@ -199,16 +197,10 @@ impl Node {
             inventory: inventory::Inventory::default(),
             repairs: repair::Repairs::default(),
             next_compact: now.mono,
-            contact: stale::Contact::loaded(loaded.last_contact_ms),
+            contact: stale::Contact::loaded(loaded.last_contact_ms, loaded.forgot),
         };
         for held in loaded.held {
             node.guard.load(held);
-        }
-        node.check_stale(now, rt);
-        if node.is_stale() {
-            // Nothing is judged or finished: `rejoin` sets it all aside.
-            node.cool();
-            return node;
         }
         node.tell_untold(loaded.untold, now, rt);
         node.finish_journal(loaded.journal, now, rt);
@@ -262,7 +254,6 @@ impl Node {
     /// once the backoff allows, and the periodic rescan.
     pub fn on_tick(&mut self, now: Now, rt: &mut impl Runtime) {
         self.seen = now.mono;
-        self.check_stale(now, rt);
         if self.is_stale() {
             return;
         }

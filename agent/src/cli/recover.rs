@@ -139,7 +139,12 @@ async fn fetch_all(
     )
     .await?;
     let hello = client
-        .hello(v1::HelloRequest { node: config.node.clone(), protocol_version: PROTOCOL_VERSION, health: None })
+        .hello(v1::HelloRequest {
+            node: config.node.clone(),
+            protocol_version: PROTOCOL_VERSION,
+            health: None,
+            forgot_through_ms: 0,
+        })
         .await?
         .into_inner();
     if hello.node != peer.name {

@@ -339,8 +339,8 @@ mod tests {
             )),
             stale: Some(crate::ops::sd_notify::stale(&keysync_machine::node::Stale {
                 last_contact_ms: 1_760_000_000_000,
-                found_ms: 1_760_000_000_000 + 45 * 86_400_000,
-                ttl: std::time::Duration::from_secs(30 * 86_400),
+                peer: "master-b".into(),
+                peer_forgot_ms: 1_760_000_000_000 + 5 * 86_400_000,
             })),
         };
         let mut forged = report.clone();
@@ -366,8 +366,8 @@ mod tests {
             "salt-keysync release --origin master-c` applies them here",
             "ERROR: writes failing for 2m 5s: state store, for decisions: No space left on device (os error 28); \
              nothing recorded",
-            "ERROR: out of contact with every peer since 2025-10-09T08:53:20Z (45 days), longer than tombstone_ttl \
-             (30 days)",
+            "ERROR: out of contact with every peer since 2025-10-09T08:53:20Z: master-b has since forgotten deletes \
+             made up to 2025-10-14T08:53:20Z",
             "`salt-keysync rejoin` sets aside",
             "master-c: down — connection refused",
             "master-b: MASTER KEY MISMATCH: its master.pub is cc:dd",

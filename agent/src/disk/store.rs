@@ -48,6 +48,23 @@ const META_CLOCK: &str = "clock";
 /// The last completed comparison with a peer (wall-clock ms, u64 BE): a
 /// master out of contact for longer than `tombstone_ttl` offers nothing.
 const META_CONTACT: &str = "last_contact";
+/// Per origin, the time the newest compacted delete was made: lines of
+/// "origin millis".
+const META_FORGOT: &str = "forgot_through";
+
+fn decode_forgot(raw: &[u8]) -> Vec<(std::sync::Arc<str>, u64)> {
+    String::from_utf8_lossy(raw)
+        .lines()
+        .filter_map(|line| {
+            let (origin, ms) = line.rsplit_once(' ')?;
+            Some((std::sync::Arc::from(origin), ms.parse().ok()?))
+        })
+        .collect()
+}
+
+fn encode_forgot(forgot: &[(std::sync::Arc<str>, u64)]) -> Vec<u8> {
+    forgot.iter().map(|(origin, ms)| format!("{origin} {ms}\n")).collect::<String>().into_bytes()
+}
 /// The audit log's head when the store last committed (see `audit_guard.rs`).
 const META_AUDIT_HEAD: &str = "audit_head";
 const META_NODE: &str = "node";
@@ -257,6 +274,8 @@ impl Store {
             .get(META_CONTACT)
             .map_err(|e| self.err(e))?
             .and_then(|raw| raw.value().try_into().ok().map(u64::from_be_bytes));
+        let forgot =
+            meta.get(META_FORGOT).map_err(|e| self.err(e))?.map(|raw| decode_forgot(raw.value())).unwrap_or_default();
         let mut held = Vec::new();
         for row in txn.open_table(HELD).map_err(|e| self.err(e))?.iter().map_err(|e| self.err(e))? {
             let (id, value) = row.map_err(|e| self.err(e))?;
@@ -265,7 +284,7 @@ impl Store {
         }
         drop(txn);
         self.check_tombstone_list(plain)?;
-        Ok(Loaded { entries, cold, journal, clock, initialized, untold, held, last_contact_ms })
+        Ok(Loaded { entries, cold, journal, clock, initialized, untold, held, last_contact_ms, forgot })
     }
 
     /// Full decisions (with keys) for the given ids: the one held and every

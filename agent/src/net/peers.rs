@@ -218,8 +218,14 @@ impl PeerLink {
     /// Names this node and its master's health; records the peer's.
     async fn hello(&self, client: &mut KeySyncClient<Channel>) -> Result<v1::HelloResponse, SessionError> {
         let health = Some(health_to_wire(&self.board.hello_health(&self.core).await));
-        let request =
-            |protocol_version| v1::HelloRequest { node: self.node.clone(), protocol_version, health: health.clone() };
+        let peer = self.peer.name.to_string();
+        let forgot_through_ms = self.core.ask(|reply| Request::ForgotThrough { peer, reply }).await?;
+        let request = |protocol_version| v1::HelloRequest {
+            node: self.node.clone(),
+            protocol_version,
+            health: health.clone(),
+            forgot_through_ms,
+        };
         let hello = match client.hello(request(PROTOCOL_VERSION)).await {
             Ok(answer) => answer.into_inner(),
             // An agent of an earlier release refuses a Hello newer than it
@@ -242,6 +248,8 @@ impl PeerLink {
         }
         self.board.contact(&self.peer.name);
         self.board.peer_health(&self.peer.name, health_from_wire(hello.health.clone()));
+        let (peer, forgot_ms) = (self.peer.name.to_string(), hello.forgot_through_ms);
+        self.core.tell(Request::PeerForgot { peer, forgot_ms }).await?;
         Ok(hello)
     }
 

@@ -44,12 +44,19 @@ impl Handler for RpcHandler {
     async fn hello(&self, peer: &PeerName, req: v1::HelloRequest) -> Result<v1::HelloResponse, Status> {
         self.board.contact(&peer.0);
         self.board.peer_health(&peer.0, health_from_wire(req.health));
+        // Before the peer's Diff or pushes, which come after its Hello: a
+        // stale node answers them with nothing.
+        let (name, forgot_ms) = (peer.0.to_string(), req.forgot_through_ms);
+        self.core.tell(Request::PeerForgot { peer: name.clone(), forgot_ms }).await.map_err(core_gone)?;
         let n_decisions = self.core.ask(|reply| Request::Count { reply }).await.map_err(core_gone)?;
+        let forgot_through_ms =
+            self.core.ask(|reply| Request::ForgotThrough { peer: name, reply }).await.map_err(core_gone)?;
         Ok(v1::HelloResponse {
             node: self.node.clone(),
             protocol_version: PROTOCOL_VERSION,
             n_decisions: n_decisions as u64,
             health: Some(health_to_wire(&self.board.hello_health(&self.core).await)),
+            forgot_through_ms,
         })
     }
 

@@ -112,8 +112,8 @@ impl Runtime for Effects {
         self.store.cold_in(buckets).map_err(|e| e.to_string())
     }
 
-    fn compact(&mut self, before_ms: u64, max: usize) -> Result<Vec<MinionId>, Failure> {
-        let compacted = self.store.compact(before_ms, max).map_err(|e| e.to_string());
+    fn compact(&mut self, before_ms: u64, max: usize) -> Result<Vec<(MinionId, Version)>, Failure> {
+        let compacted = self.store.compact_versions(before_ms, max).map_err(|e| e.to_string());
         self.count_failure(compacted)
     }
 

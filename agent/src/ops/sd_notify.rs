@@ -137,16 +137,16 @@ impl Notifier {
 }
 
 /// What the log, the audit log, `status` and the service's status line say
-/// of a master out of contact for longer than `tombstone_ttl`.
+/// of a master that may have missed deletes its peers have forgotten.
 pub fn stale(stale: &keysync_machine::node::Stale) -> String {
-    let since = std::time::UNIX_EPOCH + Duration::from_millis(stale.last_contact_ms);
-    let days = stale.found_ms.saturating_sub(stale.last_contact_ms) / 86_400_000;
+    let at = |ms: u64| humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms));
     format!(
-        "out of contact with every peer since {} ({days} days), longer than tombstone_ttl ({} days): the peers may have \
-         forgotten deletes this master missed, so it offers and applies nothing; `salt-keysync plan` lists the keys \
+        "out of contact with every peer since {}: {} has since forgotten deletes made up to {} (tombstone_ttl), \
+         which this master may have missed, so it offers and applies nothing; `salt-keysync plan` lists the keys \
          `salt-keysync rejoin` sets aside (stop the agent, run it, start the agent: it then joins as a new master)",
-        humantime::format_rfc3339_seconds(since),
-        stale.ttl.as_secs() / 86_400
+        at(stale.last_contact_ms),
+        stale.peer,
+        at(stale.peer_forgot_ms)
     )
 }
 

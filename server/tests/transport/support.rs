@@ -85,7 +85,13 @@ impl EchoHandler {
 impl Handler for EchoHandler {
     async fn hello(&self, peer: &PeerName, _req: HelloRequest) -> Result<HelloResponse, Status> {
         self.saw("hello", peer);
-        Ok(HelloResponse { node: "b".to_owned(), protocol_version: PROTOCOL_VERSION, n_decisions: 42, health: None })
+        Ok(HelloResponse {
+            node: "b".to_owned(),
+            protocol_version: PROTOCOL_VERSION,
+            n_decisions: 42,
+            health: None,
+            forgot_through_ms: 0,
+        })
     }
 
     async fn push(&self, peer: &PeerName, batch: DecisionBatch) -> Result<PushAck, Status> {
@@ -187,7 +193,7 @@ impl Drop for TestServer {
 }
 
 pub fn hello_from(node: &str) -> HelloRequest {
-    HelloRequest { node: node.to_owned(), protocol_version: PROTOCOL_VERSION, health: None }
+    HelloRequest { node: node.to_owned(), protocol_version: PROTOCOL_VERSION, health: None, forgot_through_ms: 0 }
 }
 
 /// Connects with an arbitrary rustls client configuration and says Hello as `a`; the error of

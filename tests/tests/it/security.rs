@@ -261,8 +261,12 @@ async fn hostile_messages_from_a_configured_peer_are_refused_and_write_nothing()
     let tree_before = agent_tree(&cluster, 0);
 
     let mut client = peer_client(cluster.agents[0].addr, "master-a", &identity(&cluster, "master-b")).await;
-    let hello =
-        v1::HelloRequest { node: "master-b".into(), protocol_version: keysync_proto::PROTOCOL_VERSION, health: None };
+    let hello = v1::HelloRequest {
+        node: "master-b".into(),
+        protocol_version: keysync_proto::PROTOCOL_VERSION,
+        health: None,
+        forgot_through_ms: 0,
+    };
     client.hello(hello).await.unwrap();
     let now = now_hlc(Duration::ZERO);
     let hostile = vec![

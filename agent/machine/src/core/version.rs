@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 
 /// Bits of an HLC value below the millisecond part: a logical counter.
-const LOGICAL_BITS: u32 = 16;
+pub const LOGICAL_BITS: u32 = 16;
 
 /// Claims (what masters held at their agent's first start) live below this
 /// hlc; live decisions (milliseconds << 16) are far above it.
@@ -154,6 +154,14 @@ impl Hlc {
         }
         self.last = self.last.max(version.hlc);
         Ok(())
+    }
+}
+
+/// Per origin, the newest delete forgotten: notes one made at `millis`.
+pub fn note_forgotten(forgot: &mut Vec<(Arc<str>, u64)>, origin: &Arc<str>, millis: u64) {
+    match forgot.iter_mut().find(|(o, _)| o == origin) {
+        Some((_, ms)) => *ms = (*ms).max(millis),
+        None => forgot.push((origin.clone(), millis)),
     }
 }
 

@@ -102,7 +102,11 @@ impl Node {
         self.next_compact = now.mono + COMPACT_EVERY;
         let before_ms = now.wall_ms.saturating_sub(self.ttl_ms());
         match rt.compact(before_ms, COMPACT_CHUNK) {
-            Ok(ids) => {
+            Ok(compacted) => {
+                for (_, version) in &compacted {
+                    self.forgot(version);
+                }
+                let ids: Vec<MinionId> = compacted.into_iter().map(|(id, _)| id).collect();
                 if ids.len() == COMPACT_CHUNK {
                     // More to forget: the next chunk at the next tick.
                     self.next_compact = now.mono;

@@ -99,7 +99,7 @@ impl Node {
 }
 
 /// Why a stale master's key is set aside (`stale.rs`).
-pub const STALE_WHY: &str = "this master was out of contact for longer than tombstone_ttl: `salt-keysync rejoin` sets its keys aside, and what the other masters hold comes back from them";
+pub const STALE_WHY: &str = "this master may have missed deletes its peers have forgotten (tombstone_ttl): `salt-keysync rejoin` sets its keys aside, and what the other masters hold comes back from them";
 
 impl Node {
     /// A stale master's rows: every key `rejoin` sets aside (all it holds

@@ -106,8 +106,14 @@ impl Node {
             // Nothing is applied, whoever made it: `rejoin` first.
             return vec![0; arrivals.len()];
         }
+        let heard = arrivals.iter().any(|(_, decisions)| !decisions.is_empty());
         let n_applied = self.apply_arrivals(arrivals, Source::Peer, now, rt);
         self.cool();
+        if heard {
+            // A peer's decisions come as they are made: its deletes so far
+            // are known here (see `stale.rs`).
+            self.on_contact(now, rt);
+        }
         n_applied
     }
 

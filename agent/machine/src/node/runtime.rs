@@ -114,8 +114,8 @@ pub trait Runtime {
     fn cold_in(&mut self, buckets: &[u32]) -> Result<Vec<(MinionId, Version)>, Failure>;
     /// Forgets at most `max` plain tombstones issued before `before_ms`
     /// (wall-clock milliseconds), none with a journal entry or a held
-    /// delete; returns their ids.
-    fn compact(&mut self, before_ms: u64, max: usize) -> Result<Vec<MinionId>, Failure>;
+    /// delete; returns their ids, each with its delete's version.
+    fn compact(&mut self, before_ms: u64, max: usize) -> Result<Vec<(MinionId, Version)>, Failure>;
     /// Whether the audit log already tells `conflict` (asked at start-up for
     /// the conflicts the store kept).
     fn was_told(&mut self, conflict: &Conflict) -> bool;

@@ -114,6 +114,8 @@ pub struct MemoryStore {
     pub held: BTreeMap<MinionId, super::HeldDelete>,
     /// The last completed comparison with a peer (`stale.rs`).
     pub last_contact_ms: Option<u64>,
+    /// Per origin, when the newest delete compacted was made.
+    pub forgot: Vec<(Arc<str>, u64)>,
 }
 
 /// What the store keeps for one id.
@@ -196,6 +198,7 @@ impl MemoryStore {
             untold: self.untold.clone(),
             held: self.held.values().cloned().collect(),
             last_contact_ms: self.last_contact_ms,
+            forgot: self.forgot.clone(),
         }
     }
 
@@ -217,8 +220,8 @@ impl MemoryStore {
 
     /// Forgets at most `max` plain tombstones issued before `before_ms`,
     /// none journalled or held by the guard.
-    pub fn compact(&mut self, before_ms: u64, max: usize) -> Vec<MinionId> {
-        let old: Vec<MinionId> = self
+    pub fn compact(&mut self, before_ms: u64, max: usize) -> Vec<(MinionId, Version)> {
+        let old: Vec<(MinionId, Version)> = self
             .decisions
             .iter()
             .filter(|(id, s)| {
@@ -227,11 +230,12 @@ impl MemoryStore {
                     && !self.journal.contains_key(*id)
                     && !self.held.contains_key(*id)
             })
-            .map(|(id, _)| id.clone())
+            .map(|(id, s)| (id.clone(), s.held.version.clone()))
             .take(max)
             .collect();
-        for id in &old {
+        for (id, version) in &old {
             self.decisions.remove(id);
+            crate::core::version::note_forgotten(&mut self.forgot, &version.node, version.millis());
         }
         old
     }
@@ -341,7 +345,7 @@ impl Runtime for Recorder {
         Ok(self.store.cold_in(buckets))
     }
 
-    fn compact(&mut self, before_ms: u64, max: usize) -> Result<Vec<MinionId>, Failure> {
+    fn compact(&mut self, before_ms: u64, max: usize) -> Result<Vec<(MinionId, Version)>, Failure> {
         Ok(self.store.compact(before_ms, max))
     }
 

@@ -42,7 +42,6 @@ fn node_at(name: &str, guard: GuardSettings, loaded: Loaded, at: Now, rt: &mut R
         observe: false,
         guard,
         tombstone_ttl: TTL,
-        stale_after: TTL,
         masters: MASTERS.iter().map(|&m| Arc::from(m)).collect(),
     };
     Node::start(settings, loaded, at, rt)

@@ -44,8 +44,6 @@ const RESCAN_MS: u64 = 15_000;
 /// and no master is out of contact this long (a crash lasts at most 4 s, a
 /// partition 6 s), as the rule in docs/operations.md asks.
 const TOMBSTONE_TTL_MS: u64 = 20_000;
-/// Longer than any run: see `world.rs`.
-const STALE_AFTER_MS: u64 = 3_600_000;
 const DROP_PCT: u64 = 10;
 const DUP_PCT: u64 = 5;
 const OVERFLOW_PCT: u64 = 1;

@@ -204,7 +204,11 @@ impl Runtime for SimRuntime<'_> {
         Ok(self.store.cold_in(buckets))
     }
 
-    fn compact(&mut self, before_ms: u64, max: usize) -> Result<Vec<MinionId>, Failure> {
+    fn compact(
+        &mut self,
+        before_ms: u64,
+        max: usize,
+    ) -> Result<Vec<(MinionId, keysync_machine::core::Version)>, Failure> {
         if self.dead() {
             return Err(KILLED.into());
         }

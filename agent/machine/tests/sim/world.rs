@@ -361,10 +361,6 @@ impl Sim {
             observe: false,
             guard: guard::settings(),
             tombstone_ttl: Duration::from_millis(TOMBSTONE_TTL_MS),
-            // The TTL is seconds here, shorter than the quiet after the last
-            // round: no master is out of contact that long in these runs
-            // (`node/tests/stale.rs` runs one that is).
-            stale_after: Duration::from_millis(STALE_AFTER_MS),
             masters: self.nodes.iter().map(|n| n.name.as_str().into()).collect(),
         }
     }

@@ -5,7 +5,7 @@
 
 use redb::ReadableTable;
 
-use super::{Store, StoreError, DECISIONS, HELD, JOURNAL, TOMBSTONES};
+use super::{Store, StoreError, DECISIONS, HELD, JOURNAL, META, META_FORGOT, TOMBSTONES};
 use crate::core::decision::is_plain_tombstone;
 use crate::core::digest::bucket_of;
 use crate::core::{Decision, Entry, MinionId, Seen, Version};
@@ -112,6 +112,12 @@ impl Store {
     /// Forgets at most `max` plain tombstones issued before `before_ms`
     /// (none journalled or held by the guard), in one commit; returns their ids.
     pub fn compact(&self, before_ms: u64, max: usize) -> Result<Vec<MinionId>, StoreError> {
+        Ok(self.compact_versions(before_ms, max)?.into_iter().map(|(id, _)| id).collect())
+    }
+
+    /// [`Store::compact`], with each forgotten delete's version: per origin,
+    /// the newest is what peers are told this master forgot (`stale.rs`).
+    pub fn compact_versions(&self, before_ms: u64, max: usize) -> Result<Vec<(MinionId, Version)>, StoreError> {
         let txn = self.db.begin_write().map_err(|e| self.err(e))?;
         let mut old = Vec::new();
         {
@@ -136,7 +142,7 @@ impl Store {
                 };
                 match record {
                     Some(record) if record.is_plain_tombstone() && record.decision.version == version => {
-                        old.push((key.value().to_vec(), id));
+                        old.push((key.value().to_vec(), id, version));
                     }
                     _ => stale.push(key.value().to_vec()),
                 }
@@ -147,13 +153,27 @@ impl Store {
             for key in &stale {
                 tombstones.remove(key.as_slice()).map_err(|e| self.err(e))?;
             }
-            for (key, id) in &old {
+            for (key, id, _) in &old {
                 tombstones.remove(key.as_slice()).map_err(|e| self.err(e))?;
                 decisions.remove(id.as_str()).map_err(|e| self.err(e))?;
             }
+            // Per origin, the newest delete ever forgotten, in the same
+            // commit: a peer whose last contact is older may have missed it
+            // (`stale.rs`).
+            if !old.is_empty() {
+                let mut meta = txn.open_table(META).map_err(|e| self.err(e))?;
+                let mut forgot = match meta.get(META_FORGOT).map_err(|e| self.err(e))? {
+                    Some(raw) => super::decode_forgot(raw.value()),
+                    None => Vec::new(),
+                };
+                for (_, _, version) in &old {
+                    crate::core::version::note_forgotten(&mut forgot, &version.node, version.millis());
+                }
+                meta.insert(META_FORGOT, super::encode_forgot(&forgot).as_slice()).map_err(|e| self.err(e))?;
+            }
         }
         txn.commit().map_err(|e| self.err(e))?;
-        Ok(old.into_iter().map(|(_, id)| id).collect())
+        Ok(old.into_iter().map(|(_, id, version)| (id, version)).collect())
     }
 
     /// A `TOMBSTONES` row read back.

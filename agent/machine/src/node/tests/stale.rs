@@ -4,6 +4,10 @@
 
 use super::*;
 
+fn on(name: &str, verdict: Verdict, ms: u64, origin: &str, knew: &[Version]) -> Decision {
+    Decision { id: MinionId::parse(name).unwrap(), ..decision(verdict, ms, origin, knew) }
+}
+
 const DAY_MS: u64 = 86_400_000;
 
 fn at(wall_ms: u64) -> Now {
@@ -18,27 +22,31 @@ fn web01() -> MinionId {
     MinionId::parse("web01").unwrap()
 }
 
-/// One round of `asker`'s link to `answerer`, as the agent runs it: Diff,
-/// compare, push what the asker holds newer, fetch and apply the rest.
+/// One session of `asker`'s link to `answerer`, as the agent runs it:
+/// Hello both ways (each tells when the newest delete it forgot was made),
+/// then a round: Diff, compare, push what the asker holds newer, fetch and
+/// apply the rest.
 fn round(asker: (&mut Node, &mut Recorder), answerer: (&mut Node, &mut Recorder), when: Now) {
     let ((asker, rt_asker), (answerer, rt_answerer)) = (asker, answerer);
+    let (asker_name, answerer_name) = (asker.name().to_string(), answerer.name().to_string());
+    answerer.on_peer_forgot(&asker_name, asker.forgot_through(&answerer_name), when, rt_answerer);
+    asker.on_peer_forgot(&answerer_name, answerer.forgot_through(&asker_name), when, rt_asker);
     let Some(digests) = asker.digests() else { return };
     let (buckets, summaries) = answerer.diff(&digests, rt_answerer);
-    let (_, pushed) = asker.repair_compare(answerer.name().to_string().as_str(), &buckets, summaries, rt_asker);
-    let peer: Arc<str> = asker.name().into();
+    let (_, pushed) = asker.repair_compare(&answerer_name, &buckets, summaries, rt_asker);
     if !pushed.is_empty() {
-        answerer.on_batches(vec![(peer, pushed)], when, rt_answerer);
+        answerer.on_batches(vec![(asker_name.as_str().into(), pushed)], when, rt_answerer);
     }
-    let from = answerer.name().to_string();
-    while let Some(ids) = asker.repair_next(&from) {
+    while let Some(ids) = asker.repair_next(&answerer_name) {
         let fetched = answerer.fetch(&ids, rt_answerer);
-        asker.repair_fetched(&from, &ids, fetched, when, rt_asker);
+        asker.repair_fetched(&answerer_name, &ids, fetched, when, rt_asker);
     }
     asker.on_contact(when, rt_asker);
 }
 
 /// master-c, a standby, held web01 and was powered off; master-a deleted
 /// web01 and forgot the delete after the TTL. When master-c comes back it
+/// hears that master-a forgot a delete newer than its last contact, and
 /// offers nothing: neither its round nor master-a's brings web01 back.
 #[test]
 fn a_master_back_after_the_ttl_offers_nothing_and_the_deleted_key_stays_deleted() {
@@ -52,21 +60,25 @@ fn a_master_back_after_the_ttl_offers_nothing_and_the_deleted_key_stays_deleted(
     assert_eq!(rt_c.store.last_contact_ms, Some(NOW_MS), "the contact is kept");
     drop(c);
 
-    // master-c is off. master-a deletes web01, and two days later forgets it.
+    // master-c is off. master-b deletes web01; master-a forgets it after the TTL.
     let delete = decision(Verdict::Deleted, NOW_MS + 1_000, "master-b", std::slice::from_ref(&accept.version));
     push(&mut a, &mut rt_a, "master-b", vec![delete]);
     let later = at(NOW_MS + 2 * DAY_MS);
     let mut a = node_at("master-a", plain(), rt_a.store.loaded(), later, &mut rt_a);
     a.on_tick(later, &mut rt_a);
     assert_eq!(a.counts(), (0, 0, 0), "the tombstone is compacted");
+    assert_eq!(a.forgot_through("master-c"), NOW_MS + 1_000);
+    assert_eq!(a.forgot_through("master-b"), 0, "master-b knows its own deletes");
+    assert_eq!(rt_a.store.loaded().forgot, vec![(Arc::from("master-b"), NOW_MS + 1_000)], "what it forgot is kept");
 
     // master-c comes back with its folders and store as they were.
     let mut c = node_at("master-c", plain(), rt_c.store.loaded(), later, &mut rt_c);
-    let stale = c.stale().expect("stale: out of contact for longer than the TTL");
-    assert_eq!((stale.last_contact_ms, stale.ttl), (NOW_MS, TTL));
-    assert_eq!(rt_c.events.iter().filter(|e| matches!(e, Event::Stale { .. })).count(), 1);
     round((&mut a, &mut rt_a), (&mut c, &mut rt_c), later);
+    let stale = c.stale().expect("stale: master-a forgot a delete newer than its last contact").clone();
+    assert_eq!(stale, Stale { last_contact_ms: NOW_MS, peer: "master-a".into(), peer_forgot_ms: NOW_MS + 1_000 });
+    assert_eq!(rt_c.events.iter().filter(|e| matches!(e, Event::Stale { .. })).count(), 1);
     round((&mut c, &mut rt_c), (&mut a, &mut rt_a), later);
+    assert!(a.stale().is_none(), "master-a ran all along");
     assert!(rt_a.folders.files.is_empty(), "web01 came back on master-a: {:?}", rt_a.folders.list());
     assert_eq!(a.len(), 0);
 
@@ -81,34 +93,60 @@ fn a_master_back_after_the_ttl_offers_nothing_and_the_deleted_key_stays_deleted(
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!((&rows[0].id, &rows[0].will, rows[0].why), (&web01(), &Holding::Nothing, Some(plan::STALE_WHY)));
 
-    // A contact does not end it, and a restart finds it again.
+    // A contact does not end it, and the next Hello after a restart finds it again.
     c.on_contact(later, &mut rt_c);
     assert_eq!(rt_c.store.last_contact_ms, Some(NOW_MS));
-    let c = node_at("master-c", plain(), rt_c.store.loaded(), at(later.wall_ms + 1), &mut rt_c);
+    let mut c = node_at("master-c", plain(), rt_c.store.loaded(), at(later.wall_ms + 1), &mut rt_c);
+    c.on_peer_forgot("master-a", a.forgot_through("master-c"), later, &mut rt_c);
     assert!(c.stale().is_some());
 }
 
-/// Within the TTL a master is not stale; one that runs cut off from every
-/// peer becomes stale at the tick past it; one never in contact (a first
-/// start, or a store of an earlier release) is not.
+/// The primary of a primary/standby pair runs alone while the standby is
+/// off for months: neither is stale when they meet, whatever each forgot
+/// meanwhile of the deletes both knew; a peer's decisions count as contact.
 #[test]
-fn stale_is_past_the_ttl_since_the_last_contact_and_only_then() {
+fn a_master_that_ran_alone_or_heard_everything_is_not_stale() {
+    let (mut rt_a, mut rt_c) = (Recorder::default(), Recorder::default());
+    let mut a = node_with("master-a", plain(), Loaded::default(), &mut rt_a);
+    let mut c = node_with("master-c", plain(), Loaded::default(), &mut rt_c);
+    assert_eq!(c.digests().map(|d| d.len()), Some(crate::core::digest::N_BUCKETS));
+    // Both know of a delete, which both forget later.
+    let accept = on("old", Verdict::Accepted(key("mwIDAQAB")), NOW_MS - 90, "master-b", &[]);
+    let delete = on("old", Verdict::Deleted, NOW_MS - 60, "master-b", std::slice::from_ref(&accept.version));
+    for (node, rt) in [(&mut a, &mut rt_a), (&mut c, &mut rt_c)] {
+        push(node, rt, "master-b", vec![accept.clone(), delete.clone()]);
+    }
+    round((&mut a, &mut rt_a), (&mut c, &mut rt_c), now());
+    // master-c deletes web01 and pushes it to master-a, then goes off
+    // before another round: the push counts as contact.
+    let web = decision(Verdict::Accepted(key("mwIDAQAB")), NOW_MS - 50, "master-c", &[]);
+    let gone = decision(Verdict::Deleted, NOW_MS + 90_000_000, "master-c", std::slice::from_ref(&web.version));
+    push(&mut a, &mut rt_a, "master-c", vec![web.clone()]);
+    let when = at(NOW_MS + 90_000_000);
+    a.on_batches(vec![(Arc::from("master-c"), vec![gone.clone()])], when, &mut rt_a);
+    // 40 days on, both compact what they knew.
+    let later = at(NOW_MS + 40 * DAY_MS);
+    let mut a = node_at("master-a", plain(), rt_a.store.loaded(), later, &mut rt_a);
+    a.on_tick(later, &mut rt_a);
+    let mut store_c = rt_c.store.clone();
+    store_c.record(&StoreWrite { decisions: std::slice::from_ref(&gone), ..StoreWrite::default() });
+    rt_c.store = store_c;
+    let mut c = node_at("master-c", plain(), rt_c.store.loaded(), later, &mut rt_c);
+    c.on_tick(later, &mut rt_c);
+    // master-a forgot master-c's own delete: nothing master-c missed.
+    assert_eq!((a.forgot_through("master-c"), c.forgot_through("master-a")), (NOW_MS - 60, NOW_MS + 90_000_000));
+    round((&mut c, &mut rt_c), (&mut a, &mut rt_a), later);
+    round((&mut a, &mut rt_a), (&mut c, &mut rt_c), later);
+    assert!(a.stale().is_none() && c.stale().is_none(), "{:?} {:?}", a.stale(), c.stale());
+    assert_eq!(rt_c.store.last_contact_ms, Some(later.wall_ms), "a round after a restart is kept at once");
+    // Kept hourly, not at every round.
+    c.on_contact(at(later.wall_ms + 60_000), &mut rt_c);
+    assert_eq!(rt_c.store.last_contact_ms, Some(later.wall_ms));
+    c.on_contact(at(later.wall_ms + 3_600_000), &mut rt_c);
+    assert_eq!(rt_c.store.last_contact_ms, Some(later.wall_ms + 3_600_000));
+    // A master never in contact (a first start, an earlier release's store) has nothing to go by.
     let mut rt = Recorder::default();
-    let mut c = node_with("master-c", plain(), Loaded::default(), &mut rt);
-    c.on_tick(at(NOW_MS + 3 * DAY_MS), &mut rt);
-    assert!(c.stale().is_none(), "never in contact: nothing to go by");
-    c.on_contact(now(), &mut rt);
-    // Contact is kept hourly, not at every round.
-    c.on_contact(at(NOW_MS + 60_000), &mut rt);
-    assert_eq!(rt.store.last_contact_ms, Some(NOW_MS));
-    c.on_contact(at(NOW_MS + 3_600_000), &mut rt);
-    assert_eq!(rt.store.last_contact_ms, Some(NOW_MS + 3_600_000));
-    let restarted = node_at("master-c", plain(), rt.store.loaded(), at(NOW_MS + DAY_MS), &mut rt);
-    assert!(restarted.stale().is_none(), "23 hours since the last contact kept");
-    c.on_tick(at(NOW_MS + 3_600_000 + DAY_MS), &mut rt);
-    assert!(c.stale().is_none(), "exactly the TTL");
-    c.on_tick(at(NOW_MS + 3_600_000 + DAY_MS + 1), &mut rt);
-    assert!(c.stale().is_some(), "running, cut off past the TTL");
-    assert_eq!(c.digests(), None, "no round");
-    assert_eq!(c.diff(&[0; crate::core::digest::N_BUCKETS], &mut rt), (Vec::new(), Vec::new()));
+    let mut fresh = node_with("master-d", plain(), Loaded::default(), &mut rt);
+    fresh.on_peer_forgot("master-a", u64::MAX, later, &mut rt);
+    assert!(fresh.stale().is_none());
 }

@@ -37,6 +37,13 @@ impl Sim {
             if peer == node || !matches!(self.nodes[node].links[peer].state, State::Idle) {
                 continue;
             }
+            // Hello, both ways: each tells the other when the newest delete
+            // it forgot (not of the other's making) was made.
+            let (name, peer_name) = (self.nodes[node].name.clone(), self.nodes[peer].name.clone());
+            let Some(theirs) = self.nodes[peer].machine.as_ref().map(|m| m.forgot_through(&name)) else { continue };
+            let Some(mine) = self.nodes[node].machine.as_ref().map(|m| m.forgot_through(&peer_name)) else { return };
+            self.input(peer, |machine, rt, now| machine.on_peer_forgot(&name, mine, now, rt));
+            self.input(node, |machine, rt, now| machine.on_peer_forgot(&peer_name, theirs, now, rt));
             let Some(Some(digests)) = self.input(node, |machine, _, _| machine.digests()) else { return };
             let link = &mut self.nodes[node].links[peer];
             link.session += 1;
