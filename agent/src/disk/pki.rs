@@ -436,14 +436,14 @@ fn apart_from<'a>(staging: &OwnedFd, folders: impl Iterator<Item = Option<&'a Ow
 /// The state marker's text, read for `salt-keysync check` without opening
 /// the folders for work (which may make or replace the staging folder):
 /// pki_dir checked as `open` checks it, nothing followed through a symlink.
+/// A staging folder not the agent's own has no marker for it: `run` moves
+/// it aside and starts without one.
 pub fn peek_marker(root_path: &Path, trust: &Trust) -> io::Result<Option<String>> {
     let root = dirs::open_path(root_path, trust).map_err(|e| io::Error::other(e.to_string()))?;
-    let staging = match dirs::open_dir_at(&root, STAGING_DIR.as_bytes(), &root_path.join(STAGING_DIR)) {
-        Ok(fd) => fd,
-        Err(e) if e.is_not_found() => return Ok(None),
-        Err(e) => return Err(io::Error::other(e.to_string())),
-    };
-    staging::read_marker_at(&staging)
+    match staging::peek(&root)? {
+        Some(staging) => staging::read_marker_at(&staging),
+        None => Ok(None),
+    }
 }
 
 /// What `salt-keysync check` finds of the folders `run` would use, without

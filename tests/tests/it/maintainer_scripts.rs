@@ -121,3 +121,69 @@ async fn a_staging_folder_left_by_another_user_is_moved_aside_and_the_start_goes
     assert_eq!((meta.uid(), meta.mode() & 0o7777), (rustix::process::geteuid().as_raw(), 0o700));
     assert_eq!(marker(&staging), first, "the new marker names the same store");
 }
+
+/// The same, with the agent's user really another one than root, as after
+/// an upgrade from 0.1.0 (found by the rolling upgrade of
+/// `tests/systemd/rolling.sh`): 0.1.0's unit made the staging folder as
+/// root, mode 0700, so the agent now running as the salt user (here
+/// `nobody`) cannot even open it. It exited 78 ("the agent's staging folder
+/// …: Permission denied") and the upgraded master stayed without an agent;
+/// now it moves the folder aside all the same and starts, and `check` (run
+/// by root, acting as the agent's user) notes it instead of failing.
+#[test]
+fn a_staging_folder_root_made_0700_is_moved_aside_by_an_agent_that_cannot_open_it() {
+    use keysync_tests::binary::{run_cli, AgentProcess, ProcessCluster};
+    use std::os::unix::fs::PermissionsExt;
+
+    let id = |flag: &str| -> u32 {
+        let out = Command::new("id").args([flag, "nobody"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    };
+    let user = (id("-u"), id("-g"));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let files = ProcessCluster::write_files(root.path(), 1).remove(0);
+    let state = files.dir.join("state");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let status = Command::new("chown").args(["-R", &format!("{}:{}", user.0, user.1)]).arg(&files.dir).status();
+    assert!(status.unwrap().success());
+    // As 0.1.0's unit made it (ExecStartPre=+install -d -m 0700), root's.
+    let staging = files.pki.join(".keysync-staging");
+    std::fs::create_dir(&staging).unwrap();
+    std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(staging.join(".salt-keysync-state"), "store 0123\nnode master-a\n").unwrap();
+    assert_eq!(std::fs::metadata(&staging).unwrap().uid(), 0, "the test runs as root");
+
+    let check = run_cli(&["check", "--config", files.config_path.to_str().unwrap()]);
+    let said = format!("{}{}", String::from_utf8_lossy(&check.stdout), String::from_utf8_lossy(&check.stderr));
+    assert!(!said.lines().any(|l| l.starts_with("FAIL")), "{said}");
+    assert!(said.contains("the agent moves it aside and makes its own at start"), "{said}");
+
+    let as_user = ["setpriv", &format!("--reuid={}", user.0), &format!("--regid={}", user.1), "--clear-groups"]
+        .map(std::ffi::OsString::from);
+    let mut agent = AgentProcess::start_wrapped(&files.config_path, files.dir.join("agent.log"), "info", &as_user);
+    let started =
+        |agent: &AgentProcess| std::fs::read_to_string(&agent.log).is_ok_and(|log| log.contains("agent started"));
+    rt.block_on(wait_until(Duration::from_secs(20), "the agent started as nobody, or stopped", || {
+        started(&agent) || agent.try_wait().is_some()
+    }));
+    assert!(started(&agent), "{}", std::fs::read_to_string(&agent.log).unwrap());
+    assert!(agent.stop().success());
+
+    let aside: Vec<PathBuf> = std::fs::read_dir(&files.pki)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(".keysync-staging.refused-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(std::fs::metadata(&aside[0]).unwrap().uid(), 0, "root's folder moved whole");
+    let meta = std::fs::metadata(&staging).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o7777), (user.0, 0o700));
+    let records = read_verified(&files.audit_log).unwrap();
+    assert!(
+        records.iter().any(|r| r.reason.as_deref().is_some_and(|why| why.contains("who cannot open it"))),
+        "the refusal is audited with its cause: {records:?}"
+    );
+}

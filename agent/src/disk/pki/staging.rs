@@ -165,6 +165,16 @@ pub(super) fn inspect(root: &OwnedFd) -> Result<Option<()>, String> {
     }
 }
 
+/// `root`'s staging folder if it is the agent's own: `Ok(None)` when there
+/// is none, or something else stands there, which `open` moves aside.
+pub(super) fn peek(root: &OwnedFd) -> io::Result<Option<OwnedFd>> {
+    match own_dir_at(root, STAGING_DIR) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(Found::Missing | Found::NotOurs(_)) => Ok(None),
+        Err(Found::Io(e)) => Err(e),
+    }
+}
+
 /// What stands at a name where the agent expects a folder of its own.
 enum Found {
     Missing,
@@ -197,6 +207,17 @@ fn own_dir_at(dir: &impl AsFd, name: &str) -> Result<OwnedFd, Found> {
         Err(e) if e.is_not_found() => return Err(Found::Missing),
         Err(e @ (dirs::DirError::Symlink { .. } | dirs::DirError::NotDir { .. })) => {
             return Err(Found::NotOurs(e.to_string()))
+        }
+        // A folder this user may not even open is another user's: the one
+        // an agent that ran as root left (0700), found by the same agent
+        // now running as salt.
+        Err(dirs::DirError::Io { cause, .. }) if cause.kind() == io::ErrorKind::PermissionDenied => {
+            let owner = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)
+                .map_or_else(|e| format!("unknown ({e})"), |st| st.st_uid.to_string());
+            let euid = rustix::process::geteuid().as_raw();
+            return Err(Found::NotOurs(format!(
+                "{name}: owned by uid {owner}, not this agent's user ({euid}), who cannot open it"
+            )));
         }
         Err(dirs::DirError::Io { cause, .. }) => return Err(Found::Io(cause)),
         Err(e) => return Err(Found::NotOurs(e.to_string())),
