@@ -11,7 +11,10 @@
 # the container (nspawn shares the host's loopback): real salt-key on both
 # sides, .dfn, reload, restart, kill -9, status, journal priorities, the
 # watchdog, log rotation, a lost state, upgrade, remove, purge, reinstall;
-# then the Salt formula on the purged master (formula.sh): salt-call --local
+# first of all a rolling upgrade of a three-master site from the previous
+# release (rolling.sh; tests/upgrade/build.sh builds that release from its
+# commit in git once, cached under target/previous-release/), timing each
+# decision between old and upgraded masters; then the Salt formula on the purged master (formula.sh): salt-call --local
 # state.apply installs, configures and starts it, reloads, restarts, cleans.
 # Ends with one line: "systemd-test: PASS (...)" or "systemd-test: FAIL: ...".
 # Fails (never skips) when something it needs is missing;
@@ -35,6 +38,8 @@ SALT_VERSION=3008.3
 source "$here/phases.sh"
 # shellcheck source=tests/systemd/formula.sh
 source "$here/formula.sh"
+# shellcheck source=tests/systemd/rolling.sh
+source "$here/rolling.sh"
 
 [ "$(id -u)" -eq 0 ] || fail "must run as root (systemd-nspawn, mmdebstrap, nsenter)"
 missing=()
@@ -50,6 +55,14 @@ bin="$target/release/salt-keysync"
 version=$(dpkg-deb -f "$deb" Version)
 [ -x "$bin" ] && [[ "$("$bin" --version)" == "salt-keysync ${version%-*} (protocol "* ]] \
     || fail "$bin is missing or not the .deb's version ${version%-*}: run scripts/package.sh"
+
+# The previous release, from its commit (minutes the first time, then cached).
+step "the previous release, built from git"
+prev=$("$repo/tests/upgrade/build.sh") || fail "tests/upgrade/build.sh could not build the previous release"
+read -r prev_version prev_commit prev_deb prev_bin <<<"$prev"
+prev_protocol=$(sed -n 's/^protocol=//p' "$repo/tests/upgrade/previous-release")
+[ -n "$prev_protocol" ] || fail "tests/upgrade/previous-release names no protocol"
+ok "$prev_version ($prev_commit): $(basename "$prev_deb")"
 
 # One run at a time on this machine: the addresses above and nspawn's
 # cgroups are shared.
@@ -85,14 +98,16 @@ ok "tree $rootfs"
 
 step "certificates, minion keys, the packages, in the folder the container sees"
 share="$work/share"
-mkdir -p "$share/keys" "$share/upgrade"
+mkdir -p "$share/keys" "$share/upgrade" "$share/previous"
 "$bin" certs init --dir "$work/tls" >/dev/null
 for name in master-a master-b master-c; do
     "$bin" certs issue "$name" --dir "$work/tls" >/dev/null
 done
 cp "$work/tls/ca.pem" "$work/tls/master-a.pem" "$work/tls/master-a.key" "$share/"
 cp "$deb" "$share/"
+cp "$prev_deb" "$share/previous/"
 "$salt_venv/bin/python" "$repo/tests/salt/gen-keys.py" "$share/keys" web 10 >/dev/null
+"$salt_venv/bin/python" "$repo/tests/salt/gen-keys.py" "$share/keys" roll 28 >/dev/null
 # The same package one Debian revision later, for the upgrade; its example
 # config changed, as a release's does.
 dpkg-deb --raw-extract "$deb" "$work/repack"
@@ -100,13 +115,14 @@ sed -i "s/^Version: .*/Version: ${version%-*}-99/" "$work/repack/DEBIAN/control"
 echo "# (changed in revision 99)" >>"$work/repack/usr/share/salt-keysync/config.toml"
 dpkg-deb --build "$work/repack" "$share/upgrade/" >/dev/null
 chmod -R a+rX "$share"
-ok "certificates for master-a, -b, -c; 10 minion keys; $(basename "$deb") and its -99 revision"
+ok "certificates for master-a, -b, -c; 38 minion keys; $(basename "$deb"), its -99 revision and $(basename "$prev_deb")"
 
 step "boot the container"
 boot "$rootfs" "$share"
 ok "systemd $(inside systemctl --version | head -n 1 | awk '{print $2}') runs in the container"
 
 phase_salt_master
+phase_rolling_upgrade
 phase_install
 phase_unit
 phase_replication
