@@ -257,3 +257,68 @@ fn every_document_the_binary_names_is_installed() {
         );
     }
 }
+
+/// The documents one package installs under /usr/share/doc/salt-keysync/, as
+/// repository paths (`docs/operations.md`), read from agent/Cargo.toml: the
+/// .deb's `["../SOURCE", "usr/share/doc/salt-keysync/…"` lines, or the .rpm's
+/// `{ source = "SOURCE", dest = "/usr/share/doc/salt-keysync/…"` ones.
+fn installed_documents(manifest: &str, rpm: bool) -> std::collections::BTreeSet<String> {
+    manifest
+        .lines()
+        .filter(|line| line.contains("usr/share/doc/salt-keysync/"))
+        .filter_map(|line| {
+            let line = line.trim();
+            let source = if rpm {
+                line.strip_prefix("{ source = \"")?.split('"').next()?.to_string()
+            } else {
+                line.strip_prefix("[\"../")?.split('"').next()?.to_string()
+            };
+            source.ends_with(".md").then_some(source)
+        })
+        .collect()
+}
+
+/// `path` (relative to the repository) with `.` and `..` resolved.
+fn normalized(path: &Path) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::ParentDir => {
+                parts.pop();
+            }
+            std::path::Component::Normal(name) => parts.push(name.to_string_lossy().into_owned()),
+            _ => {}
+        }
+    }
+    parts.join("/")
+}
+
+/// Issue 28 item 6: a document installed on a host links only to documents
+/// installed beside it (docs/operations.md named docs/adopting.md, which
+/// neither package shipped), and both packages ship the same documents.
+#[test]
+fn installed_documents_link_only_to_installed_documents() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let manifest = read(&repo.join("agent/Cargo.toml"));
+    let deb = installed_documents(&manifest, false);
+    let rpm = installed_documents(&manifest, true);
+    assert!(deb.contains("README.md") && deb.contains("docs/operations.md"), "the .deb's documents: {deb:?}");
+    assert_eq!(deb, rpm, "the .deb and the .rpm ship different documents");
+    let mut missing = Vec::new();
+    for doc in &deb {
+        let text = read(&repo.join(doc));
+        let folder = Path::new(doc).parent().unwrap_or(Path::new(""));
+        for (at, _) in text.match_indices("](") {
+            let target = &text[at + 2..];
+            let target = &target[..target.find([')', '#']).unwrap_or(target.len())];
+            if !target.ends_with(".md") || target.contains("://") {
+                continue;
+            }
+            let linked = normalized(&folder.join(target));
+            if !deb.contains(&linked) {
+                missing.push(format!("{doc} links {linked}, which the packages do not install"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "{missing:#?}");
+}
