@@ -6,9 +6,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{CommandFactory, Parser, Subcommand};
-use salt_keysync::cli::{audit_cmd, certs, check, demo, generate, ConfigArg};
+use salt_keysync::cli::{audit_cmd, certs, check, demo, emit, generate, ConfigArg};
 use salt_keysync::config::{Config, LogFormat, DEFAULT_CONFIG};
 use salt_keysync::ops::logging;
+use salt_keysync::say;
 use tokio_util::sync::CancellationToken;
 
 /// mimalloc instead of glibc malloc: glibc keeps the memory of a large batch
@@ -384,7 +385,7 @@ fn main() {
             Ok(config) => become_agent_user(&config).and_then(|()| check::check(&cli.config)),
             Err(_) => check::check(&cli.config),
         },
-        Command::Reload(_) => salt_keysync::cli::reload::reload(&cli.config).map(|summary| println!("{summary}")),
+        Command::Reload(_) => salt_keysync::cli::reload::reload(&cli.config).map(|summary| say!("{summary}")),
         Command::Certs(args) => certs::certs(&args),
         Command::Status(args) => json_errors(args.json, status(&cli.config, &args)),
         Command::Held(args) => json_errors(args.json, held(&cli.config, &args)),
@@ -427,7 +428,7 @@ fn exit_with(error: &anyhow::Error, code: i32) -> ! {
 fn json_errors(json: bool, result: Result<()>) -> Result<()> {
     match result {
         Err(e) if json => {
-            println!("{}", serde_json::json!({ "error": format!("{e:#}") }));
+            say!("{}", serde_json::json!({ "error": format!("{e:#}") }));
             std::process::exit(1)
         }
         result => result,
@@ -479,14 +480,14 @@ fn status(path: &std::path::Path, args: &StatusArgs) -> Result<()> {
     if args.cluster {
         let cluster = salt_keysync::cli::cluster::cluster(&report);
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&cluster)?);
+            say!("{}", serde_json::to_string_pretty(&cluster)?);
         } else {
-            print!("{}", salt_keysync::cli::cluster::render(&cluster));
+            emit(&salt_keysync::cli::cluster::render(&cluster));
         }
     } else if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        say!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", salt_keysync::cli::status::render(&report));
+        emit(&salt_keysync::cli::status::render(&report));
     }
     Ok(())
 }
@@ -495,9 +496,9 @@ fn held(path: &std::path::Path, args: &HeldArgs) -> Result<()> {
     let config = Config::load(path)?;
     let list = salt_keysync::cli::held::query(&config.control_socket)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&list)?);
+        say!("{}", serde_json::to_string_pretty(&list)?);
     } else {
-        print!("{}", salt_keysync::cli::held::render(&list));
+        emit(&salt_keysync::cli::held::render(&list));
     }
     Ok(())
 }
@@ -506,9 +507,9 @@ fn operate(path: &std::path::Path, action: &str, args: OperatorArgs) -> Result<(
     let config = Config::load(path)?;
     let reply = salt_keysync::cli::held::operate(&config.control_socket, action, args.origin, args.ids)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&reply)?);
+        say!("{}", serde_json::to_string_pretty(&reply)?);
     } else {
-        print!("{}", salt_keysync::cli::held::render_reply(&reply));
+        emit(&salt_keysync::cli::held::render_reply(&reply));
     }
     Ok(())
 }
@@ -517,9 +518,9 @@ fn plan(path: &std::path::Path, args: &PlanArgs) -> Result<()> {
     let config = Config::load(path)?;
     let plan = salt_keysync::cli::plan::query(&config.control_socket)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&plan)?);
+        say!("{}", serde_json::to_string_pretty(&plan)?);
     } else {
-        print!("{}", salt_keysync::cli::plan::render(&plan));
+        emit(&salt_keysync::cli::plan::render(&plan));
     }
     Ok(())
 }
@@ -533,18 +534,19 @@ fn recover(path: &std::path::Path, args: &RecoverArgs) -> Result<()> {
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")?;
     let done = runtime.block_on(salt_keysync::cli::recover::recover_from_peers(&config, args.force))?;
     for (peer, n) in &done.answered {
-        println!("{peer}: {n} decisions");
+        say!("{peer}: {n} decisions");
     }
     for (peer, error) in &done.unreachable {
-        println!("{peer}: not reached ({error}); it catches this master up when it is back");
+        say!("{peer}: not reached ({error}); it catches this master up when it is back");
     }
     if let Some(aside) = &done.moved_aside {
-        println!("old state moved to {}", aside.display());
+        say!("old state moved to {}", aside.display());
     }
-    println!(
+    say!(
         "recovered {} decisions into state store {}; start the agent: it applies them first, and files found \
          only on this master are claims, which never override the peers' decisions",
-        done.n_decisions, done.store_id
+        done.n_decisions,
+        done.store_id
     );
     Ok(())
 }
@@ -564,31 +566,30 @@ fn rejoin(path: &std::path::Path, args: &RejoinArgs) -> Result<()> {
             salt_keysync::core::Folder::Accepted => (a + 1, r),
             _ => (a, r + 1),
         });
-        println!(
+        say!(
             "last contact with a peer: {since}{}",
             if preview.stale { " (longer ago than tombstone_ttl)" } else { "" }
         );
         for (folder, name) in &preview.keys {
-            println!("  {:<16} {name}", folder.dir_name());
+            say!("  {:<16} {name}", folder.dir_name());
         }
-        println!(
+        say!(
             "sets aside the state store and {n_accepted} accepted and {n_rejected} rejected key(s) into {}/rejoin-<time>/; \
              the agent then joins its peers as a new master",
             config.state_dir.display()
         );
         if args.dry_run {
-            println!("--dry-run: nothing changed");
+            say!("--dry-run: nothing changed");
             return false;
         }
         if args.yes {
             return true;
         }
         if !std::io::stdin().is_terminal() {
-            println!("not confirmed (no terminal): run it again with -y");
+            say!("not confirmed (no terminal): run it again with -y");
             return false;
         }
-        print!("Proceed? [n/y] ");
-        let _ = std::io::Write::flush(&mut std::io::stdout());
+        emit("Proceed? [n/y] ");
         let mut answer = String::new();
         let _ = std::io::stdin().lock().read_line(&mut answer);
         matches!(answer.trim(), "y" | "Y" | "yes")
@@ -597,9 +598,9 @@ fn rejoin(path: &std::path::Path, args: &RejoinArgs) -> Result<()> {
         return Ok(());
     };
     if let Some(error) = &done.dfn_error {
-        println!("WARNING: {error}; restart salt-master so that the minions whose keys were set aside stop hearing it");
+        say!("WARNING: {error}; restart salt-master so that the minions whose keys were set aside stop hearing it");
     }
-    println!(
+    say!(
         "set aside {} key(s) and the state store in {}; new state store {}: start the agent, it joins its peers as a \
          new master",
         done.n_keys,

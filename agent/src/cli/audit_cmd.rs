@@ -106,7 +106,7 @@ pub fn audit(config: &Path, args: &AuditArgs) -> i32 {
         Ok(code) => code,
         // With --json, the error is JSON on stdout as well.
         Err(e) if args.json => {
-            println!("{}", serde_json::json!({ "error": format!("{e:#}") }));
+            crate::say!("{}", serde_json::json!({ "error": format!("{e:#}") }));
             EXIT_UNREADABLE
         }
         Err(e) => {
@@ -117,7 +117,13 @@ pub fn audit(config: &Path, args: &AuditArgs) -> i32 {
 }
 
 fn run(config: &Path, args: &AuditArgs) -> anyhow::Result<i32> {
-    let configured = || -> anyhow::Result<PathBuf> { Ok(Config::load(config)?.audit_log) };
+    let loaded = Config::load(config);
+    let configured = || -> anyhow::Result<PathBuf> {
+        match &loaded {
+            Ok(config) => Ok(config.audit_log.clone()),
+            Err(e) => Err(anyhow::anyhow!("{e}")),
+        }
+    };
     match &args.command {
         Some(AuditCommand::Verify { files, head }) => {
             let files = if files.is_empty() { vec![configured()?] } else { files.clone() };
@@ -130,6 +136,7 @@ fn run(config: &Path, args: &AuditArgs) -> anyhow::Result<i32> {
         None => {
             let paths = if args.file.is_empty() { vec![configured()?] } else { args.file.clone() };
             let filter = filter(args)?;
+            known_origins(&args.origin, loaded.as_ref().ok(), &paths)?;
             let mut out = Output::new(args.json);
             for (idx, path) in paths.iter().enumerate() {
                 let follow = args.follow && idx + 1 == paths.len();
@@ -174,6 +181,40 @@ fn filter(args: &AuditArgs) -> anyhow::Result<Filter> {
     })
 }
 
+/// An `--origin` that can match nothing is a mistake, not an empty answer:
+/// each must name a master of the site as the config lists them (this node,
+/// its `[[peer]]`s, `retired_masters`), or be the origin of a record in
+/// `paths` (a master that left before `retired_masters` named it, or a log
+/// read without its config).
+fn known_origins(origins: &[String], config: Option<&Config>, paths: &[PathBuf]) -> anyhow::Result<()> {
+    let masters: Vec<&str> = config
+        .map(|c| {
+            let peers = c.peers.iter().map(|p| p.name.as_str());
+            std::iter::once(c.node.as_str()).chain(peers).chain(c.retired_masters.iter().map(String::as_str)).collect()
+        })
+        .unwrap_or_default();
+    let mut unknown: Vec<&str> = origins.iter().map(String::as_str).filter(|o| !masters.contains(o)).collect();
+    for path in paths {
+        if unknown.is_empty() {
+            break;
+        }
+        // An unreadable file is the listing's error to tell.
+        let Ok(file) = std::fs::File::open(path) else { continue };
+        each_line(io::BufReader::new(file), 1, |line| {
+            if let Some(origin) = line.record.ok().and_then(|record| record.origin) {
+                unknown.retain(|name| *name != origin);
+            }
+        })?;
+    }
+    let Some(name) = unknown.first() else { return Ok(()) };
+    let files: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    let site = match config {
+        Some(_) => format!("is no master of this site ({})", masters.join(", ")),
+        None => "names no master of a config (none could be read)".to_string(),
+    };
+    anyhow::bail!("--origin: {name:?} {site}, and no record in {} names it as its origin", files.join(", "))
+}
+
 /// A glob that no minion id can match is a mistake, not an empty answer:
 /// Salt's ids never hold '/', '\\' or NUL, and this agent's never start
 /// with a dot.
@@ -191,18 +232,18 @@ fn verify(files: &[PathBuf]) -> anyhow::Result<i32> {
     let report = verify_files(files)?;
     let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
     for note in &report.notes {
-        println!("note: {note}");
+        crate::say!("note: {note}");
     }
     for warning in &report.warnings {
         eprintln!("warning: {warning}");
     }
     match report.broken {
         None => {
-            println!("ok: {} records in {}, chain intact", report.n_records, names.join(", "));
+            crate::say!("ok: {} records in {}, chain intact", report.n_records, names.join(", "));
             Ok(0)
         }
         Some(bad) => {
-            println!("BROKEN: {} line {}: {}", bad.file.display(), bad.line, bad.why);
+            crate::say!("BROKEN: {} line {}: {}", bad.file.display(), bad.line, bad.why);
             Ok(EXIT_BROKEN)
         }
     }
@@ -226,19 +267,19 @@ fn reaches(files: &[PathBuf], head: &crate::disk::audit::AuditHead) -> anyhow::R
     }
     match found {
         Some(hash) if hash == head.hash => {
-            println!("ok: the chain reaches record {head}");
+            crate::say!("ok: the chain reaches record {head}");
             Ok(0)
         }
         Some(hash) => {
-            println!("BROKEN: record {} is {}:{hash}, not {head}: replaced", head.seq, head.seq);
+            crate::say!("BROKEN: record {} is {}:{hash}, not {head}: replaced", head.seq, head.seq);
             Ok(EXIT_BROKEN)
         }
         None if last < head.seq => {
-            println!("BROKEN: the chain ends at record {last}, before {head}: records were cut off the end");
+            crate::say!("BROKEN: the chain ends at record {last}, before {head}: records were cut off the end");
             Ok(EXIT_BROKEN)
         }
         None => {
-            println!("BROKEN: record {} is not in these files (give the rotated files that hold it)", head.seq);
+            crate::say!("BROKEN: record {} is not in these files (give the rotated files that hold it)", head.seq);
             Ok(EXIT_BROKEN)
         }
     }

@@ -73,7 +73,7 @@ fn init(dir: &Path, common_name: &str) -> Result<()> {
         .with_context(|| format!("cannot create {}", dir.display()))?;
     let ca = CertAuthority::new(common_name)?;
     write_pair(&cert_path, &ca.cert_pem(), &key_path, &ca.key_pem())?;
-    println!("CA {common_name:?}: keep {} private; copy {} to every node", key_path.display(), cert_path.display());
+    crate::say!("CA {common_name:?}: keep {} private; copy {} to every node", key_path.display(), cert_path.display());
     Ok(())
 }
 
@@ -100,7 +100,7 @@ fn issue(dir: &Path, name: &str, days: i64) -> Result<()> {
         .issue(&[name], now - time::Duration::hours(1), now + time::Duration::days(days))
         .with_context(|| format!("cannot issue a certificate for {name:?}"))?;
     write_pair(&cert_path, &issued.cert_pem, &key_path, &issued.key_pem)?;
-    println!(
+    crate::say!(
         "certificate for {name:?}, valid {days} days: install {} as tls.cert and {} as tls.key",
         cert_path.display(),
         key_path.display()
@@ -137,6 +137,6 @@ fn write_new(path: &Path, text: &str, mode: u32) -> Result<()> {
         let _ = fs::remove_file(path);
         return Err(e).with_context(|| format!("cannot write {}", path.display()));
     }
-    println!("wrote {} (mode {mode:04o})", path.display());
+    crate::say!("wrote {} (mode {mode:04o})", path.display());
     Ok(())
 }

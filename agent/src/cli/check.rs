@@ -15,7 +15,7 @@ pub fn check(path: &Path) -> Result<()> {
     let config = Config::load(path)?;
     let mut problems = Vec::new();
     // At err priority when stdout is the journal (check run by a unit).
-    let print = |level: Level, line: String| println!("{}", with_priority(std::io::stdout().as_fd(), level, &line));
+    let print = |level: Level, line: String| crate::say!("{}", with_priority(std::io::stdout().as_fd(), level, &line));
     let ok = |what: String| print(Level::INFO, format!("ok   {what}"));
     ok(format!("config {} ({} peers)", path.display(), config.peers.len()));
     let mut too_open: Vec<String> =

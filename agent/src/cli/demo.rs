@@ -49,7 +49,7 @@ pub fn demo(args: &DemoArgs) -> Result<()> {
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     let root =
         tempfile::Builder::new().prefix("salt-keysync-demo.").tempdir().context("cannot make a temporary folder")?;
-    println!("demo folder: {}", root.path().display());
+    crate::say!("demo folder: {}", root.path().display());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -59,11 +59,11 @@ pub fn demo(args: &DemoArgs) -> Result<()> {
     drop(runtime);
     if args.keep {
         let kept = root.keep();
-        println!("kept {} (remove it with: rm -r {})", kept.display(), kept.display());
+        crate::say!("kept {} (remove it with: rm -r {})", kept.display(), kept.display());
     } else {
         let path = root.path().to_path_buf();
         root.close().with_context(|| format!("cannot remove {}", path.display()))?;
-        println!("removed {}", path.display());
+        crate::say!("removed {}", path.display());
     }
     outcome
 }
@@ -84,13 +84,13 @@ async fn run_demo(root: &Path, hold: bool) -> Result<()> {
         signal = &mut interrupted => Err(anyhow::anyhow!("interrupted by {signal}")),
     };
     if outcome.is_ok() && hold {
-        println!("\nThe three agents keep running. In another shell, act like salt-key on any master, e.g.");
+        crate::say!("\nThe three agents keep running. In another shell, act like salt-key on any master, e.g.");
         let b = &cluster.nodes[1].pki;
-        println!("  mv {}/minions_rejected/db01 {}/minions/db01", b.display(), b.display());
-        println!("  ls {}/master-*/pki/minions", root.display());
-        println!("Press Ctrl-C to stop the agents and remove the folder.");
+        crate::say!("  mv {}/minions_rejected/db01 {}/minions/db01", b.display(), b.display());
+        crate::say!("  ls {}/master-*/pki/minions", root.display());
+        crate::say!("Press Ctrl-C to stop the agents and remove the folder.");
         let signal = interrupted.await;
-        println!("{signal}: stopping");
+        crate::say!("{signal}: stopping");
     }
     cluster.stop().await;
     outcome
@@ -125,7 +125,7 @@ impl Cluster {
             let peers: Vec<_> = (0..NAMES.len()).filter(|&j| j != idx).map(|j| (NAMES[j], addrs[j])).collect();
             let config_path = write_node(root, &ca, name, addrs[idx], &peers)?;
             let config = Config::load(&config_path)?;
-            println!("  {name}  listening on {}", addrs[idx]);
+            crate::say!("  {name}  listening on {}", addrs[idx]);
             nodes.push(Node {
                 name,
                 pki: config.pki_dir.clone(),
@@ -137,7 +137,7 @@ impl Cluster {
         let cluster = Cluster { nodes, shutdown, agents };
         let started = Instant::now();
         cluster.links_up().await?;
-        println!("  6 mTLS links up in {}", ms(started.elapsed()));
+        crate::say!("  6 mTLS links up in {}", ms(started.elapsed()));
         // Each link runs one anti-entropy round right after connecting; let it finish so the
         // first measurement is of a live push, not of that round.
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -252,8 +252,8 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    println!("\nweb01 and db01 ask to join: their keys are pending on all three masters");
-    println!("salt-key on master-a (Salt 3008's file pattern), until the file is in place on the others:\n");
+    crate::say!("\nweb01 and db01 ask to join: their keys are pending on all three masters");
+    crate::say!("salt-key on master-a (Salt 3008's file pattern), until the file is in place on the others:\n");
 
     let mut failures = 0;
     let peers = [b, c];
@@ -280,17 +280,17 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
     }
     failures += report("delete", "web01", started, &peers, deleted).await;
     failures += dfn_dropped(&peers).await;
-    println!("\nEach figure includes the syncfs both agents make before a decision counts as done, so it");
-    println!("grows with the disk's load. A delete also waits `absent_grace` (40 ms): Salt 3008 removes");
-    println!("a key from every folder before writing it back, so a shorter absence is not a delete. And");
-    println!("the other masters apply a delete of an accepted key once master-a has deleted nothing else");
-    println!("for a second (the blast-radius guard: a mass delete is held whole, not copied everywhere).");
+    crate::say!("\nEach figure includes the syncfs both agents make before a decision counts as done, so it");
+    crate::say!("grows with the disk's load. A delete also waits `absent_grace` (40 ms): Salt 3008 removes");
+    crate::say!("a key from every folder before writing it back, so a shorter absence is not a delete. And");
+    crate::say!("the other masters apply a delete of an accepted key once master-a has deleted nothing else");
+    crate::say!("for a second (the blast-radius guard: a mass delete is held whole, not copied everywhere).");
 
     show_audit(&cluster.nodes);
     if failures > 0 {
         bail!("{failures} propagation(s) did not happen");
     }
-    println!("\nall three decisions reached both other masters");
+    crate::say!("\nall three decisions reached both other masters");
     Ok(())
 }
 
@@ -364,7 +364,7 @@ where
             None => line.push_str(&format!("  A→{to} NOT within {PROPAGATION_TIMEOUT:?}")),
         }
     }
-    println!("{line}");
+    crate::say!("{line}");
     reached.iter().filter(|slot| slot.is_none()).count()
 }
 
@@ -381,17 +381,17 @@ async fn dfn_dropped(peers: &[&Node; 2]) -> usize {
         let _ = fs::remove_file(node.cache.join(".dfn"));
     }
     if missing.is_empty() {
-        println!("                .dfn dropped on master-b and master-c: their masters rotate the AES key");
+        crate::say!("                .dfn dropped on master-b and master-c: their masters rotate the AES key");
     } else {
         let names: Vec<_> = missing.iter().map(|n| n.name).collect();
-        println!("                .dfn NOT dropped on {}", names.join(", "));
+        crate::say!("                .dfn NOT dropped on {}", names.join(", "));
     }
     missing.len()
 }
 
 /// Prints every node's records about the demo's minions, after verifying each hash chain.
 fn show_audit(nodes: &[Node]) {
-    println!("\naudit records (hash chains verified):");
+    crate::say!("\naudit records (hash chains verified):");
     for node in nodes {
         // A line being appended right now fails the read; the next try gets it whole.
         let records = (0..50).find_map(|_| {
@@ -401,11 +401,11 @@ fn show_audit(nodes: &[Node]) {
             })
         });
         let Some(records) = records else {
-            println!("  {}: cannot read or verify {}", node.name, node.audit_log.display());
+            crate::say!("  {}: cannot read or verify {}", node.name, node.audit_log.display());
             continue;
         };
         for record in records.iter().filter(|r| matches!(r.minion.as_deref(), Some("web01" | "db01"))) {
-            println!("  {}", audit_line(record));
+            crate::say!("  {}", audit_line(record));
         }
     }
 }

@@ -43,7 +43,7 @@ pub fn generate(args: &GenerateArgs, cli: clap::Command) -> Result<()> {
                 .map(|sub| format!("{BIN_NAME}-{}", sub.get_name()))
                 .collect();
             man_pages(cli, dir, &siblings).with_context(|| format!("cannot write man pages into {}", dir.display()))?;
-            println!("wrote man pages into {}", dir.display());
+            crate::say!("wrote man pages into {}", dir.display());
         }
         What::Completions { shell, dir } => {
             create_dir(dir)?;
@@ -51,7 +51,7 @@ pub fn generate(args: &GenerateArgs, cli: clap::Command) -> Result<()> {
             let name = cli.get_name().to_string();
             let path = clap_complete::generate_to(*shell, &mut cli, name, dir)
                 .with_context(|| format!("cannot write {shell} completions into {}", dir.display()))?;
-            println!("wrote {}", path.display());
+            crate::say!("wrote {}", path.display());
         }
     }
     Ok(())

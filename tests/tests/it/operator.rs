@@ -119,7 +119,8 @@ fn audit_filter_values_are_checked() {
     // The error lists what is known.
     let out = run_cli(&["audit", "--file", log, "--action", "acept"]);
     assert!(text(&out.stderr).contains("accept, reject, delete"), "{}", text(&out.stderr));
-    for ok in [&["--action", "accept,refuse,conflict"][..], &["--minion", "web*"], &["--origin", "master-b"]] {
+    // (An --origin must name a master: audit_origin_names_a_master_of_the_site.)
+    for ok in [&["--action", "accept,refuse,conflict"][..], &["--minion", "web*"]] {
         let args = [&["audit", "--file", log][..], ok].concat();
         let out = run_cli(&args);
         assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
@@ -219,4 +220,161 @@ fn a_start_that_cannot_listen_leaves_no_control_socket() {
     let out = run_cli(&["status", "--config", files.config_path.to_str().unwrap()]);
     let stderr = text(&out.stderr);
     assert!(stderr.contains("no control socket"), "not a killed agent's socket: {stderr}");
+}
+
+/// The commands that read the config file, as `run_cli` arguments before `--config`.
+const READ_THE_CONFIG: [&[&str]; 12] = [
+    &["run"],
+    &["check"],
+    &["reload"],
+    &["status"],
+    &["plan"],
+    &["held"],
+    &["release"],
+    &["revert"],
+    &["audit"],
+    &["audit", "verify"],
+    &["recover", "--from-peers"],
+    &["rejoin", "--dry-run"],
+];
+
+/// Issue 28 item 8: every command that reads the config takes it as `-c`,
+/// `--config` or `SALT_KEYSYNC_CONFIG` (the option first), and says so in
+/// its `--help` with the packaged default.
+#[test]
+fn the_config_comes_from_c_config_or_salt_keysync_config() {
+    let root = tempfile::tempdir().unwrap();
+    let path = |name: &str| root.path().join(name).to_str().unwrap().to_string();
+    let (flagged, from_env) = (path("flagged.toml"), path("from-env.toml"));
+    let said = |out: &Output, missing: &str| {
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        stderr.contains(&format!("cannot read config {missing}: "))
+    };
+    for command in READ_THE_CONFIG {
+        let run = |extra: &[&str], env: Option<&str>| {
+            let mut cmd = Command::new(binary());
+            cmd.args(command).args(extra).env_remove("SALT_KEYSYNC_CONFIG").stdin(Stdio::null());
+            if let Some(env) = env {
+                cmd.env("SALT_KEYSYNC_CONFIG", env);
+            }
+            cmd.output().unwrap()
+        };
+        let out = run(&["-c", &flagged], None);
+        assert!(said(&out, &flagged), "{command:?} -c: {}", text(&out.stderr));
+        let out = run(&[], Some(&from_env));
+        assert!(said(&out, &from_env), "{command:?} with SALT_KEYSYNC_CONFIG: {}", text(&out.stderr));
+        let out = run(&["--config", &flagged], Some(&from_env));
+        assert!(said(&out, &flagged), "{command:?}: --config beats the environment: {}", text(&out.stderr));
+        let help = text(&run(&["--help"], None).stdout);
+        for want in ["-c, --config <CONFIG>", "[env: SALT_KEYSYNC_CONFIG=]", "[default: /etc/salt-keysync/config.toml]"]
+        {
+            assert!(help.contains(want), "{command:?} --help lacks {want:?}:\n{help}");
+        }
+    }
+}
+
+/// Runs `salt-keysync ARGS` with its stdout a pipe whose reader is gone
+/// (`| head` that has read enough): every write there fails with EPIPE.
+fn into_a_closed_pipe(args: &[&str]) -> Output {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    Command::new(binary()).args(args).stdin(Stdio::null()).stdout(writer).stderr(Stdio::piped()).output().unwrap()
+}
+
+/// Issue 28 item 8: `plan --json | head` panicked ("failed printing to
+/// stdout: Broken pipe"), and so did every command printing with println!.
+/// A reader that closes early ends the command quietly, with status 0.
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    let root = tempfile::tempdir().unwrap();
+    let files = agent_files(root.path());
+    let config = files.config_path.to_str().unwrap();
+    // Not running yet: the error, on stdout with --json, meets the closed pipe too.
+    let out = into_a_closed_pipe(&["plan", "--json", "--config", config]);
+    let stderr = text(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_ne!(out.status.code(), Some(101), "{stderr}");
+
+    let agent = keysync_tests::binary::AgentProcess::start(&files.config_path, files.dir.join("agent.log"));
+    let started = Instant::now();
+    while !std::fs::read_to_string(&agent.log).unwrap_or_default().contains("agent started") {
+        assert!(started.elapsed() < Duration::from_secs(30), "the agent did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let audit_log = files.audit_log.to_str().unwrap();
+    let commands: [&[&str]; 13] = [
+        &["plan", "--json"],
+        &["plan"],
+        &["status"],
+        &["status", "--json"],
+        &["status", "--cluster"],
+        &["status", "--cluster", "--json"],
+        &["held"],
+        &["held", "--json"],
+        &["audit"],
+        &["audit", "--json"],
+        &["audit", "verify"],
+        &["audit", "verify", audit_log],
+        &["check"],
+    ];
+    for args in commands {
+        let out = into_a_closed_pipe(&[args, &["--config", config]].concat());
+        let stderr = text(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+    }
+    for args in [&["--help"][..], &["plan", "--help"], &["--version"]] {
+        let out = into_a_closed_pipe(args);
+        assert!(!text(&out.stderr).contains("panicked"), "{args:?}: {}", text(&out.stderr));
+    }
+    assert!(agent.stop().success());
+}
+
+/// Issue 28 item 8: `audit --origin` naming no master of the site (this
+/// node, a `[[peer]]`, one of `retired_masters`) and no origin of the log
+/// read is an error that names the masters, not an empty answer.
+#[test]
+fn audit_origin_names_a_master_of_the_site() {
+    let root = tempfile::tempdir().unwrap();
+    let ca = CertAuthority::new("ca").unwrap();
+    let files = write_agent_files(root.path(), &ca, "master-a", free_addr(), &[("master-b".into(), free_addr())]);
+    let mut config_text = std::fs::read_to_string(&files.config_path).unwrap();
+    config_text.insert_str(0, "retired_masters = [\"master-z\"]\n");
+    std::fs::write(&files.config_path, config_text).unwrap();
+    let config = files.config_path.to_str().unwrap();
+    // A master that left before retired_masters existed: only the log names it.
+    let log = root.path().join("audit.jsonl");
+    let record = salt_keysync::disk::audit::Record {
+        time: "2026-11-20T10:00:00Z".into(),
+        node: "master-a".into(),
+        minion: Some("web01".into()),
+        origin: Some("master-old".into()),
+        ..salt_keysync::disk::audit::Record::new("accept", "master-b", "applied")
+    };
+    std::fs::write(&log, format!("{}\n", serde_json::to_string(&record).unwrap())).unwrap();
+    let log = log.to_str().unwrap();
+    let audit = |origin: &str| run_cli(&["audit", "--config", config, "--file", log, "--origin", origin]);
+    for known in ["master-a", "master-b", "master-z", "master-old", "master-b,master-old"] {
+        let out = audit(known);
+        assert!(out.status.success(), "--origin {known}: {}", text(&out.stderr));
+    }
+    let out = audit("master-b,master-x");
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--origin: \"master-x\" is no master of this site (master-a, master-b, master-z)"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("no record") && stderr.contains(log), "{stderr}");
+    assert_said_once(&stderr);
+    assert_json_error(&["audit", "--json", "--config", config, "--file", log, "--origin", "master-x"], "master-x");
+    // Without a config (a log copied off its host), the log's origins are the known ones.
+    let missing = root.path().join("nowhere.toml");
+    let missing = missing.to_str().unwrap();
+    let out = run_cli(&["audit", "--config", missing, "--file", log, "--origin", "master-old"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = run_cli(&["audit", "--config", missing, "--file", log, "--origin", "master-b"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("\"master-b\""), "{}", text(&out.stderr));
 }
