@@ -13,6 +13,7 @@ pub mod recover;
 pub mod rejoin;
 pub mod reload;
 pub mod status;
+pub mod table;
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};

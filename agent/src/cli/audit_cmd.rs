@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::disk::audit::{each_line, parse_time_bound, verify_files, Filter, Follower, Line, Record, ACTIONS};
-use crate::text::shown;
 use clap::{Args, Subcommand};
 
 const EXIT_BROKEN: i32 = 1;
@@ -350,34 +349,13 @@ impl Output {
         if rows.is_empty() {
             return Ok(());
         }
-        let cells: Vec<[String; 9]> = rows.iter().map(|(_, r)| cells(r)).collect();
-        let mut widths = MIN_WIDTHS;
-        for (i, header) in HEADERS.iter().enumerate() {
-            widths[i] = widths[i].max(header.len());
+        let mut table = crate::cli::table::Table::new(HEADERS).min_widths(&MIN_WIDTHS);
+        for (_, record) in rows {
+            table.row(cells(record));
         }
-        for row in &cells {
-            for (i, cell) in row.iter().enumerate() {
-                widths[i] = widths[i].max(cell.chars().count());
-            }
-        }
-        let line = |w: &mut io::StdoutLock, row: &[&str]| -> io::Result<()> {
-            let mut text = String::new();
-            for (i, cell) in row.iter().enumerate() {
-                if i + 1 == row.len() {
-                    text.push_str(cell);
-                } else {
-                    text.push_str(&format!("{cell:<width$}  ", width = widths[i]));
-                }
-            }
-            writeln!(w, "{}", text.trim_end())
-        };
-        if !self.header_done {
-            line(&mut w, &HEADERS)?;
-            self.header_done = true;
-        }
-        for row in &cells {
-            line(&mut w, &row.each_ref().map(String::as_str))?;
-        }
+        let text = if self.header_done { table.render_rows() } else { table.render() };
+        self.header_done = true;
+        w.write_all(text.as_bytes())?;
         w.flush()
     }
 }
@@ -403,7 +381,7 @@ fn cells(r: &Record) -> [String; 9] {
         detail.push(format!("from {remote}"));
     }
     let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
-    // Every cell: ids, names and reasons are others' text (see `text.rs`).
+    // Every cell: ids, names and reasons are others' text (the table shows them safely).
     [
         time,
         r.node.clone(),
@@ -415,7 +393,6 @@ fn cells(r: &Record) -> [String; 9] {
         r.fingerprint.as_deref().map_or_else(|| "-".into(), short_fingerprint),
         detail.join("; "),
     ]
-    .map(|cell| shown(&cell).into_owned())
 }
 
 /// The first eight bytes of a colon-hex fingerprint, enough to tell keys apart

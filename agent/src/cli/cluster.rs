@@ -89,12 +89,21 @@ pub fn cluster(report: &StatusReport) -> ClusterReport {
 pub fn render(cluster: &ClusterReport) -> String {
     let cluster = &super::status::shown(cluster);
     let now = super::status::parse_time(&cluster.now);
-    let header =
-        ["MASTER", "LINK", "LAST CONTACT", "ACCEPTED", "REJECTED", "PENDING", "DELETED", "SALT", "AGENT", "FINDINGS"];
-    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
+    let mut table = super::table::Table::new([
+        "MASTER",
+        "LINK",
+        "LAST CONTACT",
+        "ACCEPTED",
+        "REJECTED",
+        "PENDING",
+        "DELETED",
+        "SALT",
+        "AGENT",
+        "FINDINGS",
+    ]);
     for master in &cluster.masters {
         let count = |pick: fn(&KeyCounts) -> usize| master.keys.as_ref().map_or("?".into(), |k| pick(k).to_string());
-        rows.push(vec![
+        table.row([
             if master.this { format!("{} (this)", master.name) } else { master.name.clone() },
             master.link.map_or("-".into(), |l| l.to_string()),
             if master.this { "-".into() } else { super::status::ago(now, &master.last_contact) },
@@ -107,14 +116,7 @@ pub fn render(cluster: &ClusterReport) -> String {
             summary(&master.findings),
         ]);
     }
-    let mut out = String::new();
-    let widths: Vec<usize> =
-        (0..header.len()).map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
-    for row in &rows {
-        let line: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
+    let mut out = table.render();
     out.push_str("\n(key counts: as each master last reported them; ? while unknown)\n");
     let protocol = cluster.protocol_version.map_or(String::new(), |p| format!(", protocol {p}"));
     out.push_str(&format!("asked: {}, salt-keysync {}{protocol}\n", cluster.node, cluster.version));

@@ -33,14 +33,11 @@ pub fn render(list: &HeldList) -> String {
         ));
     }
     out.push('\n');
-    let mut rows: Vec<[String; 4]> = vec![["MINION", "ORIGIN", "VIA", "HELD SINCE"].map(String::from)];
-    rows.extend(list.held.iter().map(|h| [h.minion.clone(), h.origin.clone(), h.via.clone(), h.since.clone()]));
-    let widths: Vec<usize> = (0..4).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
-    for row in &rows {
-        let line: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
+    let mut table = super::table::Table::new(["MINION", "ORIGIN", "VIA", "HELD SINCE"]);
+    for held in &list.held {
+        table.row([&held.minion, &held.origin, &held.via, &held.since]);
     }
+    out.push_str(&table.render());
     out.push_str(
         "\n`salt-keysync release [--origin NAME] [ID...]` applies them on every master;\n\
          `salt-keysync revert [--origin NAME] [ID...]` restores the keys on the master they were deleted on.\n",
@@ -141,5 +138,32 @@ mod tests {
         };
         let text = render_reply(&reply);
         assert!(text.starts_with("1 reverted") && text.contains("1 still held") && text.contains("web02"), "{text}");
+    }
+
+    /// Issue 28 item 8: widths are counted in characters, not bytes
+    /// ("ウェブ02" is 5 characters in 11 bytes).
+    #[test]
+    fn columns_are_measured_in_characters_whatever_the_ids() {
+        let entry = |minion: &str| HeldEntry {
+            minion: minion.into(),
+            origin: "master-a".into(),
+            via: "master-c".into(),
+            since: "2026-11-24T10:00:01Z".into(),
+            version: "1.1@master-a".into(),
+        };
+        let list = HeldList {
+            node: "master-b".into(),
+            bursts: vec![],
+            held: vec![entry("wéb01"), entry("ウェブ02"), entry("web03")],
+        };
+        let text = render(&list);
+        let at = |line: &str, cell: &str| line[..line.find(cell).unwrap()].chars().count();
+        let header = text.lines().find(|l| l.starts_with("MINION")).unwrap();
+        assert_eq!(at(header, "ORIGIN"), "MINION".len() + 2, "{text}");
+        for id in ["wéb01", "ウェブ02", "web03"] {
+            let row = text.lines().find(|l| l.starts_with(id)).unwrap();
+            assert_eq!(at(row, "master-a"), at(header, "ORIGIN"), "{text}");
+            assert_eq!(at(row, "2026-"), at(header, "HELD SINCE"), "{text}");
+        }
     }
 }

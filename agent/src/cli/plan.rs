@@ -16,11 +16,12 @@ pub fn query(socket: &Path) -> Result<SitePlan, StatusError> {
     ask_json(socket, "plan", TIMEOUT)
 }
 
-/// `accepted 3f:a1:…`, `pending 3f:a1:…` or `nothing`.
+/// `accepted 3f:a1:…`, `pending 3f:a1:…` or `nothing` (a peer's text: the
+/// table shows it safely).
 fn describe(what: &Shown) -> String {
     match &what.fingerprint {
-        Some(fingerprint) => format!("{} {}…", shown(&what.state), shown(&fingerprint[..fingerprint.len().min(11)])),
-        None => shown(&what.state).to_string(),
+        Some(fingerprint) => format!("{} {}…", what.state, fingerprint.chars().take(11).collect::<String>()),
+        None => what.state.clone(),
     }
 }
 
@@ -46,32 +47,21 @@ pub fn render(plan: &SitePlan) -> String {
         out.push_str("\nno differences: every master holds the same, nothing will be written\n");
         return out;
     }
-    let width = |f: &dyn Fn(&str, &str) -> usize| -> usize {
-        plan.masters.iter().flat_map(|m| m.rows.iter().map(move |r| f(&m.node, &r.minion))).max().unwrap_or(0)
-    };
-    let id_width = width(&|_, id| shown(id).chars().count()).max(6);
-    let node_width = width(&|node, _| shown(node).chars().count()).max(6);
-    out.push_str(&format!("\n{:id_width$}  {:node_width$}  {:24}  {:24}  WHY\n", "MINION", "MASTER", "HOLDS", "WILL"));
+    let mut table = super::table::Table::new(["MINION", "MASTER", "HOLDS", "WILL", "WHY"]);
     for id in ids {
         for master in &plan.masters {
             let Some(row) = master.rows.iter().find(|r| r.minion == id) else { continue };
             let (holds, will) = (describe(&row.holds), describe(&row.will));
             let will = if row.will == row.holds { "(unchanged)".to_string() } else { will };
-            let mut why = row.why.as_deref().map(|w| shown(w).to_string()).unwrap_or_default();
+            let mut why = row.why.clone().unwrap_or_default();
             if row.conflict {
                 why = if why.is_empty() { "CONFLICT".into() } else { format!("CONFLICT: {why}") };
             }
-            out.push_str(
-                format!(
-                    "{:id_width$}  {:node_width$}  {holds:24}  {will:24}  {why}",
-                    shown(&row.minion),
-                    shown(&master.node)
-                )
-                .trim_end(),
-            );
-            out.push('\n');
+            table.row([row.minion.as_str(), &master.node, &holds, &will, &why]);
         }
     }
+    out.push('\n');
+    out.push_str(&table.render());
     let conflicts = plan
         .masters
         .iter()

@@ -92,15 +92,23 @@ pub fn render(report: &StatusReport) -> String {
         out.push_str(&format!("          ! {error}\n"));
     }
     out.push('\n');
-    let header =
-        ["PEER", "STATE", "LAST CONTACT", "LACKS FROM US", "WE LACK", "MASTER.PUB", "SETTINGS", "SALT", "AGENT"];
-    let mut rows: Vec<[String; 9]> = vec![header.map(String::from)];
+    let mut table = super::table::Table::new([
+        "PEER",
+        "STATE",
+        "LAST CONTACT",
+        "LACKS FROM US",
+        "WE LACK",
+        "MASTER.PUB",
+        "SETTINGS",
+        "SALT",
+        "AGENT",
+    ]);
     for peer in &report.peers {
         let (they_lack, we_lack) = match &peer.anti_entropy {
             Some(run) => (run.peer_lacked.to_string(), run.we_lacked.to_string()),
             None => ("?".into(), "?".into()),
         };
-        rows.push([
+        table.row([
             peer.name.clone(),
             peer.state.to_string(),
             ago(&peer.last_contact),
@@ -112,12 +120,7 @@ pub fn render(report: &StatusReport) -> String {
             agent_version(peer.health.as_ref()).unwrap_or_else(|| "?".into()),
         ]);
     }
-    let widths: Vec<usize> = (0..header.len()).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
-    for row in &rows {
-        let line: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
+    out.push_str(&table.render());
     out.push_str("\n(lacks: counts from the last anti-entropy digest comparison with that peer)\n");
     for peer in &report.peers {
         if peer.state != LinkState::Up {
@@ -268,8 +271,8 @@ mod tests {
     use crate::ops::board::{AntiEntropyRun, KeyCounts};
     use crate::ops::findings::{Finding, Level};
 
-    #[test]
-    fn table_shows_state_lag_and_drift() {
+    /// A report with two peers, findings, a conflict, a held burst and write trouble.
+    fn sample() -> StatusReport {
         let peer = |name: &str, state: LinkState| PeerStatus {
             name: name.into(),
             address: "10.0.0.2:4515".into(),
@@ -280,7 +283,7 @@ mod tests {
             health: None,
             drift: Drift::default(),
         };
-        let report = StatusReport {
+        StatusReport {
             node: "master-a".into(),
             version: "0.2.0".into(),
             protocol_version: Some(2),
@@ -342,7 +345,12 @@ mod tests {
                 peer: "master-b".into(),
                 peer_forgot_ms: 1_760_000_000_000 + 5 * 86_400_000,
             })),
-        };
+        }
+    }
+
+    #[test]
+    fn table_shows_state_lag_and_drift() {
+        let report = sample();
         let mut forged = report.clone();
         forged.peers[1].last_error = Some("refused\nmaster-x  up  1s ago\u{1b}[8m".into());
         let forged = render(&forged);
@@ -375,5 +383,22 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want:?} missing from:\n{text}");
         }
+    }
+
+    /// Issue 28 item 8: widths are counted in characters, not bytes: a peer
+    /// named with "é" or in kana makes its column as wide as the name has
+    /// characters ("マスター-c" is 6, in 14 bytes), and the rows line up.
+    #[test]
+    fn columns_are_measured_in_characters_whatever_the_names() {
+        let mut report = sample();
+        report.peers[0].name = "mästér-b".into();
+        report.peers[1].name = "マスター-c".into();
+        let text = render(&report);
+        let at = |line: &str, cell: &str| line[..line.find(cell).unwrap()].chars().count();
+        let line = |start: &str| text.lines().find(|l| l.starts_with(start)).unwrap();
+        let (header, b, c) = (line("PEER"), line("mästér-b"), line("マスター-c"));
+        assert_eq!(at(header, "STATE"), "mästér-b".chars().count() + 2, "{text}");
+        assert_eq!((at(b, "up"), at(c, "down")), (at(header, "STATE"), at(header, "STATE")), "{text}");
+        assert_eq!((at(b, "5s ago"), at(c, "5s ago")), (at(header, "LAST"), at(header, "LAST")), "{text}");
     }
 }
