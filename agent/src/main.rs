@@ -418,7 +418,7 @@ const EXIT_REFUSED: i32 = 78;
 /// journal) and exits with `code`.
 fn exit_with(error: &anyhow::Error, code: i32) -> ! {
     use std::os::fd::AsFd;
-    let line = format!("salt-keysync: {error:#}");
+    let line = format!("salt-keysync: {}", salt_keysync::text::error_chain(error.as_ref()));
     eprintln!("{}", logging::with_priority(std::io::stderr().as_fd(), tracing::Level::ERROR, &line));
     std::process::exit(code)
 }
@@ -428,7 +428,7 @@ fn exit_with(error: &anyhow::Error, code: i32) -> ! {
 fn json_errors(json: bool, result: Result<()>) -> Result<()> {
     match result {
         Err(e) if json => {
-            say!("{}", serde_json::json!({ "error": format!("{e:#}") }));
+            say!("{}", serde_json::json!({ "error": salt_keysync::text::error_chain(e.as_ref()) }));
             std::process::exit(1)
         }
         result => result,

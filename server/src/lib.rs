@@ -11,6 +11,7 @@
 //! - [`connect`]: an authenticated client channel to one peer; [`probe`]: whether a peer can
 //!   be reached and accepts this node, each step told apart (for `salt-keysync check`).
 //! - [`certgen`]: a small CA for sites without a PKI, and for tests.
+//! - [`tls_error_words`]: rustls's errors in words (its own `Display` names enum variants).
 
 #![forbid(unsafe_code)]
 
@@ -27,6 +28,7 @@ mod refusals;
 mod service;
 pub mod tls;
 mod verifier;
+mod words;
 
 pub use budget::{ANSWERS_PER_PEER, CALLS_IN_ALL, CALLS_PER_PEER};
 pub use certgen::{CertAuthority, CertError, IssuedCert};
@@ -39,3 +41,4 @@ pub use listener::{serve, serve_with, ServeError, ServeOptions};
 pub use probe::{probe, ProbeError, Stage};
 pub use service::{Handler, Items};
 pub use tls::{PemInput, TlsError, TlsMaterial, TlsSetup};
+pub use words::{certificate_error_words, error_words, io_error_words, tls_error_words};

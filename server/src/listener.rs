@@ -276,7 +276,7 @@ async fn handshake(ctx: AcceptContext, tcp: TcpStream, remote: SocketAddr) {
             // The verifier admitted the certificate without naming it: cannot happen, refuse.
             None => "handshake completed without an identified client certificate".to_owned(),
         },
-        Ok(Err(error)) => error.to_string(),
+        Ok(Err(error)) => crate::io_error_words(&error),
         Err(_elapsed) => format!("TLS handshake not completed within {:?}", ctx.handshake_timeout),
     };
     let event = if recorded.unknown_peer {

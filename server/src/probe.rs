@@ -53,7 +53,7 @@ impl fmt::Display for ProbeError {
             Stage::Answer => "no answer after the TLS handshake",
         };
         // The cause is in the message, not a source(): `{:#}` would print it twice.
-        write!(f, "{what}: {}", self.cause)
+        write!(f, "{what}: {}", crate::io_error_words(&self.cause))
     }
 }
 

@@ -72,24 +72,38 @@ pub enum TlsError {
     NoCertificate { input: PemInput },
     #[error("no private key in node private key PEM")]
     NoPrivateKey,
-    #[error("CA certificate is not a usable trust anchor")]
-    InvalidCa(#[source] rustls::Error),
+    // Causes are in the messages, in words, not `source()`s: rustls's own
+    // Display names its enums, and `{:#}` would print them after ours.
+    #[error("CA certificate is not a usable trust anchor: {}", crate::tls_error_words(.0))]
+    InvalidCa(rustls::Error),
     #[error("building the certificate verifier from the CA certificate")]
     Verifier(#[source] rustls::client::VerifierBuilderError),
     #[error("node certificate cannot be parsed as X.509")]
     UnparsableCert,
     #[error("node certificate has no DNS subject alternative name")]
     NoDnsName,
-    #[error("node private key does not match the node certificate")]
-    KeyMismatch(#[source] rustls::Error),
-    #[error("node certificate is not valid against the CA for both server and client auth")]
-    CertNotTrusted(#[source] rustls::Error),
-    #[error("building the TLS {side} configuration")]
-    Config {
-        side: &'static str,
-        #[source]
-        source: rustls::Error,
-    },
+    #[error("{}", key_mismatch(.0))]
+    KeyMismatch(rustls::Error),
+    #[error(
+        "node certificate is not valid against the CA for both server and client auth: {}",
+        crate::tls_error_words(.0)
+    )]
+    CertNotTrusted(rustls::Error),
+    #[error("building the TLS {side} configuration: {}", crate::tls_error_words(cause))]
+    Config { side: &'static str, cause: rustls::Error },
+}
+
+/// `TlsError::KeyMismatch`'s message: the key and certificate disagree, or
+/// the key cannot be used (rustls's reason in words).
+fn key_mismatch(error: &rustls::Error) -> String {
+    match error {
+        rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
+            "node private key does not match the node certificate".into()
+        }
+        other => {
+            format!("node private key cannot be used with the node certificate: {}", crate::tls_error_words(other))
+        }
+    }
 }
 
 /// Ready-to-use TLS configuration of one node, shared by its listener and its peer connections.
@@ -145,10 +159,10 @@ impl TlsSetup {
 
         let mut client_config = ClientConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])
-            .map_err(|source| TlsError::Config { side: "client", source })?
+            .map_err(|cause| TlsError::Config { side: "client", cause })?
             .with_webpki_verifier(server_verifier)
             .with_client_auth_cert(chain, key)
-            .map_err(|source| TlsError::Config { side: "client", source })?;
+            .map_err(|cause| TlsError::Config { side: "client", cause })?;
         client_config.alpn_protocols = vec![ALPN_H2.to_vec()];
         // Every connection proves its certificate afresh; peers reconnect rarely.
         client_config.resumption = Resumption::disabled();
@@ -164,7 +178,7 @@ impl TlsSetup {
         // Build one server configuration now so that a problem surfaces here, not per connection.
         setup
             .server_config(Arc::from(Vec::new()), HandshakeRecord::new())
-            .map_err(|source| TlsError::Config { side: "server", source })?;
+            .map_err(|cause| TlsError::Config { side: "server", cause })?;
         Ok(setup)
     }
 

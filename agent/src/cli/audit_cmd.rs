@@ -105,11 +105,11 @@ pub fn audit(config: &Path, args: &AuditArgs) -> i32 {
         Ok(code) => code,
         // With --json, the error is JSON on stdout as well.
         Err(e) if args.json => {
-            crate::say!("{}", serde_json::json!({ "error": format!("{e:#}") }));
+            crate::say!("{}", serde_json::json!({ "error": crate::text::error_chain(e.as_ref()) }));
             EXIT_UNREADABLE
         }
         Err(e) => {
-            eprintln!("salt-keysync: {e:#}");
+            eprintln!("salt-keysync: {}", crate::text::error_chain(e.as_ref()));
             EXIT_UNREADABLE
         }
     }

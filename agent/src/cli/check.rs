@@ -41,7 +41,7 @@ pub fn check(path: &Path) -> Result<()> {
                 ok(format!("certificate for {:?}, expires in {days_left} days", config.node));
             }
         }
-        Err(e) => problems.push(format!("{e:#}")),
+        Err(e) => problems.push(crate::text::error_chain(e.as_ref())),
     }
     match pki_options(&config, false) {
         Ok(options) => {
@@ -75,7 +75,7 @@ pub fn check(path: &Path) -> Result<()> {
                 Err(e) => problems.push(e.to_string()),
             }
         }
-        Err(e) => problems.push(format!("{e:#}")),
+        Err(e) => problems.push(crate::text::error_chain(e.as_ref())),
     }
     // The store's files: a format this release does not read, another user's, wider than 0600.
     let (store_problems, store_warnings) = crate::disk::store::format::check_files(&config.state_dir);

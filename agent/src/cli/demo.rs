@@ -173,7 +173,7 @@ impl Cluster {
         for (name, agent) in NAMES.iter().zip(self.agents) {
             match tokio::time::timeout(Duration::from_secs(10), agent).await {
                 Ok(Ok(Ok(()))) => {}
-                Ok(Ok(Err(e))) => eprintln!("agent {name} failed: {e:#}"),
+                Ok(Ok(Err(e))) => eprintln!("agent {name} failed: {}", crate::text::error_chain(e.as_ref())),
                 Ok(Err(e)) => eprintln!("agent {name} panicked: {e}"),
                 Err(_) => eprintln!("agent {name} did not stop within 10 s"),
             }

@@ -92,7 +92,9 @@ pub async fn recover_from_peers(config: &Config, force: bool) -> Result<Recovere
                     }
                 }
             }
-            Ok(Err(e)) => unreachable.push((peer.name.clone(), format!("{e:#}"))),
+            Ok(Err(e)) => {
+                unreachable.push((peer.name.clone(), crate::net::cause::describe(e.as_ref(), &peer.name, &config.node)))
+            }
             Err(_) => unreachable.push((peer.name.clone(), format!("no answer within {PEER_TIMEOUT:?}"))),
         }
     }

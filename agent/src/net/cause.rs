@@ -1,7 +1,8 @@
 //! Why a peer could not be reached or refused this master, in one line an
 //! operator can act on: who refused whom and what to check there, or the
-//! network's own cause ("Connection refused"). Never a library's debug dump:
-//! tonic's `Status` prints its source with `{:?}`.
+//! network's own cause ("Connection refused", each cause once:
+//! [`crate::text::error_chain`]). Never a library's debug dump: tonic's
+//! `Status` prints its source with `{:?}`.
 
 use std::error::Error;
 
@@ -16,7 +17,7 @@ pub fn describe(error: &(dyn Error + 'static), peer: &str, node: &str) -> String
              our CA (tls.ca)"
         );
     }
-    chain(error)
+    crate::text::error_chain(error)
 }
 
 /// The peer's TLS alert, read as what it says about our certificate.
@@ -31,27 +32,6 @@ fn refused_by(peer: &str, node: &str, alert: &str) -> String {
         _ => return format!("{peer} ended the TLS handshake (TLS alert {alert})"),
     };
     format!("{peer} refused our certificate (TLS alert {alert}): {check}")
-}
-
-/// Each error of the chain once, by its message: a `Status` by its message
-/// alone, and the transport's bare "transport error" left out.
-fn chain(error: &(dyn Error + 'static)) -> String {
-    let mut text = String::new();
-    for error in std::iter::successors(Some(error), |&error| error.source()) {
-        let part = match error.downcast_ref::<tonic::Status>() {
-            Some(status) if status.message().is_empty() => status.code().description().to_string(),
-            Some(status) => status.message().to_string(),
-            None => error.to_string(),
-        };
-        if part.is_empty() || part == "transport error" || text.contains(&part) {
-            continue;
-        }
-        if !text.is_empty() {
-            text.push_str(": ");
-        }
-        text.push_str(&part);
-    }
-    text
 }
 
 #[cfg(test)]

@@ -63,7 +63,7 @@ impl Reloader {
     pub fn reload(&mut self) -> Result<String, String> {
         self.notifier.reloading();
         self.board.refresh_salt_version();
-        let outcome = self.try_reload().map_err(|e| format!("{e:#}"));
+        let outcome = self.try_reload().map_err(|e| crate::text::error_chain(e.as_ref()));
         match &outcome {
             Ok(summary) => {
                 tracing::info!(config = %self.config_path.display(), %summary, "config reloaded");

@@ -220,7 +220,8 @@ impl Gather {
         let mut asked = tokio::task::JoinSet::new();
         for (idx, peer) in peers.iter().enumerate() {
             let (peer, tls, ids, max) = (peer.clone(), tls.clone(), ids(peer), self.max_message_bytes);
-            asked.spawn(async move { (idx, remote(peer, tls, ids, max).await) });
+            let node = self.node.clone();
+            asked.spawn(async move { (idx, remote(peer, tls, ids, max, &node).await) });
         }
         let mut answers: Vec<(usize, MasterPlan)> = asked.join_all().await;
         answers.sort_by_key(|(idx, _)| *idx);
@@ -247,11 +248,11 @@ impl Gather {
 }
 
 /// Asks one peer's agent for its rows.
-async fn remote(peer: Peer, tls: Arc<TlsSetup>, ids: Vec<String>, max_message_bytes: usize) -> MasterPlan {
+async fn remote(peer: Peer, tls: Arc<TlsSetup>, ids: Vec<String>, max_message_bytes: usize, node: &str) -> MasterPlan {
     let asked = async {
         let mut client = keysync_server::connect(&peer.address, &peer.name, &tls, max_message_bytes, PEER_TIMEOUT)
             .await
-            .map_err(|e| crate::text::error_chain(&e))?;
+            .map_err(|e| crate::net::cause::describe(&e, &peer.name, node))?;
         let reply = client.plan(v1::PlanRequest { minions: ids }).await.map_err(|status| match status.code() {
             tonic::Code::Unimplemented => "its agent is too old to answer (upgrade salt-keysync there)".to_string(),
             _ => status.message().to_string(),

@@ -53,7 +53,10 @@ async fn client_certificate_from_another_ca_is_refused() {
         let server = TestServer::start(&pki, "b", &["a"]).await;
         // (rogue CA name, alert the client gets, reason the server reports): a CA of another
         // name is unknown; one impersonating our CA's name fails the signature check.
-        let cases = [("rogue CA", "UnknownCA", "UnknownIssuer"), ("keysync test CA", "DecryptError", "BadSignature")];
+        let cases = [
+            ("rogue CA", "UnknownCA", "not signed by a trusted CA"),
+            ("keysync test CA", "DecryptError", "signature does not verify"),
+        ];
         for (rogue_name, alert, server_reason) in cases {
             let rogue = Pki::named(rogue_name);
             // The rogue client trusts our CA too, so only the server's check can stop it.
@@ -132,7 +135,7 @@ async fn server_certificate_for_another_name_fails_the_client() {
         let event = server.event("HandshakeRefused", |e| refused_handshake(e).is_some()).await;
         let (presented, reason) = refused_handshake(&event).unwrap();
         assert!(presented.is_empty(), "{presented:?}");
-        assert!(reason.contains("BadCertificate"), "{reason}");
+        assert_eq!(reason, "received TLS alert bad certificate");
         let mut client = connect(&server.address(), "c", &pki.setup(&["a"]), MAX_MESSAGE, CONNECT_TIMEOUT)
             .await
             .expect("right name connects");
@@ -207,7 +210,7 @@ async fn tls12_only_client_is_refused() {
         let event = server.event("HandshakeRefused", |e| refused_handshake(e).is_some()).await;
         let (presented, reason) = refused_handshake(&event).unwrap();
         assert!(presented.is_empty(), "{presented:?}");
-        assert!(reason.contains("Tls12NotOfferedOrEnabled"), "{reason}");
+        assert!(reason.contains("no TLS 1.3"), "{reason}");
         server.assert_serves(&pki).await;
     })
     .await;

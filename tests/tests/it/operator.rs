@@ -378,3 +378,60 @@ fn audit_origin_names_a_master_of_the_site() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("\"master-b\""), "{}", text(&out.stderr));
 }
+
+/// No library enum name (`UnknownIssuer`, `KeyMismatch`, `BadSignature`):
+/// no word written in CamelCase.
+fn assert_no_enum_names(out: &str) {
+    for word in out.split(|c: char| !c.is_ascii_alphanumeric()) {
+        let mut chars = word.chars();
+        let camel = chars.next().is_some_and(|c| c.is_ascii_uppercase())
+            && word.chars().any(|c| c.is_ascii_lowercase())
+            && chars.any(|c| c.is_ascii_uppercase());
+        assert!(!camel, "{word:?} (a library's name for it) in {out}");
+    }
+}
+
+/// Issue 28 item 8: one cause per message, in words. `recover` said
+/// "transport error: Connection refused (os error 111): Connection refused
+/// (os error 111)"; `check` and `run` named rustls's enums ("invalid peer
+/// certificate: BadSignature", "keys may not be consistent: KeyMismatch").
+#[test]
+fn causes_are_told_once_and_in_words() {
+    let root = tempfile::tempdir().unwrap();
+    let ca = CertAuthority::new("ca").unwrap();
+    let files = write_agent_files(root.path(), &ca, "master-a", free_addr(), &[("master-b".into(), free_addr())]);
+    let config = files.config_path.to_str().unwrap();
+
+    let out = run_cli(&["recover", "--from-peers", "--config", config]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.matches("Connection refused").count(), 1, "{stderr}");
+    assert!(!stderr.contains("transport error"), "{stderr}");
+    assert_said_once(&stderr);
+
+    let now = time::OffsetDateTime::now_utc();
+    let issue =
+        |ca: &CertAuthority| ca.issue(&["master-a"], now - time::Duration::hours(1), now + time::Duration::days(1));
+    let write = |name: &str, pem: &str| keysync_tests::cluster::write_private(&files.dir.join(name), pem);
+    // (what, cert, key, what check says)
+    let same_name = CertAuthority::new("ca").unwrap().issue(&["master-a"], now, now + time::Duration::days(1)).unwrap();
+    let other_ca = issue(&CertAuthority::new("other CA").unwrap()).unwrap();
+    let own = issue(&ca).unwrap();
+    let cases = [
+        ("another CA of the same name", &same_name.cert_pem, &same_name.key_pem, "signature"),
+        ("another CA", &other_ca.cert_pem, &other_ca.key_pem, "not signed by"),
+        ("a key of another certificate", &own.cert_pem, &other_ca.key_pem, "does not match"),
+    ];
+    for (what, cert, key, want) in cases {
+        write("node.pem", cert);
+        write("node.key", key);
+        for args in [&["check", "--config", config][..], &["run", "--config", config]] {
+            let out = run_cli(args);
+            let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+            assert!(!out.status.success(), "{what}: {args:?}: {said}");
+            assert!(said.contains(want), "{what}: {args:?}: {said}");
+            assert_no_enum_names(&said);
+            assert_said_once(&said);
+        }
+    }
+}

@@ -89,3 +89,28 @@ fn the_test_command_runs_everything_and_the_readme_says_what_it_installs() {
         assert!(section.contains(told), "the README's test command section does not say {told:?}:\n{section}");
     }
 }
+
+/// Issue 28 item 8: the binary words every error chain with
+/// `text::error_chain` (each cause once, rustls's errors in words), never
+/// with anyhow's `{:#}`, which prints a cause again when a message repeats
+/// its source ("Connection refused (os error 111): Connection refused (os
+/// error 111)").
+#[test]
+fn error_chains_are_worded_in_one_place() {
+    let mut offenders = Vec::new();
+    for path in files_with("rs") {
+        let relative = path.strip_prefix(repo()).unwrap().display().to_string();
+        if !(relative.starts_with("agent/src/") || relative.starts_with("server/src/")) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for (n, line) in code.lines().enumerate() {
+            let line = line.trim_start();
+            if !line.starts_with("//") && (line.contains(":#}") || line.contains("{:#}")) {
+                offenders.push(format!("{relative}:{}: {line}", n + 1));
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "errors formatted with {{:#}} instead of text::error_chain: {offenders:#?}");
+}
