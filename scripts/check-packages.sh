@@ -48,6 +48,7 @@ common=(
     "usr/share/doc/salt-keysync/monitoring.md 100644"
     "usr/share/doc/salt-keysync/monitoring-dashboard.png 100644"
     "usr/share/doc/salt-keysync/adopting.md 100644"
+    "usr/share/doc/salt-keysync/performance.md 100644"
     "usr/share/doc/salt-keysync/ARCHITECTURE.md 100644"
     "usr/share/salt-keysync/monitoring/alerts.yml 100644"
     "usr/share/salt-keysync/monitoring/dashboard.json 100644"

@@ -1,4 +1,4 @@
-//! `keysync-bench`: the salt-keysync benchmark (the README's Performance section). Run it
+//! `keysync-bench`: the salt-keysync benchmark (docs/performance.md). Run it
 //! through `scripts/bench.sh`, which builds the release binaries first.
 
 use std::path::PathBuf;

@@ -1,5 +1,5 @@
 //! Certificates for the agent from `salt-keysync certs init/issue` and from
-//! the README's openssl recipe (run as written, with the `openssl` CLI): both
+//! the operations guide's openssl recipe (run as written, with the `openssl` CLI): both
 //! sets carry two agent processes that replicate an accept.
 
 use std::os::unix::fs::PermissionsExt;
@@ -120,19 +120,19 @@ fn bash(dir: &Path, script: &str) {
     assert!(out.status.success(), "{script}\nfailed: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// The openssl commands README.md documents for sites with their own CA,
+/// The openssl commands docs/operations.md documents for sites with their own CA,
 /// run exactly as written (node name substituted), make certificates the
 /// agent accepts in both directions.
 #[test]
-fn readme_openssl_recipe_makes_certificates_agents_use() {
+fn documented_openssl_recipe_makes_certificates_agents_use() {
     let found = Command::new("openssl").arg("version").output();
     assert!(
         found.as_ref().is_ok_and(|out| out.status.success()),
         "this test needs the openssl CLI: apt-get install openssl ({found:?})"
     );
     let dir = tempfile::tempdir().unwrap();
-    bash(dir.path(), &keysync_tests::docs::block("README.md", "<!-- openssl: CA -->"));
-    let node_recipe = keysync_tests::docs::block("README.md", "<!-- openssl: node -->");
+    bash(dir.path(), &keysync_tests::docs::block("docs/operations.md", "<!-- openssl: CA -->"));
+    let node_recipe = keysync_tests::docs::block("docs/operations.md", "<!-- openssl: node -->");
     assert!(node_recipe.starts_with("NAME=master-a\n"), "{node_recipe}");
     for node in NODES {
         bash(dir.path(), &node_recipe.replacen("NAME=master-a", &format!("NAME={node}"), 1));

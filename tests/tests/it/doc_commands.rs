@@ -1,4 +1,4 @@
-//! Issue 20: every shell command in README.md, SECURITY.md and docs/*.md is
+//! Issue 20: every shell command in README.md, SECURITY.md, ARCHITECTURE.md and docs/*.md is
 //! either run by a test, as written, or marked as an example that cannot run
 //! there, with the reason. A command block is a fenced block (```` ```sh ````,
 //! ```` ```bash ````, ```` ```console ````, or no language) or an indented
@@ -22,7 +22,7 @@ fn repo() -> PathBuf {
 
 /// The documents whose commands users follow.
 fn documents() -> Vec<PathBuf> {
-    let mut docs = vec![repo().join("README.md"), repo().join("SECURITY.md")];
+    let mut docs = vec![repo().join("README.md"), repo().join("SECURITY.md"), repo().join("ARCHITECTURE.md")];
     let mut in_docs: Vec<PathBuf> = std::fs::read_dir(repo().join("docs"))
         .unwrap()
         .map(|e| e.unwrap().path())

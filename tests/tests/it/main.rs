@@ -4,7 +4,7 @@
 mod audit;
 /// The real binary as separate processes: CLI errors, `run --config` on three agents.
 mod binary;
-/// `certs init`/`certs issue` and the README's openssl recipe, each carrying two agents.
+/// `certs init`/`certs issue` and the documented openssl recipe, each carrying two agents.
 mod certs;
 /// `status --cluster` beside real Salt 3008.3 and 3006.28: versions, key
 /// counts, skew, and an auto-accepting master as an error on every master.
