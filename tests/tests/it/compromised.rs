@@ -130,7 +130,9 @@ async fn idle_connections_from_a_peers_own_address_never_lock_it_out() {
     accepted_everywhere(&cluster, 0, "while-held", &new_public_key()).await;
     stop.cancel();
     let opened = attacker.await.unwrap();
-    assert!(opened >= 300, "the flood ran: {opened} connections");
+    // Eight at once fill a source's handshake slots (`ConnectionLimits::per_source`);
+    // under load not all 300 open within their 1 s connect timeout.
+    assert!(opened >= 50, "the flood ran: {opened} connections");
     accepted_everywhere(&cluster, 2, "after", &new_public_key()).await;
     cluster.shutdown().await;
 }
