@@ -54,7 +54,9 @@ if [ ! -f "$dir/complete" ]; then
         die "scripts/package.sh of $commit failed (log above; all of it in $dir/build.log)"
     fi
     debs=("$dir"/src/target/debian/*.deb)
-    [ ${#debs[@]} -eq 1 ] && [ -f "${debs[0]}" ] || die "scripts/package.sh of $commit made no single .deb"
+    if [ ${#debs[@]} -ne 1 ] || [ ! -f "${debs[0]}" ]; then
+        die "scripts/package.sh of $commit made no single .deb"
+    fi
     cp "${debs[0]}" "$dir/out/"
     cp "$dir/src/target/release/salt-keysync" "$dir/out/salt-keysync"
     # Only the packages and the binary are needed again: the rest is gigabytes.
