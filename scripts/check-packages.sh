@@ -100,7 +100,7 @@ if grep -F /etc/salt-keysync "$work/control/conffiles"; then
     fail "$deb: the config is a conffile: an upgrade over an edited one would stop at dpkg's question"
 fi
 grep -qF /usr/share/salt-keysync/config.toml "$work/control/postinst" || fail "$deb: postinst does not install the config from the example"
-for script in postinst prerm postrm; do
+for script in preinst postinst prerm postrm; do
     [ -x "$work/control/$script" ] || fail "$deb: maintainer script $script missing or not executable"
     sh -n "$work/control/$script" || fail "$deb: $script is not valid sh"
 done
@@ -158,7 +158,7 @@ with open(f"{out}/rpm.flags", "w") as f:
     for name, flags in zip(names, tags[1037]):  # FILEFLAGS
         print(name.lstrip("/"), "".join(c for bit, c in flag_names.items() if flags & bit), file=f)
 with open(f"{out}/rpm.scripts", "w") as f:
-    for tag, label in ((1024, "postinstall"), (1025, "preuninstall"), (1026, "postuninstall")):
+    for tag, label in ((1023, "preinstall"), (1024, "postinstall"), (1025, "preuninstall"), (1026, "postuninstall")):
         if tag in tags:
             print(f"{label} scriptlet:\n{tags[tag][0]}", file=f)
 with open(f"{out}/rpm.version", "w") as f:
@@ -171,7 +171,7 @@ for conffile in etc/salt-keysync/config.toml etc/logrotate.d/salt-keysync; do
     grep -qE "^$conffile [a-z]*c[a-z]*n|^$conffile [a-z]*n[a-z]*c" "$work/rpm.flags" \
         || fail "$rpm: $conffile is not %config(noreplace): $(grep "^$conffile " "$work/rpm.flags")"
 done
-for scriptlet in postinstall preuninstall postuninstall; do
+for scriptlet in preinstall postinstall preuninstall postuninstall; do
     grep -q "^$scriptlet scriptlet" "$work/rpm.scripts" || fail "$rpm: no $scriptlet scriptlet"
 done
 # cargo-generate-rpm takes a script path that does not exist as the script
@@ -179,6 +179,7 @@ done
 grep -q "systemctl daemon-reload" "$work/rpm.scripts" || fail "$rpm: scriptlets are not packaging/rpm/*.sh"
 grep -q SALT_KEYSYNC_PURGE_AUDIT "$work/rpm.scripts" || fail "$rpm: %postun does not keep the audit log"
 grep -qF "$private_dirs" "$work/rpm.scripts" || fail "$rpm: %post does not make the private folders"
+grep -qF "refusing to install this package" "$work/rpm.scripts" || fail "$rpm: %pre does not refuse a store it cannot read"
 [ "$(cat "$work/rpm.version")" = "$version-1" ] || fail "$rpm: version is $(cat "$work/rpm.version"), not $version-1"
 echo "ok   .rpm: ${#common[@]} common + ${#rpm_only[@]} own files with their modes, %config, scriptlets"
 
@@ -304,3 +305,85 @@ SALT_KEYSYNC_PURGE_AUDIT=yes dpkg --purge salt-keysync
 [ ! -e /var/log/salt-keysync ] || fail "SALT_KEYSYNC_PURGE_AUDIT=yes kept /var/log/salt-keysync"
 echo "ok   .deb installs, runs, removes and purges cleanly; purge keeps the audit log unless asked"
 
+
+# ---- a downgrade below the state store's format (issue 29 item 5) ----
+# 0.1.0 read 0.2.0's store as corrupt and crash-looped, while apt returned 0.
+# Now the store's format is written beside it (state.format, as
+# agent/src/disk/store/format.rs writes it), and the package scripts refuse
+# to put a release that cannot read it in place: the installed package's
+# prerm at `upgrade OLDER`, the older package's prerm at `failed-upgrade`
+# (dpkg tries it when ours fails), its preinst when it is installed anew.
+# The older release is this package with the scripts of a release that
+# reads format 1 only; then the real 0.1.0 scripts, which do not stop it.
+echo "== a downgrade below the state store's format, with apt-get --allow-downgrades and dpkg"
+format=$(sed -n 's/^pub const FORMAT: u32 = \([0-9]*\);/\1/p' agent/src/disk/store/format.rs)
+format_since=$(sed -n 's/^pub const FORMAT_SINCE: &str = "\(.*\)";/\1/p' agent/src/disk/store/format.rs)
+[ -n "$format" ] && [ -n "$format_since" ] || fail "no FORMAT or FORMAT_SINCE in agent/src/disk/store/format.rs"
+older="$work/older"
+rm -rf "$older"
+dpkg-deb --raw-extract "$deb" "$older"
+sed -i 's/^Version: .*/Version: 0.1.9-1/' "$older/DEBIAN/control"
+for script in preinst prerm; do
+    [ -f "$older/DEBIAN/$script" ] || fail "$deb has no $script"
+    grep -qx "reads=$format" "$older/DEBIAN/$script" && grep -qx "reads_since=$format_since" "$older/DEBIAN/$script" \
+        || fail "$script does not say reads=$format, reads_since=$format_since (agent/src/disk/store/format.rs)"
+    sed -i "s/^reads=.*/reads=$((format - 1))/; s/^reads_since=.*/reads_since=0.1.9/" "$older/DEBIAN/$script"
+done
+dpkg-deb --build "$older" "$work/salt-keysync_0.1.9-1_amd64.deb" >/dev/null
+store_as_the_agent_leaves_it() {
+    printf '# salt-keysync: the format of state.redb beside it.\nformat %s\nwritten-by %s\nread-since %s\n' \
+        "$format" "$version" "$format_since" >/var/lib/salt-keysync/state.format
+    echo "a store" >/var/lib/salt-keysync/state.redb
+    chmod 0600 /var/lib/salt-keysync/state.format /var/lib/salt-keysync/state.redb
+}
+installed() { dpkg-query -W -f '${Status} ${Version}' salt-keysync 2>/dev/null || true; }
+# refusal_names_the_way_out OUT PHRASE...: OUT says why, the ways out, and each PHRASE.
+refusal_names_the_way_out() {
+    local out=$1 what
+    shift
+    for what in "$@" "format $format (written by salt-keysync $version)" "install salt-keysync $format_since or later" \
+        "recover --from-peers"; do
+        grep -qF -- "$what" "$out" || fail "the refusal does not say '$what': $(cat "$out")"
+    done
+}
+dpkg -i "$deb" >/dev/null
+store_as_the_agent_leaves_it
+binary_before=$(sha256sum </usr/bin/salt-keysync)
+if setsid --wait apt-get install -y --allow-downgrades "$work/salt-keysync_0.1.9-1_amd64.deb" </dev/null \
+    >"$work/downgrade.out" 2>&1; then
+    fail "apt-get install --allow-downgrades of a release that cannot read the store succeeded: $(tail -n 5 "$work/downgrade.out")"
+fi
+[ "$(installed)" = "install ok installed $version-1" ] || fail "after the refused downgrade: $(installed)"
+[ "$(sha256sum </usr/bin/salt-keysync)" = "$binary_before" ] || fail "the refused downgrade replaced the binary"
+refusal_names_the_way_out "$work/downgrade.out" "refusing to downgrade to salt-keysync 0.1.9-1" \
+    "refusing to replace salt-keysync $version-1 by this package" "Nothing was changed"
+echo "ok   apt-get install --allow-downgrades of a release reading format $((format - 1)): refused, $version-1 left in place"
+# Removed (state kept), then installed anew: the older preinst refuses.
+dpkg -r salt-keysync >/dev/null
+if dpkg -i "$work/salt-keysync_0.1.9-1_amd64.deb" >"$work/install-older.out" 2>&1; then
+    fail "the older release was installed over a store it cannot read: $(tail -n 5 "$work/install-older.out")"
+fi
+[ ! -e /usr/bin/salt-keysync ] || fail "the refused install left /usr/bin/salt-keysync"
+refusal_names_the_way_out "$work/install-older.out" "refusing to install this package" "Nothing was changed"
+echo "ok   dpkg -i of that release after dpkg -r: refused by its preinst, nothing unpacked"
+# 0.1.0's own scripts (no preinst, its prerm exits 0 on failed-upgrade):
+# dpkg goes on after our prerm's refusal, which is still printed.
+dpkg -i "$deb" >/dev/null
+old_scripts=f010ce54732fa5551ef675f456976a6f3ee84611
+rm -rf "$older"
+dpkg-deb --raw-extract "$deb" "$older"
+sed -i 's/^Version: .*/Version: 0.1.0-1/' "$older/DEBIAN/control"
+rm -f "$older/DEBIAN/preinst"
+for script in prerm postinst postrm; do
+    git show "$old_scripts:packaging/debian/$script" >"$older/DEBIAN/$script" || fail "git show $old_scripts (0.1.0's scripts)"
+    chmod 0755 "$older/DEBIAN/$script"
+done
+dpkg-deb --build "$older" "$work/salt-keysync_0.1.0-1_amd64.deb" >/dev/null
+setsid --wait dpkg -i "$work/salt-keysync_0.1.0-1_amd64.deb" </dev/null >"$work/to-010.out" 2>&1 \
+    || fail "dpkg -i of 0.1.0's scripts failed: $(tail -n 5 "$work/to-010.out")"
+[ "$(installed)" = "install ok installed 0.1.0-1" ] || fail "after the downgrade to 0.1.0's scripts: $(installed)"
+refusal_names_the_way_out "$work/to-010.out" "refusing to downgrade to salt-keysync 0.1.0-1" \
+    "dpkg goes on with them"
+echo "ok   a downgrade to 0.1.0's scripts is not stopped (they have no preinst and accept failed-upgrade); the refusal is printed"
+SALT_KEYSYNC_PURGE_AUDIT=yes dpkg --purge salt-keysync >/dev/null
+rm -rf /var/lib/salt-keysync /var/log/salt-keysync /etc/salt-keysync

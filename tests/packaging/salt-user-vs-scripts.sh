@@ -10,7 +10,15 @@
 # written, moved, given away or deleted outside what the script is for, and
 # the scripts still do what they are for (state removed, audit log kept).
 #
-#   tests/packaging/salt-user-vs-scripts.sh SCRATCH postrm|postun|owners
+#   tests/packaging/salt-user-vs-scripts.sh SCRATCH postrm|postun|owners|format|postinst
+#
+# `format`: the Debian preinst and prerm and the RPM %pre, which read the
+# state store's format beside it (state.format, in the salt user's state
+# folder) to refuse a downgrade (issue 29 item 5). `postinst`: an upgrade
+# whose agent does not start again fails (systemctl and journalctl are
+# stand-ins here: the namespace has no systemd). `owners` also runs
+# `salt-keysync hand-over` (the binary given in SALT_KEYSYNC_BIN, else
+# target/debug/salt-keysync), installed as /usr/bin/salt-keysync.
 #
 # Run by tests/tests/it/maintainer_scripts.rs as root, inside
 # `unshare --mount`: SCRATCH becomes a tmpfs holding the upper layers of
@@ -23,7 +31,8 @@ set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 scratch=${1:?usage: $0 SCRATCH postrm|postun|owners}
-which=${2:?usage: $0 SCRATCH postrm|postun|owners}
+which=${2:?usage: $0 SCRATCH postrm|postun|owners|format|postinst}
+bin=${SALT_KEYSYNC_BIN:-${CARGO_TARGET_DIR:-$repo/target}/debug/salt-keysync}
 
 [ "$(id -u)" = 0 ] || { echo "needs root (it runs the maintainer scripts as root)" >&2; exit 2; }
 if [ "$(readlink /proc/self/ns/mnt)" = "$(readlink /proc/1/ns/mnt)" ]; then
@@ -274,6 +283,8 @@ remove_scripts() {
 owners_script() {
     install -d -m 0755 /usr/lib/salt-keysync
     install -m 0755 "$repo/packaging/owners" "$repo/packaging/master-user" /usr/lib/salt-keysync/
+    [ -x "$bin" ] || { echo "no salt-keysync binary at $bin (cargo build -p salt-keysync, or SALT_KEYSYNC_BIN)" >&2; exit 2; }
+    install -m 0755 "$bin" /usr/bin/salt-keysync
     # The shim's `stat` first: the salt user acts right after root's look.
     run() {
         (cd / && env -i PATH="$scratch/shim:/usr/sbin:/usr/bin:/sbin:/bin" /usr/lib/salt-keysync/owners) \
@@ -346,12 +357,168 @@ EOF
     [ "$(owner_of /etc/salt/master)" = root:root ] || fail "root gave /etc/salt/master to $(owner_of /etc/salt/master)"
     grep -qs "node.key not handed over" "$scratch/out" || fail "not told: $(cat "$scratch/out")"
     [ ${#failures[@]} -gt "$n" ] || ok
+
+    # Issue 29 item 5: a downgrade's agent and recover, run as root, left
+    # the lock and the marker root's in the salt user's staging folder and
+    # the store root's 0644; the agent, running as salt, exited 78 on them.
+    root_files_in_salts_folders() {
+        salt_host
+        install -d -m 0755 /etc/salt-keysync
+        printf '# salt-keysync: the state store that syncs this pki_dir\nstore 0123abcd\nnode master-a\n' \
+            >"$staging/.salt-keysync-state"
+        echo 4711 >"$staging/.salt-keysync-lock"
+        printf 'redb\032\n\251\r\n%064d' 0 >"$state/state.redb"
+        chown root:root "$staging/.salt-keysync-state" "$staging/.salt-keysync-lock" "$state/state.redb"
+        chmod 0600 "$staging/.salt-keysync-state" "$staging/.salt-keysync-lock"
+        chmod 0644 "$state/state.redb"
+    }
+    scenario="root's lock, marker and store in the salt user's folders are handed over"
+    n=${#failures[@]}
+    root_files_in_salts_folders
+    snapshot
+    run || fail "exit status $?: $(cat "$scratch/out")"
+    nothing_else_changed etc.upper/salt-keysync
+    for path in "$staging/.salt-keysync-state" "$staging/.salt-keysync-lock" "$state/state.redb"; do
+        [ "$(stat -c '%a %U' "$path")" = "600 salt" ] || fail "$path: $(stat -c '%a %U' "$path"), not 600 salt"
+    done
+    [ ${#failures[@]} -gt "$n" ] || ok
+
+    scenario="a file of root's the salt user renames to the marker's name, and a symlink at the lock's"
+    n=${#failures[@]}
+    root_files_in_salts_folders
+    # A backup of root's in pki_dir, which salt can rename but not read.
+    printf -- '-----BEGIN RSA PRIVATE KEY-----\nroot only\n' >"$pki/master.pem.bak"
+    chmod 0600 "$pki/master.pem.bak"
+    as_salt sh -ec "mv -f $pki/master.pem.bak $staging/.salt-keysync-state; rm -f $staging/.salt-keysync-lock
+        ln -s /etc/salt/master $staging/.salt-keysync-lock"
+    snapshot
+    run || fail "exit status $?: $(cat "$scratch/out")"
+    nothing_else_changed etc.upper/salt-keysync
+    [ "$(stat -c '%a %U' "$staging/.salt-keysync-state")" = "600 root" ] \
+        || fail "root gave its file the salt user put at the marker's name away: $(stat -c '%a %U' "$staging/.salt-keysync-state")"
+    [ "$(owner_of /etc/salt/master)" = root:root ] || fail "root gave /etc/salt/master to $(owner_of /etc/salt/master)"
+    grep -qs "not what the agent writes there" "$scratch/out" || fail "not told: $(cat "$scratch/out")"
+    [ "$(stat -c '%a %U' "$state/state.redb")" = "600 salt" ] || fail "the store was not handed over"
+    [ ${#failures[@]} -gt "$n" ] || ok
+}
+
+# ---- the state store's format: Debian preinst and prerm, RPM %pre ----
+format_scripts() {
+    # script, its arguments, and whether it must refuse a store of format 9
+    local cases=(
+        "$repo/packaging/debian/preinst|upgrade 0.2.0-1 0.1.9-1"
+        "$repo/packaging/debian/prerm|failed-upgrade 9.0.0-1 0.1.9-1"
+        "$repo/packaging/rpm/pre.sh|2"
+    )
+    run() { (cd / && env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin timeout 20 sh "$script" $args) >"$scratch/out" 2>&1; }
+    format_file() { printf '# salt-keysync\nformat %s\nwritten-by 9.1.0\nread-since 9.0.0\n' "$1"; }
+    local entry script args
+    for entry in "${cases[@]}"; do
+        script=${entry%%|*} args=${entry#*|}
+
+        scenario="${script##*/}: a store of a newer format is refused, naming both releases"
+        n=${#failures[@]}
+        salt_host
+        format_file 9 | as_salt sh -c "cat >$state/state.format"
+        snapshot
+        if run; then fail "not refused: $(cat "$scratch/out")"; fi
+        for said in "format 9 (written by salt-keysync 9.1.0)" "install salt-keysync 9.0.0 or later" "recover --from-peers"; do
+            grep -qF "$said" "$scratch/out" || fail "does not say '$said': $(cat "$scratch/out")"
+        done
+        nothing_else_changed
+        [ ${#failures[@]} -gt "$n" ] || ok
+
+        scenario="${script##*/}: a store of this format, or none, passes"
+        n=${#failures[@]}
+        salt_host
+        format_file 2 | as_salt sh -c "cat >$state/state.format"
+        run || fail "refused a store of format 2: $(cat "$scratch/out")"
+        format_file 9 | as_salt sh -c "cat >$state/state.format; rm $state/state.redb"
+        run || fail "refused without a store: $(cat "$scratch/out")"
+        [ ${#failures[@]} -gt "$n" ] || ok
+
+        scenario="${script##*/}: the folder root's (0.1.0's postinst made it so): read by root"
+        n=${#failures[@]}
+        salt_host
+        format_file 9 >"$state/state.format"
+        chown -R root:root "$state"
+        if run; then fail "not refused: $(cat "$scratch/out")"; fi
+        [ ${#failures[@]} -gt "$n" ] || ok
+
+        scenario="${script##*/}: state.format a symlink to a file of root's, or a FIFO: not followed, not waited on"
+        n=${#failures[@]}
+        salt_host
+        format_file 9 >/etc/salt/format-of-roots
+        chmod 0600 /etc/salt/format-of-roots
+        as_salt ln -s /etc/salt/format-of-roots "$state/state.format"
+        snapshot
+        run || fail "root read through the salt user's symlink: $(cat "$scratch/out")"
+        nothing_else_changed
+        as_salt sh -ec "rm $state/state.format; mkfifo $state/state.format"
+        run || fail "exit status $? with a FIFO at state.format: $(cat "$scratch/out")"
+        rm -f /etc/salt/format-of-roots
+        [ ${#failures[@]} -gt "$n" ] || ok
+    done
+
+    scenario="prerm upgrade: a downgrade below the release that first reads the store's format"
+    n=${#failures[@]}
+    salt_host
+    printf '# salt-keysync\nformat 2\nwritten-by 0.2.0\nread-since 0.2.0\n' | as_salt sh -c "cat >$state/state.format"
+    script=$repo/packaging/debian/prerm args="upgrade 0.1.0-1"
+    if run; then fail "a downgrade to 0.1.0-1 was not refused: $(cat "$scratch/out")"; fi
+    grep -qF "refusing to downgrade to salt-keysync 0.1.0-1" "$scratch/out" || fail "not told: $(cat "$scratch/out")"
+    args="upgrade 0.2.1-1"
+    run || fail "an upgrade to 0.2.1-1 was refused: $(cat "$scratch/out")"
+    [ ${#failures[@]} -gt "$n" ] || ok
+}
+
+# ---- the Debian postinst on an upgrade: an agent that does not start again fails it ----
+postinst_script() {
+    install -d -m 0755 /usr/lib/salt-keysync /usr/share/salt-keysync /run/systemd/system
+    install -m 0755 "$repo/packaging/owners" "$repo/packaging/master-user" /usr/lib/salt-keysync/
+    install -m 0644 "$repo/packaging/config.toml" /usr/share/salt-keysync/config.toml
+    [ -x "$bin" ] || { echo "no salt-keysync binary at $bin" >&2; exit 2; }
+    install -m 0755 "$bin" /usr/bin/salt-keysync
+    # Stand-ins: try-restart fails with status $TRY_RESTART, as systemctl
+    # does when the restarted unit fails (exit 78); journalctl says why.
+    mkdir -p "$scratch/fake"
+    cat >"$scratch/fake/systemctl" <<'EOS'
+#!/bin/sh
+echo "systemctl $*" >>/run/systemctl.log
+case $1 in try-restart) exit "${TRY_RESTART:-0}" ;; esac
+exit 0
+EOS
+    cat >"$scratch/fake/journalctl" <<'EOS'
+#!/bin/sh
+echo "salt-keysync: cannot read /etc/salt/pki/master/.keysync-staging/.salt-keysync-state: Permission denied"
+EOS
+    chmod 0755 "$scratch/fake/systemctl" "$scratch/fake/journalctl"
+    run() {
+        (cd / && env -i PATH="$scratch/fake:/usr/sbin:/usr/bin:/sbin:/bin" TRY_RESTART="$1" \
+            sh "$repo/packaging/debian/postinst" configure 0.1.9-1) >"$scratch/out" 2>&1
+    }
+
+    scenario="the upgraded agent does not start again: postinst fails and says why"
+    salt_host
+    if run 1; then fail "postinst succeeded although the agent did not start: $(cat "$scratch/out")"; fi
+    grep -qs "did not start again" "$scratch/out" && grep -qs "Permission denied" "$scratch/out" \
+        && grep -qs "dpkg --configure -a" "$scratch/out" || fail "not told: $(cat "$scratch/out")"
+    grep -qs "try-restart salt-keysync.service" /run/systemctl.log || fail "no try-restart: $(cat /run/systemctl.log)"
+    [ ${#failures[@]} -gt 0 ] || ok
+
+    scenario="the upgraded agent starts again: postinst succeeds"
+    n=${#failures[@]}
+    salt_host
+    run 0 || fail "exit status $?: $(cat "$scratch/out")"
+    [ ${#failures[@]} -gt "$n" ] || ok
 }
 
 case $which in
     postrm | postun) remove_scripts ;;
     owners) owners_script ;;
-    *) echo "unknown script $which (postrm, postun, owners)" >&2; exit 2 ;;
+    format) format_scripts ;;
+    postinst) postinst_script ;;
+    *) echo "unknown script $which (postrm, postun, owners, format, postinst)" >&2; exit 2 ;;
 esac
 if [ ${#failures[@]} -gt 0 ]; then
     echo "$which: ${#failures[@]} check(s) failed"

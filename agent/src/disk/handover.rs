@@ -275,7 +275,7 @@ pub fn run(config_path: &Path, user: &str) -> anyhow::Result<()> {
     };
     let report = hand_over(&state_dir, &pki_dir, to);
     for path in &report.handed {
-        println!("salt-keysync: {path} handed over to {user} (left by an agent or recover run as root)");
+        crate::say!("salt-keysync: {path} handed over to {user} (left by an agent or recover run as root)");
     }
     for left in &report.left {
         eprintln!("salt-keysync: {left}");

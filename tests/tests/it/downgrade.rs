@@ -152,3 +152,65 @@ fn files_a_root_run_agent_left_are_handed_over_and_the_agent_starts() {
     assert!(started(&again, 1), "{}", std::fs::read_to_string(&again.log).unwrap());
     assert!(again.stop().success());
 }
+
+fn repo() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Runs tests/packaging/salt-user-vs-scripts.sh for `script` in a mount
+/// namespace of its own (as `maintainer_scripts.rs` does), with this
+/// build's binary; fails with every scenario that failed.
+fn play_the_salt_user_against(script: &str) {
+    let scratch = tempfile::tempdir().unwrap();
+    let harness = repo().join("tests/packaging/salt-user-vs-scripts.sh");
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "--", "bash"])
+        .arg(&harness)
+        .arg(scratch.path())
+        .arg(script)
+        .env("SALT_KEYSYNC_BIN", keysync_tests::binary::binary())
+        .output()
+        .expect("run unshare (util-linux)");
+    let said = said(&out);
+    assert!(
+        out.status.code() != Some(2) && !said.contains("unshare failed"),
+        "this test runs the package scripts as root in a mount namespace of its own and needs root with \
+         CAP_SYS_ADMIN, as the CI container has:\n{said}"
+    );
+    assert!(out.status.success(), "{}:\n{said}", harness.display());
+    assert!(said.lines().filter(|l| l.starts_with("ok ")).count() >= 2, "no scenario ran:\n{said}");
+}
+
+/// The Debian preinst and prerm and the RPM %pre refuse a store of a newer
+/// format (naming both releases and the way out), pass this format or no
+/// store, and read state.format as the salt user, who owns its folder:
+/// never through its symlink, never waiting on its FIFO.
+#[test]
+fn the_package_scripts_refuse_a_store_they_cannot_read() {
+    play_the_salt_user_against("format");
+}
+
+/// Issue 29 item 5: the re-upgrade's agent exited 78 and apt returned 0.
+/// Now an upgrade whose agent does not start again fails, saying why.
+#[test]
+fn an_upgrade_whose_agent_does_not_start_again_fails() {
+    play_the_salt_user_against("postinst");
+}
+
+/// The three scripts that read the format hold the same lines, and say
+/// what the binary says: the format it reads and the first release that does.
+#[test]
+fn the_package_scripts_know_the_binarys_format() {
+    let block = |path: &str| -> String {
+        let text = std::fs::read_to_string(repo().join(path)).unwrap();
+        let start = text.find("# ---- the state store's format").unwrap_or_else(|| panic!("{path}: no format block"));
+        let end = text.find("# ---- end of the state store's format").unwrap_or_else(|| panic!("{path}: no end"));
+        text[start..end].to_string()
+    };
+    let preinst = block("packaging/debian/preinst");
+    assert_eq!(block("packaging/debian/prerm"), preinst, "prerm and preinst differ");
+    assert_eq!(block("packaging/rpm/pre.sh"), preinst, "pre.sh and preinst differ");
+    let reads = format!("\nreads={FORMAT}\n");
+    let since = format!("\nreads_since={}\n", salt_keysync::disk::store::format::FORMAT_SINCE);
+    assert!(preinst.contains(&reads) && preinst.contains(&since), "{preinst}");
+}
