@@ -40,6 +40,18 @@ const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0
 /// The largest marker or lock the agent writes, with room to spare.
 const SMALL: u64 = 4096;
 
+/// What to add to "Permission denied" on one of the agent's own files: root
+/// may have left it there (the agent or `recover` run as root), and the
+/// packages' owners script hands such files back.
+pub fn hint(cause: &io::Error) -> &'static str {
+    if cause.kind() == io::ErrorKind::PermissionDenied {
+        " (another user's file: an agent or `recover` run as root leaves its files root's; as root, \
+         /usr/lib/salt-keysync/owners hands them to the agent's user)"
+    } else {
+        ""
+    }
+}
+
 /// What was done, and what was left and why, one line each.
 #[derive(Debug, Default)]
 pub struct Report {

@@ -406,7 +406,7 @@ impl Pki {
                 self.root_path.display(),
                 path.display()
             )),
-            Err(e) => Err(format!("cannot lock {}: {e}", path.display())),
+            Err(e) => Err(format!("cannot lock {}: {e}{}", path.display(), crate::disk::handover::hint(&e))),
         }
     }
 

@@ -33,7 +33,7 @@ pub enum GuardError {
     )]
     Lost { marker: PathBuf, expected: String, node: String, state: PathBuf, found: String },
     // Causes are in the messages, not `source()`s: `{:#}` would print them twice.
-    #[error("cannot read {path}: {cause}")]
+    #[error("cannot read {path}: {cause}{}", crate::disk::handover::hint(.cause))]
     Read { path: PathBuf, cause: std::io::Error },
     #[error("cannot write {path}: {cause}")]
     Write { path: PathBuf, cause: std::io::Error },

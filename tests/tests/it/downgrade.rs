@@ -127,7 +127,17 @@ fn files_a_root_run_agent_left_are_handed_over_and_the_agent_starts() {
     std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o644)).unwrap();
     let mut refused = run_as_user("refused.log");
     rt.block_on(wait_until(Duration::from_secs(20), "the agent exits", || refused.try_wait().is_some()));
-    assert_eq!(refused.try_wait().unwrap().code(), Some(78), "{}", std::fs::read_to_string(&refused.log).unwrap());
+    let log = std::fs::read_to_string(&refused.log).unwrap();
+    assert_eq!(refused.try_wait().unwrap().code(), Some(78), "{log}");
+    assert!(log.contains("/usr/lib/salt-keysync/owners"), "the refusal does not name the fix: {log}");
+    // The store handed back alone, the lock is next: it names the fix too.
+    chown(&store, user, false);
+    let mut refused = run_as_user("refused-lock.log");
+    rt.block_on(wait_until(Duration::from_secs(20), "the agent exits", || refused.try_wait().is_some()));
+    let log = std::fs::read_to_string(&refused.log).unwrap();
+    assert_eq!(refused.try_wait().unwrap().code(), Some(78), "{log}");
+    assert!(log.contains("Permission denied") && log.contains("/usr/lib/salt-keysync/owners"), "{log}");
+    chown(&store, (0, 0), false);
 
     // check, run by root, acts as the owner of state_dir and names the store.
     let check = run_cli(&["check", "--config", files.config_path.to_str().unwrap()]);
