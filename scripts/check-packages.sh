@@ -325,9 +325,9 @@ dpkg-deb --raw-extract "$deb" "$older"
 sed -i 's/^Version: .*/Version: 0.1.9-1/' "$older/DEBIAN/control"
 for script in preinst prerm; do
     [ -f "$older/DEBIAN/$script" ] || fail "$deb has no $script"
-    grep -qx "reads=$format" "$older/DEBIAN/$script" && grep -qx "reads_since=$format_since" "$older/DEBIAN/$script" \
-        || fail "$script does not say reads=$format, reads_since=$format_since (agent/src/disk/store/format.rs)"
-    sed -i "s/^reads=.*/reads=$((format - 1))/; s/^reads_since=.*/reads_since=0.1.9/" "$older/DEBIAN/$script"
+    grep -qx "reads=$format" "$older/DEBIAN/$script" \
+        || fail "$script does not say reads=$format (agent/src/disk/store/format.rs)"
+    sed -i "s/^reads=.*/reads=$((format - 1))/" "$older/DEBIAN/$script"
 done
 dpkg-deb --build "$older" "$work/salt-keysync_0.1.9-1_amd64.deb" >/dev/null
 store_as_the_agent_leaves_it() {

@@ -8,10 +8,8 @@
 # ---- the state store's format: keep in step in packaging/debian/preinst,
 # packaging/debian/prerm and packaging/rpm/pre.sh (tests/it/downgrade.rs
 # checks they agree with agent/src/disk/store/format.rs). This package reads
-# state stores of format $reads and older; $reads_since is the first release
-# that reads format $reads.
+# state stores of format $reads and older.
 reads=2
-reads_since=0.2.0
 state=/var/lib/salt-keysync
 
 # The format of the store in $state as the agent wrote it beside the store
@@ -24,11 +22,11 @@ store_format() {
     found_format='' found_by='' found_since=''
     [ -d "$state" ] && [ ! -L "$state" ] && [ -f "$state/state.redb" ] || return 1
     case $(stat -c %A "$state") in ?????w???? | ????????w?) return 1 ;; esac
-    set -- $(stat -c '%u %g' "$state")
-    if [ "$1" = 0 ]; then
+    owner=$(stat -c '%u %g' "$state") || return 1
+    if [ "${owner% *}" = 0 ]; then
         text=$(dd if="$state/state.format" iflag=nofollow,nonblock bs=4096 count=1 status=none 2>/dev/null) || return 1
     else
-        text=$(setpriv --reuid="$1" --regid="$2" --clear-groups --inh-caps=-all -- \
+        text=$(setpriv --reuid="${owner% *}" --regid="${owner#* }" --clear-groups --inh-caps=-all -- \
             dd if="$state/state.format" iflag=nofollow,nonblock bs=4096 count=1 status=none 2>/dev/null) || return 1
     fi
     found_format=$(printf '%s\n' "$text" | sed -n 's/^format \([0-9]\{1,9\}\)$/\1/p' | head -n 1)

@@ -22,11 +22,13 @@ use std::path::{Path, PathBuf};
 
 use redb::ReadableTable;
 
-/// The format this release reads (with every older one) and writes.
+/// The format this release reads (with every older one) and writes. The
+/// package scripts hold the same number (`reads=` in
+/// `packaging/debian/preinst`, `prerm` and `packaging/rpm/pre.sh`).
 pub const FORMAT: u32 = 2;
-/// The first release that reads [`FORMAT`]: a downgrade below it cannot
-/// use a store this release wrote. The package scripts say the same
-/// (`packaging/debian/preinst`, `prerm`, `packaging/rpm/pre.sh`).
+/// The first release that reads [`FORMAT`]: a downgrade below it cannot use
+/// a store this release wrote. Written into `state.format` (`read-since`),
+/// where the installed package's prerm reads it at a downgrade.
 pub const FORMAT_SINCE: &str = "0.2.0";
 /// The plain-text copy beside `state.redb`.
 pub const TEXT_NAME: &str = "state.format";
