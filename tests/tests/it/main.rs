@@ -14,11 +14,11 @@ mod cluster_health;
 mod compromised;
 /// `salt-keysync demo`: three operations shown propagating, private files, cleanup on Ctrl-C.
 mod demo;
+/// Issue 20: every shell command in the docs is run by a test or marked as an example.
+mod doc_commands;
 /// Issue 29 item 5: a store of a newer format refused (78, check, recover as
 /// the way out); root's files in the agent's user's folders handed over.
 mod downgrade;
-/// Issue 20: every shell command in the docs is run by a test or marked as an example.
-mod doc_commands;
 /// First contact on agent processes: drifted masters started in two orders
 /// end alike, an identical site rewrites nothing, observe mode and `plan`.
 mod first_contact;
