@@ -40,6 +40,8 @@ source "$here/phases.sh"
 source "$here/formula.sh"
 # shellcheck source=tests/systemd/rolling.sh
 source "$here/rolling.sh"
+# shellcheck source=tests/systemd/downgrade.sh
+source "$here/downgrade.sh"
 
 [ "$(id -u)" -eq 0 ] || fail "must run as root (systemd-nspawn, mmdebstrap, nsenter)"
 missing=()
@@ -132,6 +134,7 @@ phase_restart_and_kill
 phase_logrotate_and_watchdog
 phase_state_lost
 phase_upgrade
+phase_downgrade
 phase_remove_purge_reinstall
 phase_formula
 phase_key_modes
