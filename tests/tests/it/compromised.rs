@@ -15,7 +15,7 @@ use keysync_tests::salt_ops::{find, new_public_key, SaltLine};
 use keysync_tests::wait_until;
 use salt_keysync::disk::audit::Record;
 
-use crate::security::{accepted_everywhere, identity, now_hlc, peer_client, wire_accept, SETTLE};
+use crate::security::{accepted_everywhere, hello_as, identity, now_hlc, peer_client, wire_accept, SETTLE};
 
 /// Issue 27, item 6: a configured peer sending thousands of invalid
 /// decisions (or decisions naming made-up origins) adds ten `refuse`
@@ -26,13 +26,7 @@ async fn a_peers_refusals_are_aggregated_not_one_record_each() {
     let mut cluster = TestCluster::start(2).await;
     let key = new_public_key();
     let mut client = peer_client(cluster.agents[0].addr, "master-a", &identity(&cluster, "master-b")).await;
-    let hello = v1::HelloRequest {
-        node: "master-b".into(),
-        protocol_version: keysync_proto::PROTOCOL_VERSION,
-        health: None,
-        forgot_through_ms: 0,
-    };
-    client.hello(hello).await.unwrap();
+    client.hello(hello_as("master-b")).await.unwrap();
     let now = now_hlc(Duration::ZERO);
     let (n_batches, per_batch) = (5, 1_000);
     let mut n_applied = 0;
@@ -198,13 +192,7 @@ async fn a_compromised_master_cannot_get_deletes_past_the_guard() {
     wait_until(SETTLE, "61 keys accepted on master-b", || accepted_on(&cluster, 1, &all) == 61).await;
 
     let mut hostile = peer_client(cluster.agents[1].addr, "master-b", &identity(&cluster, "master-c")).await;
-    let hello = v1::HelloRequest {
-        node: "master-c".into(),
-        protocol_version: keysync_proto::PROTOCOL_VERSION,
-        health: None,
-        forgot_through_ms: 0,
-    };
-    hostile.hello(hello).await.unwrap();
+    hostile.hello(hello_as("master-c")).await.unwrap();
     let push = |batch: Vec<v1::Decision>| push(&hostile, batch);
     // 1. Made-up origins: refused; real masters' names: held by the link.
     let t = now_hlc(Duration::ZERO);

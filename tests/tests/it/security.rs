@@ -207,6 +207,15 @@ async fn a_huge_key_file_is_refused_without_being_read() {
     cluster.stop();
 }
 
+/// The `Hello` a client presenting `node`'s identity opens with.
+pub(crate) fn hello_as(node: &str) -> keysync_proto::v1::HelloRequest {
+    keysync_proto::v1::HelloRequest {
+        node: node.into(),
+        protocol_version: keysync_proto::PROTOCOL_VERSION,
+        ..Default::default()
+    }
+}
+
 /// A client presenting `material` (a configured peer's identity) to `addr`.
 pub(crate) async fn peer_client(
     addr: std::net::SocketAddr,
@@ -261,13 +270,7 @@ async fn hostile_messages_from_a_configured_peer_are_refused_and_write_nothing()
     let tree_before = agent_tree(&cluster, 0);
 
     let mut client = peer_client(cluster.agents[0].addr, "master-a", &identity(&cluster, "master-b")).await;
-    let hello = v1::HelloRequest {
-        node: "master-b".into(),
-        protocol_version: keysync_proto::PROTOCOL_VERSION,
-        health: None,
-        forgot_through_ms: 0,
-    };
-    client.hello(hello).await.unwrap();
+    client.hello(hello_as("master-b")).await.unwrap();
     let now = now_hlc(Duration::ZERO);
     let hostile = vec![
         wire_accept("../master.pem", &key, now),
