@@ -552,62 +552,10 @@ fn recover(path: &std::path::Path, args: &RecoverArgs) -> Result<()> {
 }
 
 fn rejoin(path: &std::path::Path, args: &RejoinArgs) -> Result<()> {
-    use std::io::{BufRead, IsTerminal};
     let config = Config::load(path)?;
     become_agent_user(&config)?;
     init_logging(&config.log_format);
-    let confirm = |preview: &salt_keysync::cli::rejoin::Preview| {
-        let since = match preview.last_contact_ms {
-            Some(ms) => humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
-                .to_string(),
-            None => "never".to_string(),
-        };
-        let (n_accepted, n_rejected) = preview.keys.iter().fold((0, 0), |(a, r), (folder, _)| match folder {
-            salt_keysync::core::Folder::Accepted => (a + 1, r),
-            _ => (a, r + 1),
-        });
-        say!(
-            "last contact with a peer: {since}{}",
-            if preview.stale { " (longer ago than tombstone_ttl)" } else { "" }
-        );
-        for (folder, name) in &preview.keys {
-            say!("  {:<16} {name}", folder.dir_name());
-        }
-        say!(
-            "sets aside the state store and {n_accepted} accepted and {n_rejected} rejected key(s) into {}/rejoin-<time>/; \
-             the agent then joins its peers as a new master",
-            config.state_dir.display()
-        );
-        if args.dry_run {
-            say!("--dry-run: nothing changed");
-            return false;
-        }
-        if args.yes {
-            return true;
-        }
-        if !std::io::stdin().is_terminal() {
-            say!("not confirmed (no terminal): run it again with -y");
-            return false;
-        }
-        emit("Proceed? [n/y] ");
-        let mut answer = String::new();
-        let _ = std::io::stdin().lock().read_line(&mut answer);
-        matches!(answer.trim(), "y" | "Y" | "yes")
-    };
-    let Some(done) = salt_keysync::cli::rejoin::rejoin(&config, args.force, confirm)? else {
-        return Ok(());
-    };
-    if let Some(error) = &done.dfn_error {
-        say!("WARNING: {error}; restart salt-master so that the minions whose keys were set aside stop hearing it");
-    }
-    say!(
-        "set aside {} key(s) and the state store in {}; new state store {}: start the agent, it joins its peers as a \
-         new master",
-        done.n_keys,
-        done.aside.display(),
-        done.store_id
-    );
-    Ok(())
+    salt_keysync::cli::rejoin::run(&config, args.yes, args.dry_run, args.force)
 }
 
 /// Run by root from a shell, `recover` and `check` act as the agent's user:

@@ -144,6 +144,67 @@ pub fn rejoin(config: &Config, force: bool, confirm: impl FnOnce(&Preview) -> bo
     Ok(Some(Rejoined { aside, n_keys: removed.len(), store_id: store.id().to_string(), dfn_error }))
 }
 
+/// `salt-keysync rejoin`: shows what [`rejoin`] sets aside, asks unless
+/// `yes` (nothing changes with `dry_run`, nor without a terminal to ask
+/// on), and says what it did.
+pub fn run(config: &Config, yes: bool, dry_run: bool, force: bool) -> Result<()> {
+    use std::io::{BufRead, IsTerminal};
+    let confirm = |preview: &Preview| {
+        let since = match preview.last_contact_ms {
+            Some(ms) => humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+                .to_string(),
+            None => "never".to_string(),
+        };
+        let (n_accepted, n_rejected) = preview.keys.iter().fold((0, 0), |(a, r), (folder, _)| match folder {
+            Folder::Accepted => (a + 1, r),
+            _ => (a, r + 1),
+        });
+        crate::say!(
+            "last contact with a peer: {since}{}",
+            if preview.stale { " (longer ago than tombstone_ttl)" } else { "" }
+        );
+        for (folder, name) in &preview.keys {
+            crate::say!("  {:<16} {name}", folder.dir_name());
+        }
+        crate::say!(
+            "sets aside the state store and {n_accepted} accepted and {n_rejected} rejected key(s) into {}/rejoin-<time>/; \
+             the agent then joins its peers as a new master",
+            config.state_dir.display()
+        );
+        if dry_run {
+            crate::say!("--dry-run: nothing changed");
+            return false;
+        }
+        if yes {
+            return true;
+        }
+        if !std::io::stdin().is_terminal() {
+            crate::say!("not confirmed (no terminal): run it again with -y");
+            return false;
+        }
+        crate::cli::emit("Proceed? [n/y] ");
+        let mut answer = String::new();
+        let _ = std::io::stdin().lock().read_line(&mut answer);
+        matches!(answer.trim(), "y" | "Y" | "yes")
+    };
+    let Some(done) = rejoin(config, force, confirm)? else {
+        return Ok(());
+    };
+    if let Some(error) = &done.dfn_error {
+        crate::say!(
+            "WARNING: {error}; restart salt-master so that the minions whose keys were set aside stop hearing it"
+        );
+    }
+    crate::say!(
+        "set aside {} key(s) and the state store in {}; new state store {}: start the agent, it joins its peers as a \
+         new master",
+        done.n_keys,
+        done.aside.display(),
+        done.store_id
+    );
+    Ok(())
+}
+
 fn save(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut file = std::fs::OpenOptions::new()
         .write(true)
