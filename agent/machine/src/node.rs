@@ -15,6 +15,7 @@ mod held;
 mod inventory;
 mod local;
 mod plan;
+mod put_back;
 mod remote;
 mod repair;
 pub mod runtime;
@@ -97,6 +98,8 @@ pub struct Loaded {
     pub last_contact_ms: Option<u64>,
     /// Per origin, when the newest delete this store forgot was made.
     pub forgot: Vec<(Arc<str>, u64)>,
+    /// Keys put back whose files may not be written yet (`put_back.rs`).
+    pub putting_back: Vec<MinionId>,
 }
 
 /// A file event in one of the three key folders.
@@ -164,6 +167,9 @@ pub struct Node {
     next_compact: Instant,
     /// The last contact with a peer, and whether it is too long ago (`stale.rs`).
     contact: stale::Contact,
+    /// Keys put back (`put_back.rs`) whose files are not written yet, as
+    /// the store lists them.
+    putting_back: Vec<MinionId>,
 }
 
 impl Node {
@@ -198,12 +204,14 @@ impl Node {
             repairs: repair::Repairs::default(),
             next_compact: now.mono,
             contact: stale::Contact::loaded(loaded.last_contact_ms, loaded.forgot),
+            putting_back: loaded.putting_back,
         };
         for held in loaded.held {
             node.guard.load(held);
         }
         node.tell_untold(loaded.untold, now, rt);
         node.finish_journal(loaded.journal, now, rt);
+        node.finish_put_back(now, rt);
         node.reconcile(loaded.initialized, now, rt);
         node.recheck_held(now, rt);
         node.cool();
@@ -262,6 +270,9 @@ impl Node {
         if waiting && self.trouble.retry_due(now.mono) {
             self.retry_failed(now, rt);
         }
+        if !self.putting_back.is_empty() && self.trouble.retry_due(now.mono) {
+            self.finish_put_back(now, rt);
+        }
         if now.mono >= self.next_rescan {
             self.next_rescan = now.mono + self.settings.rescan_interval;
             self.echoes.expire(now.mono);
@@ -281,9 +292,13 @@ impl Node {
         let retry =
             (!self.retry.is_empty() || self.rescan_pending || !self.journal_waiting.is_empty() || self.guard.unsaved)
                 .then(|| self.trouble.next_try().unwrap_or(self.seen));
+        // Keys put back still to write: they wait for the backoff, or for
+        // their id to settle (a salt-key run on it).
+        let put_back = (!self.putting_back.is_empty()).then(|| self.trouble.next_try()).flatten();
         [
             self.settler.next_due(),
             retry,
+            put_back,
             Some(self.next_rescan),
             self.guard.next_due(self.seen),
             Some(self.next_compact),
@@ -341,6 +356,7 @@ impl Node {
             && !self.rescan_pending
             && self.journal_waiting.is_empty()
             && !self.guard.is_waiting()
+            && self.putting_back.is_empty()
     }
 
     /// Peers' deletes the guard holds, by id.

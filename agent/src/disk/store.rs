@@ -65,6 +65,18 @@ fn decode_forgot(raw: &[u8]) -> Vec<(std::sync::Arc<str>, u64)> {
 fn encode_forgot(forgot: &[(std::sync::Arc<str>, u64)]) -> Vec<u8> {
     forgot.iter().map(|(origin, ms)| format!("{origin} {ms}\n")).collect::<String>().into_bytes()
 }
+/// Keys put back whose files may not be written yet (the node machine's
+/// `put_back.rs`): ids separated by NUL, which no id holds.
+const META_PUTTING_BACK: &str = "putting_back";
+
+fn decode_ids(raw: &[u8]) -> Vec<MinionId> {
+    String::from_utf8_lossy(raw).split('\0').filter_map(|id| MinionId::parse(id).ok()).collect()
+}
+
+fn encode_ids(ids: &[MinionId]) -> Vec<u8> {
+    ids.iter().map(MinionId::as_str).collect::<Vec<_>>().join("\0").into_bytes()
+}
+
 /// The audit log's head when the store last committed (see `audit_guard.rs`).
 const META_AUDIT_HEAD: &str = "audit_head";
 const META_NODE: &str = "node";
@@ -276,6 +288,11 @@ impl Store {
             .and_then(|raw| raw.value().try_into().ok().map(u64::from_be_bytes));
         let forgot =
             meta.get(META_FORGOT).map_err(|e| self.err(e))?.map(|raw| decode_forgot(raw.value())).unwrap_or_default();
+        let putting_back = meta
+            .get(META_PUTTING_BACK)
+            .map_err(|e| self.err(e))?
+            .map(|raw| decode_ids(raw.value()))
+            .unwrap_or_default();
         let mut held = Vec::new();
         for row in txn.open_table(HELD).map_err(|e| self.err(e))?.iter().map_err(|e| self.err(e))? {
             let (id, value) = row.map_err(|e| self.err(e))?;
@@ -284,7 +301,7 @@ impl Store {
         }
         drop(txn);
         self.check_tombstone_list(plain)?;
-        Ok(Loaded { entries, cold, journal, clock, initialized, untold, held, last_contact_ms, forgot })
+        Ok(Loaded { entries, cold, journal, clock, initialized, untold, held, last_contact_ms, forgot, putting_back })
     }
 
     /// Full decisions (with keys) for the given ids: the one held and every
@@ -406,6 +423,15 @@ impl Store {
             }
             if let Some(head) = head {
                 meta.insert(META_AUDIT_HEAD, head.to_string().as_bytes()).map_err(|e| self.err(e))?;
+            }
+            match write.putting_back {
+                Some([]) => {
+                    meta.remove(META_PUTTING_BACK).map_err(|e| self.err(e))?;
+                }
+                Some(ids) => {
+                    meta.insert(META_PUTTING_BACK, encode_ids(ids).as_slice()).map_err(|e| self.err(e))?;
+                }
+                None => {}
             }
         }
         txn.commit().map_err(|e| self.err(e))

@@ -236,6 +236,21 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
                 ..remote_record(&held.decision, &held.from, "delete", outcome, Some(reason))
             }
         }
+        Event::PutBack { held, key } => Record {
+            fingerprint: Some(key.to_string()),
+            ..remote_record(
+                &held.decision,
+                &held.from,
+                "delete",
+                "put-back",
+                Some(format!(
+                    "applied here before {} went on deleting accepted keys past the guard's limit (a mass delete \
+                     slower than `quiet`, as `salt-key -D` with salt-master stopped): the key is written back from \
+                     what this master kept, and the delete held with the rest of the burst",
+                    held.from
+                )),
+            )
+        },
         Event::Operator { action, decision, by, held } => Record {
             minion: Some(decision.id.to_string()),
             fingerprint: decision.verdict.fingerprint().map(|f| f.to_string()),
@@ -412,6 +427,11 @@ pub fn log_and_count(event: &Event, metrics: &Metrics) {
                 "a mass delete from a peer is held: `salt-keysync held` lists it, `release` or `revert` ends it"
             )
         }
+        Event::PutBack { held, .. } => tracing::warn!(
+            minion = %held.decision.id,
+            peer = &*held.from,
+            "a delete let through before its burst went past the guard's limit: key put back, delete held"
+        ),
         Event::HoldEnded { via, n } => {
             tracing::warn!(peer = &**via, n, "the held burst ended; its deletes stay held until released or reverted")
         }

@@ -118,6 +118,10 @@ pub enum Event {
     /// `forwarded`, the deletes it forwarded (made elsewhere) went past the
     /// whole master's limit instead (`first`: the first ids held).
     DeletesHeld { via: Arc<str>, forwarded: bool, n: usize, limit: usize, first: Vec<MinionId> },
+    /// A peer's delete let through before its burst went past the limit
+    /// (slower than `quiet`) was put back: the key written again from what
+    /// this master kept, and the delete held with the burst.
+    PutBack { held: super::HeldDelete, key: Fingerprint },
     /// A held burst's link has been quiet for a window: `n` deletes held in all.
     HoldEnded { via: Arc<str>, n: usize },
     /// This master's operator deleted more accepted keys than the guard lets

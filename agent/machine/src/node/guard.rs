@@ -14,6 +14,14 @@
 //! end is what lets the first deletes of a mass delete be held too: they
 //! look like any single delete when they arrive.
 //!
+//! A mass delete can be slower than `quiet`: `salt-key -D` while salt-master
+//! is stopped deletes about one key a second, each waiting on the event bus,
+//! so each delete passes on its own. What this master showed before each
+//! delete let through is therefore kept for `window` ([`PutBack`]); when the
+//! burst goes past the limit, those deletes are put back (the key written
+//! again from what was kept) and held with the rest, so the whole burst is
+//! held whatever its speed.
+//!
 //! A delete a peer forwards (its origin is another master) also counts
 //! against the whole master's budget: one that takes the deletes from all
 //! links within `window` past the limit is held, so a master cannot spread
@@ -100,6 +108,19 @@ impl HeldDelete {
     }
 }
 
+/// A peer's delete of an accepted key the guard let through, with what this
+/// master held before it: put back, and held, if the burst it belongs to
+/// goes past the limit within `window`.
+#[derive(Clone, Debug)]
+pub(super) struct PutBack {
+    /// The delete let through.
+    pub delete: Decision,
+    /// The id's entry before it.
+    pub before: Entry,
+    /// The accepted decision that entry held, its key included.
+    pub accepted: Decision,
+}
+
 /// The deletes of accepted keys one link brought, as the guard counts them.
 #[derive(Debug)]
 struct Burst {
@@ -111,12 +132,27 @@ struct Burst {
     gathered: Vec<Decision>,
     /// When deletes from this link were let through, within `window`.
     passed: VecDeque<Instant>,
+    /// What was held before the deletes let through (within `window`), to
+    /// put back should the burst go past the limit.
+    kept: VecDeque<(Instant, PutBack)>,
     /// Held for going past the whole master's budget, within `window`:
     /// they count against the link's own limit too.
     held: usize,
     /// The burst went past the limit: every delete of an accepted key from
     /// this link is held until it has been quiet for `window`.
     tripped: Option<usize>,
+}
+
+impl Burst {
+    /// Forgets deletes let through longer than `window` ago.
+    fn forget_older(&mut self, now: Instant, window: Duration) {
+        while self.passed.front().is_some_and(|at| now.duration_since(*at) > window) {
+            self.passed.pop_front();
+        }
+        while self.kept.front().is_some_and(|(at, _)| now.duration_since(*at) > window) {
+            self.kept.pop_front();
+        }
+    }
 }
 
 /// Whether `decision` came from its very origin on link `from`.
@@ -138,6 +174,9 @@ pub(super) struct News {
     /// Held deletes given back to be judged again: the very delete came
     /// from its origin after it was held as forwarded by another link.
     pub rejudged: Vec<HeldDelete>,
+    /// Deletes let through before their burst went past the limit: to be
+    /// put back and held (see [`PutBack`]), with the link they came on.
+    pub put_back: Vec<(Arc<str>, PutBack)>,
 }
 
 /// A burst the guard began to hold.
@@ -253,6 +292,7 @@ impl Guard {
             base: n_accepted,
             gathered: Vec::new(),
             passed: VecDeque::new(),
+            kept: VecDeque::new(),
             held: 0,
             tripped: None,
         });
@@ -262,9 +302,7 @@ impl Guard {
             burst.base = n_accepted + burst.passed.len();
         }
         burst.last = now;
-        while burst.passed.front().is_some_and(|at| now.duration_since(*at) > window) {
-            burst.passed.pop_front();
-        }
+        burst.forget_older(now, window);
         burst.gathered.retain(|d| d.id != decision.id);
         burst.gathered.push(decision);
         if let Some(n_held) = &mut burst.tripped {
@@ -275,6 +313,10 @@ impl Guard {
                 burst.tripped = Some(burst.gathered.len());
                 let n = burst.gathered.len();
                 self.news.tripped.push(Tripped { via: from.clone(), forwarded: false, n, limit });
+                // The burst's first deletes were let through one by one
+                // (slower than `quiet`): put back and held with the rest.
+                let kept = std::mem::take(&mut burst.kept);
+                self.news.put_back.extend(kept.into_iter().map(|(_, put_back)| (from.clone(), put_back)));
             } else if !firsthand {
                 self.judge_forwarded(n_accepted, wall_ms);
                 return;
@@ -341,14 +383,13 @@ impl Guard {
                 burst.passed.extend(std::iter::repeat_n(now, burst.gathered.len()));
                 due.extend(burst.gathered.drain(..).map(|d| (link.clone(), d)));
             }
-            while burst.passed.front().is_some_and(|at| now.duration_since(*at) > window) {
-                burst.passed.pop_front();
-            }
+            burst.forget_older(now, window);
             if idle >= window {
                 if let Some(n_held) = burst.tripped.take() {
                     self.news.ended.push((link.clone(), n_held));
                 }
                 burst.passed.clear();
+                burst.kept.clear();
                 burst.held = 0;
             }
         }
@@ -378,6 +419,22 @@ impl Guard {
         } else {
             Some(seen.min(soonest.unwrap_or(seen)))
         }
+    }
+
+    /// A delete from link `from` that [`Guard::due`] let through was applied:
+    /// what was held before it is kept for `window`, to be put back should
+    /// the burst go past the limit.
+    pub fn keep(&mut self, from: &Arc<str>, put_back: PutBack, now: Instant) {
+        if let Some(burst) = self.bursts.get_mut(from).filter(|burst| burst.tripped.is_none()) {
+            burst.kept.push_back((now, put_back));
+        }
+    }
+
+    /// A delete let through was put back here ([`News::put_back`]): held
+    /// from now on (the caller kept it in the store with the key).
+    pub fn hold_put_back(&mut self, held: HeldDelete) {
+        self.changes += 1;
+        self.held.insert(held.decision.id.clone(), held);
     }
 
     /// Whether deletes are waiting to be judged or applied.

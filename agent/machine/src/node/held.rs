@@ -88,14 +88,17 @@ impl Node {
     pub(super) fn guard_tick(&mut self, now: Now, rt: &mut impl Runtime) {
         let due = self.guard.due(now.mono);
         if !due.is_empty() {
+            let kept = self.keep_before(&due, rt);
             self.apply_arrivals(by_peer(due), Source::Guard, now, rt);
+            self.keep_passed(kept, now);
         }
         self.tell_guard(now, rt);
     }
 
     /// Keeps newly held deletes in the store and tells what the guard did.
     fn tell_guard(&mut self, now: Now, rt: &mut impl Runtime) {
-        let news = self.guard.take_news();
+        let mut news = self.guard.take_news();
+        let put_back = self.put_back(std::mem::take(&mut news.put_back), now, rt);
         let retry = self.guard.unsaved && self.trouble.retry_due(now.mono);
         // Given back to be judged again and not held again at once.
         let unheld: Vec<MinionId> =
@@ -126,7 +129,10 @@ impl Node {
         for tripped in news.tripped {
             let via = tripped.via;
             let first = self.guard.held().filter(|h| h.from == via).take(10).map(|h| h.decision.id.clone());
-            let (n, limit, forwarded, first) = (tripped.n, tripped.limit, tripped.forwarded, first.collect());
+            // The burst's deletes put back here are held with it.
+            let n_back =
+                if tripped.forwarded { 0 } else { put_back.iter().find(|(l, _)| *l == via).map_or(0, |(_, n)| *n) };
+            let (n, limit, forwarded, first) = (tripped.n + n_back, tripped.limit, tripped.forwarded, first.collect());
             rt.audit(Event::DeletesHeld { via, forwarded, n, limit, first });
         }
         for (via, n) in news.ended {

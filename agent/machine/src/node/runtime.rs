@@ -81,6 +81,9 @@ pub struct StoreWrite<'a> {
     pub unheld: &'a [MinionId],
     /// The last completed comparison with a peer (wall-clock ms), to keep.
     pub contact: Option<u64>,
+    /// Replaces the list of keys put back whose files may not be written
+    /// yet (see `put_back.rs`; empty: none).
+    pub putting_back: Option<&'a [MinionId]>,
 }
 
 /// The effects of the node machine.

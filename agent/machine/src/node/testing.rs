@@ -116,6 +116,8 @@ pub struct MemoryStore {
     pub last_contact_ms: Option<u64>,
     /// Per origin, when the newest delete compacted was made.
     pub forgot: Vec<(Arc<str>, u64)>,
+    /// Keys put back whose files may not be written yet.
+    pub putting_back: Vec<MinionId>,
 }
 
 /// What the store keeps for one id.
@@ -176,6 +178,9 @@ impl MemoryStore {
         if write.contact.is_some() {
             self.last_contact_ms = write.contact;
         }
+        if let Some(ids) = write.putting_back {
+            self.putting_back = ids.to_vec();
+        }
     }
 
     /// What a start loads from this store.
@@ -199,6 +204,7 @@ impl MemoryStore {
             held: self.held.values().cloned().collect(),
             last_contact_ms: self.last_contact_ms,
             forgot: self.forgot.clone(),
+            putting_back: self.putting_back.clone(),
         }
     }
 

@@ -266,3 +266,89 @@ fn a_newer_decision_settles_a_held_delete() {
     assert!(!rt_b.store.held.contains_key(&MinionId::parse("m007").unwrap()));
     assert_eq!(count(&rt_b, |e| matches!(e, Event::HeldSettled { .. })), 1);
 }
+
+/// `salt-key -D` while salt-master is stopped deletes about one key a
+/// second, each waiting on the event bus: every delete passes `quiet` on
+/// its own. Once the burst goes past the limit, the deletes let through
+/// before are put back from what this master kept, and held with the
+/// rest: every key stays here, and `held` and `revert` cover the burst.
+#[test]
+fn a_mass_delete_at_one_key_a_second_is_held_whole() {
+    const N: usize = 20;
+    let base = Instant::now();
+    let (mut a, mut rt_a) = master("master-a", N);
+    let (mut b, mut rt_b) = master("master-b", N);
+    let names = ids(N);
+    let deletes: Vec<Decision> = names
+        .iter()
+        .enumerate()
+        .flat_map(|(i, name)| delete_on(&mut a, &mut rt_a, std::slice::from_ref(name), base, i as f64 * 10.0))
+        .collect();
+    assert_eq!(deletes.len(), N);
+    let start = 300.0;
+    for (i, delete) in deletes.iter().enumerate() {
+        let t = start + i as f64 * 1.1;
+        b.on_batches(vec![("master-a".into(), vec![delete.clone()])], at(base, t), &mut rt_b);
+        b.on_tick(at(base, t + 1.05), &mut rt_b);
+    }
+    b.on_tick(at(base, start + 200.0), &mut rt_b);
+    assert_eq!(accepted(&rt_b), N, "every key is here, the first ones put back");
+    assert_eq!(b.held().count(), N, "the whole burst is held");
+    assert_eq!(rt_b.store.held.len(), N, "and kept in the store");
+    let put_back = |e: &Event| matches!(e, Event::PutBack { held, .. } if &*held.from == "master-a");
+    assert_eq!(count(&rt_b, put_back), 10, "each key put back is told");
+    let tripped = |e: &Event| matches!(e, Event::DeletesHeld { n: 11, limit: 10, .. });
+    assert_eq!(count(&rt_b, tripped), 1, "the burst held counts the keys put back");
+    // A restart keeps the burst held with every key in place.
+    let mut b = node_with("master-b", GuardSettings::default(), rt_b.store.loaded(), &mut rt_b);
+    b.on_tick(at(base, start + 300.0), &mut rt_b);
+    assert_eq!((b.held().count(), accepted(&rt_b)), (N, N));
+    // Anti-entropy offering the deletes again changes nothing.
+    b.on_batches(vec![("master-a".into(), deletes.clone())], at(base, start + 301.0), &mut rt_b);
+    b.on_tick(at(base, start + 400.0), &mut rt_b);
+    assert_eq!((b.held().count(), accepted(&rt_b)), (N, N));
+    // One revert covers the whole burst: every key accepted again on the origin.
+    rt_b.sent.clear();
+    let reverted = b.revert_held(Some("master-a"), &[], "root", at(base, start + 401.0), &mut rt_b).unwrap();
+    assert_eq!(reverted.done.len(), N, "{reverted:?}");
+    let sent: Vec<Decision> = rt_b.sent.iter().flat_map(|(_, d)| d.clone()).collect();
+    a.on_batches(vec![("master-b".into(), sent)], at(base, start + 402.0), &mut rt_a);
+    assert_eq!(accepted(&rt_a), N, "back on the origin");
+}
+
+/// Keys put back whose files cannot be written (a full disk) are listed in
+/// the store: a rescan meanwhile does not read their absence as this
+/// master's own deletes, and the next start writes them.
+#[test]
+fn keys_put_back_are_written_after_a_full_disk_and_a_restart() {
+    const N: usize = 20;
+    let base = Instant::now();
+    let (mut a, mut rt_a) = master("master-a", N);
+    let (mut b, mut rt_b) = master("master-b", N);
+    let deletes: Vec<Decision> = ids(N)
+        .iter()
+        .enumerate()
+        .flat_map(|(i, name)| delete_on(&mut a, &mut rt_a, std::slice::from_ref(name), base, i as f64 * 10.0))
+        .collect();
+    let start = 300.0;
+    for (i, delete) in deletes.iter().take(11).enumerate() {
+        let t = start + i as f64 * 1.1;
+        if i == 10 {
+            rt_b.faults.apply = true;
+        }
+        b.on_batches(vec![("master-a".into(), vec![delete.clone()])], at(base, t), &mut rt_b);
+        b.on_tick(at(base, t + 1.05), &mut rt_b);
+    }
+    assert_eq!(b.held().count(), 11, "the burst is held, the ten let through too");
+    assert_eq!(accepted(&rt_b), N - 10, "their files could not be written yet");
+    assert_eq!(rt_b.store.putting_back.len(), 10, "the store lists them");
+    rt_b.sent.clear();
+    b.on_lost("overflow", at(base, start + 20.0), &mut rt_b);
+    b.on_tick(at(base, start + 30.0), &mut rt_b);
+    assert!(rt_b.sent.is_empty(), "their absence is not master-b's own delete: {:?}", rt_b.sent);
+    rt_b.faults.apply = false;
+    let b = node_with("master-b", GuardSettings::default(), rt_b.store.loaded(), &mut rt_b);
+    assert_eq!((accepted(&rt_b), b.held().count()), (N, 11), "written at the next start");
+    assert!(rt_b.store.putting_back.is_empty());
+    assert!(rt_b.sent.is_empty(), "nothing decided by the start either: {:?}", rt_b.sent);
+}

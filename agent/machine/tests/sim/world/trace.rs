@@ -29,6 +29,16 @@ impl Sim {
                 node::Event::HeldSettled { held, how } => {
                     trace!(self, "{} settles held {} {}: {how:?}", n.name, held.decision.id, held.decision.version)
                 }
+                node::Event::PutBack { held, .. } => {
+                    trace!(
+                        self,
+                        "{} puts back {} (holds {} from {})",
+                        n.name,
+                        held.decision.id,
+                        held.decision.version,
+                        held.from
+                    )
+                }
                 node::Event::Operator { action, decision, .. } => {
                     trace!(self, "{} {action:?}s {} as {}", n.name, decision.id, decision.version)
                 }
