@@ -1,15 +1,18 @@
 # The Salt formula (packaging/salt-formula, as the .deb ships it) applied
-# with `salt-call --local` on master-a after a purge, as a fresh master
-# (sourced by tests/systemd/run.sh, after phases.sh): the agent it starts
-# replicates with master-b and master-c outside, a second run changes
-# nothing, a peer or certificate change reloads, another key restarts, a
-# failing `salt-keysync check` leaves the agent untouched until fixed, and
-# salt_keysync.clean undoes it. The commands docs/formula.md marks run
-# verbatim.
+# to master-a after a purge, as a fresh master (sourced by
+# tests/systemd/run.sh, after phases.sh), from the container's salt-master
+# (user: salt) to a salt-minion master-a beside it: the pillar the docs
+# write is one that master can read (a folder it cannot enter gives an empty
+# pillar, and the formula says so); the agent the formula starts replicates
+# with master-b and master-c outside, a second run changes nothing, a new
+# build masterless (salt-call --local) upgrades, a peer or certificate
+# change reloads, another key restarts, a failing `salt-keysync check`
+# leaves the agent untouched until fixed, and salt_keysync.clean undoes it.
+# The commands docs/formula.md marks run verbatim.
 
 # formula_pillar PEER... [-- YAML-LINE...]: master-a's config pillar, the
 # package $formula_source (from the shared folder); extra lines go under
-# `config:`.
+# `config:`. Written as docs/formula.md says: 0640 root:salt.
 formula_pillar() {
     local peers=() extra=() peer
     while [ $# -gt 0 ] && [ "$1" != -- ]; do peers+=("$1"); shift; done
@@ -30,13 +33,26 @@ EOF
             local var="${peer//-/_}_address"
             printf '      - name: %s\n        address: "%s"\n' "$peer" "${!var}"
         done
-    } | inside sh -c 'umask 077 && mkdir -p /srv/pillar && cat >/srv/pillar/salt_keysync.sls'
+    } | inside sh -euc 'umask 077
+        cat >/srv/pillar/salt_keysync.sls
+        chgrp salt /srv/pillar/salt_keysync.sls
+        chmod 0640 /srv/pillar/salt_keysync.sls'
 }
 
-# formula_apply NAME SLS: state.apply SLS in the container, JSON in
-# $work/salt-NAME.json; salt-call's exit status.
+# formula_apply NAME SLS: state.apply SLS from the container's salt-master
+# to its minion master-a, JSON in $work/salt-NAME.json; salt's exit status
+# (1 when a state failed or nothing rendered; not with --static, which
+# loses the minion's exit status). Bounded: a minion that does not answer
+# ends it after 5 minutes.
 formula_apply() {
-    inside salt-call --local state.apply "$2" --out=json >"$work/salt-$1.json" 2>"$work/salt-$1.err"
+    inside timeout 300 salt master-a state.apply "$2" --out=json --timeout 60 \
+        >"$work/salt-$1.json" 2>"$work/salt-$1.err"
+}
+
+# formula_apply_local NAME SLS: the same masterless (salt-call --local, the
+# pillar rendered by root on the minion from its own /srv/pillar).
+formula_apply_local() {
+    inside timeout 300 salt-call --local state.apply "$2" --out=json >"$work/salt-$1.json" 2>"$work/salt-$1.err"
 }
 
 # formula_states NAME: the states of that run in their order, one line
@@ -44,7 +60,8 @@ formula_apply() {
 formula_states() {
     python3 - "$work/salt-$1.json" <<'EOF'
 import json, sys
-ret = json.load(open(sys.argv[1]))["local"]
+# salt-call --local: {"local": ...}; salt: {"master-a": ...}.
+(ret,) = json.load(open(sys.argv[1])).values()
 if not isinstance(ret, dict):
     sys.exit(f"no states ran: {ret}")
 for key, state in sorted(ret.items(), key=lambda item: item[1]["__run_num__"]):
@@ -59,7 +76,7 @@ formula_state() { formula_states "$1" | awk -v id="$2" '$1 == id { print $2, $3 
 formula_stdout() {
     python3 - "$work/salt-$1.json" "$2" <<'EOF'
 import json, sys
-ret = json.load(open(sys.argv[1]))["local"]
+(ret,) = json.load(open(sys.argv[1])).values()
 for state in ret.values():
     if state["__id__"] == sys.argv[2]:
         print(state["changes"].get("stdout", ""), state["changes"].get("stderr", ""), state["comment"], sep="\n")
@@ -105,8 +122,51 @@ metrics_answer() {
         "http://$A_IP:9515/metrics"
 }
 
+# formula_minion: a salt-minion in the container, id master-a, whose master
+# is the container's salt-master (user: salt), run by Salt's own unit
+# (pkg/common/salt-minion.service); its key accepted with salt-key there,
+# and answering test.ping from the master.
+formula_minion() {
+    inside sh -euc "
+        mkdir -p /etc/salt/minion.d
+        cat >/etc/salt/minion.d/test-master.conf <<EOF
+id: master-a
+master: $A_IP
+# A pending key's authentication retried every second, not every ten.
+acceptance_wait_time: 1
+EOF
+        cat >/etc/systemd/system/salt-minion.service <<EOF
+[Unit]
+Description=The Salt Minion
+After=network.target salt-master.service
+
+[Service]
+KillMode=process
+Type=notify
+NotifyAccess=all
+LimitNOFILE=8192
+ExecStart=/usr/bin/salt-minion
+
+[Install]
+WantedBy=multi-user.target
+EOF
+        systemctl daemon-reload
+        systemctl start salt-minion
+    " >"$work/salt-minion-setup.out" 2>&1 || fail "salt-minion did not start: $(tail -n 20 "$work/salt-minion-setup.out")"
+    eventually 60 "the minion master-a's key pending on the container's salt-master" inside test -e "$PKI/minions_pre/master-a"
+    salt_key_in_a -a master-a
+    eventually 90 "the minion master-a answers its salt-master" minion_answers
+    ok "salt-minion master-a: key accepted with salt-key, answers test.ping from the salt-master (user: salt)"
+}
+
+minion_answers() {
+    local said
+    said=$(inside timeout 30 salt master-a test.ping --out=json --static --timeout 10 2>&1) || { echo "$said"; return 1; }
+    [ "$(printf '%s' "$said" | tr -d ' \n')" = '{"master-a":true}' ] || { echo "$said"; return 1; }
+}
+
 phase_formula() {
-    step "the Salt formula on a fresh master: salt-call --local state.apply salt_keysync"
+    step "the Salt formula on a fresh master, from its salt-master: salt master-a state.apply salt_keysync"
     run_doc_block purge
     inside rm -rf /etc/salt-keysync
     [ "$(inside dpkg-query -W -f '${Status}' salt-keysync 2>/dev/null)" != "install ok installed" ] || fail "still installed after the purge"
@@ -118,10 +178,57 @@ phase_formula() {
         || fail "the formula in $(basename "$deb") differs from packaging/salt-formula (run scripts/package.sh): $(head -n 20 "$work/formula-diff.out")"
     ok "the .deb's formula, taken out as the docs say, is packaging/salt-formula"
     run_doc_block formula-roots
+    run_doc_block formula-roots-master
+    [ "$(inside systemctl is-active salt-master)" = active ] || fail "salt-master is not active after its restart"
+    formula_minion
     formula_source="/srv/keysync/$(basename "$deb")"
+    run_doc_block formula-pillar-dir
     formula_pillar master-b master-c
-    inside sh -c "printf 'base:\n  \"*\":\n    - salt_keysync\n    - salt_keysync_tls\n' >/srv/pillar/top.sls"
     run_doc_block formula-pillar-tls
+    run_doc_block formula-pillar-top
+    local modes
+    modes=$(inside stat -c '%n %a %U:%G' /srv/pillar /srv/pillar/salt_keysync.sls /srv/pillar/salt_keysync_tls.sls /srv/pillar/top.sls)
+    [ "$modes" = "/srv/pillar 750 root:salt
+/srv/pillar/salt_keysync.sls 640 root:salt
+/srv/pillar/salt_keysync_tls.sls 640 root:salt
+/srv/pillar/top.sls 640 root:salt" ] || fail "the pillar files: $modes"
+    if inside runuser -u nobody -- cat /srv/pillar/salt_keysync_tls.sls >/dev/null 2>&1; then
+        fail "another user reads the TLS pillar"
+    fi
+    run_doc_block formula-pillar-look
+    [ "$(head -n 1 "$work/doc-formula-pillar-look.out")" = "['config', 'pkg', 'tls']" ] \
+        && grep -qx salt_keysync_tls.sls "$work/doc-formula-pillar-look.out" \
+        || fail "the pillar as the salt-master renders it and as salt sees it: $(cat "$work/doc-formula-pillar-look.out")"
+    ok "the pillar 0750/0640 root:salt: the salt-master (user salt) renders config, pkg and tls for master-a; other users read nothing"
+
+    # The pillar folder as `umask 077; mkdir -p` made it (the recipe before):
+    # the salt-master cannot enter it and renders an empty pillar, without
+    # an error of its own. The formula says so, not something about
+    # certificates, and changes nothing.
+    local said
+    inside chmod 0700 /srv/pillar
+    if formula_apply pillar-hidden salt_keysync; then
+        fail "state.apply succeeded with a pillar folder the salt-master cannot enter"
+    fi
+    said=$(cat "$work/salt-pillar-hidden.json")
+    [[ "$said" == *"pillar salt_keysync is empty for minion master-a"* && "$said" == *"salt-call pillar.get salt_keysync:config"* \
+        && "$said" == *"cannot enter the pillar folder"* && "$said" != *PEM* ]] \
+        || fail "an empty pillar from the salt-master: $said"
+    [ "$(inside dpkg-query -W -f '${Status}' salt-keysync 2>/dev/null)" != "install ok installed" ] || fail "an empty pillar installed the package"
+    ok "a pillar folder the salt-master cannot enter: the formula stops, says the pillar is empty and how to look, installs nothing"
+    # A file it cannot read in a folder it enters: Salt itself fails the pillar.
+    inside chmod 0750 /srv/pillar
+    inside chmod 0600 /srv/pillar/salt_keysync_tls.sls
+    if formula_apply pillar-unreadable salt_keysync; then
+        fail "state.apply succeeded with a pillar file the salt-master cannot read"
+    fi
+    said=$(cat "$work/salt-pillar-unreadable.json")
+    [[ "$said" == *"Pillar failed to render"* ]] || fail "a pillar file the salt-master cannot read: $said"
+    inside grep -q "Permission denied: '/srv/pillar/salt_keysync_tls.sls'" /var/log/salt/master \
+        || fail "the master's log does not say Permission denied: $(inside tail -n 5 /var/log/salt/master)"
+    inside chmod 0640 /srv/pillar/salt_keysync_tls.sls
+    ok "a pillar file the salt-master cannot read: Pillar failed to render, Permission denied in the master's log"
+
     local keyline
     keyline=$(sed -n 2p "$share/master-a.key")
 
@@ -135,7 +242,6 @@ phase_formula() {
         || fail "the formula did not install $(basename "$deb"): $(inside dpkg-query -W -f '${Status} ${Version}' salt-keysync 2>&1)"
     [ "$(inside systemctl is-active salt-keysync)" = active ] && [ "$(inside systemctl is-enabled salt-keysync)" = enabled ] \
         || fail "after the formula: $(inside systemctl is-active salt-keysync), $(inside systemctl is-enabled salt-keysync)"
-    local modes
     modes=$(inside stat -c '%n %a %U:%G' /etc/salt-keysync/config.toml /etc/salt-keysync/tls \
         /etc/salt-keysync/tls/ca.pem /etc/salt-keysync/tls/node.pem /etc/salt-keysync/tls/node.key)
     [ "$modes" = "/etc/salt-keysync/config.toml 640 root:salt
@@ -146,12 +252,12 @@ phase_formula() {
     inside cmp -s /srv/keysync/master-a.key /etc/salt-keysync/tls/node.key || fail "node.key is not the pillar's key"
     ok "installed from the .deb, check passed, enabled and active; config 0640 root:salt, key 0600 salt:salt"
     if grep -rlF -- "$keyline" "$work/doc-formula-apply.out"; then
-        fail "the private key is in salt-call's output"
+        fail "the private key is in salt's output"
     fi
-    if inside grep -rlF -- "$keyline" /var/cache/salt /var/log/salt; then
-        fail "the private key is in the minion's cache or log (above)"
+    if inside grep -rlF -- "$keyline" /var/cache/salt/minion /var/cache/salt/master/jobs /var/log/salt; then
+        fail "the private key is in the minion's cache, the master's job cache or a log (above)"
     fi
-    ok "the private key is in neither salt-call's output nor the minion's cache and log"
+    ok "the private key is in neither salt's output, the master's job cache, nor the minion's cache and log"
     inside salt-keysync status >"$work/formula-status.out" 2>&1 || fail "salt-keysync status: $(cat "$work/formula-status.out")"
     eventually 30 "master-b up after the formula's start" expect_peer_state master-b up
     eventually 30 "master-c up after the formula's start" expect_peer_state master-c up
@@ -163,19 +269,21 @@ phase_formula() {
     ok "salt-keysync status: both peers up; replicates both ways"
 
     run_doc_block formula-unchanged
-    grep -qx "0 changes, 0 failed" "$work/doc-formula-unchanged.out" || fail "a second apply: $(tail -n 5 "$work/doc-formula-unchanged.out")"
+    grep -qx "master-a: 0 changes, 0 failed" "$work/doc-formula-unchanged.out" || fail "a second apply: $(tail -n 5 "$work/doc-formula-unchanged.out")"
     ok "a second apply changes nothing"
 
     # A new build rolls out: pkg:source names the next revision (a higher
     # version, so pkg.installed installs it); the package's install script
     # restarts the agent, the formula's config stays as it wrote it.
+    # Masterless, the other way docs/formula.md gives: salt-call --local
+    # renders the same pillar on the minion, as root.
     local pid config_sha upgrade_deb
     pid=$(unit_prop MainPID)
     config_sha=$(inside sha256sum /etc/salt-keysync/config.toml)
     upgrade_deb=$(cd "$share/upgrade" && echo salt-keysync_*_amd64.deb)
     formula_source="/srv/keysync/upgrade/$upgrade_deb"
     formula_pillar master-b master-c
-    formula_apply upgrade salt_keysync || fail "state.apply with a new build: $(formula_states upgrade 2>&1 | tr '\n' ';') $(tail -n 5 "$work/salt-upgrade.err")"
+    formula_apply_local upgrade salt_keysync || fail "state.apply with a new build: $(formula_states upgrade 2>&1 | tr '\n' ';') $(tail -n 5 "$work/salt-upgrade.err")"
     expect_states upgrade package-install-pkg-installed="True changed" config-file-file-managed="True same" \
         service-running-cmd-check=absent service-running-service-running="True same"
     [ "$(inside dpkg-query -W -f '${Version}' salt-keysync)" = "${version%-*}-99" ] \
@@ -183,7 +291,7 @@ phase_formula() {
     [ "$(inside sha256sum /etc/salt-keysync/config.toml)" = "$config_sha" ] || fail "the upgrade changed the formula's config"
     eventually 30 "the upgraded agent runs" restarted_as "$(unit_prop NRestarts)" "$pid"
     eventually 30 "master-b up after the formula's upgrade" expect_peer_state master-b up
-    ok "a new build from pkg:source: upgraded to ${version%-*}-99 and restarted, the config unchanged"
+    ok "a new build from pkg:source, masterless: upgraded to ${version%-*}-99 and restarted, the config unchanged"
 
     pid=$(unit_prop MainPID)
     formula_pillar master-b
@@ -192,7 +300,6 @@ phase_formula() {
         service-running-cmd-reload="True changed" service-running-service-running="True same"
     # (Each output in a variable first: with pipefail, `grep -q` ending a
     # pipe early would fail the writer with SIGPIPE.)
-    local said
     said=$(formula_stdout peer-removed salt-keysync-service-running-cmd-reload)
     [[ "$said" == *"-master-c"* ]] || fail "the reload does not say master-c left: $said"
     [ "$(unit_prop MainPID)" = "$pid" ] || fail "a peer change restarted the agent"
@@ -214,7 +321,7 @@ phase_formula() {
     [ "$(unit_prop MainPID)" = "$pid" ] || fail "a certificate change restarted the agent"
     [ "$(served_cert)" = "$(pem_cert_sha "$work/tls2/master-a.pem")" ] || fail "after the reload master-a does not serve its renewed certificate"
     if grep -F -- "$(sed -n 2p "$share/tls2/master-a.key")" "$work/salt-renewed.json" >/dev/null; then
-        fail "the renewed key is in salt-call's output"
+        fail "the renewed key is in salt's output"
     fi
     eventually 30 "master-c up again after the reload" expect_peer_state master-c up
     ok "a renewed certificate and master-c back: reloaded (same process), the new certificate served, no diff of the key"

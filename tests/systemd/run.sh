@@ -14,8 +14,9 @@
 # first of all a rolling upgrade of a three-master site from the previous
 # release (rolling.sh; tests/upgrade/build.sh builds that release from its
 # commit in git once, cached under target/previous-release/), timing each
-# decision between old and upgraded masters; then the Salt formula on the purged master (formula.sh): salt-call --local
-# state.apply installs, configures and starts it, reloads, restarts, cleans.
+# decision between old and upgraded masters; then the Salt formula on the purged master (formula.sh): the
+# container's salt-master applies it to a salt-minion beside it (state.apply installs, configures and starts
+# it, reloads, restarts, cleans; one upgrade masterless, salt-call --local), with the pillar it can read.
 # Ends with one line: "systemd-test: PASS (...)" or "systemd-test: FAIL: ...".
 # Fails (never skips) when something it needs is missing;
 # scripts/deps.sh installs it. KEEP=1 keeps the work folder;

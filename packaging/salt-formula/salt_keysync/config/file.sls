@@ -12,6 +12,20 @@
 {%- from tplroot ~ "/map.jinja" import salt_keysync with context %}
 {%- from tplroot ~ "/libconfig.jinja" import config_text with context %}
 
+{#- The pillar first. A salt-master that cannot enter its pillar folder (it
+    renders pillar as its own user, `salt` since Salt 3006) gives the minion
+    an empty pillar without any error; the PEM checks below would then blame
+    the certificates. #}
+{%- set minion = grains.get('id', '') %}
+{%- set pillar_settings = salt['pillar.get']('salt_keysync', {}) %}
+{%- set check_with = "See what the salt-master gives this minion with `salt-call pillar.get salt_keysync:config` on it (masterless: salt-call --local pillar.get salt_keysync:config)" %}
+{%- if not pillar_settings %}
+{{-   raise("pillar salt_keysync is empty for minion " ~ minion ~ ": the formula writes the agent's config and TLS files from it. " ~ check_with ~ ". Empty there: the pillar top file gives " ~ minion ~ " no salt_keysync file, or the salt-master cannot enter the pillar folder (pillar_roots, /srv/pillar by default): it reads pillar as its user (`user:` in its config, salt by default), so the folder is to be 0750 root:salt and its files 0640 root:salt (/usr/share/doc/salt-keysync/formula.md, Pillar)") }}
+{%- endif %}
+{%- if not pillar_settings.get('tls') %}
+{{-   raise("pillar salt_keysync:tls is missing for minion " ~ minion ~ ", whose pillar salt_keysync has only " ~ (pillar_settings | list | sort | join(", ")) ~ ": the agent's CA, certificate and key come from it. " ~ check_with ~ ". The pillar file holding it is to be in the top file for " ~ minion ~ " and readable by the salt-master's user (/usr/share/doc/salt-keysync/formula.md, Pillar)") }}
+{%- endif %}
+
 {#- Each PEM is read here only to say what is missing, never printed. #}
 {%- set kinds = {'ca': 'CERTIFICATE', 'cert': 'CERTIFICATE', 'key': 'PRIVATE KEY'} %}
 {%- for role in ['ca', 'cert', 'key'] %}
