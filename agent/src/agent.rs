@@ -54,7 +54,13 @@ pub async fn run_with(
     // Refused before anything is read or written: too-open paths, or a
     // master whose key folders are not the truth.
     crate::disk::perms::enforce(&config)?;
-    crate::disk::salt_master::check_master_config(&config.salt.master_config).map_err(anyhow::Error::msg)?;
+    let salt = &config.salt;
+    if crate::disk::salt_master::check_master_config(&salt.master_config, salt.master_config_named)
+        .map_err(anyhow::Error::msg)?
+        .is_none()
+    {
+        tracing::info!("{}", crate::disk::salt_master::defaults_assumed(&salt.master_config));
+    }
     let material = load_tls_material(&config)?;
     let tls = tls_setup(&config, &material)?;
     let owner = salt_owner(&config)?;
@@ -64,8 +70,13 @@ pub async fn run_with(
     // folder, or a metrics port in use, stops the start while nothing changed. A start that fails
     // later removes it again (dropped).
     let control_socket = crate::ops::control::bind(&config.control_socket, &config.state_dir).await?;
+    // An address another program holds is tried again for a while, then a
+    // temporary failure (exit 75, restarted by the unit): see `net/listen.rs`.
     let metrics_listener = match config.metrics_listen {
-        Some(address) => Some(crate::ops::metrics::bind(address).await?),
+        Some(address) => match crate::net::listen::bind("metrics_listen", address, &shutdown).await? {
+            Some(listener) => Some(listener),
+            None => return Ok(()),
+        },
         None => None,
     };
 
@@ -119,9 +130,10 @@ pub async fn run_with(
     let store_id = store.id().to_string();
     let listener = match listener {
         Some(listener) => listener,
-        None => {
-            TcpListener::bind(config.listen).await.with_context(|| format!("cannot listen on {}", config.listen))?
-        }
+        None => match crate::net::listen::bind("listen", config.listen, &shutdown).await? {
+            Some(listener) => listener,
+            None => return Ok(()),
+        },
     };
 
     // Watching starts before the start-up scan, so nothing changed during it

@@ -120,6 +120,9 @@ pub struct Salt {
     /// The master's config file, read by `check` and at start-up to refuse
     /// set-ups where the key folders are not the truth.
     pub master_config: PathBuf,
+    /// Whether the config names `master_config` (a named file that does not
+    /// exist is refused; the default missing means Salt's defaults).
+    pub master_config_named: bool,
     /// Where `.dfn` is dropped to make the master rotate its AES key.
     pub cachedir: PathBuf,
     /// Written into `.dfn` (Salt 3008 does); `None`: this host's name + "_master".
@@ -404,6 +407,7 @@ impl Config {
             }
         };
         let salt = Salt {
+            master_config_named: raw.salt.master_config.is_some(),
             master_config: resolve(raw.salt.master_config.unwrap_or_else(|| "/etc/salt/master".into())),
             cachedir: resolve(raw.salt.cachedir.unwrap_or_else(|| "/var/cache/salt/master".into())),
             master_id: raw.salt.master_id,

@@ -360,7 +360,9 @@ and [tls] (files included) apply at once, without dropping unchanged
 links; a config that does not load, or that changes any other key, is
 refused with the reason in the log and the audit log, and the running
 config stays in force. A start refused before the agent is ready (config,
-certificates, permissions, a lost state) exits with status 78.
+certificates, permissions, a lost state) exits with status 78. A listen
+address another program holds is tried again for 15 s, then exits with
+status 75, a temporary failure the packaged unit restarts.
 Under systemd (Type=notify) it reports READY=1, RELOADING=1, STOPPING=1 and
 pings the watchdog when WatchdogSec= is set.";
 
@@ -411,7 +413,8 @@ fn main() {
 /// sysexits' EX_CONFIG: `run` stopped before it was ready (config,
 /// certificates, permissions, a lost state: what only the operator can fix).
 /// The unit does not restart it (RestartPreventExitStatus=78), where a
-/// restart would only fail the same way five times.
+/// restart would only fail the same way five times. A listen address in
+/// use is no such problem: EX_TEMPFAIL (75, `net/listen.rs`), restarted.
 const EXIT_REFUSED: i32 = 78;
 
 /// Prints `error` for the operator (at err priority when stderr is the
@@ -469,6 +472,10 @@ fn run(path: &std::path::Path, args: &RunArgs) -> Result<()> {
             .context("the agent's main task failed")?
     });
     match outcome {
+        // Another program holds a listen address: the unit starts it again.
+        Err(e) if e.downcast_ref::<salt_keysync::net::listen::InUse>().is_some() => {
+            exit_with(&e, salt_keysync::net::listen::EXIT_TEMPFAIL)
+        }
         Err(e) if !notifier.has_been_ready() => exit_with(&e, EXIT_REFUSED),
         outcome => outcome,
     }

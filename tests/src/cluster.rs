@@ -27,8 +27,8 @@ pub struct AgentFiles {
     pub audit_log: PathBuf,
 }
 
-/// Writes certificates, pki folders and a config (the keys of packaging/config.toml) for `name` under
-/// `root/name`. `peers`: (name, address) pairs.
+/// Writes certificates, pki folders, a config (the keys of packaging/config.toml) and the salt-master
+/// config it names for `name` under `root/name`. `peers`: (name, address) pairs.
 pub fn write_agent_files(
     root: &Path,
     ca: &CertAuthority,
@@ -80,6 +80,10 @@ rescan_interval = "1h"
     }
     let config_path = dir.join("config.toml");
     write_private(&config_path, config);
+    // The master config the agent's config names must exist (a named one
+    // that does not is refused): this test master's has every setting at
+    // Salt's default. Tests write their own settings over it.
+    write_private(&dir.join("salt-master.conf"), "# this test master's config: Salt's defaults\n");
     AgentFiles { name: name.into(), audit_log: dir.join("state/audit.jsonl"), dir, pki, config_path }
 }
 

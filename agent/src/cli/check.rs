@@ -7,6 +7,7 @@ use std::path::Path;
 use tracing::Level;
 
 use crate::config::Config;
+use crate::net::listen::Tried;
 use crate::ops::logging::with_priority;
 use crate::setup::{load_tls, pki_options};
 use anyhow::{bail, Result};
@@ -43,8 +44,11 @@ pub fn check(path: &Path) -> Result<()> {
         }
         Err(e) => problems.push(crate::text::error_chain(e.as_ref())),
     }
+    // The agent serving this pki_dir now, if one does (its lock is held).
+    let mut serving = None;
     match pki_options(&config, false) {
         Ok(options) => {
+            serving = crate::disk::pki::serving_pid(&config.pki_dir, &options.trust).ok().flatten();
             // The folders as `run` opens them: no symlink anywhere, trusted owners, no
             // mode others can write through.
             let (found, notes) = crate::disk::pki::inspect(&config.pki_dir, &options.trust);
@@ -81,10 +85,32 @@ pub fn check(path: &Path) -> Result<()> {
     let (store_problems, store_warnings) = crate::disk::store::format::check_files(&config.state_dir);
     problems.extend(store_problems);
     store_warnings.into_iter().for_each(|warning| print(Level::WARN, format!("WARN {warning}")));
-    match crate::disk::salt_master::check_master_config(&config.salt.master_config) {
+    let salt = &config.salt;
+    match crate::disk::salt_master::check_master_config(&salt.master_config, salt.master_config_named) {
         Ok(Some(note)) => ok(note),
-        Ok(None) => ok(format!("no master config at {} (defaults assumed)", config.salt.master_config.display())),
+        Ok(None) => ok(crate::disk::salt_master::defaults_assumed(&salt.master_config)),
         Err(e) => problems.push(e),
+    }
+    // The addresses `run` listens on, bound and let go at once.
+    let metrics = config.metrics_listen.map(|address| ("metrics_listen", address));
+    for (what, address) in std::iter::once(("listen", config.listen)).chain(metrics) {
+        match crate::net::listen::try_bind(address) {
+            Tried::Free => ok(format!("{what} {address} is free")),
+            // The running agent's own socket.
+            Tried::InUse { holder: Some((pid, _)) } if serving == Some(pid) => {
+                ok(format!("{what} {address} in use by the running agent (pid {pid})"))
+            }
+            Tried::InUse { holder: None } if serving.is_some() => print(
+                Level::INFO,
+                format!(
+                    "note {what} {address} is in use, presumably by the running agent (pid {}) that serves this \
+                     pki_dir (this user cannot see which process holds it)",
+                    serving.unwrap_or_default()
+                ),
+            ),
+            Tried::InUse { holder } => problems.push(in_use(what, address, holder, serving)),
+            Tried::Refused(e) => problems.push(format!("{what}: cannot listen on {address}: {e}")),
+        }
     }
     // Each peer, last: the set-up above is this master's own, a peer's state
     // is not (see `probe_peers`).
@@ -108,6 +134,23 @@ pub fn check(path: &Path) -> Result<()> {
         print(Level::ERROR, format!("FAIL {problem}"));
     }
     bail!("{} problem(s) found", problems.len())
+}
+
+/// Why `run` could not listen on `address`: who holds it, if this user can
+/// see it, and what to do.
+fn in_use(what: &str, address: std::net::SocketAddr, holder: Option<(u32, String)>, serving: Option<u32>) -> String {
+    let by = match &holder {
+        Some((pid, name)) => crate::net::listen::describe(*pid, name),
+        None => "another program (this user cannot see which: `ss -ltnp` as root names it)".to_string(),
+    };
+    let not_agent = match serving {
+        Some(agent) => format!(", not by the running agent (pid {agent})"),
+        None => String::new(),
+    };
+    format!(
+        "{what} {address} is in use by {by}{not_agent}: the agent cannot listen there; stop that program, or \
+         choose another {what}"
+    )
 }
 
 /// How long one peer may take to resolve, connect, shake hands and answer.

@@ -216,6 +216,8 @@ fn write_node(
     }
     let config_path = dir.join("config.toml");
     write_private(&config_path, &config)?;
+    // The master config it names (a named one that does not exist is refused).
+    write_private(&dir.join("salt-master.conf"), "# a demo master: every setting is Salt's default\n")?;
     Ok(config_path)
 }
 

@@ -158,6 +158,10 @@ Failure, with its cause on one line (with \fB\-\-json\fR: {"error": ...} on stdo
 \fB2\fR
 Wrong arguments; \fBaudit\fR: the log cannot be read or a filter value is invalid.
 .TP
+\fB75\fR
+\fBrun\fR: a listen address (\fBlisten\fR, \fBmetrics_listen\fR) was still in use by another program after
+15 s of retries (EX_TEMPFAIL); the packaged unit starts the agent again.
+.TP
 \fB78\fR
 \fBrun\fR: the start was refused before the agent was ready (config, certificates,
 permissions, a lost state: EX_CONFIG); the packaged unit does not restart it.

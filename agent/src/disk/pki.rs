@@ -446,6 +446,17 @@ pub fn peek_marker(root_path: &Path, trust: &Trust) -> io::Result<Option<String>
     }
 }
 
+/// The pid of the agent (or `recover`) serving `root_path`'s folders now, if
+/// one does: its lock is held (see [`Pki::lock_serving`]). Read without
+/// taking the lock or changing anything, for `salt-keysync check`.
+pub fn serving_pid(root_path: &Path, trust: &Trust) -> io::Result<Option<u32>> {
+    let root = dirs::open_path(root_path, trust).map_err(|e| io::Error::other(e.to_string()))?;
+    match staging::peek(&root)? {
+        Some(staging) => staging::lock_holder(&staging),
+        None => Ok(None),
+    }
+}
+
 /// What `salt-keysync check` finds of the folders `run` would use, without
 /// changing anything: problems that stop `run`, and notes.
 pub fn inspect(root_path: &Path, trust: &Trust) -> (Vec<String>, Vec<String>) {

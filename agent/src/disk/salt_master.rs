@@ -5,11 +5,23 @@ use std::path::Path;
 
 /// Reads the master config (YAML) and refuses set-ups the agent cannot
 /// serve: a key cache driver other than `localfs_key`, or a Salt cluster.
-/// `Ok(None)`: no config file. Only top-level `key: value` lines are read,
-/// which is how these settings are written.
-pub fn check_master_config(path: &Path) -> Result<Option<String>, String> {
+/// `Ok(None)`: no config file at the default path, Salt's defaults assumed
+/// (a master that never had one). A path the agent's config names
+/// (`named`) that does not exist is refused: a mistyped path would have the
+/// agent assume Salt's defaults for a master that has a config, and miss
+/// its key cache driver, `cluster_id` and key-acceptance settings. Only
+/// top-level `key: value` lines are read, which is how these settings are
+/// written. `check` and `run` both call this, so they say the same.
+pub fn check_master_config(path: &Path, named: bool) -> Result<Option<String>, String> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && named => {
+            return Err(format!(
+                "salt.master_config {} does not exist: correct the path, or remove the line to assume Salt's \
+                 defaults (as for a master without a config file)",
+                path.display()
+            ))
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("cannot read salt master config {}: {e}", path.display())),
     };
@@ -43,6 +55,12 @@ pub fn check_master_config(path: &Path) -> Result<Option<String>, String> {
     Ok(Some(format!("salt master config {} uses the local key folders", path.display())))
 }
 
+/// What `check` says, and `run` logs, of a master config not found at the
+/// default path.
+pub fn defaults_assumed(path: &Path) -> String {
+    format!("no master config at {} (Salt's defaults assumed)", path.display())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,7 +69,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("master");
         std::fs::write(&path, text).unwrap();
-        check_master_config(&path)
+        check_master_config(&path, true)
     }
 
     #[test]
@@ -62,6 +80,8 @@ mod tests {
         assert!(check("keys:\n  cache_driver: mmap_key\n").unwrap_err().contains("mmap_key"));
         assert!(check("cluster_id: prod\n").unwrap_err().contains("cluster_id is set"));
         assert!(check("cluster_id: null\n# cluster_id: x\n").is_ok());
-        assert!(check_master_config(Path::new("/nonexistent/master")).unwrap().is_none());
+        assert!(check_master_config(Path::new("/nonexistent/master"), false).unwrap().is_none());
+        let named = check_master_config(Path::new("/nonexistent/master"), true).unwrap_err();
+        assert!(named.starts_with("salt.master_config /nonexistent/master does not exist"), "{named}");
     }
 }

@@ -6,6 +6,9 @@ mod audit;
 mod binary;
 /// `certs init`/`certs issue` and the documented openssl recipe, each carrying two agents.
 mod certs;
+/// Issue 28 item 5: `check` predicts `run` for listen addresses in use and a
+/// named master config that does not exist; exit 75 for an address in use.
+mod check_predicts_run;
 /// `status --cluster` beside real Salt 3008.3 and 3006.28: versions, key
 /// counts, skew, and an auto-accepting master as an error on every master.
 mod cluster_health;

@@ -211,9 +211,10 @@ fn a_start_that_cannot_listen_leaves_no_control_socket() {
     let listen = config_text.lines().find_map(|l| l.strip_prefix("listen = ")).unwrap().trim_matches('"');
     let _taken = std::net::TcpListener::bind(listen).unwrap();
     let (code, stderr) = run_until_exit(&files.config_path);
-    assert_eq!(code, Some(78), "{stderr}");
-    assert!(stderr.contains(&format!("cannot listen on {listen}")), "{stderr}");
-    assert!(stderr.contains("Address already in use"), "{stderr}");
+    // A temporary failure, after 15 s of retries: the unit restarts 75 (it did not restart 78).
+    assert_eq!(code, Some(75), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(last.starts_with(&format!("salt-keysync: listen {listen} is in use by pid ")), "{stderr}");
     assert_said_once(&stderr);
     let socket = files.dir.join("state/control.sock");
     assert!(!socket.exists(), "{} left behind", socket.display());

@@ -175,6 +175,36 @@ pub(super) fn peek(root: &OwnedFd) -> io::Result<Option<OwnedFd>> {
     }
 }
 
+/// The pid of the process holding the lock of the staging folder `dir`
+/// (see [`LOCK`]), found without taking it (a `check` racing a starting
+/// agent must not make it refuse): the lock file's inode among the
+/// `flock`s the kernel lists in /proc/locks. The pid is the one the file
+/// names, else the one /proc/locks gives. `None`: not held, or no lock file.
+pub(super) fn lock_holder(dir: &impl AsFd) -> io::Result<Option<u32>> {
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let fd = match rustix::fs::openat(dir, LOCK, flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let st = rustix::fs::fstat(&fd)?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        return Ok(None);
+    }
+    let device = format!("{:02x}:{:02x}:{}", rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev), st.st_ino);
+    let locks = std::fs::read_to_string("/proc/locks")?;
+    // `1: FLOCK  ADVISORY  WRITE 4242 00:2d:1234 0 EOF` (waiters have `->` after the number).
+    let listed = locks.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields.get(1) == Some(&"FLOCK") && fields.get(5) == Some(&device.as_str()))
+            .then(|| fields.get(4).and_then(|pid| pid.parse::<u32>().ok()).unwrap_or(0))
+    });
+    let Some(listed) = listed else { return Ok(None) };
+    let mut text = String::new();
+    let _ = std::fs::File::from(fd).take(32).read_to_string(&mut text);
+    Ok(Some(text.trim().parse().unwrap_or(listed)))
+}
+
 /// What stands at a name where the agent expects a folder of its own.
 enum Found {
     Missing,
