@@ -66,6 +66,8 @@ pub enum Request {
     RepairEnd { peer: String, reply: oneshot::Sender<Result<Compared, BadAnswer>> },
     /// The Diff answer could not be read whole: the comparison is dropped.
     RepairAbort { peer: String },
+    /// The Diff answer named no bucket: `peer` holds what this node holds.
+    RepairAgreed { peer: String },
     /// The next ids to fetch from `peer`, `None` when its plan is done.
     RepairNext { peer: String, reply: oneshot::Sender<Option<Vec<MinionId>>> },
     /// What a fetch of `ids` from `peer` brought; replies with how many were applied.
@@ -359,6 +361,7 @@ impl Core {
                 let _ = reply.send(self.node.repair_end(&peer));
             }
             Request::RepairAbort { peer } => self.node.repair_abort(&peer),
+            Request::RepairAgreed { peer } => self.node.repair_agreed(&peer),
             Request::RepairNext { peer, reply } => {
                 let _ = reply.send(self.node.repair_next(&peer));
             }

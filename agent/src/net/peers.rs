@@ -370,6 +370,7 @@ impl PeerLink {
         let _ = self.core.tell(Request::Contact).await;
         let n_buckets = n_buckets.unwrap_or(0);
         if n_buckets == 0 {
+            let _ = self.core.tell(Request::RepairAgreed { peer: self.peer.name.clone() }).await;
             run.at = crate::disk::audit::now_rfc3339();
             self.board.anti_entropy(&self.peer.name, run);
             return Ok(false);

@@ -303,3 +303,103 @@ fn documented_digest(pki: &Path) -> String {
 fn fingerprint(key: &str) -> serde_json::Value {
     salt_keysync::core::Fingerprint::of(key.as_bytes()).to_string().into()
 }
+
+/// The plan's rows for `id`, one per master in name order (the asked
+/// agent's own comes first in the plan): (holds, will, conflict), or `None`
+/// for a master that has no row for it.
+fn plan_rows(plan: &serde_json::Value, id: &str) -> Vec<Option<(serde_json::Value, serde_json::Value, bool)>> {
+    let mut masters: Vec<&serde_json::Value> = plan["masters"].as_array().unwrap().iter().collect();
+    masters.sort_by_key(|m| m["node"].as_str().unwrap().to_string());
+    masters
+        .into_iter()
+        .map(|m| {
+            let row = m["rows"].as_array().unwrap().iter().find(|r| r["minion"] == id)?;
+            Some((row["holds"].clone(), row["will"].clone(), row["conflict"].as_bool().unwrap()))
+        })
+        .collect()
+}
+
+fn shown(state: &str, key: Option<&str>) -> serde_json::Value {
+    match key {
+        Some(key) => serde_json::json!({ "state": state, "fingerprint": fingerprint(key) }),
+        None => serde_json::json!({ "state": state }),
+    }
+}
+
+/// Asks `config`'s agent for the plan until `want` holds (30 s at most);
+/// panics with the last plan read.
+async fn plan_until(config: &str, what: &str, want: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let started = std::time::Instant::now();
+    let mut last = serde_json::Value::Null;
+    while started.elapsed() < Duration::from_secs(30) {
+        let out = run_cli(&["plan", "--json", "--config", config]);
+        if out.status.success() {
+            last = serde_json::from_slice(&out.stdout).unwrap();
+            if want(&last) {
+                return last;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("{what}: not within 30 s; the last plan:\n{last:#}");
+}
+
+/// Issue 28 item 6, docs/adopting.md step 4 as written: two keys held for
+/// mail01 (master-a and master-b), a conflict in the plan; the operator
+/// deletes master-b's key with salt-key and restarts master-b's agent. The
+/// other observers had learnt master-b's old claim and brought it back, so
+/// every master's plan still showed the conflict a minute later. Now the
+/// plan on every master shows master-a's key accepted everywhere within a
+/// few anti-entropy rounds (1 s here). And a master holding the key pending
+/// says so in HOLDS, with its fingerprint (it said "nothing").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_removed_in_observe_mode_leaves_every_masters_plan() {
+    let root = tempfile::tempdir().unwrap();
+    let (k1, k2, k3) = (new_public_key(), new_public_key(), new_public_key());
+    let mut cluster = FaultCluster::create(root.path(), 3, |idx, files| {
+        match idx {
+            0 => write(&files.pki, "minions", "mail01", &k1),
+            1 => write(&files.pki, "minions", "mail01", &k2),
+            _ => write(&files.pki, "minions_pre", "mail01", &k1),
+        }
+        if idx == 0 {
+            write(&files.pki, "minions", "web01", &k3);
+        } else if idx == 1 {
+            write(&files.pki, "minions_pre", "web01", &k3);
+        }
+        set_observe(&files.config_path, true);
+    })
+    .await;
+    cluster.start_all().await;
+    let configs: Vec<String> = cluster.files.iter().map(|f| f.config_path.to_str().unwrap().to_string()).collect();
+    let conflict = vec![
+        Some((shown("accepted", Some(&k1)), shown("accepted", Some(&k1)), true)),
+        Some((shown("accepted", Some(&k2)), shown("accepted", Some(&k2)), true)),
+        Some((shown("pending", Some(&k1)), shown("pending", Some(&k1)), true)),
+    ];
+    for config in &configs {
+        let plan =
+            plan_until(config, "mail01's conflict on every master", |plan| plan_rows(plan, "mail01") == conflict).await;
+        // A key pending where another master accepted it: HOLDS says pending.
+        assert_eq!(
+            plan_rows(&plan, "web01")[1],
+            Some((shown("pending", Some(&k3)), shown("accepted", Some(&k3)), false)),
+            "{plan:#}"
+        );
+    }
+
+    // Step 4: `salt-key -d mail01 -y` on master-b, and its agent restarted.
+    std::fs::remove_file(path(&cluster.files[1].pki, "minions", "mail01")).unwrap();
+    cluster.stop(1);
+    cluster.start(1).await;
+    let settled = vec![
+        Some((shown("accepted", Some(&k1)), shown("accepted", Some(&k1)), false)),
+        Some((shown("nothing", None), shown("accepted", Some(&k1)), false)),
+        Some((shown("pending", Some(&k1)), shown("accepted", Some(&k1)), false)),
+    ];
+    for config in &configs {
+        let what = format!("{config}: mail01 no longer in conflict, master-a's key everywhere");
+        plan_until(config, &what, |plan| plan_rows(plan, "mail01") == settled).await;
+    }
+    cluster.stop_all();
+}

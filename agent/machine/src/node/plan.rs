@@ -4,7 +4,10 @@
 //! what the folders held at the agent's start; in normal mode the folders
 //! already show what the rules say, and only unresolved conflicts remain.
 
-use crate::core::{claims, Fingerprint, MinionId, Seen, VerdictKind};
+use std::borrow::Cow;
+
+use crate::core::causal::remember;
+use crate::core::{claims, Entry, Fingerprint, MinionId, Seen, VerdictKind};
 
 use super::Node;
 
@@ -45,11 +48,15 @@ impl Node {
             None => {
                 let mut ids: Vec<&MinionId> = self.replica.entries().map(|(id, _)| id).collect();
                 ids.extend(self.pending.keys());
+                if self.settings.observe {
+                    ids.extend(self.heard_ids());
+                }
                 ids.sort_unstable();
                 ids.dedup();
                 ids.into_iter()
                     .filter(|id| {
-                        let entry = self.replica.entry(id);
+                        let entry = self.plan_entry(id);
+                        let entry = entry.as_deref();
                         let disputed = entry.is_some_and(|e| {
                             let claims = claims::claims(e);
                             claims.iter().any(|c| !c.agrees_with(&claims[0]))
@@ -67,9 +74,40 @@ impl Node {
         rows
     }
 
+    /// The entry the plan judges `id` by: the one held, and in observe mode
+    /// also what each peer holds now (see [`Node::heard`]).
+    fn plan_entry(&self, id: &MinionId) -> Option<Cow<'_, Entry>> {
+        let held = self.replica.entry(id);
+        if !self.settings.observe {
+            return held.map(Cow::Borrowed);
+        }
+        let mut rows: Vec<Seen> = held.map(|e| e.decisions().collect()).unwrap_or_default();
+        let mut heard = self.heard(id).peekable();
+        if heard.peek().is_none() {
+            return held.map(Cow::Borrowed);
+        }
+        for seen in heard {
+            if !rows.iter().any(|s| s.same_as(seen)) {
+                rows.push(seen.clone());
+            }
+        }
+        // The highest row is held, the others remembered (as a merge would leave them).
+        rows.sort_by(|a, b| (&a.version, a.content_rank()).cmp(&(&b.version, b.content_rank())));
+        let top = rows.pop()?;
+        let mut seen = Vec::new();
+        for row in rows {
+            remember(&mut seen, row);
+        }
+        let entry = Entry::new(top.kind, top.fingerprint, top.version, top.context)
+            .with_seen(seen)
+            .with_mine(held.and_then(|e| e.mine().cloned()));
+        Some(Cow::Owned(entry))
+    }
+
     fn plan_row(&self, id: &MinionId) -> PlanRow {
-        let entry = self.replica.entry(id);
-        let shown = self.replica.effective(id);
+        let entry = self.plan_entry(id);
+        let entry = entry.as_deref();
+        let shown = entry.and_then(claims::effective);
         let will = shown.as_ref().map_or(Holding::Nothing, holding);
         let pending = self.pending.get(id).map(|fp| Holding::Pending(*fp));
         // Observe mode writes nothing: the folders still hold this master's

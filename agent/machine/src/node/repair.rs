@@ -59,7 +59,15 @@ pub(super) struct Repairs {
     in_flight: HashMap<MinionId, Arc<str>>,
     /// Keys the [`Tag`]s of this process's plans.
     tags: RandomState,
+    /// Observe mode: per peer, what its latest Diff answer gave that this
+    /// node does not hold itself (see [`Node::heard`]).
+    heard: HashMap<Arc<str>, Heard>,
 }
+
+/// What one peer holds that an observer does not: per id, its rows (the
+/// decision it holds and the claims it knows), as its latest Diff answer
+/// gave them.
+pub(super) type Heard = HashMap<MinionId, Vec<Seen>>;
 
 #[derive(Debug, Default)]
 struct Plan {
@@ -81,6 +89,9 @@ struct Comparing {
     todo: Vec<(MinionId, Tag)>,
     /// More ids are newer on the peer than [`MAX_PLANNED`].
     full: bool,
+    /// Observe mode: the peer's rows this node does not hold (at most
+    /// [`MAX_PLANNED`] ids).
+    heard: Heard,
 }
 
 /// An id held here that a peer's Diff answer named.
@@ -182,7 +193,47 @@ impl Tag {
     }
 }
 
+/// Notes one row of a peer's Diff answer in `heard` unless this node holds
+/// the very same row itself (a protocol 1 peer's rows, versions only, are
+/// not kept).
+fn hear(heard: &mut Heard, here: Option<&Entry>, id: MinionId, theirs: &Summary) -> Result<(), BadAnswer> {
+    let Some((rank, fingerprint)) = theirs.content else { return Ok(()) };
+    let kind = match rank {
+        0 => crate::core::VerdictKind::Accepted,
+        2 => crate::core::VerdictKind::Rejected,
+        _ => crate::core::VerdictKind::Deleted,
+    };
+    let seen = Seen { version: theirs.version.clone(), kind, fingerprint, context: Default::default() };
+    if here.is_some_and(|entry| entry.decisions().any(|s| s.same_as(&seen))) {
+        return Ok(());
+    }
+    if heard.len() >= MAX_PLANNED && !heard.contains_key(&id) {
+        return Ok(());
+    }
+    let rows = heard.entry(id.clone()).or_default();
+    if rows.len() >= MAX_ROWS_PER_ID {
+        return Err(BadAnswer::TooManyRows(id));
+    }
+    rows.push(seen);
+    Ok(())
+}
+
 impl Node {
+    /// Observe mode: what the peers hold for `id` that this node does not,
+    /// as each peer's latest Diff answer gave it. An observer fetches
+    /// nothing and pushes nothing: what it holds is only what its own
+    /// folders held at its start (and what agents in normal mode pushed),
+    /// so it never passes on a claim of another master, and a claim that
+    /// master no longer holds is gone with that master's next answer.
+    pub(super) fn heard<'a>(&'a self, id: &'a MinionId) -> impl Iterator<Item = &'a Seen> + 'a {
+        self.repairs.heard.values().filter_map(move |heard| heard.get(id)).flatten()
+    }
+
+    /// Observe mode: every id some peer holds something for that this node does not.
+    pub(super) fn heard_ids(&self) -> impl Iterator<Item = &MinionId> {
+        self.repairs.heard.values().flat_map(HashMap::keys)
+    }
+
     /// This node's bucket digests, for its own anti-entropy round; `None`
     /// when it runs none (stale: `stale.rs`).
     pub fn digests(&self) -> Option<Vec<u64>> {
@@ -332,6 +383,10 @@ impl Node {
                     row.beats &= row.mine.beats(&theirs);
                 }
             }
+            if self.settings.observe {
+                hear(&mut comparing.heard, self.replica.entry(&id), id, &theirs)?;
+                continue;
+            }
             if self.replica.is_newer_on_peer(&id, &theirs) {
                 // One fetch per id brings all it has (summaries come sorted by id).
                 if comparing.todo.last().is_some_and(|(last, _)| *last == id) {
@@ -351,7 +406,14 @@ impl Node {
     /// what to fetch.
     pub fn repair_end(&mut self, peer: &str) -> Result<Compared, BadAnswer> {
         let comparing = self.repairs.comparing.remove(peer).ok_or(BadAnswer::NotComparing)?;
-        let Comparing { buckets, mine, todo, full } = comparing;
+        if self.settings.observe {
+            // What the peer holds now replaces what it held before: a claim
+            // its master no longer holds (deleted with salt-key, its agent
+            // restarted) is gone from this node's plan, and never passed on.
+            self.repairs.heard.insert(peer.into(), comparing.heard);
+            return Ok(Compared::default());
+        }
+        let Comparing { buckets, mine, todo, full, heard: _ } = comparing;
         // Per row held here: pushed unless the peer holds it, or (for a
         // decision, not a claim) holds a row it does not beat.
         let mut newer_here: Vec<MinionId> = self
@@ -384,6 +446,12 @@ impl Node {
     /// comparison is dropped; the next round compares again.
     pub fn repair_abort(&mut self, peer: &str) {
         self.repairs.comparing.remove(peer);
+    }
+
+    /// The peer's Diff answer named no bucket: it holds what this node
+    /// holds (in observe mode, nothing more is heard of it).
+    pub fn repair_agreed(&mut self, peer: &str) {
+        self.repairs.heard.remove(peer);
     }
 
     /// The next ids to fetch from `peer` (at most [`FETCH_CHUNK`]); `None`
@@ -483,6 +551,36 @@ mod tests {
         let bare = Tag::of_summary(&keys, &Summary { version: accepted.version.clone(), content: None });
         assert!(bare.names(&keys, &accepted) && bare.names(&keys, &seen(7, "a", VerdictKind::Deleted, 0)));
         assert!(!bare.names(&keys, &seen(9, "a", VerdictKind::Accepted, 1)));
+    }
+
+    /// Observe mode keeps of a peer's answer only the rows this node does not
+    /// hold itself, each as the peer named it, and no more per id than a
+    /// comparison allows.
+    #[test]
+    fn an_observer_hears_only_what_it_does_not_hold() {
+        let id = MinionId::parse("mail01").unwrap();
+        let claim = |kind, key| {
+            let rejected = kind == VerdictKind::Rejected;
+            Seen { version: Version::claim(rejected, &[key; 32]), ..seen(0, "", kind, key) }
+        };
+        let (mine, theirs) = (claim(VerdictKind::Accepted, 1), claim(VerdictKind::Accepted, 2));
+        let here = Entry::new(mine.kind, mine.fingerprint, mine.version.clone(), Default::default());
+        let mut heard = Heard::new();
+        hear(&mut heard, Some(&here), id.clone(), &Summary::of(&mine)).unwrap();
+        assert!(heard.is_empty(), "the very row held here");
+        hear(&mut heard, Some(&here), id.clone(), &Summary::of(&theirs)).unwrap();
+        assert_eq!(heard[&id], vec![theirs.clone()]);
+        let bare = Summary { version: theirs.version.clone(), content: None };
+        hear(&mut heard, None, MinionId::parse("web01").unwrap(), &bare).unwrap();
+        assert_eq!(heard.len(), 1, "a protocol 1 row names no content: not kept");
+        for key in 3..(MAX_ROWS_PER_ID as u8 + 4) {
+            let row = Summary::of(&claim(VerdictKind::Rejected, key));
+            if let Err(e) = hear(&mut heard, None, id.clone(), &row) {
+                assert_eq!(e, BadAnswer::TooManyRows(id.clone()));
+                return;
+            }
+        }
+        panic!("more than {MAX_ROWS_PER_ID} rows for one id were kept");
     }
 
     /// What the tag says when a chunk is cut is what the whole summary said.
