@@ -19,7 +19,8 @@ mod bulk;
 /// Scenario 1–3: accept, reject and delete with `salt-key` on one master, seen
 /// by Salt on all three, with minions answering `test.ping`.
 mod decisions;
-/// Issue 17: a mass delete held by the other masters, reverted, then released.
+/// Issue 17: a mass delete held by the other masters, reverted, then released;
+/// issue 28: one made at one key a second (salt-master stopped) held whole.
 mod guard;
 /// Issue 4, item 4: a minion rejected on one master is cut off on all of them.
 mod revoke;
@@ -38,7 +39,7 @@ fn end_to_end(version: &str) {
     let mut times: Vec<(&str, Duration)> = Vec::new();
     let mut cluster = SaltCluster::start(version, &MINIONS, N_BULK);
     times.push(("start 3 masters, 3 agents, 3 minions", started.elapsed()));
-    let scenarios: [(&str, Scenario); 8] = [
+    let scenarios: [(&str, Scenario); 9] = [
         ("1 accept on A, test.ping from A, B, C", decisions::accept_on_a_answers_everywhere),
         ("2 reject on B, listed on A and C", decisions::reject_on_b_listed_everywhere),
         ("revocation: reject on A, cut off on all", revoke::reject_on_a_cuts_off_everywhere),
@@ -47,6 +48,7 @@ fn end_to_end(version: &str) {
         ("5 stopped agent catches up", bulk::stopped_agent_catches_up),
         ("6 salt-key -D on A: held on B and C, reverted", guard::mass_delete_on_a_is_held_and_reverted),
         ("7 salt-key -D on A again: released everywhere", guard::mass_delete_released_goes_everywhere),
+        ("8 salt-key -D, salt-master stopped: held whole", guard::slow_mass_delete_with_master_stopped_is_held_whole),
     ];
     for (name, scenario) in scenarios {
         let t = Instant::now();

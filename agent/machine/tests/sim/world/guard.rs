@@ -135,11 +135,13 @@ impl Sim {
         for (id, held) in &n.store.held {
             n.ever_held.insert((id.clone(), held.decision.version.clone()));
         }
-        if killed {
-            return;
-        }
         for (id, version) in before {
             if n.store.held.get(id).is_some_and(|h| h.decision.version == *version) {
+                continue;
+            }
+            if killed {
+                // Its record may have been buffered and lost with the process.
+                n.audit_maybe_lost.insert(id.clone());
                 continue;
             }
             // Told in this input, or earlier if the store could not keep up.
