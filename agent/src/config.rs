@@ -478,12 +478,24 @@ fn guard(
     })
 }
 
+/// Names the agent gives its own sources of decisions (the audit log's
+/// `via`), which no master may have.
+pub const RESERVED_NAMES: [&str; 2] = ["journal", "local"];
+
 /// A node's name: a DNS name of its certificate, written in lowercase, the
 /// one form TLS compares and decisions carry (`master-A` passed `check`,
 /// then no certificate matched it at run time; a peer's decision naming
 /// `MASTER-A` is another origin than `master-a`).
 pub fn check_node_name(name: &str) -> Result<(), String> {
     check_name(name)?;
+    // What the node machine calls decisions finished from its journal, and
+    // the audit log this node's own changes: never a master's name.
+    if RESERVED_NAMES.contains(&name) {
+        return Err(format!(
+            "{name:?} is a name the agent uses itself (the audit log's `via` for decisions finished from its journal \
+             and for this master's own changes): choose another"
+        ));
+    }
     if name.bytes().any(|b| b.is_ascii_uppercase()) {
         return Err(format!("{name:?} has capital letters: write node names in lowercase ({:?})", name.to_lowercase()));
     }

@@ -52,6 +52,21 @@ fn node_names_are_lowercase() {
     assert!(parse(&MINIMAL.replace("10.0.0.12:4515", "Master-B.Example:4515")).is_ok(), "host names are not");
 }
 
+/// Issue 30: the machine names the decisions a restart finishes from its
+/// journal `journal`, and the audit log this node's own `local`: a peer of
+/// either name would miss those decisions when they are forwarded (sent to
+/// every peer but the one they came from) and be mistaken for this node.
+#[test]
+fn reserved_names_are_no_node_names() {
+    for name in ["journal", "local"] {
+        let e = parse(&MINIMAL.replace("name = \"master-b\"", &format!("name = \"{name}\""))).unwrap_err();
+        assert!(e.contains(&format!("peer[0].name: {name:?} is a name the agent uses itself")), "{e}");
+        let e = parse(&MINIMAL.replace("node = \"master-a\"", &format!("node = \"{name}\""))).unwrap_err();
+        assert!(e.contains(&format!("node: {name:?} is a name the agent uses itself")), "{e}");
+    }
+    assert!(parse(&MINIMAL.replace("name = \"master-b\"", "name = \"journal.example\"")).is_ok());
+}
+
 /// Retired masters are origins a peer may name, never this node or a peer.
 #[test]
 fn retired_masters_are_masters_no_longer_peers() {
