@@ -45,6 +45,13 @@ impl Node {
                 if shows.kind != VerdictKind::Accepted || shows.version != before.version {
                     return None;
                 }
+                // Only a delete made knowing the accept it replaces (as
+                // `salt-key -D` does): a concurrent one was told as a
+                // conflict when applied, and putting it back would tell it
+                // again when it is applied for good.
+                if !delete.context.knows(&before.version) {
+                    return None;
+                }
                 let accepted = known.iter().find(|d| {
                     d.id == delete.id && d.version == before.version && d.verdict.fingerprint() == shows.fingerprint
                 })?;
