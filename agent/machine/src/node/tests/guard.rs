@@ -352,3 +352,36 @@ fn keys_put_back_are_written_after_a_full_disk_and_a_restart() {
     assert!(rt_b.store.putting_back.is_empty());
     assert!(rt_b.sent.is_empty(), "nothing decided by the start either: {:?}", rt_b.sent);
 }
+
+/// A delete let through that did not know the accept it replaced was a
+/// conflict, told when it was applied: it is not put back (it would be
+/// told again when applied for good), the rest of the burst is.
+#[test]
+fn a_concurrent_delete_let_through_is_not_put_back() {
+    const N: usize = 20;
+    let base = Instant::now();
+    let (mut a, mut rt_a) = master("master-a", N);
+    let (mut b, mut rt_b) = master("master-b", N);
+    // master-b's operator replaces m000's key; master-a never hears of it.
+    rt_b.folders.put(Folder::Accepted, "m000", PUB.replace("mwIDAQAB", "mwIDAQAC").as_bytes());
+    b.on_lost("salt-key", at(base, 1.0), &mut rt_b);
+    b.on_tick(at(base, 7.0), &mut rt_b);
+    // master-a deletes every key, m000 last (newer than master-b's accept).
+    let names = ids(N);
+    let mut deletes: Vec<Decision> = names[1..]
+        .iter()
+        .enumerate()
+        .flat_map(|(i, name)| delete_on(&mut a, &mut rt_a, std::slice::from_ref(name), base, 10.0 + i as f64 * 10.0))
+        .collect();
+    deletes.insert(0, delete_on(&mut a, &mut rt_a, &names[..1], base, 250.0).remove(0));
+    for (i, delete) in deletes.iter().enumerate() {
+        let t = 300.0 + i as f64 * 1.1;
+        b.on_batches(vec![("master-a".into(), vec![delete.clone()])], at(base, t), &mut rt_b);
+        b.on_tick(at(base, t + 1.05), &mut rt_b);
+    }
+    let m000 = MinionId::parse("m000").unwrap();
+    let conflicts = |rt: &Recorder| count(rt, |e| matches!(e, Event::Conflict { conflict, .. } if conflict.id == m000));
+    assert_eq!(conflicts(&rt_b), 1, "told when applied");
+    assert!(!b.held().any(|h| h.decision.id == m000), "not put back");
+    assert_eq!((b.held().count(), accepted(&rt_b)), (N - 1, N - 1), "the rest is");
+}
