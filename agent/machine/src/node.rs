@@ -98,6 +98,10 @@ pub struct Loaded {
     pub last_contact_ms: Option<u64>,
     /// Per origin, when the newest delete this store forgot was made.
     pub forgot: Vec<(Arc<str>, u64)>,
+    /// When this store started afresh (an hlc; 0: not known, a store of an
+    /// earlier release): made by `recover --from-peers`, or new. A first
+    /// start of a store that does not say starts afresh then.
+    pub afresh: u64,
     /// Keys put back whose files may not be written yet (`put_back.rs`).
     pub putting_back: Vec<MinionId>,
 }
@@ -167,6 +171,11 @@ pub struct Node {
     next_compact: Instant,
     /// The last contact with a peer, and whether it is too long ago (`stale.rs`).
     contact: stale::Contact,
+    /// When this node's store started afresh (an hlc, see
+    /// [`Loaded::afresh`]; 0: not known): a decision naming this node as
+    /// its origin, older than that and unknown here, is its own forgotten
+    /// past (`remote.rs`).
+    afresh: u64,
     /// Keys put back (`put_back.rs`) whose files are not written yet, as
     /// the store lists them.
     putting_back: Vec<MinionId>,
@@ -177,6 +186,12 @@ impl Node {
     /// and reconciles the folders with the store.
     pub fn start(settings: Settings, loaded: Loaded, now: Now, rt: &mut impl Runtime) -> Node {
         let mut replica = Replica::new(&settings.node, Hlc::resume(loaded.clock));
+        let afresh = match loaded.afresh {
+            0 if !loaded.initialized => now.wall_ms << crate::core::version::LOGICAL_BITS,
+            at => at,
+        };
+        // Whatever this node decides from now on is later than its past.
+        replica.witness(afresh);
         replica.reserve(loaded.entries.len());
         for (id, entry) in loaded.entries {
             replica.load(id, entry);
@@ -204,6 +219,7 @@ impl Node {
             repairs: repair::Repairs::default(),
             next_compact: now.mono,
             contact: stale::Contact::loaded(loaded.last_contact_ms, loaded.forgot),
+            afresh,
             putting_back: loaded.putting_back,
         };
         for held in loaded.held {
@@ -231,6 +247,12 @@ impl Node {
 
     pub fn name(&self) -> &str {
         &self.settings.node
+    }
+
+    /// The hybrid clock: the millisecond part of the next decision this
+    /// node makes is at least this one's, or the wall clock if later.
+    pub fn clock(&self) -> u64 {
+        self.replica.clock()
     }
 
     /// Folder events, as inotify reported them: the agent's own echoes are

@@ -64,6 +64,7 @@ pub const ACTIONS: &[&str] = &[
     "revert",
     "mode",
     "stale",
+    "take-back",
     CONTINUE,
 ];
 

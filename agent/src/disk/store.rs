@@ -79,6 +79,11 @@ fn encode_ids(ids: &[MinionId]) -> Vec<u8> {
 
 /// The audit log's head when the store last committed (see `audit_guard.rs`).
 const META_AUDIT_HEAD: &str = "audit_head";
+/// When this store started afresh (an hlc, u64 BE): when it was made, or
+/// what `recover --from-peers` recorded. The decisions naming this master
+/// as their origin from before then are its own forgotten past
+/// (`keysync_machine::node::Loaded::afresh`).
+const META_AFRESH: &str = "afresh";
 const META_NODE: &str = "node";
 /// A random id made when the store is created; the marker in pki_dir names
 /// it, which ties the folders to this store (see `state_guard.rs`).
@@ -191,6 +196,9 @@ impl Store {
                 None => {
                     let id = new_store_id(node);
                     meta.insert(META_STORE_ID, id.as_bytes()).map_err(|e| store.err(e))?;
+                    // A new store starts afresh now (a first start, or a purge and reinstall).
+                    let afresh = crate::node::wall_ms() << keysync_machine::core::version::LOGICAL_BITS;
+                    meta.insert(META_AFRESH, afresh.to_be_bytes().as_slice()).map_err(|e| store.err(e))?;
                     id
                 }
             };
@@ -288,6 +296,11 @@ impl Store {
             .and_then(|raw| raw.value().try_into().ok().map(u64::from_be_bytes));
         let forgot =
             meta.get(META_FORGOT).map_err(|e| self.err(e))?.map(|raw| decode_forgot(raw.value())).unwrap_or_default();
+        let afresh = meta
+            .get(META_AFRESH)
+            .map_err(|e| self.err(e))?
+            .and_then(|raw| raw.value().try_into().ok().map(u64::from_be_bytes))
+            .unwrap_or(0);
         let putting_back = meta
             .get(META_PUTTING_BACK)
             .map_err(|e| self.err(e))?
@@ -301,7 +314,19 @@ impl Store {
         }
         drop(txn);
         self.check_tombstone_list(plain)?;
-        Ok(Loaded { entries, cold, journal, clock, initialized, untold, held, last_contact_ms, forgot, putting_back })
+        Ok(Loaded {
+            entries,
+            cold,
+            journal,
+            clock,
+            initialized,
+            untold,
+            held,
+            last_contact_ms,
+            forgot,
+            putting_back,
+            afresh,
+        })
     }
 
     /// Full decisions (with keys) for the given ids: the one held and every
@@ -433,6 +458,17 @@ impl Store {
                 }
                 None => {}
             }
+        }
+        txn.commit().map_err(|e| self.err(e))
+    }
+
+    /// Records when this store started afresh (`recover --from-peers`: after
+    /// its peers' clocks; see [`META_AFRESH`]).
+    pub fn set_afresh(&self, hlc: u64) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(|e| self.err(e))?;
+        {
+            let mut meta = txn.open_table(META).map_err(|e| self.err(e))?;
+            meta.insert(META_AFRESH, hlc.to_be_bytes().as_slice()).map_err(|e| self.err(e))?;
         }
         txn.commit().map_err(|e| self.err(e))
     }

@@ -196,6 +196,20 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
             )),
             ..Record::new("refuse", from, "refused")
         },
+        // Its own decisions, not a refusal: one record per arrival (the
+        // ones that change something are audited as applied besides).
+        Event::TakenBack { from, n, first, afresh_ms } => Record {
+            minion: Some(first.to_string()),
+            origin: Some(node.to_string()),
+            reason: Some(format!(
+                "{n} {} naming this master ({node}) as origin, made before its store started afresh at {} \
+                 (`recover --from-peers`, or a new store: a reinstall): its own, forgotten with its old store, \
+                 taken back",
+                if *n == 1 { "decision" } else { "decisions" },
+                humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(*afresh_ms))
+            )),
+            ..Record::new("take-back", from, "taken back")
+        },
         Event::MassDeleteHere { n, limit } => Record {
             origin: Some(node.to_string()),
             reason: Some(format!(
@@ -374,6 +388,13 @@ pub fn log_and_count(event: &Event, metrics: &Metrics) {
                 "refused decisions naming an origin that is no master of this site"
             );
         }
+        // Not counted as refused: no alert for this master's own past.
+        Event::TakenBack { from, n, afresh_ms, .. } => tracing::info!(
+            peer = &**from,
+            n,
+            afresh_ms,
+            "took back decisions this master made before its store started afresh"
+        ),
         Event::NotOurs { decision, from } => {
             metrics.decisions_refused.inc();
             tracing::warn!(minion = %decision.id, peer = &**from, version = %decision.version, "refused a decision claiming this master as its origin");
@@ -522,5 +543,45 @@ mod tests {
         assert_eq!(told.fingerprint, Some(new.fingerprint().to_string()));
         assert_eq!(told.other_fingerprint, Some(old.fingerprint().to_string()));
         assert!(told.reason.unwrap().contains(&old.fingerprint().to_string()));
+    }
+
+    /// This master's own decisions taken back after its store started
+    /// afresh are one record per arrival, and no refusal: the metric behind
+    /// the refused-decisions (hostile peer) alert does not move; a decision
+    /// it never made still does (issue 28 item 4).
+    #[test]
+    fn taken_back_is_told_once_and_is_no_refusal() {
+        let metrics = Metrics::new("master-a");
+        let event = Event::TakenBack {
+            from: "master-b".into(),
+            n: 94,
+            first: MinionId::parse("web01").unwrap(),
+            afresh_ms: 1_795_000_000_000,
+        };
+        let told = record(&event, "master-a").unwrap();
+        assert_eq!(
+            (told.action.as_str(), told.outcome.as_str(), told.via.as_str()),
+            ("take-back", "taken back", "master-b")
+        );
+        assert_eq!((told.minion.as_deref(), told.origin.as_deref()), (Some("web01"), Some("master-a")));
+        assert_eq!(
+            told.reason.as_deref(),
+            Some(
+                "94 decisions naming this master (master-a) as origin, made before its store started afresh at \
+                 2026-11-18T11:06:40Z (`recover --from-peers`, or a new store: a reinstall): its own, forgotten with \
+                 its old store, taken back"
+            )
+        );
+        log_and_count(&event, &metrics);
+        assert!(metrics.encode().contains("keysync_decisions_refused_total 0"), "{}", metrics.encode());
+        let forged = Decision {
+            id: MinionId::parse("web02").unwrap(),
+            verdict: Verdict::Deleted,
+            version: Version::new(1 << 41, "master-a"),
+            context: Context::default(),
+            relays: Relays::default(),
+        };
+        log_and_count(&Event::NotOurs { decision: forged, from: "master-b".into() }, &metrics);
+        assert!(metrics.encode().contains("keysync_decisions_refused_total 1"), "{}", metrics.encode());
     }
 }

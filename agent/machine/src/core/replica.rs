@@ -207,6 +207,12 @@ impl Replica {
         self.clock.last()
     }
 
+    /// Moves the clock to at least `hlc` (where this node's store started
+    /// afresh: every decision it issues from then on is later).
+    pub fn witness(&mut self, hlc: u64) {
+        self.clock.witness(hlc);
+    }
+
     pub fn digests(&self) -> &Digests {
         &self.digests
     }

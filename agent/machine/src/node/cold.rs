@@ -89,7 +89,7 @@ impl Node {
         version.millis().saturating_add(self.ttl_ms()) < now.wall_ms
     }
 
-    fn ttl_ms(&self) -> u64 {
+    pub(super) fn ttl_ms(&self) -> u64 {
         u64::try_from(self.settings.tombstone_ttl.as_millis()).unwrap_or(u64::MAX)
     }
 

@@ -49,6 +49,11 @@ pub enum Event {
     /// A peer's decision claiming this node as its origin, which this node
     /// never made: refused (told once).
     NotOurs { decision: Decision, from: Arc<str> },
+    /// Decisions in one arrival from `from` naming this node as their
+    /// origin, made before its store started afresh at `afresh_ms` (wall
+    /// clock) and unknown to it: its own, forgotten with its old store,
+    /// taken back (merged like any peer's), `n` of them (`first`: one id).
+    TakenBack { from: Arc<str>, n: usize, first: MinionId, afresh_ms: u64 },
     /// Decisions in one arrival from `from` whose origin is no master of the
     /// site: refused, `n` of them, naming `n_origins` origins (`origins`:
     /// the first few; `first`: one id).

@@ -159,7 +159,11 @@ impl Node {
             }
         }
         let mut todo: Vec<(usize, Arc<str>, Decision)> = Vec::new();
+        // Per arrival: its peer, and the ids of this node's own forgotten
+        // decisions it brought back (told once per arrival).
+        let mut taken_back: Vec<(Arc<str>, Vec<MinionId>)> = Vec::new();
         for (arrival, (from, decisions)) in arrivals.into_iter().enumerate() {
+            taken_back.push((from.clone(), Vec::new()));
             todo.extend(decisions.into_iter().map(|mut d| {
                 // The peer it came from is on its path now (authenticated by TLS).
                 d.relays = d.relays.then(&from, &d.version.node);
@@ -225,12 +229,17 @@ impl Node {
                 // (An operator's release or revert retried after a failed write
                 // comes from this node itself: it made it.)
                 let retried_own = *from == *self.settings.node;
+                let mut own_past = false;
                 if *decision.version.node == *self.settings.node && !retried_own && !self.issued(&decision) {
-                    // Claims this node as its origin, and this node never made it.
-                    if self.first_report(&decision) {
-                        rt.audit(Event::NotOurs { decision, from });
+                    if self.forgotten_past(&decision, now) {
+                        own_past = true;
+                    } else {
+                        // Claims this node as its origin, and this node never made it.
+                        if self.first_report(&decision) {
+                            rt.audit(Event::NotOurs { decision, from });
+                        }
+                        continue;
                     }
-                    continue;
                 }
                 match self.replica.merge(&decision, now.wall_ms, max_skew) {
                     Err(error) => {
@@ -242,6 +251,11 @@ impl Node {
                     Ok(merged) => {
                         if merged.outcome == MergeOutcome::Duplicate {
                             continue;
+                        }
+                        if own_past && !judged {
+                            // Told when it first comes (a retry or what the
+                            // guard lets through was told then).
+                            taken_back[arrival].1.push(decision.id.clone());
                         }
                         let holds = merged.outcome == MergeOutcome::Apply;
                         if holds && !judged && self.guards(&decision) {
@@ -260,8 +274,33 @@ impl Node {
             }
             todo = later;
         }
+        let afresh_ms = self.afresh >> crate::core::version::LOGICAL_BITS;
+        for (from, ids) in taken_back.into_iter().filter(|(_, ids)| !ids.is_empty()) {
+            rt.audit(Event::TakenBack { from, n: ids.len(), first: ids[0].clone(), afresh_ms });
+        }
         self.offer_guarded(guarded, now, rt);
         n_applied
+    }
+
+    /// Whether `decision`, naming this node as its origin and not held
+    /// here, is its own forgotten past: made before this node's store
+    /// started afresh (`recover --from-peers`, or a purge and reinstall),
+    /// under a version this node knows nothing of (another content under a
+    /// version it knows is not its own), and within `tombstone_ttl` of that
+    /// start (by then its peers have forgotten its earlier deletes, and
+    /// its other earlier decisions came at the first rounds). No peer can
+    /// speak for this node in anything it decides after that start, nor
+    /// for long.
+    fn forgotten_past(&self, decision: &Decision, now: Now) -> bool {
+        let version = &decision.version;
+        let known = self.replica.entry(&decision.id).is_some_and(|entry| {
+            entry.version == *version
+                || entry.seen().iter().any(|s| s.version == *version)
+                || entry.mine() == Some(version)
+        });
+        version.hlc < self.afresh
+            && now.wall_ms < (self.afresh >> crate::core::version::LOGICAL_BITS).saturating_add(self.ttl_ms())
+            && !known
     }
 
     /// A decision may claim to have known one of this node's own decisions
@@ -271,8 +310,9 @@ impl Node {
     fn doubt_claims(&self, decision: Decision, from: &Arc<str>, now: Now, rt: &mut impl Runtime) -> Decision {
         let node = &*self.settings.node;
         let Some(claimed) = decision.context.iter().find(|v| &*v.node == node).cloned() else { return decision };
-        if self.past_ttl(&claimed, now) {
-            // This node may have compacted it (a delete): it cannot tell.
+        if self.past_ttl(&claimed, now) || claimed.hlc < self.afresh {
+            // This node may have compacted it (a delete), or made it before
+            // its store started afresh: it cannot tell.
             return decision;
         }
         let made = self

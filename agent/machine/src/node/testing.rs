@@ -116,6 +116,8 @@ pub struct MemoryStore {
     pub last_contact_ms: Option<u64>,
     /// Per origin, when the newest delete compacted was made.
     pub forgot: Vec<(Arc<str>, u64)>,
+    /// When the store started afresh (see [`super::Loaded::afresh`]).
+    pub afresh: u64,
     /// Keys put back whose files may not be written yet.
     pub putting_back: Vec<MinionId>,
 }
@@ -204,6 +206,7 @@ impl MemoryStore {
             held: self.held.values().cloned().collect(),
             last_contact_ms: self.last_contact_ms,
             forgot: self.forgot.clone(),
+            afresh: self.afresh,
             putting_back: self.putting_back.clone(),
         }
     }

@@ -66,12 +66,14 @@ fn push(node: &mut Node, rt: &mut Recorder, from: &str, decisions: Vec<Decision>
 }
 
 /// A decision claiming this node as its origin that it never made is
-/// refused (once), whichever peer brings it.
+/// refused (once), whichever peer brings it. (Made after its start: what
+/// names it from before a first start is its own forgotten past,
+/// `tests/afresh.rs`.)
 #[test]
 fn a_decision_this_node_never_made_is_refused() {
     let mut rt = Recorder::default();
     let mut a = node("master-a", &mut rt);
-    let forged = decision(Verdict::Accepted(key("mwIDAQAB")), NOW_MS - 10, "master-a", &[]);
+    let forged = decision(Verdict::Accepted(key("mwIDAQAB")), NOW_MS + 10, "master-a", &[]);
     assert_eq!(push(&mut a, &mut rt, "master-b", vec![forged.clone()]), 0);
     assert_eq!(push(&mut a, &mut rt, "master-c", vec![forged]), 0);
     let refused = rt.events.iter().filter(|e| matches!(e, Event::NotOurs { .. })).count();
@@ -122,6 +124,7 @@ fn a_forwarded_decision_names_the_peers_it_came_through() {
     assert_eq!(sent[0].relays.iter().collect::<Vec<_>>(), ["master-b", "master-a"], "forwarded with its path");
 }
 
+mod afresh;
 mod cold;
 mod first_contact;
 mod guard;

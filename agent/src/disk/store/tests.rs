@@ -214,6 +214,27 @@ fn the_tombstone_list_follows_claims_and_held_deletes() {
     assert_eq!(store.get(std::slice::from_ref(&a.id)).unwrap().len(), 2, "a's delete and claim stay");
 }
 
+/// A new store starts afresh when it is made (a first start, a purge and
+/// reinstall); `recover` records a later time; reopening keeps it; a store
+/// of an earlier release says nothing (0) (issue 28 item 4).
+#[test]
+fn a_new_store_says_when_it_started_afresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let before = crate::node::wall_ms() << 16;
+    let store = Store::open(dir.path(), "a").unwrap();
+    let made = store.load().unwrap().afresh;
+    assert!(made >= before && made <= crate::node::wall_ms() << 16, "{made}");
+    store.set_afresh(made + (60_000 << 16)).unwrap();
+    drop(store);
+    let store = Store::open(dir.path(), "a").unwrap();
+    assert_eq!(store.load().unwrap().afresh, made + (60_000 << 16));
+    // An earlier release's store has no such record.
+    let txn = store.db.begin_write().unwrap();
+    txn.open_table(META).unwrap().remove(META_AFRESH).unwrap();
+    txn.commit().unwrap();
+    assert_eq!(store.load().unwrap().afresh, 0);
+}
+
 #[test]
 fn refuses_another_nodes_state() {
     let dir = tempfile::tempdir().unwrap();
