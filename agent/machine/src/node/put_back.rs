@@ -125,7 +125,19 @@ impl Node {
                 }
                 (link, p)
             })
+            // What was learnt since may change what the id shows (a claim
+            // rejecting the key): only a key the entry still shows is put back.
+            .filter(|(_, p)| {
+                crate::core::claims::effective(&p.before).is_some_and(|s| {
+                    s.kind == VerdictKind::Accepted
+                        && s.version == p.before.version
+                        && s.fingerprint == p.accepted.verdict.fingerprint()
+                })
+            })
             .collect();
+        if chosen.is_empty() {
+            return Vec::new();
+        }
         let held: Vec<HeldDelete> = chosen
             .iter()
             .map(|(link, p)| HeldDelete { decision: p.delete.clone(), from: link.clone(), since_ms: now.wall_ms })
