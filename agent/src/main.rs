@@ -137,9 +137,15 @@ and whether the peer's master.pub, must-agree master settings (external_auth, pu
 peer, peer_run, nodegroups) and key-acceptance settings match this master's, and every master's \
 Salt version and salt-keysync version (this agent's with its protocol). A master that accepts keys \
 by itself (auto_accept, open_mode, an autosign file or grains folder) is an error on every master; \
-agents of different versions are a warning until the upgrade ends. --cluster shows one row per \
-master. Exits 1 with a one-line message when the agent is not running.",
-        after_help = "Examples:\n  salt-keysync status\n  salt-keysync status --cluster\n  salt-keysync status --cluster --json | jq '.findings[] | select(.level == \"error\")'\n  salt-keysync status --config /etc/salt-keysync/config.toml --json | jq '.peers[] | select(.state != \"up\")'"
+agents of different versions are a warning until the upgrade ends. Deletes a blast-radius guard \
+holds are an error on every master (here, as the peers holding this master's deletes say, and as \
+each peer says what it holds); decisions a peer sent that were refused in the last hour are a \
+warning (those made in the future apart). --cluster shows one row per master.\n\n\
+Exit status: 0 when the agent answered and no finding is an error (warnings may be present); 1 when \
+the agent could not be asked (not running, no access to its socket, the config unreadable), with a \
+one-line message; 3 when the agent answered and a finding is an error (the report is printed whole); \
+2, as for every command, for wrong arguments.",
+        after_help = "Examples:\n  salt-keysync status\n  salt-keysync status --cluster\n  salt-keysync status --cluster --json | jq '.findings[] | select(.level == \"error\")'\n  salt-keysync status --config /etc/salt-keysync/config.toml --json | jq '.peers[] | select(.state != \"up\")'\n  salt-keysync status >/dev/null; echo $?   # 0 fine, 1 not asked, 3 an error finding"
     )]
     Status(StatusArgs),
     /// Show what first contact does on every master: per id, what each holds and will show.
@@ -167,8 +173,10 @@ about an id (salt-key -a on any master) settles it too. Rejections are never hel
         long_about = "Release deletes this master's guard holds: each becomes a new delete from this \
 master that knew the held one, applied here (its key file removed, .dfn dropped so the master \
 rotates its AES key) and sent to every peer, whose guard lets it through. Without --origin or ids, \
-everything held here. Audited as `release`, naming the user who ran it.",
-        after_help = "Examples:\n  salt-keysync release --origin master-a\n  salt-keysync release web01 web02"
+everything held here. It shows what it will do and asks, as salt-key -d does (Proceed? [N/y], no \
+by default); -y does not ask, --dry-run only shows; without a terminal to ask on and without -y \
+it does nothing and exits 1. Audited as `release`, naming the user who ran it.",
+        after_help = "Examples:\n  salt-keysync release --origin master-a\n  salt-keysync release --dry-run\n  salt-keysync release -y web01 web02"
     )]
     Release(OperatorArgs),
     /// Undo held deletes: accept the keys again everywhere, the master they were deleted on included.
@@ -176,8 +184,10 @@ everything held here. Audited as `release`, naming the user who ran it.",
         long_about = "Revert deletes this master's guard holds: each becomes a new accept, from this \
 master, of the key it still holds, which wins on every master — the master where the delete was \
 made writes the key back (a pending copy of the same key is moved into place). Without --origin or \
-ids, everything held here. Audited as `revert`, naming the user who ran it.",
-        after_help = "Examples:\n  salt-keysync revert --origin master-a\n  salt-keysync revert web01"
+ids, everything held here. It shows what it will do and asks, as salt-key -a does (Proceed? [n/Y], \
+yes by default); -y does not ask, --dry-run only shows; without a terminal to ask on and without \
+-y it does nothing and exits 1. Audited as `revert`, naming the user who ran it.",
+        after_help = "Examples:\n  salt-keysync revert --origin master-a\n  salt-keysync revert --dry-run --origin master-a\n  salt-keysync revert -y web01"
     )]
     Revert(OperatorArgs),
     /// Start three agents on 127.0.0.1 in a temporary folder and watch accept, reject and delete propagate.
@@ -330,9 +340,16 @@ struct OperatorArgs {
     /// Only these minion ids.
     #[arg(value_name = "ID")]
     ids: Vec<String>,
-    /// Print the outcome as one JSON object (an error as {"error": "..."}).
+    /// Print the outcome as one JSON object (an error as {"error": "..."}); the
+    /// plan and the question, if asked, go to stderr.
     #[arg(long)]
     json: bool,
+    /// Do it without asking.
+    #[arg(short = 'y', long)]
+    yes: bool,
+    /// Show what it would do (with --json, as one JSON object), and change nothing.
+    #[arg(long, conflicts_with = "yes")]
+    dry_run: bool,
 }
 
 #[derive(clap::Args)]
@@ -496,6 +513,10 @@ fn status(path: &std::path::Path, args: &StatusArgs) -> Result<()> {
     } else {
         emit(&salt_keysync::cli::status::render(&report));
     }
+    // For scripts and monitoring: an error finding is its own exit status.
+    if salt_keysync::ops::findings::any_error(&report.findings) {
+        std::process::exit(salt_keysync::cli::status::EXIT_ERROR_FINDING);
+    }
     Ok(())
 }
 
@@ -510,13 +531,58 @@ fn held(path: &std::path::Path, args: &HeldArgs) -> Result<()> {
     Ok(())
 }
 
+/// `release` and `revert`: what the guard holds that they name, shown and
+/// asked about as `salt-key` does (unless `-y`; nothing with `--dry-run`;
+/// refused without a terminal to ask on), then done.
 fn operate(path: &std::path::Path, action: &str, args: OperatorArgs) -> Result<()> {
+    use salt_keysync::cli::held;
+    use std::io::IsTerminal;
     let config = Config::load(path)?;
-    let reply = salt_keysync::cli::held::operate(&config.control_socket, action, args.origin, args.ids)?;
+    let list = held::query(&config.control_socket)?;
+    let plan = held::plan(&list, action, args.origin.as_deref(), &args.ids, args.dry_run);
+    if plan.held.is_empty() {
+        anyhow::bail!("nothing held here matches (`salt-keysync held` lists what is held)");
+    }
+    // With --json, stdout is the script's: what a person reads goes to stderr.
+    let show = |text: &str| if args.json { eprint!("{text}") } else { emit(text) };
+    if args.dry_run {
+        if args.json {
+            say!("{}", serde_json::to_string_pretty(&plan)?);
+        } else {
+            emit(&held::render_plan(&plan));
+            say!("--dry-run: nothing changed");
+        }
+        return Ok(());
+    }
+    if !args.yes {
+        show(&held::render_plan(&plan));
+        if !std::io::stdin().is_terminal() {
+            anyhow::bail!(
+                "{action} asks before it acts, and there is no terminal to ask on: run it again with -y to {action} \
+                 the {} shown (--dry-run only shows them)",
+                plan.held.len()
+            );
+        }
+        show(held::question(action));
+        if !held::answered_yes(action, &mut std::io::stdin().lock()) {
+            show("not confirmed: nothing changed\n");
+            if args.json {
+                say!(
+                    "{}",
+                    serde_json::to_string_pretty(&salt_keysync::ops::held::OperatorReply {
+                        action: action.to_string(),
+                        ..Default::default()
+                    })?
+                );
+            }
+            return Ok(());
+        }
+    }
+    let reply = held::operate(&config.control_socket, &plan)?;
     if args.json {
         say!("{}", serde_json::to_string_pretty(&reply)?);
     } else {
-        emit(&salt_keysync::cli::held::render_reply(&reply));
+        emit(&held::render_reply(&reply));
     }
     Ok(())
 }

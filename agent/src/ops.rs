@@ -8,6 +8,7 @@ pub mod findings;
 pub mod held;
 pub mod logging;
 pub mod metrics;
+pub mod refused;
 pub mod reload;
 pub mod scrape_listener;
 pub mod sd_notify;

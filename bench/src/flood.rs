@@ -146,8 +146,7 @@ pub(crate) async fn connect_as_master_b(
     let hello = v1::HelloRequest {
         node: "master-b".into(),
         protocol_version: keysync_proto::PROTOCOL_VERSION,
-        health: None,
-        forgot_through_ms: 0,
+        ..Default::default()
     };
     client.hello(hello).await.context("hello to master-a")?;
     Ok(client)

@@ -123,7 +123,7 @@ pub fn render(cluster: &ClusterReport) -> String {
     if cluster.findings.is_empty() {
         out.push_str(
             "no findings: every master known shares master.pub and settings, none accepts keys by itself, \
-             their agents run one version\n",
+             their agents run one version, no guard holds deletes, no decision was refused in the last hour\n",
         );
     }
     for finding in &cluster.findings {
@@ -174,6 +174,7 @@ mod tests {
             anti_entropy: None,
             health,
             drift: Drift::default(),
+            holds: Vec::new(),
         };
         let local = MasterHealth { agent_version: Some("0.2.0".into()), ..health("3008.3", false, 120) };
         // master-b's agent reported without its version: 0.1.0.
@@ -194,6 +195,8 @@ mod tests {
             findings: crate::ops::findings::findings(&masters, &[]),
             conflicts: Vec::new(),
             held: Vec::new(),
+            held_by_peers: Vec::new(),
+            refused: Vec::new(),
             write_trouble: None,
             stale: None,
         };

@@ -153,10 +153,15 @@ Success (\fBcheck\fR: every check passed; a peer that cannot be reached is a war
 \fB1\fR
 Failure, with its cause on one line (with \fB\-\-json\fR: {"error": ...} on stdout):
 \fBcheck\fR found a problem, the agent is not running, a reload was refused,
-\fBaudit verify\fR found the chain broken.
+\fBaudit verify\fR found the chain broken, \fBrelease\fR or \fBrevert\fR had no terminal to ask on
+and no \fB\-y\fR.
 .TP
 \fB2\fR
 Wrong arguments; \fBaudit\fR: the log cannot be read or a filter value is invalid.
+.TP
+\fB3\fR
+\fBstatus\fR: the agent answered and a finding is an error (an auto\-accepting master, held deletes,
+writes failing, ...); the report is printed whole.
 .TP
 \fB75\fR
 \fBrun\fR: a listen address (\fBlisten\fR, \fBmetrics_listen\fR) was still in use by another program after

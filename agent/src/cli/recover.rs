@@ -141,12 +141,7 @@ async fn fetch_all(
     )
     .await?;
     let hello = client
-        .hello(v1::HelloRequest {
-            node: config.node.clone(),
-            protocol_version: PROTOCOL_VERSION,
-            health: None,
-            forgot_through_ms: 0,
-        })
+        .hello(v1::HelloRequest { node: config.node.clone(), protocol_version: PROTOCOL_VERSION, ..Default::default() })
         .await?
         .into_inner();
     if hello.node != peer.name {

@@ -157,8 +157,10 @@ pub fn render(report: &StatusReport) -> String {
         }
     }
     // Mismatch and drift are told per peer above; these concern the site.
-    for finding in
-        report.findings.iter().filter(|f| matches!(f.kind.as_str(), "auto-accept" | "salt-version" | "agent-version"))
+    for finding in report
+        .findings
+        .iter()
+        .filter(|f| matches!(f.kind.as_str(), "auto-accept" | "salt-version" | "agent-version" | "clock"))
     {
         out.push_str(&format!("{}: {}\n", finding.level.to_string().to_uppercase(), finding.message));
     }
@@ -183,6 +185,7 @@ pub fn render(report: &StatusReport) -> String {
             burst.origin
         ));
     }
+    render_guard(report, &mut out);
     if !report.conflicts.is_empty() {
         out.push_str(&format!(
             "CONFLICTS: {} id(s) whose masters keep different keys until an operator decides with salt-key \
@@ -208,6 +211,40 @@ pub fn render(report: &StatusReport) -> String {
 
 /// Conflicts listed by the table (`--json` has them all).
 const MAX_CONFLICTS_SHOWN: usize = 20;
+
+/// The exit status of `status` and `status --cluster` when the agent
+/// answered and a finding is an error (0: none is; 1: the agent could not
+/// be asked; 2, as for every command: wrong arguments).
+pub const EXIT_ERROR_FINDING: i32 = 3;
+
+/// Issue 28 item 2: this master's deletes that peers say they hold, what
+/// peers say they hold of other masters' deletes, and the decisions peers
+/// sent that were refused here (the deletes held here are `HELD DELETES`).
+fn render_guard(report: &StatusReport, out: &mut String) {
+    if !report.held_by_peers.is_empty() {
+        let told: Vec<String> = report
+            .held_by_peers
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let of = if i == 0 { " of this master's deletes" } else { "" };
+                format!("{} says it holds {}{of}", h.peer, h.count)
+            })
+            .collect();
+        out.push_str(&format!(
+            "HELD BY PEERS: {} (see `salt-keysync held` there; `revert` or `release` there)\n",
+            told.join(", ")
+        ));
+    }
+    let others = |f: &&crate::ops::findings::Finding| match f.kind.as_str() {
+        "held-by-peer" => f.masters.get(1) != Some(&report.node),
+        "clock-refused" | "refused" => true,
+        _ => false,
+    };
+    for finding in report.findings.iter().filter(others) {
+        out.push_str(&format!("{}: {}\n", finding.level.to_string().to_uppercase(), finding.message));
+    }
+}
 
 /// The report with every text in it shown safely (`text.rs`): peer names,
 /// errors and health come from others. Every field, whatever the report
@@ -282,6 +319,7 @@ mod tests {
             anti_entropy: None,
             health: None,
             drift: Drift::default(),
+            holds: Vec::new(),
         };
         StatusReport {
             node: "master-a".into(),
@@ -336,6 +374,8 @@ mod tests {
                 since: "2026-11-21T11:59:58Z".into(),
                 first: vec!["web001".into(), "web002".into()],
             }],
+            held_by_peers: Vec::new(),
+            refused: Vec::new(),
             write_trouble: Some(crate::ops::sd_notify::write_trouble(
                 std::time::Duration::from_secs(125),
                 "state store, for decisions: No space left on device (os error 28)",
@@ -383,6 +423,45 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want:?} missing from:\n{text}");
         }
+    }
+
+    /// Issue 28 item 2: this master's deletes held by peers on one line;
+    /// what peers hold of another master's deletes, and refusals, each on its own.
+    #[test]
+    fn deletes_held_by_peers_and_refusals_are_told() {
+        let mut report = sample();
+        report.held_by_peers = vec![
+            crate::ops::held::HeldByPeer { peer: "master-b".into(), count: 20 },
+            crate::ops::held::HeldByPeer { peer: "master-c".into(), count: 19 },
+        ];
+        let finding = |level, kind: &str, masters: [&str; 2], message: &str| Finding {
+            level,
+            kind: kind.into(),
+            masters: masters.iter().map(|m| m.to_string()).collect(),
+            message: message.into(),
+        };
+        report.findings = vec![
+            finding(Level::Error, "held-by-peer", ["master-b", "master-a"], "master-b says it holds 20 of this …"),
+            finding(
+                Level::Error,
+                "held-by-peer",
+                ["master-b", "master-d"],
+                "master-b says it holds 3 deletes made on master-d",
+            ),
+            finding(Level::Warning, "clock-refused", ["master-c", ""], "master-c sent 2 decisions made in the future"),
+            finding(Level::Warning, "refused", ["master-c", ""], "master-c sent 1 decision refused\u{1b}[8m"),
+        ];
+        let text = render(&report);
+        for want in [
+            "HELD BY PEERS: master-b says it holds 20 of this master's deletes, master-c says it holds 19 (see \
+             `salt-keysync held` there; `revert` or `release` there)\n",
+            "ERROR: master-b says it holds 3 deletes made on master-d\n",
+            "WARNING: master-c sent 2 decisions made in the future\n",
+            "WARNING: master-c sent 1 decision refused\\u{1b}[8m\n",
+        ] {
+            assert!(text.contains(want), "{want:?} missing from:\n{text}");
+        }
+        assert!(!text.contains("holds 20 of this …"), "told once, on the HELD BY PEERS line:\n{text}");
     }
 
     /// Issue 28 item 8: widths are counted in characters, not bytes: a peer

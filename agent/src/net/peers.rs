@@ -21,7 +21,9 @@ use tracing::Instrument;
 use crate::config::Peer;
 use crate::core::digest::N_BUCKETS;
 use crate::core::{Decision, MinionId};
-use crate::net::wire::{decision_from_wire, decision_to_wire, health_from_wire, health_to_wire};
+use crate::net::wire::{
+    decision_from_wire, decision_to_wire, health_from_wire, health_to_wire, held_from_wire, held_to_wire,
+};
 use crate::node::{CoreHandle, Request};
 use crate::ops::board::{AntiEntropyRun, Board, LinkState};
 
@@ -220,11 +222,13 @@ impl PeerLink {
         let health = Some(health_to_wire(&self.board.hello_health(&self.core).await));
         let peer = self.peer.name.to_string();
         let forgot_through_ms = self.core.ask(|reply| Request::ForgotThrough { peer, reply }).await?;
+        let held = held_to_wire(&crate::ops::held::held_counts(&self.core).await?);
         let request = |protocol_version| v1::HelloRequest {
             node: self.node.clone(),
             protocol_version,
             health: health.clone(),
             forgot_through_ms,
+            held: held.clone(),
         };
         let hello = match client.hello(request(PROTOCOL_VERSION)).await {
             Ok(answer) => answer.into_inner(),
@@ -248,6 +252,7 @@ impl PeerLink {
         }
         self.board.contact(&self.peer.name);
         self.board.peer_health(&self.peer.name, health_from_wire(hello.health.clone()));
+        self.board.peer_holds(&self.peer.name, held_from_wire(hello.held.clone()));
         let (peer, forgot_ms) = (self.peer.name.to_string(), hello.forgot_through_ms);
         self.core.tell(Request::PeerForgot { peer, forgot_ms }).await?;
         Ok(hello)

@@ -11,7 +11,10 @@ use tonic::Status;
 use crate::core::digest::N_BUCKETS;
 use crate::core::MinionId;
 use crate::disk::audit::{AuditLog, Record};
-use crate::net::wire::{decision_from_wire, decision_to_wire, health_from_wire, health_to_wire, summary_to_wire};
+use crate::net::wire::{
+    decision_from_wire, decision_to_wire, health_from_wire, health_to_wire, held_from_wire, held_to_wire,
+    summary_to_wire,
+};
 use crate::node::{CoreHandle, Request};
 
 /// Most ids one Fetch may ask for.
@@ -44,6 +47,7 @@ impl Handler for RpcHandler {
     async fn hello(&self, peer: &PeerName, req: v1::HelloRequest) -> Result<v1::HelloResponse, Status> {
         self.board.contact(&peer.0);
         self.board.peer_health(&peer.0, health_from_wire(req.health));
+        self.board.peer_holds(&peer.0, held_from_wire(req.held));
         // Before the peer's Diff or pushes, which come after its Hello: a
         // stale node answers them with nothing.
         let (name, forgot_ms) = (peer.0.to_string(), req.forgot_through_ms);
@@ -57,6 +61,7 @@ impl Handler for RpcHandler {
             n_decisions: n_decisions as u64,
             health: Some(health_to_wire(&self.board.hello_health(&self.core).await)),
             forgot_through_ms,
+            held: held_to_wire(&crate::ops::held::held_counts(&self.core).await.map_err(core_gone)?),
         })
     }
 
@@ -149,7 +154,7 @@ pub fn audit_refused(
     peer: &str,
     error: &crate::net::wire::WireError,
 ) {
-    metrics.decisions_refused.inc();
+    metrics.count_refused(peer, crate::ops::refused::Cause::Other, 1);
     tracing::warn!(peer, error = %error, "refused decision from peer");
     audit.record(Record {
         minion: error.minion().map(|m| m.escape_debug().to_string()),

@@ -9,6 +9,7 @@ use crate::core::{Context, Decision, Fingerprint, MinionId, PublicKey, Relays, V
 use crate::disk::accept::{AcceptSettings, SigningSource};
 use crate::disk::health::{KeyCounts, MasterHealth, SETTINGS, UNSET};
 use crate::disk::salt_version::is_version;
+use crate::ops::held::HeldCount;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
@@ -246,6 +247,31 @@ pub fn health_from_wire(msg: Option<v1::MasterHealth>) -> MasterHealth {
     }
 }
 
+/// Origins a peer's `Hello` may say its guard holds deletes from: more
+/// than any site has masters; the rest of a longer list is not kept.
+pub const MAX_HELD_ORIGINS: usize = 64;
+
+/// What this master's guard holds, per origin, for a `Hello`.
+pub fn held_to_wire(held: &[HeldCount]) -> Vec<v1::HeldCount> {
+    held.iter().map(|h| v1::HeldCount { origin: h.origin.clone(), count: h.count as u64 }).collect()
+}
+
+/// What a peer says its guard holds, per origin: its own claim, kept as
+/// far as it makes sense (a node name, a count above 0, each origin once,
+/// at most [`MAX_HELD_ORIGINS`] of them), by origin.
+pub fn held_from_wire(held: Vec<v1::HeldCount>) -> Vec<HeldCount> {
+    let mut kept: std::collections::BTreeMap<String, usize> = Default::default();
+    for h in held {
+        if kept.len() >= MAX_HELD_ORIGINS {
+            break;
+        }
+        if h.count > 0 && crate::config::check_node_name(&h.origin).is_ok() && !kept.contains_key(&h.origin) {
+            kept.insert(h.origin, count(h.count));
+        }
+    }
+    kept.into_iter().map(|(origin, count)| HeldCount { origin, count }).collect()
+}
+
 fn count(n: u64) -> usize {
     usize::try_from(n).unwrap_or(usize::MAX)
 }
@@ -446,6 +472,65 @@ mod tests {
         };
         let seen_by_old = OldMasterHealth::decode(ours.encode_to_vec().as_slice()).unwrap();
         assert_eq!(seen_by_old, old, "an older agent reads what it knows and skips the rest");
+    }
+
+    /// Issue 28 item 2: a peer's held counts are its own claim, kept only as
+    /// far as they make sense, and bounded.
+    #[test]
+    fn held_counts_round_trip_and_a_hostile_list_is_bounded() {
+        let held =
+            vec![HeldCount { origin: "master-a".into(), count: 20 }, HeldCount { origin: "master-c".into(), count: 3 }];
+        assert_eq!(held_from_wire(held_to_wire(&held)), held);
+        let wire = |origin: &str, count: u64| v1::HeldCount { origin: origin.into(), count };
+        let hostile = vec![
+            wire("master-c", 3),
+            wire("master-a", 20),
+            wire("master-a", 99),
+            wire("MASTER-A", 5),
+            wire("master-a\n\u{1b}[8m", 5),
+            wire("", 5),
+            wire("master-d", 0),
+            wire("master-e", u64::MAX),
+        ];
+        let kept = held_from_wire(hostile);
+        assert_eq!(
+            kept,
+            [
+                HeldCount { origin: "master-a".into(), count: 20 },
+                HeldCount { origin: "master-c".into(), count: 3 },
+                HeldCount { origin: "master-e".into(), count: usize::try_from(u64::MAX).unwrap_or(usize::MAX) },
+            ],
+            "the first count of each origin named as a node is; none of the rest"
+        );
+        let flood: Vec<v1::HeldCount> = (0..10_000).map(|i| wire(&format!("m{i}"), 1)).collect();
+        assert_eq!(held_from_wire(flood).len(), MAX_HELD_ORIGINS);
+    }
+
+    /// HelloRequest as agents of 0.1.0 encode and decode it (fields 1-3).
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct OldHello {
+        #[prost(string, tag = "1")]
+        node: String,
+        #[prost(uint32, tag = "2")]
+        protocol_version: u32,
+    }
+
+    #[test]
+    fn held_counts_stay_wire_compatible_with_older_agents() {
+        use prost::Message;
+        let old = OldHello { node: "master-b".into(), protocol_version: 1 };
+        let new = v1::HelloRequest::decode(old.encode_to_vec().as_slice()).unwrap();
+        assert!(new.held.is_empty(), "an older agent tells nothing held");
+        let ours = v1::HelloRequest {
+            node: "master-b".into(),
+            protocol_version: 1,
+            held: held_to_wire(&[HeldCount { origin: "master-a".into(), count: 2 }]),
+            ..Default::default()
+        };
+        assert_eq!(OldHello::decode(ours.encode_to_vec().as_slice()).unwrap(), old, "and skips what we tell");
+        let answer = v1::HelloResponse { held: ours.held.clone(), ..Default::default() };
+        let seen = v1::HelloResponse::decode(answer.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(held_from_wire(seen.held), [HeldCount { origin: "master-a".into(), count: 2 }]);
     }
 
     impl OldMasterHealth {

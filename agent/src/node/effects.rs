@@ -126,6 +126,7 @@ impl Runtime for Effects {
 
     fn audit(&mut self, event: Event) {
         super::tell::log_and_count(&event, &self.metrics);
+        self.metrics.refused.count_event(&event);
         if self.observe {
             return;
         }

@@ -79,6 +79,10 @@ pub struct PeerStatus {
     pub health: Option<MasterHealth>,
     /// What differs from this master (empty while the peer's report is unknown).
     pub drift: Drift,
+    /// What the peer says its blast-radius guard holds, per origin, as of
+    /// its last Hello (its own claim; an agent of 0.1.0 tells nothing).
+    #[serde(default)]
+    pub holds: Vec<crate::ops::held::HeldCount>,
 }
 
 /// Everything `salt-keysync status` prints.
@@ -106,6 +110,12 @@ pub struct StatusReport {
     /// Peers' deletes the blast-radius guard holds here, per origin.
     #[serde(default)]
     pub held: Vec<crate::ops::held::HeldBurst>,
+    /// Deletes made on this master that peers say their guards hold.
+    #[serde(default)]
+    pub held_by_peers: Vec<crate::ops::held::HeldByPeer>,
+    /// Peers' decisions refused here, per peer and cause (last hour, since start).
+    #[serde(default)]
+    pub refused: Vec<crate::ops::refused::PeerRefusals>,
     /// While writes fail here (a full disk): for how long, and why.
     #[serde(default)]
     pub write_trouble: Option<String>,
@@ -201,6 +211,7 @@ impl Board {
                 anti_entropy: None,
                 health: None,
                 drift: Drift::default(),
+                holds: Vec::new(),
             };
             inner.peers.insert(peer.name.clone(), PeerEntry { status, fetched_at: None, reported: None });
         }
@@ -359,6 +370,11 @@ impl Board {
         self.evaluate_masters(&mut inner);
     }
 
+    /// Records what a peer said in Hello its guard holds, per origin.
+    pub fn peer_holds(&self, peer: &str, holds: Vec<crate::ops::held::HeldCount>) {
+        self.with_peer(peer, |status| status.holds = holds);
+    }
+
     fn evaluate(&self, inner: &mut Inner, peer: &str) {
         let local = inner.local.clone();
         let Some(entry) = inner.peers.get_mut(peer) else { return };
@@ -446,6 +462,8 @@ impl Board {
             findings,
             conflicts: Vec::new(),
             held: Vec::new(),
+            held_by_peers: Vec::new(),
+            refused: self.metrics.refused.snapshot(),
             write_trouble: None,
             stale: None,
         }

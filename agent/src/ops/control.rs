@@ -176,6 +176,7 @@ async fn answer(stream: UnixStream, ctx: &ControlContext) -> Result<()> {
             report.write_trouble = trouble.map(|(lasted, error)| crate::ops::sd_notify::write_trouble(lasted, &error));
             let stale = ctx.core.ask(|reply| crate::node::Request::Stale { reply }).await?;
             report.stale = stale.as_ref().map(crate::ops::sd_notify::stale);
+            crate::ops::findings::add_guard_findings(&mut report);
             serde_json::to_string(&report)?
         }
         "plan" => serde_json::to_string(&ctx.plan.site(&ctx.board.peers()).await)?,

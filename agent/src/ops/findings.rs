@@ -37,7 +37,9 @@ impl std::fmt::Display for Level {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Finding {
     pub level: Level,
-    /// `auto-accept`, `master-key`, `settings`, `salt-version` or `agent-version`.
+    /// `auto-accept`, `master-key`, `settings`, `salt-version`, `agent-version`,
+    /// `held-deletes`, `held-by-peer`, `clock-refused`, `refused`,
+    /// `writes-failing` or `stale`.
     pub kind: String,
     /// The masters it is about.
     pub masters: Vec<String>,
@@ -254,6 +256,117 @@ impl Reported {
     }
 }
 
+/// `n decisions`, `1 decision`.
+fn decisions(n: u64) -> String {
+    if n == 1 {
+        "1 decision".into()
+    } else {
+        format!("{n} decisions")
+    }
+}
+
+/// Issue 28 item 2: what the blast-radius guard holds, here and as the
+/// peers say theirs do, the decisions peers sent that were refused here in
+/// the last hour, and this master's failing writes or staleness, added to
+/// the findings of `report` (errors first again), with `held_by_peers` set.
+/// Called once the report is whole (the control socket's `status`).
+///
+/// Held deletes are errors wherever they are seen: the origin no longer
+/// serves those minions, the masters holding them still do, until an
+/// operator there decides. Refusals are warnings.
+pub fn add_guard_findings(report: &mut crate::ops::board::StatusReport) {
+    use crate::ops::refused::Cause;
+    let this = report.node.clone();
+    let mut found = Vec::new();
+    for burst in &report.held {
+        let more = if burst.count > burst.first.len() { ", …" } else { "" };
+        found.push(Finding {
+            level: Level::Error,
+            kind: "held-deletes".into(),
+            masters: vec![this.clone(), burst.origin.clone()],
+            message: format!(
+                "{this} holds {} deletes made on {} since {} ({}{more}): a mass delete its guard keeps from \
+                 {this}'s keys; `salt-keysync held` on {this} lists them, `revert` there restores them on {}, \
+                 `release` there applies them",
+                burst.count,
+                burst.origin,
+                burst.since,
+                burst.first.join(", "),
+                burst.origin
+            ),
+        });
+    }
+    let mut by_peers = Vec::new();
+    for peer in &report.peers {
+        for held in &peer.holds {
+            let name = &peer.name;
+            let whose = if held.origin == this {
+                by_peers.push(crate::ops::held::HeldByPeer { peer: name.clone(), count: held.count });
+                format!("{} of this master's deletes: a mass delete made here", held.count)
+            } else {
+                format!("{} deletes made on {}: a mass delete", held.count, held.origin)
+            };
+            found.push(Finding {
+                level: Level::Error,
+                kind: "held-by-peer".into(),
+                masters: vec![name.clone(), held.origin.clone()],
+                message: format!(
+                    "{name} says it holds {whose} its guard keeps from its keys (its own count, as of its last \
+                     Hello); `salt-keysync held` on {name} lists them, `revert` or `release` there ends it"
+                ),
+            });
+        }
+    }
+    for refused in report.refused.iter().filter(|r| r.last_hour > 0) {
+        let (peer, n, total) = (&refused.peer, refused.last_hour, refused.since_start);
+        let (kind, message) = match refused.cause {
+            Cause::Clock => (
+                "clock-refused",
+                format!(
+                    "{peer} sent {} made in the future in the last hour ({total} since this agent started): \
+                     further ahead of this master's clock than max_clock_skew, refused; the clock of {peer} or of \
+                     the master that made them runs ahead (`salt-keysync audit --action refuse --since 1h` \
+                     lists them)",
+                    decisions(n)
+                ),
+            ),
+            Cause::Other => (
+                "refused",
+                format!(
+                    "{peer} sent {} refused for another cause in the last hour ({total} since this agent \
+                     started): invalid, naming an origin that is no master of this site, or claiming this master \
+                     as its origin (`salt-keysync audit --action refuse --since 1h` lists them)",
+                    decisions(n)
+                ),
+            ),
+        };
+        found.push(Finding { level: Level::Warning, kind: kind.into(), masters: vec![peer.clone()], message });
+    }
+    if let Some(trouble) = &report.write_trouble {
+        let finding = Finding {
+            level: Level::Error,
+            kind: "writes-failing".into(),
+            masters: vec![this.clone()],
+            message: trouble.clone(),
+        };
+        found.push(finding);
+    }
+    if let Some(stale) = &report.stale {
+        let finding =
+            Finding { level: Level::Error, kind: "stale".into(), masters: vec![this.clone()], message: stale.clone() };
+        found.push(finding);
+    }
+    report.held_by_peers = by_peers;
+    report.findings.extend(found);
+    report.findings.sort_by_key(|f| f.level);
+}
+
+/// Whether any of `findings` is an error: `status` then exits with
+/// [`crate::cli::status::EXIT_ERROR_FINDING`].
+pub fn any_error(findings: &[Finding]) -> bool {
+    findings.iter().any(|f| f.level == Level::Error)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,6 +443,66 @@ mod tests {
         assert!(findings(&upgraded, &[]).is_empty());
         reported.forget("master-b", &metrics);
         assert!(!metrics.encode().contains(r#"master="master-b""#));
+    }
+
+    /// Issue 28 item 2: deletes held here and as peers say, refusals of the
+    /// last hour, failing writes; errors first, warnings after.
+    #[test]
+    fn held_deletes_refusals_and_failing_writes_are_findings() {
+        let mut report: crate::ops::board::StatusReport = serde_json::from_value(serde_json::json!({
+            "node": "master-a", "version": "0.2.0", "now": "2026-11-27T10:00:00Z",
+            "started": "2026-11-27T09:00:00Z",
+            "keys": {"accepted": 1, "rejected": 0, "pending": 0, "deleted": 0},
+            "health": {"master_pub": null, "settings": {}},
+            "peers": [{
+                "name": "master-b", "address": "b:4515", "state": "up", "last_error": null,
+                "last_contact": null, "anti_entropy": null, "health": null,
+                "drift": {"master_pub_mismatch": false, "settings": []},
+                "holds": [{"origin": "master-a", "count": 20}, {"origin": "master-c", "count": 5}]
+            }],
+            "findings": [{"level": "warning", "kind": "salt-version", "masters": [], "message": "skew"}],
+            "held": [{"origin": "master-c", "count": 7, "since": "2026-11-27T09:59:00Z", "first": ["web01"]}],
+            "refused": [
+                {"peer": "master-b", "cause": "clock", "last_hour": 1, "since_start": 4},
+                {"peer": "master-b", "cause": "other", "last_hour": 0, "since_start": 2}
+            ],
+            "write_trouble": "writes failing for 5s: state store: No space left on device"
+        }))
+        .unwrap();
+        add_guard_findings(&mut report);
+        let found: Vec<(Level, &str, Vec<&str>, &str)> = report
+            .findings
+            .iter()
+            .map(|f| (f.level, f.kind.as_str(), f.masters.iter().map(String::as_str).collect(), f.message.as_str()))
+            .collect();
+        let kinds: Vec<(Level, &str)> = found.iter().map(|f| (f.0, f.1)).collect();
+        assert_eq!(
+            kinds,
+            [
+                (Level::Error, "held-deletes"),
+                (Level::Error, "held-by-peer"),
+                (Level::Error, "held-by-peer"),
+                (Level::Error, "writes-failing"),
+                (Level::Warning, "salt-version"),
+                (Level::Warning, "clock-refused"),
+            ],
+            "errors first; no finding for refusals older than an hour: {found:#?}"
+        );
+        assert_eq!(found[0].2, ["master-a", "master-c"]);
+        assert!(found[0]
+            .3
+            .starts_with("master-a holds 7 deletes made on master-c since 2026-11-27T09:59:00Z (web01, …)"));
+        assert_eq!(
+            (found[1].2.clone(), found[2].2.clone()),
+            (vec!["master-b", "master-a"], vec!["master-b", "master-c"])
+        );
+        assert!(found[1].3.starts_with("master-b says it holds 20 of this master's deletes: a mass delete made here"));
+        assert!(found[2].3.starts_with("master-b says it holds 5 deletes made on master-c: a mass delete"));
+        assert!(found[2].3.contains("`salt-keysync held` on master-b lists them, `revert` or `release` there"));
+        assert!(found[5].3.starts_with("master-b sent 1 decision made in the future in the last hour (4 since"));
+        assert_eq!(report.held_by_peers, [crate::ops::held::HeldByPeer { peer: "master-b".into(), count: 20 }]);
+        assert!(any_error(&report.findings));
+        assert!(!any_error(&report.findings[4..]));
     }
 
     #[test]

@@ -37,6 +37,35 @@ pub struct HeldBurst {
     pub first: Vec<String>,
 }
 
+/// How many deletes made on `origin` a master's guard holds: what each
+/// agent tells its peers in every `Hello`, and they show in `status`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct HeldCount {
+    pub origin: String,
+    pub count: usize,
+}
+
+/// A peer that says its guard holds deletes made on this master.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldByPeer {
+    pub peer: String,
+    pub count: usize,
+}
+
+/// What the guard holds, counted per origin (origins by name).
+pub fn counts(held: &[HeldDelete]) -> Vec<HeldCount> {
+    let mut by_origin: std::collections::BTreeMap<&str, usize> = Default::default();
+    for h in held {
+        *by_origin.entry(h.origin()).or_default() += 1;
+    }
+    by_origin.into_iter().map(|(origin, count)| HeldCount { origin: origin.to_string(), count }).collect()
+}
+
+/// What the guard of the agent of `core` holds per origin, for a `Hello`.
+pub async fn held_counts(core: &CoreHandle) -> Result<Vec<HeldCount>, CoreGone> {
+    Ok(counts(&core.ask(|reply| Request::Held { reply }).await?))
+}
+
 /// The answer to `held`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HeldList {

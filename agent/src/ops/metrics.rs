@@ -87,6 +87,8 @@ pub struct Metrics {
     pub held_bursts: Family<OriginLabel, Counter>,
     /// Mass deletes made on this master that its peers' guards hold.
     pub mass_deletes_here: Counter,
+    /// Peers' decisions refused, per peer and cause, for `status` (not exported).
+    pub refused: crate::ops::refused::Refused,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -238,7 +240,15 @@ impl Metrics {
             held_deletes,
             held_bursts,
             mass_deletes_here,
+            refused: Default::default(),
         }
+    }
+
+    /// `n` decisions from `peer` refused for `cause`: counted in all, and
+    /// per peer for `status`.
+    pub fn count_refused(&self, peer: &str, cause: crate::ops::refused::Cause, n: u64) {
+        self.decisions_refused.inc_by(n);
+        self.refused.count(peer, cause, n);
     }
 
     /// Exports 0 held deletes and bursts for each of `peers`, so the series

@@ -176,16 +176,14 @@ async fn the_previous_and_next_protocol_versions_are_served_older_ones_refused()
         let mut client =
             connect(&server.address(), "b", &pki.setup(&["a"]), MAX_MESSAGE, CONNECT_TIMEOUT).await.unwrap();
         for announced in [keysync_proto::PROTOCOL_VERSION - 1, keysync_proto::PROTOCOL_VERSION + 1] {
-            let request =
-                HelloRequest { node: "a".into(), protocol_version: announced, health: None, forgot_through_ms: 0 };
+            let request = HelloRequest { node: "a".into(), protocol_version: announced, ..Default::default() };
             let answer = client.hello(request).await.expect("served").into_inner();
             assert_eq!(answer.protocol_version, keysync_proto::PROTOCOL_VERSION, "the server says what it speaks");
         }
         let request = HelloRequest {
             node: "a".into(),
             protocol_version: keysync_proto::MIN_PROTOCOL_VERSION - 1,
-            health: None,
-            forgot_through_ms: 0,
+            ..Default::default()
         };
         let status = client.hello(request).await.unwrap_err();
         assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");

@@ -91,6 +91,7 @@ impl Handler for EchoHandler {
             n_decisions: 42,
             health: None,
             forgot_through_ms: 0,
+            held: Vec::new(),
         })
     }
 
@@ -193,7 +194,7 @@ impl Drop for TestServer {
 }
 
 pub fn hello_from(node: &str) -> HelloRequest {
-    HelloRequest { node: node.to_owned(), protocol_version: PROTOCOL_VERSION, health: None, forgot_through_ms: 0 }
+    HelloRequest { node: node.to_owned(), protocol_version: PROTOCOL_VERSION, ..Default::default() }
 }
 
 /// Connects with an arbitrary rustls client configuration and says Hello as `a`; the error of

@@ -136,18 +136,21 @@ impl SaltCluster {
     /// Runs `salt-keysync ARGS --config <agent i's config>` (the CLI an
     /// operator uses on that master); its stdout, failing the test if it fails.
     pub fn keysync(&self, i: usize, args: &[&str]) -> String {
+        let (code, stdout, stderr) = self.keysync_exit(i, args);
+        assert_eq!(code, Some(0), "salt-keysync {args:?} on {}: {stdout}{stderr}", MASTER_IDS[i]);
+        stdout
+    }
+
+    /// [`SaltCluster::keysync`] for a command whose exit status is the
+    /// point (`status` exits 3 for an error finding): the status, stdout
+    /// and stderr.
+    pub fn keysync_exit(&self, i: usize, args: &[&str]) -> (Option<i32>, String, String) {
         let config = self.agent_configs[i].to_str().unwrap();
         let mut all: Vec<&str> = args.to_vec();
         all.extend(["--config", config]);
         let out = crate::binary::run_cli(&all);
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "salt-keysync {args:?} on {}: {text}{}",
-            MASTER_IDS[i],
-            String::from_utf8_lossy(&out.stderr)
-        );
-        text
+        let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
     }
 
     /// Stops agent `i` with SIGTERM; it must exit cleanly.

@@ -72,9 +72,10 @@ pub fn mass_delete_on_a_is_held_and_reverted(c: &mut SaltCluster) {
     assert_eq!([dfn(c, 1), dfn(c, 2)], dfn_before, "no .dfn dropped on B or C: nothing was revoked there");
     let held_b = held(c, 1);
     let n_held = held_b.len();
-    let status = c.keysync(1, &["status"]);
+    let (code, status, _) = c.keysync_exit(1, &["status"]);
     assert!(status.contains(&format!("HELD DELETES: {n_held} from master-a")), "{status}");
-    let text = c.keysync(1, &["revert", "--origin", "master-a"]);
+    assert_eq!(code, Some(3), "held deletes are an error finding: {status}");
+    let text = c.keysync(1, &["revert", "-y", "--origin", "master-a"]);
     assert!(text.starts_with(&format!("{n_held} reverted")), "{text}");
     // C may have put back scenario 5's deletes where B, which had them
     // longer ago, did not: what B's revert left held on C is reverted there.
@@ -87,7 +88,7 @@ pub fn mass_delete_on_a_is_held_and_reverted(c: &mut SaltCluster) {
         }
     });
     if !held(c, 2).is_empty() {
-        c.keysync(2, &["revert", "--origin", "master-a"]);
+        c.keysync(2, &["revert", "-y", "--origin", "master-a"]);
     }
     let before = whole;
     wait_for(Duration::from_secs(60), Duration::from_millis(200), "keys back on A", || {
@@ -121,7 +122,7 @@ pub fn mass_delete_released_goes_everywhere(c: &mut SaltCluster) {
     c.masters[0].salt_key(&["-D"]);
     wait_held(c, 1, &before);
     wait_held(c, 2, &before);
-    let text = c.keysync(2, &["release", "--origin", "master-a"]);
+    let text = c.keysync(2, &["release", "-y", "--origin", "master-a"]);
     assert!(text.starts_with(&format!("{} released", before.len())), "{text}");
     wait_for(Duration::from_secs(60), Duration::from_millis(200), "C's release held on B", || {
         let list: serde_json::Value = serde_json::from_str(&c.keysync(1, &["held", "--json"])).unwrap();
@@ -133,7 +134,7 @@ pub fn mass_delete_released_goes_everywhere(c: &mut SaltCluster) {
         }
     });
     assert_eq!(accepted(c, 1), before, "B keeps every key: C's release is no release on B");
-    let text = c.keysync(1, &["release", "--origin", "master-c"]);
+    let text = c.keysync(1, &["release", "-y", "--origin", "master-c"]);
     assert!(text.starts_with(&format!("{} released", before.len())), "{text}");
     for master in 0..3 {
         wait_for(Duration::from_secs(60), Duration::from_millis(200), "released everywhere", || {
@@ -194,7 +195,7 @@ pub fn slow_mass_delete_with_master_stopped_is_held_whole(c: &mut SaltCluster) {
         let put_back = audit.lines().filter(|l| l.contains("\"outcome\":\"put-back\"")).count();
         assert!(put_back >= 1, "{} tells each key it put back:\n{audit}", c.masters[master].id);
     }
-    let text = c.keysync(1, &["revert", "--origin", "master-a"]);
+    let text = c.keysync(1, &["revert", "-y", "--origin", "master-a"]);
     assert!(text.starts_with(&format!("{} reverted", before.len())), "{text}");
     wait_for(Duration::from_secs(60), Duration::from_millis(200), "keys back on A", || {
         let now = accepted(c, 0);

@@ -53,7 +53,7 @@ pub async fn release_held(cluster: &FaultCluster) -> usize {
         }
         let config = cluster.files[idx].config_path.to_str().unwrap().to_string();
         let out = tokio::task::spawn_blocking(move || {
-            keysync_tests::binary::run_cli(&["release", "--json", "--config", &config])
+            keysync_tests::binary::run_cli(&["release", "-y", "--json", "--config", &config])
         })
         .await
         .unwrap();

@@ -25,6 +25,9 @@ mod downgrade;
 /// First contact on agent processes: drifted masters started in two orders
 /// end alike, an identical site rewrites nothing, observe mode and `plan`.
 mod first_contact;
+/// Issue 28 item 2: held deletes and refused decisions told on every master,
+/// exit status 3 for an error finding, `release` and `revert` asking first.
+mod guard_view;
 /// Issue 27 item 9: the salt user played against the real postrm, %postun
 /// and owners as root (mount namespace); a staging folder left by root.
 mod maintainer_scripts;

@@ -25,10 +25,14 @@ const VERSION: &str = env!("CARGO_PKG_VERSION");
 async fn status(config: &Path) -> Result<StatusReport, String> {
     let config = config.to_str().unwrap().to_string();
     let out = tokio::task::spawn_blocking(move || run_cli(&["status", "--config", &config, "--json"])).await.unwrap();
-    if !out.status.success() {
+    if !matches!(out.status.code(), Some(0 | 3)) {
         return Err(String::from_utf8_lossy(&out.stderr).into_owned());
     }
-    Ok(serde_json::from_slice(&out.stdout).expect("status --json prints one JSON report"))
+    let report: StatusReport = serde_json::from_slice(&out.stdout).expect("status --json prints one JSON report");
+    // Issue 28 item 2: 3 exactly when a finding is an error (a master key mismatch below).
+    let errors = report.findings.iter().any(|f| f.level == salt_keysync::ops::findings::Level::Error);
+    assert_eq!(out.status.code(), Some(if errors { 3 } else { 0 }), "{:#?}", report.findings);
+    Ok(report)
 }
 
 /// Waits until the status of the agent of `config` satisfies `check`.
@@ -308,7 +312,8 @@ fn metrics_count_a_peers_held_deletes_until_they_are_released() {
         })
         .await;
         let config_b = cluster.files[1].config_path.to_string_lossy().into_owned();
-        let out = tokio::task::spawn_blocking(move || run_cli(&["release", "--config", &config_b])).await.unwrap();
+        let out =
+            tokio::task::spawn_blocking(move || run_cli(&["release", "-y", "--config", &config_b])).await.unwrap();
         assert!(out.status.success(), "release: {}", String::from_utf8_lossy(&out.stderr));
         wait_until(WAIT, "released: deleted on master-b, the gauge back to 0", || {
             kept_on_b() == 0 && gauge(&metrics_text(b)) == Some(0)
