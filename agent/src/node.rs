@@ -54,6 +54,8 @@ pub enum Request {
     PeerForgot { peer: String, forgot_ms: u64 },
     /// When the newest delete this node forgot was made, for `Hello` to `peer`.
     ForgotThrough { peer: String, reply: oneshot::Sender<u64> },
+    /// The node's hybrid clock, for `Hello` (`ops/clocks.rs`).
+    Clock { reply: oneshot::Sender<u64> },
     /// On the link to `peer`, the first chunk of the peer's Diff answer named
     /// the differing buckets: a comparison begins.
     RepairBegin { peer: String, buckets: Vec<u32>, reply: oneshot::Sender<Result<(), BadAnswer>> },
@@ -387,6 +389,9 @@ impl Core {
             }
             Request::ForgotThrough { peer, reply } => {
                 let _ = reply.send(self.node.forgot_through(&peer));
+            }
+            Request::Clock { reply } => {
+                let _ = reply.send(self.node.clock());
             }
             Request::Contact => self.node.on_contact(now(), &mut self.effects),
             Request::Plan { ids, reply } => {

@@ -3,6 +3,7 @@
 //! metrics, systemd's notify protocol, config reloads and log format.
 
 pub mod board;
+pub mod clocks;
 pub mod control;
 pub mod findings;
 pub mod held;

@@ -175,6 +175,7 @@ mod tests {
             health,
             drift: Drift::default(),
             holds: Vec::new(),
+            clock: None,
         };
         let local = MasterHealth { agent_version: Some("0.2.0".into()), ..health("3008.3", false, 120) };
         // master-b's agent reported without its version: 0.1.0.

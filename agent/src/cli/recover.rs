@@ -8,6 +8,8 @@
 //! treats whatever else the folders hold as a first start: bootstrap versions
 //! that rank below every live decision, so this master's files never undo
 //! what the cluster decided. A new marker ties the folders to the new store.
+//! The store notes when it started afresh, after every peer's clock: what
+//! names this master from before is its own past, taken back (`remote.rs`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -38,6 +40,10 @@ pub struct Recovered {
     /// Where the unusable store was moved, if there was one.
     pub moved_aside: Option<PathBuf>,
     pub store_id: String,
+    /// When the new store started afresh (wall-clock ms): after this
+    /// master's clock and every answering peer's, so after everything this
+    /// master decided before (see [`afresh_ms`]).
+    pub afresh_ms: u64,
 }
 
 /// Rebuilds the state of `config` from its peers. `force`: also when the
@@ -81,10 +87,13 @@ pub async fn recover_from_peers(config: &Config, force: bool) -> Result<Recovere
     let mut newest: HashMap<MinionId, Decision> = HashMap::new();
     let mut answered = Vec::new();
     let mut unreachable = Vec::new();
+    let wall_ms = crate::node::wall_ms();
+    let mut clocks_ms = vec![wall_ms];
     for peer in &config.peers {
         match tokio::time::timeout(PEER_TIMEOUT, fetch_all(config, peer, &tls, &local)).await {
-            Ok(Ok(decisions)) => {
+            Ok(Ok((decisions, clock_ms))) => {
                 answered.push((peer.name.clone(), decisions.len()));
+                clocks_ms.extend(clock_ms);
                 for decision in decisions {
                     let newer = newest.get(&decision.id).is_none_or(|held| held.version < decision.version);
                     if newer {
@@ -119,19 +128,48 @@ pub async fn recover_from_peers(config: &Config, force: bool) -> Result<Recovere
     // Journalled, not recorded: the store stays uninitialized, so the next
     // start applies these first and treats local files as a first start.
     store.journal(&decisions)?;
+    let skew_ms = u64::try_from(config.timings.max_clock_skew.as_millis()).unwrap_or(u64::MAX);
+    let afresh_ms = afresh_ms(&clocks_ms, &decisions, wall_ms.saturating_add(skew_ms));
+    store.set_afresh(afresh_ms << crate::core::version::LOGICAL_BITS)?;
     state_guard::write_marker(&pki, store.id(), &config.node)?;
-    Ok(Recovered { n_decisions: decisions.len(), answered, unreachable, moved_aside, store_id: store.id().to_string() })
+    Ok(Recovered {
+        n_decisions: decisions.len(),
+        answered,
+        unreachable,
+        moved_aside,
+        store_id: store.id().to_string(),
+        afresh_ms,
+    })
+}
+
+/// When the recovered store starts afresh: just after this master's wall
+/// clock, every answering peer's hybrid clock (`clocks_ms`) and every
+/// decision fetched. A peer's hybrid clock is past every version it holds,
+/// so whatever this master decided before and a peer kept (even stamped
+/// ahead by a clock that ran ahead) is older: its own forgotten past, which
+/// the agent takes back when a peer offers it (among them one its folders
+/// had overtaken when it stopped, which the start leaves to a claim of
+/// these folders). What names this master and is
+/// newer, it never made: refused. (Peers of an earlier release tell no
+/// clock: the versions fetched from them stand in.) At most just past
+/// `limit`, this master's wall clock and `max_clock_skew`: the agent's
+/// clock moves to the start afresh, and a clock further ahead would have
+/// its decisions refused.
+fn afresh_ms(clocks_ms: &[u64], decisions: &[Decision], limit: u64) -> u64 {
+    let fetched = decisions.iter().map(|d| d.version.millis());
+    clocks_ms.iter().copied().chain(fetched).max().unwrap_or(0).min(limit).saturating_add(1)
 }
 
 /// Every decision `peer` holds: its summaries for all buckets (an empty
 /// store's digests differ from every non-empty bucket), then the decisions;
 /// and whatever it holds for the `local` ids (its deletes of them).
+/// Also returns the peer's hybrid clock (ms), if it tells it.
 async fn fetch_all(
     config: &Config,
     peer: &Peer,
     tls: &keysync_server::TlsSetup,
     local: &[String],
-) -> Result<Vec<Decision>> {
+) -> Result<(Vec<Decision>, Option<u64>)> {
     let mut client = keysync_server::connect(
         &peer.address,
         &peer.name,
@@ -147,6 +185,7 @@ async fn fetch_all(
     if hello.node != peer.name {
         bail!("peer answered Hello as {:?}", hello.node);
     }
+    let clock_ms = crate::net::wire::clock_from_wire(hello.clock).map(|clock| clock.stamp_ms);
     let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests: vec![0; N_BUCKETS] };
     let mut stream = client.diff(request).await?.into_inner();
     let mut ids = Vec::new();
@@ -172,5 +211,29 @@ async fn fetch_all(
             }
         }
     }
-    Ok(decisions)
+    Ok((decisions, clock_ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{Context, Relays, Verdict, Version};
+
+    /// Past this master's wall clock, every peer's clock and every decision
+    /// fetched, by a millisecond; at most just past `limit`.
+    #[test]
+    fn the_start_afresh_is_after_every_clock_and_decision_within_the_limit() {
+        let fetched = |ms: u64| Decision {
+            id: MinionId::parse("web01").unwrap(),
+            verdict: Verdict::Deleted,
+            version: Version::new(ms << 16, "master-a"),
+            context: Context::default(),
+            relays: Relays::default(),
+        };
+        let now = 1_800_000_000_000;
+        assert_eq!(afresh_ms(&[now], &[], u64::MAX), now + 1);
+        assert_eq!(afresh_ms(&[now, now + 12_000, now - 5], &[fetched(now + 3_000)], u64::MAX), now + 12_001);
+        assert_eq!(afresh_ms(&[now], &[fetched(now + 20_000)], u64::MAX), now + 20_001);
+        assert_eq!(afresh_ms(&[now, now + 3_600_000], &[], now + 300_000), now + 300_001, "a peer far ahead");
+    }
 }

@@ -320,6 +320,7 @@ mod tests {
             health: None,
             drift: Drift::default(),
             holds: Vec::new(),
+            clock: None,
         };
         StatusReport {
             node: "master-a".into(),

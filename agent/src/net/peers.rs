@@ -223,12 +223,15 @@ impl PeerLink {
         let peer = self.peer.name.to_string();
         let forgot_through_ms = self.core.ask(|reply| Request::ForgotThrough { peer, reply }).await?;
         let held = held_to_wire(&crate::ops::held::held_counts(&self.core).await?);
+        let hlc = self.core.ask(|reply| Request::Clock { reply }).await?;
+        let clock = Some(crate::net::wire::clock_to_wire(&self.board.clock_reading(hlc)));
         let request = |protocol_version| v1::HelloRequest {
             node: self.node.clone(),
             protocol_version,
             health: health.clone(),
             forgot_through_ms,
             held: held.clone(),
+            clock,
         };
         let hello = match client.hello(request(PROTOCOL_VERSION)).await {
             Ok(answer) => answer.into_inner(),
@@ -253,6 +256,7 @@ impl PeerLink {
         self.board.contact(&self.peer.name);
         self.board.peer_health(&self.peer.name, health_from_wire(hello.health.clone()));
         self.board.peer_holds(&self.peer.name, held_from_wire(hello.held.clone()));
+        self.board.peer_clock(&self.peer.name, crate::net::wire::clock_from_wire(hello.clock), hlc);
         let (peer, forgot_ms) = (self.peer.name.to_string(), hello.forgot_through_ms);
         self.core.tell(Request::PeerForgot { peer, forgot_ms }).await?;
         Ok(hello)

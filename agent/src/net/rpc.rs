@@ -48,6 +48,8 @@ impl Handler for RpcHandler {
         self.board.contact(&peer.0);
         self.board.peer_health(&peer.0, health_from_wire(req.health));
         self.board.peer_holds(&peer.0, held_from_wire(req.held));
+        let hlc = self.core.ask(|reply| Request::Clock { reply }).await.map_err(core_gone)?;
+        self.board.peer_clock(&peer.0, crate::net::wire::clock_from_wire(req.clock), hlc);
         // Before the peer's Diff or pushes, which come after its Hello: a
         // stale node answers them with nothing.
         let (name, forgot_ms) = (peer.0.to_string(), req.forgot_through_ms);
@@ -62,6 +64,7 @@ impl Handler for RpcHandler {
             health: Some(health_to_wire(&self.board.hello_health(&self.core).await)),
             forgot_through_ms,
             held: held_to_wire(&crate::ops::held::held_counts(&self.core).await.map_err(core_gone)?),
+            clock: Some(crate::net::wire::clock_to_wire(&self.board.clock_reading(hlc))),
         })
     }
 

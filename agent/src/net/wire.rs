@@ -313,6 +313,22 @@ fn source_from_wire(msg: v1::SigningSource) -> Option<SigningSource> {
     }
 }
 
+/// This agent's clocks, for a `Hello`.
+pub fn clock_to_wire(clock: &crate::ops::clocks::ClockReading) -> v1::ClockReading {
+    v1::ClockReading { wall_ms: clock.wall_ms, stamp_ms: clock.stamp_ms, max_skew_ms: clock.max_skew_ms }
+}
+
+/// A peer's clocks as its `Hello` says them; `None` from an agent that
+/// does not send them, or with no wall clock (0).
+pub fn clock_from_wire(msg: Option<v1::ClockReading>) -> Option<crate::ops::clocks::ClockReading> {
+    let msg = msg.filter(|m| m.wall_ms > 0)?;
+    Some(crate::ops::clocks::ClockReading {
+        wall_ms: msg.wall_ms,
+        stamp_ms: msg.stamp_ms.max(msg.wall_ms),
+        max_skew_ms: msg.max_skew_ms,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -400,6 +416,20 @@ mod tests {
             let err = decision_from_wire(msg.clone()).unwrap_err().to_string();
             assert!(err.contains(want), "{msg:?}: {err:?} should contain {want:?}");
         }
+    }
+
+    /// A peer's clocks as its Hello says them; none from an agent that
+    /// does not send them, or with no wall clock; a stamp never behind the
+    /// wall clock it came with.
+    #[test]
+    fn clocks_round_trip_and_an_empty_reading_is_none() {
+        use crate::ops::clocks::ClockReading;
+        let clock = ClockReading { wall_ms: 1_800_000_000_000, stamp_ms: 1_800_000_060_000, max_skew_ms: 300_000 };
+        assert_eq!(clock_from_wire(Some(clock_to_wire(&clock))), Some(clock));
+        assert_eq!(clock_from_wire(None), None);
+        assert_eq!(clock_from_wire(Some(v1::ClockReading::default())), None);
+        let behind = v1::ClockReading { wall_ms: 5_000, stamp_ms: 1, max_skew_ms: 0 };
+        assert_eq!(clock_from_wire(Some(behind)).map(|c| c.stamp_ms), Some(5_000));
     }
 
     #[test]

@@ -83,6 +83,10 @@ pub struct PeerStatus {
     /// its last Hello (its own claim; an agent of 0.1.0 tells nothing).
     #[serde(default)]
     pub holds: Vec<crate::ops::held::HeldCount>,
+    /// Its clocks against this master's, as of its last Hello (`None`
+    /// before one, or from an agent that does not send them).
+    #[serde(default)]
+    pub clock: Option<crate::ops::clocks::PeerClock>,
 }
 
 /// Everything `salt-keysync status` prints.
@@ -143,6 +147,8 @@ pub struct Board {
     audit: Arc<AuditLog>,
     metrics: Arc<Metrics>,
     salt_version: SaltVersion,
+    /// This agent's `max_clock_skew` (told to peers in Hello).
+    max_clock_skew: std::time::Duration,
     inner: Mutex<Inner>,
 }
 
@@ -175,6 +181,7 @@ impl Board {
             audit,
             metrics,
             salt_version: SaltVersion::start(config.salt.version_command.clone()),
+            max_clock_skew: config.timings.max_clock_skew,
             inner: Mutex::new(Inner { local, peers: BTreeMap::new(), reported: Reported::default() }),
         };
         board.set_peers(&config.peers);
@@ -212,6 +219,7 @@ impl Board {
                 health: None,
                 drift: Drift::default(),
                 holds: Vec::new(),
+                clock: None,
             };
             inner.peers.insert(peer.name.clone(), PeerEntry { status, fetched_at: None, reported: None });
         }
@@ -375,6 +383,48 @@ impl Board {
         self.with_peer(peer, |status| status.holds = holds);
     }
 
+    /// This agent's clocks now, for a Hello: `hlc` is the node's hybrid clock.
+    pub fn clock_reading(&self, hlc: u64) -> crate::ops::clocks::ClockReading {
+        crate::ops::clocks::ClockReading::now(hlc, self.max_clock_skew)
+    }
+
+    /// Compares the clocks a peer's Hello told (`None`: it told none) with
+    /// this agent's now, and logs each change of who refuses whose
+    /// decisions once (`ops/clocks.rs`).
+    pub fn peer_clock(&self, peer: &str, theirs: Option<crate::ops::clocks::ClockReading>, hlc: u64) {
+        let clock = theirs.map(|theirs| crate::ops::clocks::compare(theirs, self.clock_reading(hlc)));
+        self.with_peer(peer, |status| {
+            let was = status.clock.as_ref().map_or((false, false), |c| (c.refused_here, c.refuses_ours));
+            let is = clock.as_ref().map_or((false, false), |c| (c.refused_here, c.refuses_ours));
+            if let Some(c) = clock.as_ref().filter(|_| is != was) {
+                let offset_ms = c.offset_ms;
+                match (is.0, was.0) {
+                    (true, false) => tracing::error!(
+                        peer,
+                        stamps_ahead_ms = c.peer_stamps_ahead_ms,
+                        offset_ms,
+                        "the peer stamps its decisions further ahead of this master's clock than max_clock_skew: \
+                         they are refused here (status shows it)"
+                    ),
+                    (false, true) => tracing::info!(peer, "the peer's decisions are within max_clock_skew again"),
+                    _ => {}
+                }
+                match (is.1, was.1) {
+                    (true, false) => tracing::error!(
+                        peer,
+                        stamps_ahead_ms = c.our_stamps_ahead_ms,
+                        offset_ms,
+                        "the peer refuses this master's decisions: stamped further ahead of its clock than its \
+                         max_clock_skew (status shows it)"
+                    ),
+                    (false, true) => tracing::info!(peer, "the peer takes this master's decisions again"),
+                    _ => {}
+                }
+            }
+            status.clock = clock;
+        });
+    }
+
     fn evaluate(&self, inner: &mut Inner, peer: &str) {
         let local = inner.local.clone();
         let Some(entry) = inner.peers.get_mut(peer) else { return };
@@ -449,7 +499,11 @@ impl Board {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.local.keys = Some(keys.clone());
         let drift: Vec<(&str, &Drift)> = inner.peers.iter().map(|(name, e)| (name.as_str(), &e.status.drift)).collect();
-        let findings = findings(&inner.masters(&self.node), &drift);
+        let mut findings = findings(&inner.masters(&self.node), &drift);
+        let clocks: Vec<(&str, &crate::ops::clocks::PeerClock)> =
+            inner.peers.iter().filter_map(|(name, e)| Some((name.as_str(), e.status.clock.as_ref()?))).collect();
+        findings.extend(crate::ops::clocks::clock_findings(&self.node, &clocks));
+        findings.sort_by_key(|f| f.level);
         StatusReport {
             node: self.node.clone(),
             version: env!("CARGO_PKG_VERSION").into(),

@@ -92,6 +92,7 @@ impl Handler for EchoHandler {
             health: None,
             forgot_through_ms: 0,
             held: Vec::new(),
+            clock: None,
         })
     }
 
