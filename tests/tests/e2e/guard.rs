@@ -39,6 +39,29 @@ fn wait_held(c: &SaltCluster, master: usize, want: &BTreeSet<String>) {
     });
 }
 
+/// Waits until A holds `keys` accepted again and B and C hold nothing (a
+/// revert reached every master).
+fn wait_reverted(c: &SaltCluster, keys: &BTreeSet<String>) {
+    wait_for(Duration::from_secs(60), Duration::from_millis(200), "keys back on A", || {
+        let now = accepted(c, 0);
+        if now == *keys {
+            Ok(())
+        } else {
+            Err(format!("{} of {} back", now.len(), keys.len()))
+        }
+    });
+    for master in [1, 2] {
+        wait_for(Duration::from_secs(30), Duration::from_millis(200), "nothing held", || {
+            let now = held(c, master);
+            if now.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{} held", now.len()))
+            }
+        });
+    }
+}
+
 /// `salt-key -D -y` on A: B and C keep every key and drop no `.dfn`, say
 /// why in `status`, and `revert` on B restores every key on A.
 pub fn mass_delete_on_a_is_held_and_reverted(c: &mut SaltCluster) {
@@ -91,24 +114,7 @@ pub fn mass_delete_on_a_is_held_and_reverted(c: &mut SaltCluster) {
         c.keysync(2, &["revert", "-y", "--origin", "master-a"]);
     }
     let before = whole;
-    wait_for(Duration::from_secs(60), Duration::from_millis(200), "keys back on A", || {
-        let now = accepted(c, 0);
-        if now == before {
-            Ok(())
-        } else {
-            Err(format!("{} of {} back", now.len(), before.len()))
-        }
-    });
-    for master in [1, 2] {
-        wait_for(Duration::from_secs(30), Duration::from_millis(200), "nothing held", || {
-            let now = held(c, master);
-            if now.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{} held", now.len()))
-            }
-        });
-    }
+    wait_reverted(c, &before);
     let list = c.masters[0].list();
     assert!(before.is_subset(&list.accepted), "salt-key -L on A lists them accepted again");
 }
@@ -197,23 +203,8 @@ pub fn slow_mass_delete_with_master_stopped_is_held_whole(c: &mut SaltCluster) {
     }
     let text = c.keysync(1, &["revert", "-y", "--origin", "master-a"]);
     assert!(text.starts_with(&format!("{} reverted", before.len())), "{text}");
-    wait_for(Duration::from_secs(60), Duration::from_millis(200), "keys back on A", || {
-        let now = accepted(c, 0);
-        if now == before {
-            Ok(())
-        } else {
-            Err(format!("{} of {} back", now.len(), before.len()))
-        }
-    });
+    wait_reverted(c, &before);
     for master in [1, 2] {
-        wait_for(Duration::from_secs(30), Duration::from_millis(200), "nothing held", || {
-            let now = held(c, master);
-            if now.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{} held", now.len()))
-            }
-        });
         assert_eq!(accepted(c, master), before, "{} keeps every key", c.masters[master].id);
     }
     c.masters[0].start();

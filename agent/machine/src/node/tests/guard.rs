@@ -47,6 +47,25 @@ fn count(rt: &Recorder, what: impl Fn(&Event) -> bool) -> usize {
     rt.events.iter().filter(|e| what(e)).count()
 }
 
+/// The operator of `origin` deletes `names` one at a time, ten seconds apart.
+fn delete_each(origin: &mut Node, rt: &mut Recorder, names: &[String], base: Instant, from: f64) -> Vec<Decision> {
+    names
+        .iter()
+        .enumerate()
+        .flat_map(|(i, name)| delete_on(origin, rt, std::slice::from_ref(name), base, from + i as f64 * 10.0))
+        .collect()
+}
+
+/// `deletes` reach `node` from master-a one at a time, 1.1 s apart from
+/// `start` (`salt-key -D` with salt-master stopped), each tick after `quiet`.
+fn one_a_second(node: &mut Node, rt: &mut Recorder, deletes: &[Decision], base: Instant, start: f64) {
+    for (i, delete) in deletes.iter().enumerate() {
+        let t = start + i as f64 * 1.1;
+        node.on_batches(vec![("master-a".into(), vec![delete.clone()])], at(base, t), rt);
+        node.on_tick(at(base, t + 1.05), rt);
+    }
+}
+
 /// `salt-key -D` on one master: the other keeps every key and drops no
 /// `.dfn`, whatever pieces the deletes arrive in; a restart keeps them held;
 /// rejections keep flowing; a release then deletes them here.
@@ -278,19 +297,10 @@ fn a_mass_delete_at_one_key_a_second_is_held_whole() {
     let base = Instant::now();
     let (mut a, mut rt_a) = master("master-a", N);
     let (mut b, mut rt_b) = master("master-b", N);
-    let names = ids(N);
-    let deletes: Vec<Decision> = names
-        .iter()
-        .enumerate()
-        .flat_map(|(i, name)| delete_on(&mut a, &mut rt_a, std::slice::from_ref(name), base, i as f64 * 10.0))
-        .collect();
+    let deletes = delete_each(&mut a, &mut rt_a, &ids(N), base, 0.0);
     assert_eq!(deletes.len(), N);
     let start = 300.0;
-    for (i, delete) in deletes.iter().enumerate() {
-        let t = start + i as f64 * 1.1;
-        b.on_batches(vec![("master-a".into(), vec![delete.clone()])], at(base, t), &mut rt_b);
-        b.on_tick(at(base, t + 1.05), &mut rt_b);
-    }
+    one_a_second(&mut b, &mut rt_b, &deletes, base, start);
     b.on_tick(at(base, start + 200.0), &mut rt_b);
     assert_eq!(accepted(&rt_b), N, "every key is here, the first ones put back");
     assert_eq!(b.held().count(), N, "the whole burst is held");
@@ -325,20 +335,11 @@ fn keys_put_back_are_written_after_a_full_disk_and_a_restart() {
     let base = Instant::now();
     let (mut a, mut rt_a) = master("master-a", N);
     let (mut b, mut rt_b) = master("master-b", N);
-    let deletes: Vec<Decision> = ids(N)
-        .iter()
-        .enumerate()
-        .flat_map(|(i, name)| delete_on(&mut a, &mut rt_a, std::slice::from_ref(name), base, i as f64 * 10.0))
-        .collect();
+    let deletes = delete_each(&mut a, &mut rt_a, &ids(N), base, 0.0);
     let start = 300.0;
-    for (i, delete) in deletes.iter().take(11).enumerate() {
-        let t = start + i as f64 * 1.1;
-        if i == 10 {
-            rt_b.faults.apply = true;
-        }
-        b.on_batches(vec![("master-a".into(), vec![delete.clone()])], at(base, t), &mut rt_b);
-        b.on_tick(at(base, t + 1.05), &mut rt_b);
-    }
+    one_a_second(&mut b, &mut rt_b, &deletes[..10], base, start);
+    rt_b.faults.apply = true;
+    one_a_second(&mut b, &mut rt_b, &deletes[10..11], base, start + 11.0);
     assert_eq!(b.held().count(), 11, "the burst is held, the ten let through too");
     assert_eq!(accepted(&rt_b), N - 10, "their files could not be written yet");
     assert_eq!(rt_b.store.putting_back.len(), 10, "the store lists them");
@@ -368,17 +369,9 @@ fn a_concurrent_delete_let_through_is_not_put_back() {
     b.on_tick(at(base, 7.0), &mut rt_b);
     // master-a deletes every key, m000 last (newer than master-b's accept).
     let names = ids(N);
-    let mut deletes: Vec<Decision> = names[1..]
-        .iter()
-        .enumerate()
-        .flat_map(|(i, name)| delete_on(&mut a, &mut rt_a, std::slice::from_ref(name), base, 10.0 + i as f64 * 10.0))
-        .collect();
+    let mut deletes = delete_each(&mut a, &mut rt_a, &names[1..], base, 10.0);
     deletes.insert(0, delete_on(&mut a, &mut rt_a, &names[..1], base, 250.0).remove(0));
-    for (i, delete) in deletes.iter().enumerate() {
-        let t = 300.0 + i as f64 * 1.1;
-        b.on_batches(vec![("master-a".into(), vec![delete.clone()])], at(base, t), &mut rt_b);
-        b.on_tick(at(base, t + 1.05), &mut rt_b);
-    }
+    one_a_second(&mut b, &mut rt_b, &deletes, base, 300.0);
     let m000 = MinionId::parse("m000").unwrap();
     let conflicts = |rt: &Recorder| count(rt, |e| matches!(e, Event::Conflict { conflict, .. } if conflict.id == m000));
     assert_eq!(conflicts(&rt_b), 1, "told when applied");
