@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use salt_keysync::disk::audit::{verify_files, AuditLog, Record};
+use salt_keysync::disk::audit::{verify_files, Action, AuditLog, Outcome, Record, Via};
 
 const N_RECORDS: usize = 100_000;
 const N_SYNCS: usize = 200;
@@ -26,7 +26,7 @@ fn main() {
         ),
         origin: Some("master-b".into()),
         version: Some("1732190000000.0@master-b".into()),
-        ..Record::new("accept", "master-b", "applied")
+        ..Record::new(Action::Accept, Via::Peer("master-b"), Outcome::Applied)
     };
 
     let start = Instant::now();

@@ -12,6 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, Mode};
 use crate::core::settle::SettleTimings;
+use crate::disk::audit::{Action, Outcome, Via};
 use crate::disk::audit::{AuditLog, Record};
 use crate::disk::store::Store;
 use crate::net::links::{LinkContext, PeerLinks};
@@ -116,7 +117,7 @@ pub async fn run_with(
         tracing::error!(what = %refused, "the agent's staging folder in pki_dir was not its own");
         audit.record(Record {
             reason: Some(format!("{}/{}: {refused}", config.pki_dir.display(), crate::disk::pki::STAGING_DIR)),
-            ..Record::new("refuse", "local", "refused")
+            ..Record::new(Action::Refuse, Via::Local, Outcome::Refused)
         });
     }
     if !observe {
@@ -187,7 +188,7 @@ pub async fn run_with(
     let observing = if observe { ", observe mode: nothing is written to the key folders" } else { "" };
     audit.record(Record {
         reason: Some(format!("listening on {}, {} peers{observing}", listener.local_addr()?, config.peers.len())),
-        ..Record::new("start", "local", "started")
+        ..Record::new(Action::Start, Via::Local, Outcome::Started)
     });
     tracing::info!(node = %config.node, listen = %listener.local_addr()?, n_peers = config.peers.len(), observe, "agent started");
 
@@ -302,7 +303,7 @@ pub async fn run_with(
     tasks.wait().await;
     drop(watch);
     audit.flush_refusals(true);
-    audit.record(Record::new("stop", "local", "stopped"));
+    audit.record(Record::new(Action::Stop, Via::Local, Outcome::Stopped));
     audit.sync();
     // Where the chain ends at this clean stop: a cut tail is noticed at the
     // next start (in observe mode the store is in memory and gone with it).
@@ -356,6 +357,6 @@ async fn narrow_key_modes(pki: &Arc<crate::disk::pki::Pki>, audit: &AuditLog) {
              them{}",
             if failed > 0 { format!("; {failed} could not be (not the agent's user's)") } else { String::new() }
         )),
-        ..Record::new("mode", "local", "applied")
+        ..Record::new(Action::Mode, Via::Local, Outcome::Applied)
     });
 }

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::core::settle::SettleTimings;
 use crate::core::{Decision, MinionId};
 use crate::disk::audit::AuditLog;
+use crate::disk::audit::{Action, Outcome as AuditOutcome, Via};
 use crate::disk::pki::{Owner, Pki};
 use crate::disk::store::Store;
 use crate::disk::watcher::{FolderWatch, WatchEvent};
@@ -242,7 +243,7 @@ impl Core {
                         reason: Some(format!(
                             "{folder}/ was replaced by another folder: reopened, every name read again"
                         )),
-                        ..crate::disk::audit::Record::new("folder", "local", "reopened")
+                        ..crate::disk::audit::Record::new(Action::Folder, Via::Local, AuditOutcome::Reopened)
                     });
                     if let Some(watch) = &self.watch {
                         if let Err(e) = watch.rewatch(change.folder) {
@@ -255,7 +256,7 @@ impl Core {
                     tracing::error!(folder, reason = %why, "a key folder was replaced by something the agent will not use");
                     self.effects.buffered.push(crate::disk::audit::Record {
                         reason: Some(why),
-                        ..crate::disk::audit::Record::new("refuse", "local", "refused")
+                        ..crate::disk::audit::Record::new(Action::Refuse, Via::Local, AuditOutcome::Refused)
                     });
                 }
             }

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::disk::audit::{each_line, parse_time_bound, verify_files, Filter, Follower, Line, Record, ACTIONS};
+use crate::disk::audit::Action;
+use crate::disk::audit::{each_line, parse_time_bound, verify_files, Filter, Follower, Line, Record};
 use clap::{Args, Subcommand};
 
 const EXIT_BROKEN: i32 = 1;
@@ -164,8 +165,9 @@ fn filter(args: &AuditArgs) -> anyhow::Result<Filter> {
     };
     // A misspelt value would match nothing and look like an empty log.
     for action in &args.action {
-        if !ACTIONS.contains(&action.as_str()) {
-            anyhow::bail!("--action: {action:?} is not an audit action (one of {})", ACTIONS.join(", "));
+        if !Action::ALL.iter().any(|known| known.as_str() == action) {
+            let all: Vec<&str> = Action::ALL.iter().map(|a| a.as_str()).collect();
+            anyhow::bail!("--action: {action:?} is not an audit action (one of {})", all.join(", "));
         }
     }
     for origin in &args.origin {

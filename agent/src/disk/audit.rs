@@ -13,6 +13,7 @@
 //! - `refusals.rs` aggregates each peer's refusals (ten a minute, then a count).
 
 mod filter;
+mod kinds;
 mod reader;
 pub mod refusals;
 mod verify;
@@ -25,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 pub use filter::{parse_time_bound, Filter};
+pub use kinds::{Action, Outcome, Via};
 pub use reader::{each_line, scan, Follower, Line, Polled, Scan, Torn};
 pub use verify::{verify_files, Break, VerifyReport};
 pub use writer::{AuditHead, AuditLog, Batch};
@@ -34,39 +36,7 @@ pub const GENESIS: &str = "00000000000000000000000000000000000000000000000000000
 
 /// The action of the record the writer puts first in a file that continues
 /// the chain of a rotated one.
-pub const CONTINUE: &str = "continue";
-
-/// Every action a record can have (`salt-keysync audit --action` takes
-/// these; a test keeps the list whole).
-pub const ACTIONS: &[&str] = &[
-    "accept",
-    "reject",
-    "delete",
-    "pending",
-    "conflict",
-    "refuse",
-    "connect",
-    "inventory",
-    "write",
-    "rotate",
-    "master-key",
-    "settings",
-    "auto-accept",
-    "reload",
-    "folder",
-    "start",
-    "stop",
-    "gap",
-    "lost",
-    "repair",
-    "hold",
-    "release",
-    "revert",
-    "mode",
-    "stale",
-    "take-back",
-    CONTINUE,
-];
+pub const CONTINUE: &str = Action::Continue.as_str();
 
 /// One audit record. Field names are part of the user-facing contract.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -117,8 +87,13 @@ pub struct Record {
 }
 
 impl Record {
-    pub fn new(action: &str, via: &str, outcome: &str) -> Record {
-        Record { action: action.into(), via: via.into(), outcome: outcome.into(), ..Record::default() }
+    pub fn new(action: Action, via: Via<'_>, outcome: Outcome) -> Record {
+        Record {
+            action: action.as_str().into(),
+            via: via.as_str().into(),
+            outcome: outcome.as_str().into(),
+            ..Record::default()
+        }
     }
 }
 

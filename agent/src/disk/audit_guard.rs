@@ -10,6 +10,7 @@
 
 use super::audit::{AuditHead, AuditLog, Record};
 use super::store::Store;
+use crate::disk::audit::{Action, Outcome, Via};
 
 /// What the log's end says against what the store noted.
 #[derive(Debug, PartialEq, Eq)]
@@ -54,7 +55,7 @@ pub fn check(store: &Store, audit: &AuditLog) -> Tail {
         ),
     };
     tracing::error!(path = %audit.path().display(), reason = %why, "the audit log's tail was tampered with");
-    audit.record(Record { reason: Some(why), ..Record::new("gap", "local", "detected") });
+    audit.record(Record { reason: Some(why), ..Record::new(Action::Gap, Via::Local, Outcome::Detected) });
     audit.sync();
     tail
 }

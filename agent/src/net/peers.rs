@@ -21,6 +21,7 @@ use tracing::Instrument;
 use crate::config::Peer;
 use crate::core::digest::N_BUCKETS;
 use crate::core::{Decision, MinionId};
+use crate::disk::audit::{Action, Outcome, Via};
 use crate::net::wire::{
     decision_from_wire, decision_to_wire, health_from_wire, health_to_wire, held_from_wire, held_to_wire,
 };
@@ -112,7 +113,11 @@ impl PeerLink {
                                     peer: Some(name.clone()),
                                     remote: Some(self.peer.address.clone()),
                                     reason: Some(format!("{e}; expected {:?}", self.peer.name)),
-                                    ..crate::disk::audit::Record::new("refuse", &self.peer.name, "refused")
+                                    ..crate::disk::audit::Record::new(
+                                        Action::Refuse,
+                                        Via::Peer(&self.peer.name),
+                                        Outcome::Refused,
+                                    )
                                 });
                                 refused_name = Some(name.clone());
                             }
@@ -143,7 +148,7 @@ impl PeerLink {
             peer: Some(self.peer.name.clone()),
             remote: Some(self.peer.address.clone()),
             reason: Some(format!("refused the peer's certificate: {refusal}")),
-            ..crate::disk::audit::Record::new("refuse", "network", "refused")
+            ..crate::disk::audit::Record::new(Action::Refuse, Via::Network, Outcome::Refused)
         });
         *last = Some(refusal);
     }

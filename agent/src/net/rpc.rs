@@ -10,6 +10,7 @@ use tonic::Status;
 
 use crate::core::digest::N_BUCKETS;
 use crate::core::MinionId;
+use crate::disk::audit::{Action, Outcome, Via};
 use crate::disk::audit::{AuditLog, Record};
 use crate::net::wire::{
     decision_from_wire, decision_to_wire, health_from_wire, health_to_wire, held_from_wire, held_to_wire,
@@ -124,7 +125,7 @@ impl Handler for RpcHandler {
                 Err(e) => {
                     self.audit.record(Record {
                         reason: Some(format!("fetch: {e}")),
-                        ..Record::new("refuse", &peer.0, "refused")
+                        ..Record::new(Action::Refuse, Via::Peer(&peer.0), Outcome::Refused)
                     });
                 }
             }
@@ -162,7 +163,7 @@ pub fn audit_refused(
     audit.record(Record {
         minion: error.minion().map(|m| m.escape_debug().to_string()),
         reason: Some(error.to_string()),
-        ..Record::new("refuse", peer, "refused")
+        ..Record::new(Action::Refuse, Via::Peer(peer), Outcome::Refused)
     });
 }
 
@@ -175,16 +176,16 @@ pub fn audit_transport(audit: Arc<AuditLog>) -> keysync_server::EventFn {
                 peer: presented_names(&presented),
                 remote: Some(remote.to_string()),
                 reason: Some(format!("TLS handshake refused: {reason}")),
-                ..Record::new("refuse", "network", "refused")
+                ..Record::new(Action::Refuse, Via::Network, Outcome::Refused)
             },
             TransportEvent::UnknownPeer { remote, presented } => Record {
                 peer: presented_names(&presented),
                 remote: Some(remote.to_string()),
                 reason: Some("certificate is valid but names no configured peer".into()),
-                ..Record::new("refuse", "network", "refused")
+                ..Record::new(Action::Refuse, Via::Network, Outcome::Refused)
             },
             TransportEvent::RequestRefused { peer, reason } => {
-                Record { peer: Some(peer.0.clone()), reason: Some(reason), ..Record::new("refuse", &peer.0, "refused") }
+                Record { peer: Some(peer.0.clone()), reason: Some(reason), ..Record::new(Action::Refuse, Via::Peer(&peer.0), Outcome::Refused) }
             }
             TransportEvent::RefusedAgain { source, presented, count, window, last_reason } => Record {
                 peer: presented_names(&presented),
@@ -193,12 +194,12 @@ pub fn audit_transport(audit: Arc<AuditLog>) -> keysync_server::EventFn {
                     "{count} more connections refused from {source} in {}s (told once a minute per address; last: {last_reason})",
                     window.as_secs()
                 )),
-                ..Record::new("refuse", "network", "refused")
+                ..Record::new(Action::Refuse, Via::Network, Outcome::Refused)
             },
             TransportEvent::Connected { remote, peer } => Record {
                 peer: Some(peer.0.clone()),
                 remote: Some(remote.to_string()),
-                ..Record::new("connect", &peer.0, "accepted")
+                ..Record::new(Action::Connect, Via::Peer(&peer.0), Outcome::Accepted)
             },
         };
         audit.record(record);

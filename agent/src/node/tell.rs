@@ -6,7 +6,7 @@ use keysync_machine::core::merge::Conflict;
 use keysync_machine::node::Event;
 
 use crate::core::{Decision, Seen};
-use crate::disk::audit::Record;
+use crate::disk::audit::{Action, Outcome, Record, Via};
 use crate::ops::metrics::{Metrics, OriginLabel};
 
 /// The audit record of `event`, recorded on `node`; `None` for events that
@@ -17,13 +17,13 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
             minion: Some(id.as_ref().map_or_else(|| name.escape_debug().to_string(), ToString::to_string)),
             origin: Some(node.to_string()),
             reason: Some(format!("{}/{}: {reason}", folder.dir_name(), name.escape_debug())),
-            ..Record::new("refuse", "local", "refused")
+            ..Record::new(Action::Refuse, Via::Local, Outcome::Refused)
         },
         Event::PendingSeen { id, fingerprint } => Record {
             minion: Some(id.to_string()),
             fingerprint: Some(fingerprint.to_string()),
             origin: Some(node.to_string()),
-            ..Record::new("pending", "local", "observed")
+            ..Record::new(Action::Pending, Via::Local, Outcome::Observed)
         },
         Event::Decided { decision, found } => Record {
             minion: Some(decision.id.to_string()),
@@ -32,10 +32,10 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
             version: Some(decision.version.to_string()),
             other_version: decision.context.highest().map(ToString::to_string),
             reason: found.map(|found| found.describe().to_string()),
-            ..Record::new(decision.verdict.kind().action(), "local", "applied")
+            ..Record::new(Action::of(decision.verdict.kind()), Via::Local, Outcome::Applied)
         },
         Event::Applied { decision, from, replaced: None } => {
-            remote_record(decision, from, decision.verdict.kind().action(), "applied", None)
+            remote_record(decision, from, Action::of(decision.verdict.kind()), Outcome::Applied, None)
         }
         // One accepted key replaced by another: never a plain "accept applied".
         Event::Applied { decision, from, replaced: Some(old) } => Record {
@@ -43,41 +43,41 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
             ..remote_record(
                 decision,
                 from,
-                "accept",
-                "replaced",
+                Action::Accept,
+                Outcome::Replaced,
                 Some(format!("the accepted key {old} was replaced by another one")),
             )
         },
         Event::Doubted { decision, from, claimed } => remote_record(
             decision,
             from,
-            decision.verdict.kind().action(),
-            "doubted",
+            Action::of(decision.verdict.kind()),
+            Outcome::Doubted,
             Some(format!("claims to have known {claimed}, which this master ({node}) never made; taken as not known")),
         ),
         Event::NotOurs { decision, from } => remote_record(
             decision,
             from,
-            "refuse",
-            "refused",
+            Action::Refuse,
+            Outcome::Refused,
             Some(format!("{} claims this master ({node}) as its origin, which never made it", decision.version)),
         ),
         Event::Superseded { decision, from, held } => remote_record(
             decision,
             from,
-            decision.verdict.kind().action(),
-            "superseded",
+            Action::of(decision.verdict.kind()),
+            Outcome::Superseded,
             Some(format!("holds newer {held}")),
         ),
         Event::FromTheFuture { decision, from, error } => {
-            remote_record(decision, from, "refuse", "refused", Some(error.to_string()))
+            remote_record(decision, from, Action::Refuse, Outcome::Refused, Some(error.to_string()))
         }
         Event::Inventory { held } => Record {
             reason: Some(format!(
                 "first start: {} accepted, {} rejected, {} pending; sha256 of the accepted and rejected keys {}",
                 held.accepted, held.rejected, held.pending, held.digest
             )),
-            ..Record::new("inventory", "local", "observed")
+            ..Record::new(Action::Inventory, Via::Local, Outcome::Observed)
         },
         Event::Kept { decision, from, shows, wrote, why } => Record {
             other_fingerprint: shows.as_ref().and_then(|s| s.fingerprint).map(|f| f.to_string()),
@@ -89,8 +89,8 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
             ..remote_record(
                 decision,
                 from,
-                decision.verdict.kind().action(),
-                if *wrote { "ruled" } else { "kept" },
+                Action::of(decision.verdict.kind()),
+                if *wrote { Outcome::Ruled } else { Outcome::Kept },
                 None,
             )
         },
@@ -133,7 +133,7 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
                 version: Some(winner.version.to_string()),
                 other_version: Some(loser.version.to_string()),
                 reason: Some(reason),
-                ..Record::new("conflict", from, "resolved")
+                ..Record::new(Action::Conflict, Via::from_source(from), Outcome::Resolved)
             }
         }
         Event::PendingDiscarded { id, from, origin, pending, decided } => Record {
@@ -142,22 +142,23 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
             other_fingerprint: decided.map(|f| f.to_string()),
             origin: Some(origin.to_string()),
             reason: Some("a different pending key was discarded for the decided one".into()),
-            ..Record::new("pending", from, "discarded")
+            ..Record::new(Action::Pending, Via::from_source(from), Outcome::Discarded)
         },
         Event::RotateFailed { error } => {
-            Record { reason: Some(error.clone()), ..Record::new("rotate", "local", "failed") }
+            Record { reason: Some(error.clone()), ..Record::new(Action::Rotate, Via::Local, Outcome::Failed) }
         }
         Event::WriteFailed { what, error } => Record {
             reason: Some(format!("{what}: {error}; nothing recorded, retrying with backoff")),
-            ..Record::new("write", "local", "failed")
+            ..Record::new(Action::Write, Via::Local, Outcome::Failed)
         },
         Event::WritesStillFailing { .. } => return None,
-        Event::Stale { stale } => {
-            Record { reason: Some(crate::ops::sd_notify::stale(stale)), ..Record::new("stale", "local", "refused") }
-        }
+        Event::Stale { stale } => Record {
+            reason: Some(crate::ops::sd_notify::stale(stale)),
+            ..Record::new(Action::Stale, Via::Local, Outcome::Refused)
+        },
         Event::WriteRecovered { lasted, first_error } => Record {
             reason: Some(format!("writes succeed again after {lasted:.1?} (first error: {first_error})")),
-            ..Record::new("write", "local", "recovered")
+            ..Record::new(Action::Write, Via::Local, Outcome::Recovered)
         },
         Event::DeletesHeld { via, forwarded: false, n, limit, first } => Record {
             reason: Some(format!(
@@ -167,7 +168,7 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
                  restores the keys on every master",
                 first.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
             )),
-            ..Record::new("hold", via, "held")
+            ..Record::new(Action::Hold, Via::Peer(via), Outcome::Held)
         },
         Event::DeletesHeld { via, forwarded: true, n, limit, first } => Record {
             reason: Some(format!(
@@ -177,14 +178,14 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
                  them, `release` applies them here, `revert` restores the keys on every master",
                 first.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
             )),
-            ..Record::new("hold", via, "held")
+            ..Record::new(Action::Hold, Via::Peer(via), Outcome::Held)
         },
         Event::HoldEnded { via, n } => Record {
             reason: Some(format!(
                 "{via} has been quiet for a window: {n} deletes it brought were held in this burst (held still, \
                  until released or reverted); its next deletes are judged afresh"
             )),
-            ..Record::new("hold", via, "ended")
+            ..Record::new(Action::Hold, Via::Peer(via), Outcome::Ended)
         },
         Event::UnknownOrigins { from, n, n_origins, origins, first } => Record {
             minion: Some(first.to_string()),
@@ -194,7 +195,7 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
                 origins.iter().map(|o| format!("{o:?}")).collect::<Vec<_>>().join(", "),
                 if *n_origins > origins.len() { ", …" } else { "" }
             )),
-            ..Record::new("refuse", from, "refused")
+            ..Record::new(Action::Refuse, Via::from_source(from), Outcome::Refused)
         },
         // Its own decisions, not a refusal: one record per arrival (the
         // ones that change something are audited as applied besides).
@@ -208,7 +209,7 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
                 if *n == 1 { "decision" } else { "decisions" },
                 humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(*afresh_ms))
             )),
-            ..Record::new("take-back", from, "taken back")
+            ..Record::new(Action::TakeBack, Via::from_source(from), Outcome::TakenBack)
         },
         Event::MassDeleteHere { n, limit } => Record {
             origin: Some(node.to_string()),
@@ -216,7 +217,7 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
                 "{n} accepted keys were deleted on this master within the guard's window (more than {limit}): the \
                  other masters hold these deletes until an operator releases or reverts them there"
             )),
-            ..Record::new("hold", "local", "detected")
+            ..Record::new(Action::Hold, Via::Local, Outcome::Detected)
         },
         Event::HeldSettled { held, how } => {
             let reason = match how {
@@ -242,12 +243,14 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
                 ),
             };
             let outcome = match how {
-                keysync_machine::node::Settled::By(_) => "superseded",
-                keysync_machine::node::Settled::NotAccepted | keysync_machine::node::Settled::Rejudged => "unheld",
+                keysync_machine::node::Settled::By(_) => Outcome::Superseded,
+                keysync_machine::node::Settled::NotAccepted | keysync_machine::node::Settled::Rejudged => {
+                    Outcome::Unheld
+                }
             };
             Record {
                 other_version: Some(held.decision.version.to_string()),
-                ..remote_record(&held.decision, &held.from, "delete", outcome, Some(reason))
+                ..remote_record(&held.decision, &held.from, Action::Delete, outcome, Some(reason))
             }
         }
         Event::PutBack { held, key } => Record {
@@ -255,8 +258,8 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
             ..remote_record(
                 &held.decision,
                 &held.from,
-                "delete",
-                "put-back",
+                Action::Delete,
+                Outcome::PutBack,
                 Some(format!(
                     "applied here before {} went on deleting accepted keys past the guard's limit (a mass delete \
                      slower than `quiet`, as `salt-key -D` with salt-master stopped): the key is written back from \
@@ -285,13 +288,13 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
                     held.origin()
                 ),
             }),
-            ..Record::new(action.name(), "local", "applied")
+            ..Record::new(Action::operator(*action), Via::Local, Outcome::Applied)
         },
         Event::JournalCovered { decision } => remote_record(
             decision,
             "journal",
-            decision.verdict.kind().action(),
-            "superseded",
+            Action::of(decision.verdict.kind()),
+            Outcome::Superseded,
             Some(
                 "journalled before the agent stopped, not finished: the key files changed after it (an operator's \
                  change, read as a decision at start-up)"
@@ -303,7 +306,7 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
                 "{n} deletes held before the agent stopped are held still (from {})",
                 origins.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
             )),
-            ..Record::new("hold", "local", "held")
+            ..Record::new(Action::Hold, Via::Local, Outcome::Held)
         },
         Event::Rotated
         | Event::Deferred { .. }
@@ -328,7 +331,7 @@ pub fn log_and_count(event: &Event, metrics: &Metrics) {
         Event::PendingSeen { id, .. } => tracing::debug!(minion = %id, "pending key"),
         Event::Decided { decision, .. } => tracing::info!(
             minion = %decision.id,
-            action = decision.verdict.kind().action(),
+            action = Action::of(decision.verdict.kind()).as_str(),
             version = %decision.version,
             "local decision"
         ),
@@ -502,7 +505,7 @@ pub fn tells(record: &Record, conflict: &Conflict) -> bool {
         && record.other_version.as_deref() == Some(conflict.loser.version.to_string().as_str())
 }
 
-fn remote_record(decision: &Decision, from: &str, action: &str, outcome: &str, reason: Option<String>) -> Record {
+fn remote_record(decision: &Decision, from: &str, action: Action, outcome: Outcome, reason: Option<String>) -> Record {
     // The path before `from` (which is the path's last entry when it relayed).
     let before: Vec<String> = decision.relays.iter().filter(|r| *r != from).map(str::to_string).collect();
     Record {
@@ -512,7 +515,7 @@ fn remote_record(decision: &Decision, from: &str, action: &str, outcome: &str, r
         version: Some(decision.version.to_string()),
         relays: (!before.is_empty()).then_some(before),
         reason,
-        ..Record::new(action, from, outcome)
+        ..Record::new(action, Via::from_source(from), outcome)
     }
 }
 

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+use crate::disk::audit::{Action, Outcome, Via};
 use crate::disk::audit::{AuditLog, Record};
 use crate::disk::health::{compare, compared_settings, local_health, Drift, MasterHealth};
 use crate::disk::salt_version::SaltVersion;
@@ -466,14 +467,14 @@ impl Board {
                 fingerprint: local.master_pub.clone(),
                 other_fingerprint: their_pub.map(str::to_string),
                 reason: Some("master.pub differs from this master's: masters must share one key pair".into()),
-                ..Record::new("master-key", peer, "mismatch")
+                ..Record::new(Action::MasterKey, Via::Peer(peer), Outcome::Mismatch)
             });
         } else if previous.master_pub_mismatch {
             tracing::info!(peer, "master.pub now matches the peer's");
             self.audit.record(Record {
                 peer: Some(peer.into()),
                 fingerprint: local.master_pub.clone(),
-                ..Record::new("master-key", peer, "resolved")
+                ..Record::new(Action::MasterKey, Via::Peer(peer), Outcome::Resolved)
             });
         }
         if !drift.settings.is_empty() && drift.settings != previous.settings {
@@ -482,14 +483,14 @@ impl Board {
             self.audit.record(Record {
                 peer: Some(peer.into()),
                 reason: Some(format!("settings differ from this master's: {names}")),
-                ..Record::new("settings", peer, "drift")
+                ..Record::new(Action::Settings, Via::Peer(peer), Outcome::Drift)
             });
         } else if drift.settings.is_empty() && !previous.settings.is_empty() {
             tracing::info!(peer, "master settings now match the peer's");
             self.audit.record(Record {
                 peer: Some(peer.into()),
                 reason: Some(format!("settings agree again: {}", previous.settings.join(", "))),
-                ..Record::new("settings", peer, "resolved")
+                ..Record::new(Action::Settings, Via::Peer(peer), Outcome::Resolved)
             });
         }
     }

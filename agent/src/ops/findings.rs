@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::disk::accept::AUTO_ACCEPT_SETTINGS;
-use crate::disk::audit::{AuditLog, Record};
+use crate::disk::audit::{Action, AuditLog, Outcome, Record, Via};
 use crate::disk::health::MasterHealth;
 use crate::ops::metrics::{AutoAcceptLabel, Metrics, SaltLabel};
 
@@ -196,20 +196,20 @@ impl Reported {
             if settings == before {
                 continue;
             }
-            let via = if *name == this_node { "local" } else { name };
-            let record = |outcome: &str, reason: String| Record {
+            let via = if *name == this_node { Via::Local } else { Via::Peer(name) };
+            let record = |outcome: Outcome, reason: String| Record {
                 origin: Some(name.to_string()),
                 peer: (*name != this_node).then(|| name.to_string()),
                 reason: Some(reason),
-                ..Record::new("auto-accept", via, outcome)
+                ..Record::new(Action::AutoAccept, via, outcome)
             };
             if !settings.is_empty() {
                 let message = auto_accept_message(name, &how);
                 tracing::error!(master = %name, "{message}; turn it off unless that is intended");
-                audit.record(record("detected", message));
+                audit.record(record(Outcome::Detected, message));
             } else {
                 tracing::info!(master = %name, "the master no longer accepts keys by itself");
-                audit.record(record("resolved", format!("{name} no longer accepts keys by itself")));
+                audit.record(record(Outcome::Resolved, format!("{name} no longer accepts keys by itself")));
             }
         }
         for (name, health) in masters {

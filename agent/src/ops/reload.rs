@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::disk::audit::{Action, Outcome, Via};
 use crate::disk::audit::{AuditLog, Record};
 use crate::net::links::PeerLinks;
 use crate::ops::sd_notify::Notifier;
@@ -67,12 +68,17 @@ impl Reloader {
         match &outcome {
             Ok(summary) => {
                 tracing::info!(config = %self.config_path.display(), %summary, "config reloaded");
-                self.audit
-                    .record(Record { reason: Some(summary.clone()), ..Record::new("reload", "local", "applied") });
+                self.audit.record(Record {
+                    reason: Some(summary.clone()),
+                    ..Record::new(Action::Reload, Via::Local, Outcome::Applied)
+                });
             }
             Err(reason) => {
                 tracing::error!(config = %self.config_path.display(), error = %reason, "config reload refused; the running config stays in force");
-                self.audit.record(Record { reason: Some(reason.clone()), ..Record::new("reload", "local", "refused") });
+                self.audit.record(Record {
+                    reason: Some(reason.clone()),
+                    ..Record::new(Action::Reload, Via::Local, Outcome::Refused)
+                });
             }
         }
         let status = match &outcome {

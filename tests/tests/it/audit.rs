@@ -12,6 +12,7 @@ use keysync_server::CertAuthority;
 use keysync_tests::binary::{binary, free_addr, run_cli, AgentProcess};
 use keysync_tests::cluster::write_agent_files;
 use salt_keysync::disk::audit::{line_hash, AuditLog, Record, GENESIS};
+use salt_keysync::disk::audit::{Action, Outcome, Via};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
@@ -34,14 +35,14 @@ fn rfc3339(at: OffsetDateTime) -> String {
     at.format(&Rfc3339).unwrap()
 }
 
-fn rec(ago_min: i64, action: &str, minion: Option<&str>, origin: Option<&str>, via: &str) -> Record {
+fn rec(ago_min: i64, action: Action, minion: Option<&str>, origin: Option<&str>, via: Via<'_>) -> Record {
     Record {
         time: rfc3339(OffsetDateTime::now_utc() - time::Duration::minutes(ago_min)),
         node: "master-a".into(),
         minion: minion.map(str::to_string),
         origin: origin.map(str::to_string),
         fingerprint: minion.map(|_| "ab:cd:ef:01:23:45:67:89:ab:cd:ef:01:23:45:67:89".into()),
-        ..Record::new(action, via, "applied")
+        ..Record::new(action, via, Outcome::Applied)
     }
 }
 
@@ -51,13 +52,13 @@ fn sample_log(dir: &Path) -> PathBuf {
     write_chain(
         &path,
         vec![
-            rec(180, "accept", Some("web01"), Some("master-a"), "local"),
-            rec(150, "reject", Some("web02"), Some("master-b"), "master-b"),
-            rec(90, "accept", Some("db01"), Some("master-b"), "master-c"),
-            rec(60, "conflict", Some("web01"), Some("master-c"), "master-b"),
-            rec(20, "delete", Some("web01"), Some("master-a"), "local"),
-            rec(5, "refuse", None, None, "network"),
-            rec(1, "pending", Some("web03"), Some("master-a"), "local"),
+            rec(180, Action::Accept, Some("web01"), Some("master-a"), Via::Local),
+            rec(150, Action::Reject, Some("web02"), Some("master-b"), Via::Peer("master-b")),
+            rec(90, Action::Accept, Some("db01"), Some("master-b"), Via::Peer("master-c")),
+            rec(60, Action::Conflict, Some("web01"), Some("master-c"), Via::Peer("master-b")),
+            rec(20, Action::Delete, Some("web01"), Some("master-a"), Via::Local),
+            rec(5, Action::Refuse, None, None, Via::Network),
+            rec(1, Action::Pending, Some("web03"), Some("master-a"), Via::Local),
         ],
     );
     path
@@ -132,9 +133,9 @@ fn the_table_never_prints_a_control_character() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("audit.jsonl");
     let forged_id = "web01\n2026-01-01 00:00:00Z  master-a  accept  applied  evil\u{1b}[8m";
-    let mut hostile = rec(2, "refuse", Some(forged_id), Some("master-b\u{202e}"), "network");
+    let mut hostile = rec(2, Action::Refuse, Some(forged_id), Some("master-b\u{202e}"), Via::Network);
     hostile.reason = Some("bad\rkey\u{7}".into());
-    write_chain(&path, vec![rec(3, "accept", Some("web02"), Some("master-a"), "local"), hostile]);
+    write_chain(&path, vec![rec(3, Action::Accept, Some("web02"), Some("master-a"), Via::Local), hostile]);
     let out = run_cli(&["audit", "--file", path.to_str().unwrap()]);
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
@@ -194,9 +195,9 @@ fn verify_follows_the_chain_across_rotated_files() {
     let path = dir.path().join("audit.jsonl");
     let rotated = dir.path().join("audit.jsonl.1");
     let log = AuditLog::open(&path, "master-a").unwrap();
-    log.record(Record::new("start", "local", "started"));
+    log.record(Record::new(Action::Start, Via::Local, Outcome::Started));
     std::fs::rename(&path, &rotated).unwrap();
-    log.record(Record::new("stop", "local", "stopped"));
+    log.record(Record::new(Action::Stop, Via::Local, Outcome::Stopped));
 
     let (code, text) = verify(&[&rotated, &path]);
     assert_eq!(code, 0, "{text}");
@@ -221,7 +222,7 @@ fn follow_prints_records_appended_later_also_after_rotation() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("audit.jsonl");
     let log = AuditLog::open(&path, "master-a").unwrap();
-    log.record(Record { minion: Some("early".into()), ..Record::new("accept", "local", "applied") });
+    log.record(Record { minion: Some("early".into()), ..Record::new(Action::Accept, Via::Local, Outcome::Applied) });
     let mut child = KillOnDrop(
         Command::new(binary())
             .args(["audit", "--follow", "--json", "--minion", "late*", "--file"])
@@ -243,14 +244,14 @@ fn follow_prints_records_appended_later_also_after_rotation() {
     });
     let next = || rx.recv_timeout(Duration::from_secs(20)).expect("audit --follow printed nothing within 20 s");
 
-    log.record(Record { minion: Some("late1".into()), ..Record::new("reject", "local", "applied") });
+    log.record(Record { minion: Some("late1".into()), ..Record::new(Action::Reject, Via::Local, Outcome::Applied) });
     assert_eq!(next().minion.as_deref(), Some("late1"));
     std::fs::rename(&path, dir.path().join("audit.jsonl.1")).unwrap();
-    log.record(Record { minion: Some("late2".into()), ..Record::new("delete", "local", "applied") });
+    log.record(Record { minion: Some("late2".into()), ..Record::new(Action::Delete, Via::Local, Outcome::Applied) });
     assert_eq!(next().minion.as_deref(), Some("late2"));
     // logrotate copytruncate of the new file
     std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(0).unwrap();
-    log.record(Record { minion: Some("late3".into()), ..Record::new("accept", "local", "applied") });
+    log.record(Record { minion: Some("late3".into()), ..Record::new(Action::Accept, Via::Local, Outcome::Applied) });
     assert_eq!(next().minion.as_deref(), Some("late3"));
 }
 

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use keysync_server::CertAuthority;
 use keysync_tests::binary::{binary, free_addr, run_cli};
 use keysync_tests::cluster::{write_agent_files, AgentFiles};
+use salt_keysync::disk::audit::{Action, Outcome, Via};
 
 fn agent_files(root: &Path) -> AgentFiles {
     write_agent_files(root, &CertAuthority::new("ca").unwrap(), "master-a", free_addr(), &[])
@@ -351,7 +352,7 @@ fn audit_origin_names_a_master_of_the_site() {
         node: "master-a".into(),
         minion: Some("web01".into()),
         origin: Some("master-old".into()),
-        ..salt_keysync::disk::audit::Record::new("accept", "master-b", "applied")
+        ..salt_keysync::disk::audit::Record::new(Action::Accept, Via::Peer("master-b"), Outcome::Applied)
     };
     std::fs::write(&log, format!("{}\n", serde_json::to_string(&record).unwrap())).unwrap();
     let log = log.to_str().unwrap();

@@ -65,14 +65,15 @@ pub fn parse_time_bound(text: &str, now: OffsetDateTime) -> Result<OffsetDateTim
 
 #[cfg(test)]
 mod tests {
+    use super::super::{Action, Outcome, Via};
     use super::*;
 
-    fn record(time: &str, action: &str, minion: &str, origin: &str) -> Record {
+    fn record(time: &str, action: Action, minion: &str, origin: &str) -> Record {
         Record {
             time: time.into(),
             minion: Some(minion.into()),
             origin: Some(origin.into()),
-            ..Record::new(action, "local", "applied")
+            ..Record::new(action, Via::Local, Outcome::Applied)
         }
     }
 
@@ -83,10 +84,10 @@ mod tests {
     #[test]
     fn each_filter_alone_and_combined() {
         let records = [
-            record("2026-11-21T10:00:00Z", "accept", "web01", "master-a"),
-            record("2026-11-21T11:00:00Z", "reject", "web02", "master-b"),
-            record("2026-11-21T12:00:00Z", "accept", "db01", "master-b"),
-            record("2026-11-21T13:00:00Z", "delete", "web01", "master-c"),
+            record("2026-11-21T10:00:00Z", Action::Accept, "web01", "master-a"),
+            record("2026-11-21T11:00:00Z", Action::Reject, "web02", "master-b"),
+            record("2026-11-21T12:00:00Z", Action::Accept, "db01", "master-b"),
+            record("2026-11-21T13:00:00Z", Action::Delete, "web01", "master-c"),
         ];
         let check = |filter: Filter, expected: &[usize]| {
             let got: Vec<usize> = (0..records.len()).filter(|&i| filter.matches(&records[i])).collect();
@@ -111,7 +112,7 @@ mod tests {
             &[0],
         );
         // A record without a minion never matches a minion filter.
-        let start = Record::new("start", "local", "started");
+        let start = Record::new(Action::Start, Via::Local, Outcome::Started);
         assert!(!Filter { minion: Some(glob::Pattern::new("*").unwrap()), ..Filter::default() }.matches(&start));
     }
 

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use super::Record;
+use super::{Action, Outcome, Via};
 
 /// How long a peer's refusals are counted together.
 pub const WINDOW: Duration = Duration::from_secs(60);
@@ -76,7 +77,7 @@ impl PeerRefusals {
                         WINDOW.as_secs(),
                         window.last_reason
                     )),
-                    ..Record::new("refuse", peer, "refused")
+                    ..Record::new(Action::Refuse, Via::Peer(peer), Outcome::Refused)
                 });
             }
             false
@@ -96,7 +97,10 @@ mod tests {
     use super::*;
 
     fn refusal(peer: &str, n: u32) -> Record {
-        Record { reason: Some(format!("invalid {n}")), ..Record::new("refuse", peer, "refused") }
+        Record {
+            reason: Some(format!("invalid {n}")),
+            ..Record::new(Action::Refuse, Via::Peer(peer), Outcome::Refused)
+        }
     }
 
     /// However much a peer sends, a window tells ten and then one count.
@@ -126,9 +130,9 @@ mod tests {
             r.admit(&refusal("master-c", n), t0);
         }
         assert!(r.admit(&refusal("master-b", 0), t0), "master-b's first is told");
-        assert!(r.admit(&Record::new("refuse", "local", "refused"), t0));
-        assert!(r.admit(&Record::new("refuse", "network", "refused"), t0));
-        assert!(r.admit(&Record::new("accept", "master-c", "applied"), t0));
+        assert!(r.admit(&Record::new(Action::Refuse, Via::Local, Outcome::Refused), t0));
+        assert!(r.admit(&Record::new(Action::Refuse, Via::Network, Outcome::Refused), t0));
+        assert!(r.admit(&Record::new(Action::Accept, Via::Peer("master-c"), Outcome::Applied), t0));
         assert!(r.ended(t0, true).iter().all(|s| s.via == "master-c"), "master-b had nothing more");
     }
 }

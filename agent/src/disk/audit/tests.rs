@@ -5,9 +5,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use super::*;
+use super::{Action, Outcome, Via};
 
 fn minion(name: &str) -> Record {
-    Record { minion: Some(name.into()), ..Record::new("accept", "local", "applied") }
+    Record { minion: Some(name.into()), ..Record::new(Action::Accept, Via::Local, Outcome::Applied) }
 }
 
 /// A log at `path` with `n` records web1..webN.
@@ -45,7 +46,10 @@ fn chain_survives_reopening_and_modes_are_owner_only() {
     let dir_mode = std::fs::metadata(dir.path().join("log")).unwrap().permissions().mode() & 0o777;
     assert_eq!(dir_mode, 0o700);
     let log = AuditLog::open(&path, "a").unwrap();
-    log.record(Record { minion: Some("web02".into()), ..Record::new("reject", "b", "applied") });
+    log.record(Record {
+        minion: Some("web02".into()),
+        ..Record::new(Action::Reject, Via::Peer("b"), Outcome::Applied)
+    });
     let records = read_verified(&path).unwrap();
     assert_eq!(records.len(), 2);
     assert_eq!(records[0].prev, GENESIS);
@@ -316,39 +320,32 @@ fn follower_reads_appends_across_rename_and_truncation() {
     assert_eq!(polled.lines.last().unwrap().record.as_ref().unwrap().minion.as_deref(), Some("web5"));
 }
 
-/// Every action the agent records is one `audit --action` accepts: each
-/// literal action given to `Record::new` in the agent's source, and the
-/// verdicts' actions.
+/// docs/operations.md's record fields name every action and every outcome
+/// a record can have, and no other.
 #[test]
-fn every_recorded_action_is_a_known_one() {
-    use crate::core::decision::VerdictKind;
-    fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                sources(&path, out);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                out.push(path);
+fn the_docs_list_every_action_and_outcome() {
+    let docs = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations.md")).unwrap();
+    let row = |field: &str| -> Vec<String> {
+        let line = docs.lines().find(|l| l.starts_with(&format!("| `{field}` |"))).unwrap_or_else(|| panic!("{field}"));
+        let cell = line.split('|').nth(2).unwrap();
+        // The names are the code spans outside parentheses.
+        let mut names = Vec::new();
+        let mut depth = 0;
+        let mut parts = cell.split('`');
+        let mut outside = parts.next().unwrap_or("");
+        loop {
+            depth += outside.matches('(').count() as i32 - outside.matches(')').count() as i32;
+            let Some(code) = parts.next() else { break };
+            if depth == 0 {
+                names.push(code.to_string());
             }
+            outside = parts.next().unwrap_or("");
         }
-    }
-    let mut files = Vec::new();
-    sources(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut files);
-    let mut found = Vec::new();
-    for file in &files {
-        let text = std::fs::read_to_string(file).unwrap();
-        for (_, rest) in text.match_indices("Record::new(\"").map(|(i, m)| (i, &text[i + m.len()..])) {
-            found.push(rest[..rest.find('"').unwrap()].to_string());
-        }
-    }
-    assert!(found.len() > 20, "too few Record::new calls found: {found:?}");
-    for kind in [VerdictKind::Accepted, VerdictKind::Rejected, VerdictKind::Deleted] {
-        found.push(kind.action().to_string());
-    }
-    for action in [keysync_machine::node::OperatorAction::Release, keysync_machine::node::OperatorAction::Revert] {
-        found.push(action.name().to_string());
-    }
-    for action in found {
-        assert!(ACTIONS.contains(&action.as_str()), "{action:?} is recorded but not in audit::ACTIONS");
-    }
+        names
+    };
+    let set = |names: Vec<String>| names.into_iter().collect::<std::collections::BTreeSet<String>>();
+    let actions = set(Action::ALL.iter().map(|a| a.as_str().to_string()).collect());
+    assert_eq!(set(row("action")), actions, "docs/operations.md, the `action` row");
+    let outcomes = set(Outcome::ALL.iter().map(|o| o.as_str().to_string()).collect());
+    assert_eq!(set(row("outcome")), outcomes, "docs/operations.md, the `outcome` row");
 }

@@ -30,7 +30,8 @@ use std::thread::JoinHandle;
 
 use prometheus_client::metrics::counter::Counter;
 
-use super::{line_hash, now_rfc3339, AuditError, Record, CONTINUE, GENESIS};
+use super::{line_hash, now_rfc3339, AuditError, Record, GENESIS};
+use super::{Action, Outcome, Via};
 
 /// Where a log's chain ends: the last record's `seq` and line hash.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -254,14 +255,14 @@ impl AuditLog {
                 reason: Some(format!(
                     "audit log {how} by log rotation; this file continues the chain of the previous one"
                 )),
-                ..Record::new(CONTINUE, "local", "rotated")
+                ..Record::new(Action::Continue, Via::Local, Outcome::Rotated)
             };
             self.append(&mut tail, marker);
         }
         if tail.n_lost > 0 {
             let lost = Record {
                 reason: Some(format!("{} audit records could not be written: {}", tail.n_lost, tail.lost_error)),
-                ..Record::new("lost", "local", "failed")
+                ..Record::new(Action::Lost, Via::Local, Outcome::Failed)
             };
             let n_lost = std::mem::take(&mut tail.n_lost);
             if !self.append(&mut tail, lost) {
@@ -475,7 +476,7 @@ fn set_torn_aside(path: &Path, tail: &mut Tail, at: u64, torn: &[u8]) -> io::Res
             line_hash(torn),
             aside.display()
         )),
-        ..Record::new("repair", "local", "truncated")
+        ..Record::new(Action::Repair, Via::Local, Outcome::Truncated)
     })
 }
 
@@ -491,6 +492,6 @@ fn continue_rotated(path: &Path, tail: &mut Tail) -> Option<Record> {
     tail.seq = seq_of(&last);
     Some(Record {
         reason: Some(format!("audit log found empty at start; this file continues the chain of {}", rotated.display())),
-        ..Record::new(CONTINUE, "local", "rotated")
+        ..Record::new(Action::Continue, Via::Local, Outcome::Rotated)
     })
 }
