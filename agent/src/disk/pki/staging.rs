@@ -192,17 +192,30 @@ pub(super) fn lock_holder(dir: &impl AsFd) -> io::Result<Option<u32>> {
         return Ok(None);
     }
     let device = format!("{:02x}:{:02x}:{}", rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev), st.st_ino);
+    let mut text = String::new();
+    let _ = std::fs::File::from(fd).take(32).read_to_string(&mut text);
+    let named: Option<u32> = text.trim().parse().ok();
     let locks = std::fs::read_to_string("/proc/locks")?;
+    Ok(holder_in(&locks, &device, named))
+}
+
+/// The holder /proc/locks (`locks`) gives for the lock file at `device`
+/// (`major:minor:inode`, hex:hex:decimal, as fstat gives it), which names
+/// pid `named`: the pid the file names if it holds a `flock` there, else
+/// the one listed. On overlayfs (a container's root) the kernel lists the
+/// upper layer's device and inode, not the ones fstat gives, so a `flock`
+/// held by the pid the file names counts too.
+fn holder_in(locks: &str, device: &str, named: Option<u32>) -> Option<u32> {
     // `1: FLOCK  ADVISORY  WRITE 4242 00:2d:1234 0 EOF` (waiters have `->` after the number).
     let listed = locks.lines().find_map(|line| {
         let fields: Vec<&str> = line.split_whitespace().collect();
-        (fields.get(1) == Some(&"FLOCK") && fields.get(5) == Some(&device.as_str()))
-            .then(|| fields.get(4).and_then(|pid| pid.parse::<u32>().ok()).unwrap_or(0))
+        if fields.get(1) != Some(&"FLOCK") {
+            return None;
+        }
+        let pid = fields.get(4).and_then(|pid| pid.parse::<u32>().ok());
+        (fields.get(5) == Some(&device) || (named.is_some() && pid == named)).then(|| pid.unwrap_or(0))
     });
-    let Some(listed) = listed else { return Ok(None) };
-    let mut text = String::new();
-    let _ = std::fs::File::from(fd).take(32).read_to_string(&mut text);
-    Ok(Some(text.trim().parse().unwrap_or(listed)))
+    listed.map(|listed| named.unwrap_or(listed))
 }
 
 /// What stands at a name where the agent expects a folder of its own.
@@ -270,4 +283,25 @@ fn make_own_dir_at(dir: &impl AsFd, name: &str) -> io::Result<OwnedFd> {
     // The umask may have narrowed it; never widened.
     rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o700))?;
     Ok(fd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::holder_in;
+
+    /// Seen in the systemd test (`--volatile=overlay`): /proc/locks lists
+    /// the agent's lock at the overlay's upper layer, fstat names another
+    /// device and inode; `check` took the agent's own socket for another
+    /// program's and failed.
+    #[test]
+    fn the_holder_is_found_on_overlayfs_too() {
+        let locks = "1: POSIX  ADVISORY  WRITE 77 fd:00:42 0 EOF\n\
+                     2: FLOCK  ADVISORY  WRITE 1471 00:3b:1050 0 EOF\n\
+                     2: -> FLOCK  ADVISORY  WRITE 1500 00:3b:1050 0 EOF\n";
+        assert_eq!(holder_in(locks, "00:3b:1050", None), Some(1471), "same device and inode");
+        assert_eq!(holder_in(locks, "00:2d:9", Some(1471)), Some(1471), "overlayfs: the pid the file names");
+        assert_eq!(holder_in(locks, "00:2d:9", Some(1500)), None, "a waiter holds nothing");
+        assert_eq!(holder_in(locks, "00:2d:9", Some(77)), None, "a POSIX lock is no agent's");
+        assert_eq!(holder_in(locks, "00:2d:9", None), None, "not held");
+    }
 }
