@@ -56,9 +56,19 @@ impl Node {
         let decision = self.replica.observe(&id, interpret(&slots), now.wall_ms, mode)?;
         // The agent's own write of a peer's decision whose recording failed is
         // not an operator's decision: the retry records it with its version.
-        let own_write = self.retried(&decision.id).any(|d| d.verdict == decision.verdict)
+        let own_write = self.retried(&decision.id).any(|d| d.verdict == decision.verdict || self.would_show(d, &decision))
             || (decision.verdict.kind() == crate::core::VerdictKind::Deleted && self.putting_back(&decision.id));
         (!own_write).then_some(decision)
+    }
+
+    /// Whether committing `retried` makes the folders show what `read`
+    /// says: a peer's claim that does not hold can still change what they
+    /// show (first contact), and its write is then another verdict than its own.
+    fn would_show(&self, retried: &Decision, read: &Decision) -> bool {
+        match crate::core::claims::effective(&self.replica.after(retried)) {
+            None => read.verdict.kind() == crate::core::VerdictKind::Deleted,
+            Some(shows) => read.verdict.kind() == shows.kind && read.verdict.fingerprint() == shows.fingerprint,
+        }
     }
 
     /// Tells refused files and new pending keys, each once.

@@ -28,8 +28,9 @@ const DEFAULT_SEEDS: u64 = 200;
 /// Seeds past the default range that found a bug once, run every time:
 /// 46, 195, 780 and 833 found bugs in putting back a slow mass delete
 /// (`put_back.rs`), 541 and 701 a held delete whose record a kill lost, 773
-/// and 1482 a conflict told about an id compacted since (checker gaps).
-const FOUND_BUGS: [u64; 8] = [46, 195, 541, 701, 773, 780, 833, 1482];
+/// and 1482 a conflict told about an id compacted since (checker gaps), 1577
+/// a retried claim's own write read as an operator's delete.
+const FOUND_BUGS: [u64; 9] = [46, 195, 541, 701, 773, 780, 833, 1482, 1577];
 const N_IDS: usize = 30;
 /// Ids 0..N_PREEXISTING already have key files when the masters first start.
 const N_PREEXISTING: usize = 8;
