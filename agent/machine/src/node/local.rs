@@ -56,8 +56,9 @@ impl Node {
         let decision = self.replica.observe(&id, interpret(&slots), now.wall_ms, mode)?;
         // The agent's own write of a peer's decision whose recording failed is
         // not an operator's decision: the retry records it with its version.
-        let own_write = self.retried(&decision.id).any(|d| d.verdict == decision.verdict || self.would_show(d, &decision))
-            || (decision.verdict.kind() == crate::core::VerdictKind::Deleted && self.putting_back(&decision.id));
+        let own_write =
+            self.retried(&decision.id).any(|d| d.verdict == decision.verdict || self.would_show(d, &decision))
+                || (decision.verdict.kind() == crate::core::VerdictKind::Deleted && self.putting_back(&decision.id));
         (!own_write).then_some(decision)
     }
 
