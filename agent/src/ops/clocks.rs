@@ -107,9 +107,9 @@ fn why(who: &str, wall_ahead_ms: i64, stamps_ahead_ms: i64, max_skew_ms: u64, fi
         return format!("{who}'s wall clock is {} ahead: {fix}", span(wall_ahead_ms.unsigned_abs()));
     }
     let way_out = if fix_here {
-        "stop its agent and run `salt-keysync recover --from-peers --force` (docs/recovery.md, \"A clock far off\")"
+        "stop its agent and run `salt-keysync recover --from-peers --force` (\"A clock far off\" in /usr/share/doc/salt-keysync/recovery.md)"
     } else {
-        "or `salt-keysync recover --from-peers --force` there ends it (docs/recovery.md, \"A clock far off\")"
+        "or `salt-keysync recover --from-peers --force` there ends it (\"A clock far off\" in /usr/share/doc/salt-keysync/recovery.md)"
     };
     format!(
         "{who}'s wall clock agrees, but its hybrid clock ran ahead earlier and its store keeps it: its decisions \
@@ -215,7 +215,7 @@ mod tests {
             found[0].message.ends_with(
                 "this master's wall clock agrees, but its hybrid clock ran ahead earlier and its store keeps it: its \
                  decisions are stamped ahead until real time catches up (3m from now); stop its agent and run \
-                 `salt-keysync recover --from-peers --force` (docs/recovery.md, \"A clock far off\")"
+                 `salt-keysync recover --from-peers --force` (\"A clock far off\" in /usr/share/doc/salt-keysync/recovery.md)"
             ),
             "{found:?}"
         );
