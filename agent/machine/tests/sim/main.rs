@@ -29,8 +29,10 @@ const DEFAULT_SEEDS: u64 = 200;
 /// 46, 195, 780 and 833 found bugs in putting back a slow mass delete
 /// (`put_back.rs`), 541 and 701 a held delete whose record a kill lost, 773
 /// and 1482 a conflict told about an id compacted since (checker gaps), 1577
-/// a retried claim's own write read as an operator's delete.
-const FOUND_BUGS: [u64; 9] = [46, 195, 541, 701, 773, 780, 833, 1482, 1577];
+/// a retried claim's own write read as an operator's delete, 2935 a held
+/// delete replaced by a newer one, both let go once the key was not accepted
+/// (a checker gap).
+const FOUND_BUGS: [u64; 10] = [46, 195, 541, 701, 773, 780, 833, 1482, 1577, 2935];
 const N_IDS: usize = 30;
 /// Ids 0..N_PREEXISTING already have key files when the masters first start.
 const N_PREEXISTING: usize = 8;

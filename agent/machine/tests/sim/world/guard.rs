@@ -169,9 +169,11 @@ impl Sim {
         let let_through = n.audit.iter().any(|e| {
             // No longer judged, or given back to be judged with its origin's
             // own deletes (it came from the origin after it was held as
-            // forwarded by another peer).
+            // forwarded by another peer) — this version, or a newer held
+            // delete of the id that replaced it (the key is no longer
+            // accepted here: neither is judged any more).
             matches!(e, node::Event::HeldSettled { held, how: Settled::NotAccepted | Settled::Rejudged }
-                if held.decision.id == decision.id && held.decision.version == decision.version)
+                if held.decision.id == decision.id && held.decision.version >= decision.version)
         });
         if !let_through && !n.audit_maybe_lost.contains(&decision.id) {
             self.fail(format!(
