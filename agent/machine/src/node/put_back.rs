@@ -32,7 +32,8 @@ impl Node {
         }
         let ids: Vec<MinionId> = judged.iter().map(|(_, d)| d.id.clone()).collect();
         let Ok(known) = rt.load(&ids) else {
-            // Nothing kept: these deletes cannot be put back (told by `load`'s caller elsewhere).
+            // The store cannot be read: these deletes are applied all the
+            // same, and cannot be put back should their burst be held.
             return Vec::new();
         };
         judged
