@@ -58,9 +58,16 @@ impl Node {
     /// here is judged too: only this master's operator releases what its
     /// guard holds, and a peer's delete is that peer's, whatever it knew.
     pub(super) fn guards(&self, decision: &Decision) -> bool {
+        *decision.version.node != *self.settings.node && self.judges(decision)
+    }
+
+    /// Whether the guard judges `decision` whatever master it names: a
+    /// delete of a key accepted here. Also this master's own forgotten past
+    /// a peer brings back (`remote.rs`): a peer could stamp a mass delete
+    /// so, and it is judged like that peer's own.
+    pub(super) fn judges(&self, decision: &Decision) -> bool {
         self.guard.settings.enabled
             && decision.verdict.kind() == VerdictKind::Deleted
-            && *decision.version.node != *self.settings.node
             && shows_accepted(self.replica.entry(&decision.id))
     }
 
@@ -68,7 +75,7 @@ impl Node {
     pub(super) fn offer_guarded(&mut self, guarded: Vec<(Arc<str>, Decision)>, now: Now, rt: &mut impl Runtime) {
         // Judged as they came; a later round of the same arrivals may have
         // changed what the id shows here (a claim rejecting the key).
-        let (guarded, unjudged): (Vec<_>, Vec<_>) = guarded.into_iter().partition(|(_, d)| self.guards(d));
+        let (guarded, unjudged): (Vec<_>, Vec<_>) = guarded.into_iter().partition(|(_, d)| self.judges(d));
         if !unjudged.is_empty() {
             self.apply_arrivals(by_peer(unjudged), Source::Guard, now, rt);
         }

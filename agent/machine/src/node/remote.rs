@@ -258,7 +258,7 @@ impl Node {
                             taken_back[arrival].1.push(decision.id.clone());
                         }
                         let holds = merged.outcome == MergeOutcome::Apply;
-                        if holds && !judged && self.guards(&decision) {
+                        if holds && !judged && (self.guards(&decision) || (own_past && self.judges(&decision))) {
                             guarded.push((from, decision));
                             continue;
                         }

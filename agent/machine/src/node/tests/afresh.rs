@@ -161,3 +161,33 @@ fn nothing_is_taken_back_without_a_start_afresh_or_long_after_it() {
     assert_eq!(a.on_batches(vec![(Arc::from("master-b"), vec![old])], later, &mut rt), vec![0]);
     assert_eq!(not_ours(&rt), 1, "{:#?}", rt.events);
 }
+
+/// A compromised peer cannot get a mass delete past the guard by stamping
+/// it as this master's own forgotten past: deletes taken back are judged
+/// like any peer's (an independent review found them applied at once, no
+/// `quiet`, no limit, with every key gone and only `take-back` audited).
+#[test]
+fn deletes_taken_back_are_judged_by_the_guard() {
+    const N: usize = 60;
+    let mut rt_a = Recorder::default();
+    let names: Vec<String> = (0..N).map(|i| format!("web{i:02}")).collect();
+    for name in &names {
+        rt_a.folders.put(Folder::Accepted, name, key("mwIDAQAB").bytes());
+    }
+    let mut a = node_with("master-a", GuardSettings::default(), Loaded::default(), &mut rt_a);
+    let forged: Vec<Decision> = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let id = MinionId::parse(name).unwrap();
+            let claim = a.entry(&id).unwrap().version.clone();
+            on(name, Verdict::Deleted, NOW_MS - 1_000 - i as u64, "master-a", &[claim])
+        })
+        .collect();
+    a.on_batches(vec![(Arc::from("master-b"), forged)], now(), &mut rt_a);
+    a.on_tick(Now { mono: now().mono + Duration::from_secs(5), wall_ms: NOW_MS + 5_000 }, &mut rt_a);
+    let accepted = rt_a.folders.files.keys().filter(|(folder, _)| *folder == Folder::Accepted).count();
+    assert_eq!(accepted, N, "every key kept");
+    assert_eq!(a.held().count(), N, "held as a mass delete brought by master-b");
+    assert_eq!(rt_a.dfn_dropped, 0);
+}
