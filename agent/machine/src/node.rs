@@ -179,6 +179,10 @@ pub struct Node {
     /// Keys put back (`put_back.rs`) whose files are not written yet, as
     /// the store lists them.
     putting_back: Vec<MinionId>,
+    /// The store's list of keys put back could not be written after their
+    /// files were: written again at the retry (else the next start would
+    /// write back a key an operator deleted meanwhile).
+    put_back_uncleared: bool,
 }
 
 impl Node {
@@ -221,6 +225,7 @@ impl Node {
             contact: stale::Contact::loaded(loaded.last_contact_ms, loaded.forgot),
             afresh,
             putting_back: loaded.putting_back,
+            put_back_uncleared: false,
         };
         for held in loaded.held {
             node.guard.load(held);
@@ -292,7 +297,7 @@ impl Node {
         if waiting && self.trouble.retry_due(now.mono) {
             self.retry_failed(now, rt);
         }
-        if !self.putting_back.is_empty() && self.trouble.retry_due(now.mono) {
+        if (!self.putting_back.is_empty() || self.put_back_uncleared) && self.trouble.retry_due(now.mono) {
             self.finish_put_back(now, rt);
         }
         if now.mono >= self.next_rescan {
@@ -316,7 +321,8 @@ impl Node {
                 .then(|| self.trouble.next_try().unwrap_or(self.seen));
         // Keys put back still to write: they wait for the backoff, or for
         // their id to settle (a salt-key run on it).
-        let put_back = (!self.putting_back.is_empty()).then(|| self.trouble.next_try()).flatten();
+        let put_back =
+            (!self.putting_back.is_empty() || self.put_back_uncleared).then(|| self.trouble.next_try()).flatten();
         [
             self.settler.next_due(),
             retry,
@@ -379,6 +385,7 @@ impl Node {
             && self.journal_waiting.is_empty()
             && !self.guard.is_waiting()
             && self.putting_back.is_empty()
+            && !self.put_back_uncleared
     }
 
     /// Peers' deletes the guard holds, by id.

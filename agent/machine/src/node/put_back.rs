@@ -182,7 +182,7 @@ impl Node {
     /// longer shows an accepted key, or whose folders show a decision, is
     /// done with; one a salt-key run is working on waits.
     pub(super) fn finish_put_back(&mut self, now: Now, rt: &mut impl Runtime) {
-        if self.putting_back.is_empty() {
+        if self.putting_back.is_empty() && !self.put_back_uncleared {
             return;
         }
         let ids = std::mem::take(&mut self.putting_back);
@@ -249,10 +249,16 @@ impl Node {
             waiting = waiting.into_iter().chain(writes.iter().map(|d| d.id.clone())).collect();
         }
         let cleared = StoreWrite { putting_back: Some(&waiting), clock: self.replica.clock(), ..StoreWrite::default() };
-        if rt.record(&cleared).is_err() {
-            // Still listed in the store: checked again at the next start, to no effect.
-            failed = true;
-        }
+        // Until this is written, the store lists keys whose files are
+        // written: written again at the retry.
+        self.put_back_uncleared = match rt.record(&cleared) {
+            Ok(()) => false,
+            Err(e) => {
+                self.trouble.failed(rt, now.mono, "state store, putting back deleted keys", &e);
+                true
+            }
+        };
+        failed |= self.put_back_uncleared;
         self.putting_back = waiting;
         if !failed && self.retry.is_empty() && !self.rescan_pending {
             self.trouble.succeeded(rt, now.mono);
