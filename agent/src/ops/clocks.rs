@@ -103,8 +103,12 @@ fn span(ms: u64) -> String {
 fn why(who: &str, wall_ahead_ms: i64, stamps_ahead_ms: i64, max_skew_ms: u64, fix_here: bool) -> String {
     // The wall clock explains the stamps unless it is within the bound.
     if wall_ahead_ms > 0 && wall_ahead_ms.unsigned_abs() > max_skew_ms {
-        let fix = if fix_here { "fix its time synchronisation (NTP)" } else { "fix the time synchronisation there" };
-        return format!("{who}'s wall clock is {} ahead: {fix}", span(wall_ahead_ms.unsigned_abs()));
+        let fix =
+            if fix_here { "check its time synchronisation (NTP)" } else { "check the time synchronisation there" };
+        return format!(
+            "{who}'s wall clock reads {} ahead: {fix}, or the other side's if that one is behind",
+            span(wall_ahead_ms.unsigned_abs())
+        );
     }
     let way_out = if fix_here {
         "stop its agent and run `salt-keysync recover --from-peers --force` (\"A clock far off\" in /usr/share/doc/salt-keysync/recovery.md)"
@@ -144,14 +148,27 @@ pub fn clock_findings(this_node: &str, peers: &[(&str, &PeerClock)]) -> Vec<Find
             level: Level::Error,
             kind: "clock".into(),
             masters: std::iter::once(this_node).chain(names.iter().copied()).map(str::to_string).collect(),
-            message: format!(
-                "this master's decisions are refused by {}: it stamps them up to {} ahead of their clocks, past \
-                 their max_clock_skew ({}), so they reach no peer until real time catches up; {}",
-                names.join(", "),
-                span(worst.our_stamps_ahead_ms.unsigned_abs()),
-                span(worst.peer_max_skew_ms),
-                why("this master", -worst.offset_ms, worst.our_stamps_ahead_ms, worst.peer_max_skew_ms, true)
-            ),
+            message: if refusing.len() < peers.len() {
+                // Other peers take them: the refusing ones are more likely behind.
+                format!(
+                    "this master's decisions are refused by {}: it stamps them up to {} ahead of their clocks, past \
+                     their max_clock_skew ({}), while the other peers take them, so the clocks of {} are more \
+                     likely behind: check their time synchronisation (NTP) first",
+                    names.join(", "),
+                    span(worst.our_stamps_ahead_ms.unsigned_abs()),
+                    span(worst.peer_max_skew_ms),
+                    names.join(", ")
+                )
+            } else {
+                format!(
+                    "this master's decisions are refused by {}: it stamps them up to {} ahead of their clocks, past \
+                     their max_clock_skew ({}), so they reach no peer until real time catches up; {}",
+                    names.join(", "),
+                    span(worst.our_stamps_ahead_ms.unsigned_abs()),
+                    span(worst.peer_max_skew_ms),
+                    why("this master", -worst.offset_ms, worst.our_stamps_ahead_ms, worst.peer_max_skew_ms, true)
+                )
+            },
         });
     }
     found
@@ -186,7 +203,8 @@ mod tests {
         assert_eq!(
             found[0].message,
             "master-a's decisions are refused here: it stamps them 10m ahead of this master's clock, past \
-             max_clock_skew (5m); master-a's wall clock is 10m ahead: fix the time synchronisation there"
+             max_clock_skew (5m); master-a's wall clock reads 10m ahead: check the time synchronisation there, or \
+             the other side's if that one is behind"
         );
 
         let on_a = compare(b, a);
@@ -199,7 +217,28 @@ mod tests {
             found[0].message,
             "this master's decisions are refused by master-b, master-c: it stamps them up to 10m ahead of their \
              clocks, past their max_clock_skew (5m), so they reach no peer until real time catches up; this \
-             master's wall clock is 10m ahead: fix its time synchronisation (NTP)"
+             master's wall clock reads 10m ahead: check its time synchronisation (NTP), or the other side's if that \
+             one is behind"
+        );
+    }
+
+    /// master-a and master-c agree, master-b runs 10 minutes behind: on
+    /// master-a only master-b refuses its decisions, and the finding points
+    /// at master-b's clock, not at master-a's (an independent review found
+    /// the right master told to fix its NTP).
+    #[test]
+    fn a_peer_behind_is_named_when_the_others_agree() {
+        let (a, b, c) = (reading(NOW, NOW), reading(NOW - 10 * MINUTE, NOW - 10 * MINUTE), reading(NOW, NOW));
+        let (from_b, from_c) = (compare(b, a), compare(c, a));
+        assert!(from_b.refuses_ours && !from_c.refuses_ours);
+        let found = clock_findings("master-a", &[("master-b", &from_b), ("master-c", &from_c)]);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].message.ends_with(
+                "while the other peers take them, so the clocks of master-b are more likely behind: check their \
+                 time synchronisation (NTP) first"
+            ),
+            "{found:?}"
         );
     }
 
