@@ -434,6 +434,10 @@ impl Guard {
     /// from now on (the caller kept it in the store with the key).
     pub fn hold_put_back(&mut self, held: HeldDelete) {
         self.changes += 1;
+        // Counted with its burst (told when the burst ends).
+        if let Some(n_held) = self.bursts.get_mut(&held.from).and_then(|burst| burst.tripped.as_mut()) {
+            *n_held += 1;
+        }
         self.held.insert(held.decision.id.clone(), held);
     }
 

@@ -378,3 +378,18 @@ fn a_concurrent_delete_let_through_is_not_put_back() {
     assert!(!b.held().any(|h| h.decision.id == m000), "not put back");
     assert_eq!((b.held().count(), accepted(&rt_b)), (N - 1, N - 1), "the rest is");
 }
+
+/// The hold's end tells the whole burst, the deletes put back included.
+#[test]
+fn the_end_of_a_slow_burst_counts_the_keys_put_back() {
+    const N: usize = 20;
+    let base = Instant::now();
+    let (mut a, mut rt_a) = master("master-a", N);
+    let (mut b, mut rt_b) = master("master-b", N);
+    let deletes = delete_each(&mut a, &mut rt_a, &ids(N), base, 0.0);
+    one_a_second(&mut b, &mut rt_b, &deletes, base, 300.0);
+    b.on_tick(at(base, 500.0), &mut rt_b);
+    let ended: Vec<usize> =
+        rt_b.events.iter().filter_map(|e| if let Event::HoldEnded { n, .. } = e { Some(*n) } else { None }).collect();
+    assert_eq!(ended, [N], "the ten put back and the ten held as they came");
+}
