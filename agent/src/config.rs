@@ -480,7 +480,7 @@ fn guard(
 
 /// Names the agent gives its own sources of decisions (the audit log's
 /// `via`), which no master may have.
-pub const RESERVED_NAMES: [&str; 2] = ["journal", "local"];
+pub const RESERVED_NAMES: [&str; 3] = ["journal", "local", "network"];
 
 /// A node's name: a DNS name of its certificate, written in lowercase, the
 /// one form TLS compares and decisions carry (`master-A` passed `check`,
@@ -492,8 +492,8 @@ pub fn check_node_name(name: &str) -> Result<(), String> {
     // the audit log this node's own changes: never a master's name.
     if RESERVED_NAMES.contains(&name) {
         return Err(format!(
-            "{name:?} is a name the agent uses itself (the audit log's `via` for decisions finished from its journal \
-             and for this master's own changes): choose another"
+            "{name:?} is a name the agent uses itself (the audit log's `via` for decisions finished from its journal, \
+             for this master's own changes and for connections before a peer proved who it is): choose another"
         ));
     }
     if name.bytes().any(|b| b.is_ascii_uppercase()) {

@@ -58,7 +58,7 @@ fn node_names_are_lowercase() {
 /// every peer but the one they came from) and be mistaken for this node.
 #[test]
 fn reserved_names_are_no_node_names() {
-    for name in ["journal", "local"] {
+    for name in ["journal", "local", "network"] {
         let e = parse(&MINIMAL.replace("name = \"master-b\"", &format!("name = \"{name}\""))).unwrap_err();
         assert!(e.contains(&format!("peer[0].name: {name:?} is a name the agent uses itself")), "{e}");
         let e = parse(&MINIMAL.replace("node = \"master-a\"", &format!("node = \"{name}\""))).unwrap_err();

@@ -564,7 +564,7 @@ mod tests {
         let told = record(&event, "master-a").unwrap();
         assert_eq!(
             (told.action.as_str(), told.outcome.as_str(), told.via.as_str()),
-            ("take-back", "taken back", "master-b")
+            ("take-back", "taken-back", "master-b")
         );
         assert_eq!((told.minion.as_deref(), told.origin.as_deref()), (Some("web01"), Some("master-a")));
         assert_eq!(

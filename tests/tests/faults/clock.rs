@@ -197,7 +197,7 @@ async fn a_master_started_afresh_takes_back_what_it_decided_before() {
     .await;
     let told = own_past(&cluster);
     assert!(
-        told.iter().all(|r| r.action == "take-back" && r.outcome == "taken back"),
+        told.iter().all(|r| r.action == "take-back" && r.outcome == "taken-back"),
         "refused instead of taken back: {told:#?}"
     );
     converged(&cluster, Duration::from_secs(30)).await;
@@ -234,7 +234,7 @@ async fn a_master_started_afresh_takes_back_what_it_decided_before() {
     converged(&cluster, Duration::from_secs(30)).await;
     let told = own_past(&cluster);
     assert!(
-        told.iter().all(|r| r.action == "take-back" && r.outcome == "taken back"),
+        told.iter().all(|r| r.action == "take-back" && r.outcome == "taken-back"),
         "refused instead of taken back: {told:#?}"
     );
     assert_eq!(n_taken(&cluster), 2, "{told:#?}");
