@@ -134,7 +134,7 @@ async fn a_master_started_afresh_takes_back_what_it_decided_before() {
             .message
             .starts_with("this master's decisions are refused by master-b, master-c: it stamps them up to 1")
             && finding.message.contains("past their max_clock_skew (5s)")
-            && finding.message.contains("this master's wall clock is 1"),
+            && finding.message.contains("this master's wall clock reads 1"),
         "{finding:?}"
     );
     let clock = on_a.peers.iter().find(|p| p.name == "master-b").and_then(|p| p.clock.clone()).unwrap();
