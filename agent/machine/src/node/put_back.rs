@@ -99,8 +99,13 @@ impl Node {
             .into_iter()
             .filter(|(_, p)| {
                 let id = &p.delete.id;
-                self.replica.entry(id).is_some_and(|e| e.version == p.delete.version)
-                    && !self.settler.is_unsettled(id.as_str())
+                // The id holds that very delete, and it told no conflict when
+                // applied (it knew every other decision seen of the id):
+                // putting back one that did would leave a conflict told
+                // about a decision this master no longer holds.
+                self.replica.entry(id).is_some_and(|e| {
+                    e.version == p.delete.version && e.seen().iter().all(|s| p.delete.context.knows(&s.version))
+                }) && !self.settler.is_unsettled(id.as_str())
                     && self.retried(id).next().is_none()
                     && !self.guard.is_held(id)
                     && interpret(&rt.read_slots(id)) == Reading::Undecided

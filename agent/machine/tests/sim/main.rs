@@ -31,8 +31,9 @@ const DEFAULT_SEEDS: u64 = 200;
 /// and 1482 a conflict told about an id compacted since (checker gaps), 1577
 /// a retried claim's own write read as an operator's delete, 2935 a held
 /// delete replaced by a newer one, both let go once the key was not accepted
-/// (a checker gap).
-const FOUND_BUGS: [u64; 10] = [46, 195, 541, 701, 773, 780, 833, 1482, 1577, 2935];
+/// (a checker gap), 5602 masters releasing what others revert in the final
+/// rounds (a model gap), 9742 a delete put back that had told a conflict.
+const FOUND_BUGS: [u64; 12] = [46, 195, 541, 701, 773, 780, 833, 1482, 1577, 2935, 5602, 9742];
 const N_IDS: usize = 30;
 /// Ids 0..N_PREEXISTING already have key files when the masters first start.
 const N_PREEXISTING: usize = 8;

@@ -20,7 +20,7 @@ impl Sim {
                 if roll < 1 {
                     self.mass_delete(node);
                 } else {
-                    self.resolve_held(node);
+                    self.resolve_held(node, None);
                 }
             }
             return;
