@@ -261,6 +261,10 @@ phase_formula() {
     inside salt-keysync status >"$work/formula-status.out" 2>&1 || fail "salt-keysync status: $(cat "$work/formula-status.out")"
     eventually 30 "master-b up after the formula's start" expect_peer_state master-b up
     eventually 30 "master-c up after the formula's start" expect_peer_state master-c up
+    # master-b pushes its decisions on its own link to master-a, which may
+    # still wait out its reconnect backoff (up to 30 s) after master-a's
+    # agent was purged and installed again (seen in CI: web9 not there in 15 s).
+    eventually 45 "master-b's own link to the formula's master-a up" expect_outside_peer_state master-b master-a up
     pending_on_both web9
     salt_key_on master-b -a web9
     eventually 15 "web9 accepted on master-b reaches the formula's master-a" expect_folder master-a "$(in_root $PKI)" web9 minions

@@ -37,6 +37,20 @@ restarted_as() {
 
 watchdog_after() { [ "$(unit_prop WatchdogTimestampMonotonic)" -gt "$1" ]; }
 
+# outside_peer_state NAME PEER: PEER's link state in the status of the
+# agent NAME outside the container (its own link to PEER).
+outside_peer_state() {
+    { "$bin" status --json --config "$work/$1/config.toml" 2>/dev/null || true; } | python3 -c "import json, sys
+report = json.load(sys.stdin)
+print(next((p['state'] for p in report['peers'] if p['name'] == '$2'), 'absent'))"
+}
+
+expect_outside_peer_state() {
+    local state
+    state=$(outside_peer_state "$1" "$2") || return 1
+    [ "$state" = "$3" ] || { echo "$2 is $state in $1's status"; return 1; }
+}
+
 expect_peer_state() {
     local state
     state=$(peer_state "$1") || return 1
