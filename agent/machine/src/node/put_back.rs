@@ -230,15 +230,7 @@ impl Node {
                 Ok(applied) => {
                     self.echoes.expect(decision.id.as_str(), &applied.changes, now.mono);
                     self.pending.remove(&decision.id);
-                    if let Some(pending) = &applied.discarded_pending {
-                        rt.audit(Event::PendingDiscarded {
-                            id: decision.id.clone(),
-                            from: self.settings.node.clone(),
-                            origin: decision.version.node.clone(),
-                            pending: pending.fingerprint(),
-                            decided: decision.verdict.fingerprint(),
-                        });
-                    }
+                    super::remote::tell_discarded_pending(&self.settings.node, decision, &applied, rt);
                 }
                 Err(e) => {
                     failed = true;

@@ -479,15 +479,7 @@ impl Node {
                 rt.audit(Event::Superseded { decision: decision.clone(), from: merged.from.clone(), held });
             }
             if let (Some(applied), Some(target)) = (&applied, &effect.write) {
-                if let Some(pending) = &applied.discarded_pending {
-                    rt.audit(Event::PendingDiscarded {
-                        id: decision.id.clone(),
-                        from: merged.from.clone(),
-                        origin: target.version.node.clone(),
-                        pending: pending.fingerprint(),
-                        decided: target.verdict.fingerprint(),
-                    });
-                }
+                tell_discarded_pending(&merged.from, target, applied, rt);
             }
             // Settles exactly the ids of `unheld`: nothing in this loop
             // changes what the guard holds for another id.
@@ -602,6 +594,20 @@ impl Node {
         }
         rt.flush_audit();
         self.forget_told_conflicts(now, rt);
+    }
+}
+
+/// Tells the pending key `applied` discarded for `target`, the decision
+/// written (brought by `from`), if it discarded one.
+pub(super) fn tell_discarded_pending(from: &Arc<str>, target: &Decision, applied: &Applied, rt: &mut impl Runtime) {
+    if let Some(pending) = &applied.discarded_pending {
+        rt.audit(Event::PendingDiscarded {
+            id: target.id.clone(),
+            from: from.clone(),
+            origin: target.version.node.clone(),
+            pending: pending.fingerprint(),
+            decided: target.verdict.fingerprint(),
+        });
     }
 }
 
