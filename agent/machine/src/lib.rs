@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod core;
+pub mod link;
 pub mod node;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;

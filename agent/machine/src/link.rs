@@ -1,0 +1,630 @@
+//! One link to one peer, as a state machine (sans-IO): the agent's
+//! `net/peers.rs` and the simulation both drive this very code, and only
+//! carry what it asks for (a Hello, a Diff, a Fetch, pushes, calls on the
+//! node).
+//!
+//! A session: [`Input::Connected`], the Hello exchange, then a round of
+//! anti-entropy, then live pushes until the round timer fires
+//! ([`Input::Due`]: Hello again, another round) or the node's stream of
+//! outgoing decisions fell behind ([`Input::Lagged`]: a round at once).
+//!
+//! A round: the node's digests out, the peer's Diff answer read chunk by
+//! chunk and compared by the node [`LinkSettings::compare_chunk`]
+//! summaries at a time, what is newer here loaded and pushed a chunk at a
+//! time, then what the node plans to fetch, fetched and applied a chunk
+//! at a time. While a round runs, what the node sends its peers is held
+//! back ([`HeldBack`]) and pushed once the round is over; past
+//! [`LinkSettings::max_held_back`] decisions (or a lag) it is dropped and
+//! another round follows, which finds by digest whatever it would have
+//! brought.
+//!
+//! Leaving a round to the peer: when the peer is fetching from this node
+//! in a round of its own (a joining master), that round brings it what this
+//! node holds newer and pushes what it holds newer itself. A round that may
+//! be left (one the timer or the connection started) is then left, wholly
+//! or its push, and the next round comes [`LinkSettings::again`] later.
+//!
+//! Every answer the driver hands in must be the one the last output that
+//! wants an answer asked for (see [`Out::wants_answer`]); anything else is
+//! a [`Fault`] that ends the session, as does a peer's answer no agent
+//! would send.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::core::{Decision, MinionId};
+use crate::node::{BadAnswer, Compared, Summaries, FETCH_CHUNK};
+
+#[cfg(test)]
+mod tests;
+
+/// How a link paces and bounds its rounds.
+#[derive(Clone, Debug)]
+pub struct LinkSettings {
+    /// Between two rounds.
+    pub interval: Duration,
+    /// A round left to the peer, or whose plan was full, is followed by
+    /// the next this much later (or after `interval`, if sooner).
+    pub again: Duration,
+    /// Summaries of a Diff answer handed to the node at once.
+    pub compare_chunk: usize,
+    /// Most decisions held back for the peer while a round runs.
+    pub max_held_back: usize,
+    /// Ids loaded and pushed at once when the node holds them newer.
+    pub push_chunk: usize,
+}
+
+/// Summaries of a peer's Diff answer handed to the node at once (a few MiB).
+pub const COMPARE_CHUNK: usize = 20_000;
+
+/// Most decisions a link holds back for its peer during a round. Held with
+/// their keys: a master joining two peers forwards to each the decisions
+/// fetched from the other, and each link held 10,000 of them (~7 MiB)
+/// before dropping them for another round anyway; a burst larger than this
+/// during a round costs one more comparison of digests.
+pub const MAX_HELD_BACK: usize = 1000;
+
+impl LinkSettings {
+    /// The agent's bounds, with its round interval and the time a peer
+    /// counts as fetching after its last fetch.
+    pub fn new(interval: Duration, fetching: Duration) -> LinkSettings {
+        LinkSettings {
+            interval,
+            again: fetching.min(interval),
+            compare_chunk: COMPARE_CHUNK,
+            max_held_back: MAX_HELD_BACK,
+            push_chunk: FETCH_CHUNK,
+        }
+    }
+}
+
+/// What the link asks of its node.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Call {
+    /// [`Node::digests`](crate::node::Node::digests): [`Answer::Digests`].
+    Digests,
+    /// `repair_begin` with the buckets the Diff answer names: [`Answer::Checked`].
+    Begin(Vec<u32>),
+    /// `repair_chunk`: [`Answer::Checked`].
+    Compare(Summaries),
+    /// `repair_end`: [`Answer::Compared`].
+    End,
+    /// `repair_agreed` (no answer).
+    Agreed,
+    /// The peer answered: `on_contact` (no answer).
+    Contact,
+    /// `fetch` of ids to push: [`Answer::Loaded`].
+    Load(Vec<MinionId>),
+    /// `repair_next`: [`Answer::Next`].
+    Next,
+    /// `repair_fetched`: [`Answer::Applied`].
+    Apply { ids: Vec<MinionId>, decisions: Vec<Decision> },
+    /// `link_down`: the session is over, its plan dropped and its claims
+    /// released (no answer).
+    LinkDown,
+}
+
+/// The node's answer to a [`Call`].
+#[derive(Debug)]
+pub enum Answer {
+    Digests(Option<Vec<u64>>),
+    Checked(Result<(), BadAnswer>),
+    Compared(Result<Compared, BadAnswer>),
+    Loaded(Vec<Decision>),
+    Next(Option<Vec<MinionId>>),
+    Applied(u32),
+}
+
+/// What happens to a link. `B` is a batch of the node's outgoing
+/// decisions, opaque to the link.
+#[derive(Debug)]
+pub enum Input<B> {
+    /// A connection is up and the node's outgoing decisions are followed:
+    /// a new session (whatever the last one did is forgotten).
+    Connected,
+    /// The Hello exchange went through.
+    HelloDone,
+    /// The round timer fired.
+    Due,
+    /// The node sent decisions to its peers; `from_peer`: they came from
+    /// this link's peer (never pushed back to it).
+    Outgoing {
+        from_peer: bool,
+        n: usize,
+        batch: B,
+    },
+    /// The node's outgoing decisions were dropped before the link read them.
+    Lagged,
+    Answer(Answer),
+    /// A chunk of the peer's Diff answer (only the first names buckets).
+    DiffChunk {
+        buckets: Vec<u32>,
+        summaries: Summaries,
+    },
+    /// The peer's Diff answer is over.
+    DiffEnd,
+    /// The peer's answer to the last [`Out::Fetch`].
+    Fetched(Vec<Decision>),
+    /// The session failed (connection, call, or an answer refused).
+    Failed,
+}
+
+/// What the link asks its driver to do, in order.
+#[derive(Debug)]
+pub enum Out<B> {
+    /// Exchange Hello with the peer: [`Input::HelloDone`] or [`Input::Failed`].
+    Hello,
+    /// Ask the node (see [`Call`]).
+    Call(Call),
+    /// Send a Diff with these digests, hand in its first chunk.
+    Diff(Vec<u64>),
+    /// Hand in the next chunk of the Diff answer, or [`Input::DiffEnd`].
+    ReadDiff,
+    /// Fetch these ids from the peer: [`Input::Fetched`].
+    Fetch(Vec<MinionId>),
+    /// Push these batches of the node's outgoing decisions, in order.
+    Push(Vec<B>),
+    /// Push these decisions the node holds newer than the peer.
+    PushLoaded(Vec<Decision>),
+    /// The session's first round is over: the link is up.
+    Up,
+    /// What a round compared and moved.
+    Report(Round),
+    /// Fire [`Input::Due`] after this long (replacing any timer set before).
+    Rearm(Duration),
+    /// The session must end with this error ([`Call::LinkDown`] came before).
+    Fault(Fault),
+}
+
+impl<B> Out<B> {
+    /// The driver hands in an answer to this before anything but
+    /// [`Input::Outgoing`], [`Input::Lagged`], [`Input::Due`] and
+    /// [`Input::Failed`].
+    pub fn wants_answer(&self) -> bool {
+        match self {
+            Out::Hello | Out::Diff(_) | Out::ReadDiff | Out::Fetch(_) => true,
+            Out::Call(call) => !matches!(call, Call::Agreed | Call::Contact | Call::LinkDown),
+            Out::Push(_) | Out::PushLoaded(_) | Out::Up | Out::Report(_) | Out::Rearm(_) | Out::Fault(_) => false,
+        }
+    }
+}
+
+/// Why a link ends its session.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Fault {
+    #[error("refused the peer's answer: {0}")]
+    BadAnswer(#[from] BadAnswer),
+    #[error("the link got {got} while {waiting} (a bug in its driver)")]
+    Unexpected { got: &'static str, waiting: &'static str },
+}
+
+/// What one round compared and moved, for `status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Round {
+    pub differing_buckets: usize,
+    /// Ids the peer held newer.
+    pub we_lacked: usize,
+    /// Ids held newer here.
+    pub peer_lacked: usize,
+    pub pushed: usize,
+    pub applied: u64,
+    /// More differed than one round fetches: another round follows soon.
+    pub full: bool,
+    /// The round's push was left to the peer's own round.
+    pub left: bool,
+}
+
+/// One link's state.
+#[derive(Debug)]
+pub struct Link<B> {
+    settings: LinkSettings,
+    phase: Phase,
+    held: HeldBack<B>,
+    /// The timer fired during a round: another follows it.
+    due: bool,
+    out: VecDeque<Out<B>>,
+}
+
+#[derive(Debug)]
+enum Phase {
+    /// No session.
+    Down,
+    /// Waiting for the Hello exchange; a round follows.
+    Hello {
+        first: bool,
+    },
+    /// Between rounds: outgoing decisions are pushed as they come.
+    Live,
+    Round(RoundState),
+}
+
+#[derive(Debug)]
+struct RoundState {
+    /// It may be left to the peer.
+    may_leave: bool,
+    /// The connection or the timer started it: the timer is set again at its end.
+    timed: bool,
+    /// The session's first.
+    first: bool,
+    step: Step,
+    report: Round,
+}
+
+#[derive(Debug)]
+enum Step {
+    Digests,
+    /// Reading the Diff answer (`None`: its first chunk is still to come).
+    Reading {
+        n_buckets: Option<usize>,
+        pending: Summaries,
+    },
+    /// The node checks the buckets named (their summaries wait) or compares a chunk.
+    Checking {
+        n_buckets: usize,
+        pending: Summaries,
+        ended: bool,
+    },
+    Ending {
+        n_buckets: usize,
+    },
+    /// Loading what the node holds newer, to push.
+    Pushing {
+        rest: Vec<MinionId>,
+        n_lacked: usize,
+    },
+    NextIds,
+    Fetching(Vec<MinionId>),
+    Applying,
+}
+
+impl Step {
+    fn name(&self) -> &'static str {
+        match self {
+            Step::Digests => "waiting for the digests",
+            Step::Reading { .. } => "reading the Diff answer",
+            Step::Checking { .. } => "comparing",
+            Step::Ending { .. } => "ending the comparison",
+            Step::Pushing { .. } => "loading decisions to push",
+            Step::NextIds => "waiting for the ids to fetch",
+            Step::Fetching(_) => "fetching",
+            Step::Applying => "applying",
+        }
+    }
+}
+
+impl<B> Input<B> {
+    fn name(&self) -> &'static str {
+        match self {
+            Input::Connected => "Connected",
+            Input::HelloDone => "HelloDone",
+            Input::Due => "Due",
+            Input::Outgoing { .. } => "Outgoing",
+            Input::Lagged => "Lagged",
+            Input::Answer(Answer::Digests(_)) => "the digests",
+            Input::Answer(Answer::Checked(_)) => "a check",
+            Input::Answer(Answer::Compared(_)) => "a comparison",
+            Input::Answer(Answer::Loaded(_)) => "loaded decisions",
+            Input::Answer(Answer::Next(_)) => "ids to fetch",
+            Input::Answer(Answer::Applied(_)) => "an apply's count",
+            Input::DiffChunk { .. } => "a Diff chunk",
+            Input::DiffEnd => "the Diff's end",
+            Input::Fetched(_) => "fetched decisions",
+            Input::Failed => "Failed",
+        }
+    }
+}
+
+impl<B> Link<B> {
+    pub fn new(settings: LinkSettings) -> Link<B> {
+        Link { settings, phase: Phase::Down, held: HeldBack::default(), due: false, out: VecDeque::new() }
+    }
+
+    /// The next thing to do, if any.
+    pub fn poll(&mut self) -> Option<Out<B>> {
+        self.out.pop_front()
+    }
+
+    /// Whether a session is running.
+    pub fn is_up(&self) -> bool {
+        !matches!(self.phase, Phase::Down)
+    }
+
+    /// Whether a round is running (or about to, after Hello).
+    pub fn in_round(&self) -> bool {
+        matches!(self.phase, Phase::Round(_) | Phase::Hello { .. })
+    }
+
+    /// Takes one input. `peer_fetching`: the peer fetched from this node
+    /// lately, in a round of its own (read when a round may be left).
+    pub fn handle(&mut self, input: Input<B>, peer_fetching: bool) {
+        match input {
+            Input::Connected => {
+                self.held = HeldBack::default();
+                self.due = false;
+                self.phase = Phase::Hello { first: true };
+                self.out.push_back(Out::Hello);
+            }
+            Input::Failed => self.down(),
+            Input::Outgoing { from_peer: true, .. } => {}
+            Input::Outgoing { from_peer: false, n, batch } => match self.phase {
+                Phase::Down => {}
+                Phase::Live => match self.out.back_mut() {
+                    // Everything queued goes in one push.
+                    Some(Out::Push(batches)) => batches.push(batch),
+                    _ => self.out.push_back(Out::Push(vec![batch])),
+                },
+                Phase::Hello { .. } | Phase::Round(_) => self.held.take(n, batch, self.settings.max_held_back),
+            },
+            Input::Lagged => match self.phase {
+                Phase::Down => {}
+                // Not left to the peer: its round cannot know what was dropped here.
+                Phase::Live => self.start_round(false, false, false, peer_fetching),
+                Phase::Hello { .. } | Phase::Round(_) => self.held.drop_all(),
+            },
+            Input::Due => match self.phase {
+                Phase::Down => {}
+                Phase::Live => {
+                    // Hello again: it exchanges the masters' health, which may have changed.
+                    self.phase = Phase::Hello { first: false };
+                    self.out.push_back(Out::Hello);
+                }
+                Phase::Hello { .. } | Phase::Round(_) => self.due = true,
+            },
+            Input::HelloDone => match self.phase {
+                Phase::Hello { first } => self.start_round(true, true, first, peer_fetching),
+                Phase::Down => {}
+                _ => self.fault(Fault::Unexpected { got: "HelloDone", waiting: self.waiting() }),
+            },
+            input => self.step(input, peer_fetching),
+        }
+    }
+
+    fn waiting(&self) -> &'static str {
+        match &self.phase {
+            Phase::Down => "down",
+            Phase::Hello { .. } => "waiting for Hello",
+            Phase::Live => "live",
+            Phase::Round(round) => round.step.name(),
+        }
+    }
+
+    fn down(&mut self) {
+        if matches!(self.phase, Phase::Down) {
+            return;
+        }
+        self.phase = Phase::Down;
+        self.held = HeldBack::default();
+        self.due = false;
+        self.out.clear();
+        self.out.push_back(Out::Call(Call::LinkDown));
+    }
+
+    fn fault(&mut self, fault: Fault) {
+        self.down();
+        self.out.push_back(Out::Fault(fault));
+    }
+
+    fn start_round(&mut self, may_leave: bool, timed: bool, first: bool, peer_fetching: bool) {
+        self.held = HeldBack::default();
+        self.phase =
+            Phase::Round(RoundState { may_leave, timed, first, step: Step::Digests, report: Round::default() });
+        if may_leave && peer_fetching {
+            // The peer's own round brings it what this one would: run again once it is over.
+            self.end_round(true, None);
+            return;
+        }
+        self.out.push_back(Out::Call(Call::Digests));
+    }
+
+    /// The round is over (`left`: to the peer, or more to do soon).
+    fn end_round(&mut self, left: bool, report: Option<Round>) {
+        let Phase::Round(round) = std::mem::replace(&mut self.phase, Phase::Live) else { return };
+        if let Some(report) = report {
+            self.out.push_back(Out::Report(report));
+        }
+        let held = std::mem::take(&mut self.held);
+        if held.dropped {
+            // What was dropped is found by comparing digests again, in a
+            // round the peer's cannot stand in for.
+            self.phase =
+                Phase::Round(RoundState { may_leave: false, step: Step::Digests, report: Round::default(), ..round });
+            self.out.push_back(Out::Call(Call::Digests));
+            return;
+        }
+        if !held.batches.is_empty() {
+            self.out.push_back(Out::Push(held.batches));
+        }
+        if round.first {
+            self.out.push_back(Out::Up);
+        }
+        if round.timed {
+            let next = if left { self.settings.again.min(self.settings.interval) } else { self.settings.interval };
+            self.out.push_back(Out::Rearm(next));
+        }
+        if std::mem::take(&mut self.due) {
+            self.phase = Phase::Hello { first: false };
+            self.out.push_back(Out::Hello);
+        }
+    }
+
+    fn step(&mut self, input: Input<B>, peer_fetching: bool) {
+        let Phase::Round(round) = &mut self.phase else {
+            // An answer after the session failed is the driver's stale
+            // message: nothing waits for it.
+            if !matches!(self.phase, Phase::Down) {
+                self.fault(Fault::Unexpected { got: input.name(), waiting: self.waiting() });
+            }
+            return;
+        };
+        let chunk = self.settings.compare_chunk;
+        let step = std::mem::replace(&mut round.step, Step::Digests);
+        match (step, input) {
+            (Step::Digests, Input::Answer(Answer::Digests(digests))) => match digests {
+                // Stale: out of contact for longer than tombstone_ttl, this
+                // node offers nothing and asks for nothing until `rejoin`.
+                None => self.end_round(false, None),
+                Some(digests) => {
+                    round.step = Step::Reading { n_buckets: None, pending: Vec::new() };
+                    self.out.push_back(Out::Diff(digests));
+                }
+            },
+            (Step::Reading { n_buckets: None, .. }, Input::DiffChunk { buckets, summaries }) => {
+                if buckets.is_empty() {
+                    // Nothing differs.
+                    self.compared(0);
+                } else {
+                    let n_buckets = buckets.len();
+                    round.step = Step::Checking { n_buckets, pending: summaries, ended: false };
+                    self.out.push_back(Out::Call(Call::Begin(buckets)));
+                }
+            }
+            (Step::Reading { n_buckets: Some(_), .. }, Input::DiffChunk { buckets, .. }) if !buckets.is_empty() => {
+                self.fault(BadAnswer::BucketsLate.into());
+            }
+            (Step::Reading { n_buckets: Some(n_buckets), mut pending }, Input::DiffChunk { summaries, .. }) => {
+                pending.extend(summaries);
+                if pending.len() >= chunk {
+                    round.step = Step::Checking { n_buckets, pending: Vec::new(), ended: false };
+                    self.out.push_back(Out::Call(Call::Compare(pending)));
+                } else {
+                    round.step = Step::Reading { n_buckets: Some(n_buckets), pending };
+                    self.out.push_back(Out::ReadDiff);
+                }
+            }
+            (Step::Reading { n_buckets, pending }, Input::DiffEnd) => match n_buckets {
+                None => self.compared(0),
+                Some(n_buckets) if pending.is_empty() => self.compared(n_buckets),
+                Some(n_buckets) => {
+                    round.step = Step::Checking { n_buckets, pending: Vec::new(), ended: true };
+                    self.out.push_back(Out::Call(Call::Compare(pending)));
+                }
+            },
+            (Step::Checking { n_buckets, pending, ended }, Input::Answer(Answer::Checked(checked))) => {
+                if let Err(e) = checked {
+                    self.fault(e.into());
+                } else if ended {
+                    self.compared(n_buckets);
+                } else if pending.len() >= chunk {
+                    // The first chunk's summaries, held while the buckets were checked.
+                    round.step = Step::Checking { n_buckets, pending: Vec::new(), ended: false };
+                    self.out.push_back(Out::Call(Call::Compare(pending)));
+                } else {
+                    round.step = Step::Reading { n_buckets: Some(n_buckets), pending };
+                    self.out.push_back(Out::ReadDiff);
+                }
+            }
+            (Step::Ending { n_buckets }, Input::Answer(Answer::Compared(compared))) => match compared {
+                Err(e) => self.fault(e.into()),
+                Ok(Compared { n_newer_there, newer_here, full }) => {
+                    round.report =
+                        Round { differing_buckets: n_buckets, we_lacked: n_newer_there, full, ..Round::default() };
+                    round.report.peer_lacked = newer_here.len();
+                    let n_lacked = newer_here.len();
+                    // Pushed in order, a chunk at a time: taken from the back.
+                    let mut rest = newer_here;
+                    rest.reverse();
+                    round.step = Step::Pushing { rest, n_lacked };
+                    self.push_next(peer_fetching);
+                }
+            },
+            (Step::Pushing { rest, n_lacked }, Input::Answer(Answer::Loaded(decisions))) => {
+                round.report.pushed += decisions.len();
+                round.step = Step::Pushing { rest, n_lacked };
+                if !decisions.is_empty() {
+                    self.out.push_back(Out::PushLoaded(decisions));
+                }
+                self.push_next(peer_fetching);
+            }
+            (Step::NextIds, Input::Answer(Answer::Next(next))) => match next {
+                Some(ids) => {
+                    round.step = Step::Fetching(ids.clone());
+                    self.out.push_back(Out::Fetch(ids));
+                }
+                None => {
+                    let report = round.report.clone();
+                    self.end_round(report.left || report.full, Some(report));
+                }
+            },
+            (Step::Fetching(ids), Input::Fetched(decisions)) => {
+                round.step = Step::Applying;
+                self.out.push_back(Out::Call(Call::Apply { ids, decisions }));
+            }
+            (Step::Applying, Input::Answer(Answer::Applied(n))) => {
+                round.report.applied += u64::from(n);
+                round.step = Step::NextIds;
+                self.out.push_back(Out::Call(Call::Next));
+            }
+            (step, input) => {
+                let waiting = step.name();
+                self.fault(Fault::Unexpected { got: input.name(), waiting });
+            }
+        }
+    }
+
+    /// The whole Diff answer is compared.
+    fn compared(&mut self, n_buckets: usize) {
+        self.out.push_back(Out::Call(Call::Contact));
+        if n_buckets == 0 {
+            self.out.push_back(Out::Call(Call::Agreed));
+            self.end_round(false, Some(Round::default()));
+            return;
+        }
+        if let Phase::Round(round) = &mut self.phase {
+            round.step = Step::Ending { n_buckets };
+        }
+        self.out.push_back(Out::Call(Call::End));
+    }
+
+    /// Loads the next chunk to push, or asks what to fetch. A large push
+    /// is left to the peer once it fetches from this node (both rounds
+    /// began at once): its round brings it what differs.
+    fn push_next(&mut self, peer_fetching: bool) {
+        let push_chunk = self.settings.push_chunk;
+        let Phase::Round(round) = &mut self.phase else { return };
+        let Step::Pushing { rest, n_lacked } = &mut round.step else { return };
+        let leave = *n_lacked > push_chunk && round.may_leave && peer_fetching;
+        if leave && !rest.is_empty() {
+            round.report.left = true;
+            rest.clear();
+        }
+        if rest.is_empty() {
+            round.step = Step::NextIds;
+            self.out.push_back(Out::Call(Call::Next));
+            return;
+        }
+        let ids: Vec<MinionId> = rest.drain(rest.len().saturating_sub(push_chunk)..).rev().collect();
+        self.out.push_back(Out::Call(Call::Load(ids)));
+    }
+}
+
+/// What the node sent its peers while a round ran.
+#[derive(Debug)]
+struct HeldBack<B> {
+    /// For the peer, in order.
+    batches: Vec<B>,
+    n_decisions: usize,
+    /// Some were dropped (too many, or the stream lagged): another round.
+    dropped: bool,
+}
+
+impl<B> Default for HeldBack<B> {
+    fn default() -> Self {
+        HeldBack { batches: Vec::new(), n_decisions: 0, dropped: false }
+    }
+}
+
+impl<B> HeldBack<B> {
+    fn take(&mut self, n: usize, batch: B, max: usize) {
+        self.n_decisions += n;
+        if self.dropped || self.n_decisions > max {
+            self.drop_all();
+        } else {
+            self.batches.push(batch);
+        }
+    }
+
+    fn drop_all(&mut self) {
+        self.dropped = true;
+        self.batches = Vec::new();
+    }
+}
