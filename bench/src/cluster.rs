@@ -223,9 +223,9 @@ pub fn seed_decided(pki: &Path, prefix: &str, n: usize, keys: &[String]) -> anyh
     Ok(())
 }
 
-/// Names (no dot files) in `pki/folder`.
-pub fn count_keys(pki: &Path, folder: &str) -> usize {
+/// Names starting with `prefix` in `pki/folder`.
+pub fn count_named(pki: &Path, folder: &str, prefix: &str) -> usize {
     std::fs::read_dir(pki.join(folder))
-        .map(|dir| dir.filter_map(Result::ok).filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count())
+        .map(|dir| dir.filter_map(Result::ok).filter(|e| e.file_name().to_string_lossy().starts_with(prefix)).count())
         .unwrap_or(0)
 }

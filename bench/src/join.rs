@@ -4,14 +4,14 @@
 //! timed next to `rsync -a` of the same three folders. Then the agents'
 //! memory with that many keys, and their CPU time while idle.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use keysync_tests::salt_ops::{path, FOLDERS};
 
-use crate::cluster::{count_keys, seed_decided, BenchCluster, REJECTED_EVERY};
+use crate::cluster::{seed_decided, BenchCluster, REJECTED_EVERY};
 use crate::procfs::{clock_ticks, cpu_ticks};
 use crate::report::{AgentRow, JoinRow};
 use crate::Settings;
@@ -28,7 +28,7 @@ pub fn run(settings: &Settings, keys: &[String]) -> anyhow::Result<Joined> {
     let n = settings.n_join;
     let a = cluster.pki(0).to_path_buf();
     let seeding = Instant::now();
-    seed_decided(&a, "join", n, keys)?;
+    seed_decided(&a, SEED_PREFIX, n, keys)?;
     let seed_secs = seeding.elapsed().as_secs_f64();
     let n_rejected = n.div_ceil(REJECTED_EVERY);
     let want = (n - n_rejected, n_rejected);
@@ -64,67 +64,126 @@ pub fn run(settings: &Settings, keys: &[String]) -> anyhow::Result<Joined> {
 
 /// Starts agent `idx` on empty folders and returns the seconds from its
 /// start until its folders hold `want` (accepted, rejected) keys, dated by
-/// the inotify event of the last key to arrive. Arrivals are counted from
-/// events; the folders are listed only to confirm the count (re-listing a
-/// folder of 100,000 entries every few milliseconds would take one of the
-/// machine's two cores from the agents being measured).
-fn join_one(cluster: &mut BenchCluster, idx: usize, want: (usize, usize)) -> anyhow::Result<f64> {
-    use notify::{EventKind, RecursiveMode, Watcher};
-    let pki = cluster.pki(idx).to_path_buf();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let handler = move |event: notify::Result<notify::Event>| {
-        let at = Instant::now();
-        // Some(true): a name arrived; Some(false): events were lost; None:
-        // anything else.
-        let seen = match event {
-            Ok(e) if e.need_rescan() => Some(false),
-            Ok(e) => matches!(e.kind, EventKind::Create(_) | EventKind::Modify(_)).then_some(true),
-            Err(_) => Some(false),
-        };
-        if let Some(arrived) = seen {
-            let _ = tx.send((at, arrived));
-        }
-    };
-    let mut watcher = notify::RecommendedWatcher::new(handler, crate::watch_config())?;
-    for folder in ["minions", "minions_rejected"] {
-        watcher.watch(&pki.join(folder), RecursiveMode::NonRecursive)?;
-    }
-    let held = || (count_keys(&pki, "minions"), count_keys(&pki, "minions_rejected"));
+/// the inotify event of the last key to arrive.
+pub(crate) fn join_one(cluster: &mut BenchCluster, idx: usize, want: (usize, usize)) -> anyhow::Result<f64> {
+    let mut arrivals = JoinWatch::new(cluster.pki(idx), SEED_PREFIX, want)?;
     let t0 = Instant::now();
     cluster.start(idx)?;
-    let mut last_event = t0;
-    // Events were lost: the listing that finds every key dates the join.
-    let mut lost = false;
-    let mut events = 0usize;
-    let mut listed_at = 0usize;
     loop {
-        match rx.recv_timeout(Duration::from_millis(200)) {
-            Ok(first) => {
-                for (at, arrived) in std::iter::once(first).chain(rx.try_iter()) {
-                    if arrived {
-                        last_event = at;
-                        events += 1;
-                    } else {
-                        lost = true;
-                    }
-                }
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => listed_at = 0,
-            Err(e) => bail!("watching {}: {e}", pki.display()),
-        }
-        // Listed when the events say every key may be there, or when quiet.
-        if listed_at == 0 || events >= want.0 + want.1 && events != listed_at {
-            listed_at = events.max(1);
-            let listed = Instant::now();
-            if held() == want {
-                let done = if lost { listed } else { last_event };
-                return Ok(done.saturating_duration_since(t0).as_secs_f64());
-            }
+        if let Some(done) = arrivals.poll(Duration::from_millis(200))? {
+            return Ok(done.saturating_duration_since(t0).as_secs_f64());
         }
         if t0.elapsed() > JOIN_TIMEOUT {
-            let have = held();
-            bail!("{} holds {have:?} keys after {JOIN_TIMEOUT:?}, not {want:?}", cluster.files[idx].name);
+            bail!("{} holds {:?} keys after {JOIN_TIMEOUT:?}, not {want:?}", cluster.files[idx].name, arrivals.held());
         }
+    }
+}
+
+/// The names [`seed_decided`] gives the keys a joining master takes.
+pub(crate) const SEED_PREFIX: &str = "join";
+
+/// The keys named `prefix…` arriving in a joining master's `minions/` and
+/// `minions_rejected/`. Arrivals are counted from events; the folders are
+/// listed only to confirm the count (re-listing a folder of 100,000 entries
+/// every few milliseconds would take one of the machine's two cores from the
+/// agents being measured).
+pub(crate) struct JoinWatch {
+    pki: PathBuf,
+    prefix: &'static str,
+    want: (usize, usize),
+    /// (when, Some(true): a name arrived; Some(false): events were lost).
+    rx: std::sync::mpsc::Receiver<(Instant, bool)>,
+    _watcher: notify::RecommendedWatcher,
+    last_event: Option<Instant>,
+    /// Events were lost: the listing that finds every key dates the join.
+    lost: bool,
+    events: usize,
+    /// `events` when the folders were last listed.
+    listed_at: usize,
+    /// The last event read or listing made: the folders are listed again
+    /// after [`QUIET`] without either.
+    last_activity: Instant,
+}
+
+/// No event for this long: the folders are listed.
+const QUIET: Duration = Duration::from_millis(200);
+
+impl JoinWatch {
+    pub(crate) fn new(pki: &Path, prefix: &'static str, want: (usize, usize)) -> anyhow::Result<JoinWatch> {
+        use notify::{EventKind, RecursiveMode, Watcher};
+        let (tx, rx) = std::sync::mpsc::channel();
+        let handler = move |event: notify::Result<notify::Event>| {
+            let at = Instant::now();
+            let arrived = match event {
+                Ok(e) if e.need_rescan() => Some(false),
+                Ok(e) => (matches!(e.kind, EventKind::Create(_) | EventKind::Modify(_))
+                    && e.paths.iter().any(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(prefix))))
+                .then_some(true),
+                Err(_) => Some(false),
+            };
+            if let Some(arrived) = arrived {
+                let _ = tx.send((at, arrived));
+            }
+        };
+        let mut watcher = notify::RecommendedWatcher::new(handler, crate::watch_config())?;
+        for folder in ["minions", "minions_rejected"] {
+            watcher.watch(&pki.join(folder), RecursiveMode::NonRecursive)?;
+        }
+        Ok(JoinWatch {
+            pki: pki.to_path_buf(),
+            prefix,
+            want,
+            rx,
+            _watcher: watcher,
+            last_event: None,
+            lost: false,
+            events: 0,
+            listed_at: 0,
+            last_activity: Instant::now(),
+        })
+    }
+
+    /// The keys named `prefix…` the folders hold: (accepted, rejected).
+    pub(crate) fn held(&self) -> (usize, usize) {
+        (
+            crate::cluster::count_named(&self.pki, "minions", self.prefix),
+            crate::cluster::count_named(&self.pki, "minions_rejected", self.prefix),
+        )
+    }
+
+    /// Reads the events that come within `wait` (none: returns at once) and
+    /// returns when the join was done once the folders hold `want`: the last
+    /// key's event, or the listing that found them when events were lost.
+    pub(crate) fn poll(&mut self, wait: Duration) -> anyhow::Result<Option<Instant>> {
+        let first = match self.rx.recv_timeout(wait) {
+            Ok(first) => Some(first),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
+            Err(e) => bail!("watching {}: {e}", self.pki.display()),
+        };
+        for (at, arrived) in first.into_iter().chain(self.rx.try_iter()) {
+            self.last_activity = at;
+            if arrived {
+                self.last_event = Some(at);
+                self.events += 1;
+            } else {
+                self.lost = true;
+            }
+        }
+        // Listed when the events say every key may be there, or when quiet.
+        let quiet = self.last_activity.elapsed() >= QUIET;
+        let total = self.want.0 + self.want.1;
+        if quiet || self.events >= total && self.events != self.listed_at {
+            self.listed_at = self.events.max(1);
+            let listed = Instant::now();
+            self.last_activity = listed;
+            if self.held() == self.want {
+                return Ok(Some(match self.last_event {
+                    Some(at) if !self.lost => at,
+                    _ => listed,
+                }));
+            }
+        }
+        Ok(None)
     }
 }
 

@@ -90,7 +90,12 @@ pub fn run(settings: &Settings, keys: &[String]) -> anyhow::Result<Live> {
 /// `pending`), so the operations that follow are timed alone.
 /// Writes `ids` pending into the first `pkis.len()` masters' folders as the
 /// master does, and waits until their agents have audited them all.
-fn write_pending(cluster: &BenchCluster, pkis: &[PathBuf], ids: &[String], keys: &[String]) -> anyhow::Result<()> {
+pub(crate) fn write_pending(
+    cluster: &BenchCluster,
+    pkis: &[PathBuf],
+    ids: &[String],
+    keys: &[String],
+) -> anyhow::Result<()> {
     let audits: Vec<&Path> = (0..pkis.len()).map(|idx| cluster.files[idx].audit_log.as_path()).collect();
     let before: Vec<usize> = audits.iter().map(|audit| count_pending(audit)).collect();
     for pki in pkis {

@@ -1,7 +1,8 @@
 //! The salt-keysync benchmark: three real agent processes on loopback with
 //! mTLS, Salt-style key operations on one master, inotify on the other two,
 //! and the performance targets (latency, bulk, join versus `rsync -a`, first
-//! contact on masters that already agree, memory at its peak, idle CPU).
+//! contact on masters that already agree, memory at its peak, idle CPU,
+//! accepts while a master serves a join).
 //! `main.rs` is the command line; `tests/reduced.rs` runs it small.
 #![forbid(unsafe_code)]
 
@@ -13,6 +14,7 @@ pub mod join;
 pub mod latency;
 pub mod procfs;
 pub mod report;
+pub mod serve_join;
 pub mod watch;
 
 use std::path::PathBuf;
@@ -56,6 +58,10 @@ pub struct Settings {
     pub hostile_for: Duration,
     pub hostile_diff: usize,
     pub hostile_fetch: usize,
+    /// Decided keys an empty master C takes from A and B while accepts on A
+    /// are timed (0: skip), and the accepts timed before C starts.
+    pub n_serve_join: usize,
+    pub serve_join_quiet_ops: usize,
 }
 
 impl Settings {
@@ -77,6 +83,8 @@ impl Settings {
             hostile_for: Duration::from_secs(30),
             hostile_diff: 4_000_000,
             hostile_fetch: 480_000,
+            n_serve_join: 100_000,
+            serve_join_quiet_ops: 200,
         }
     }
 
@@ -95,6 +103,8 @@ impl Settings {
             hostile_for: Duration::from_secs(5),
             hostile_diff: 100_000,
             hostile_fetch: 20_000,
+            n_serve_join: 2_000,
+            serve_join_quiet_ops: 20,
             ..Settings::full()
         }
     }
@@ -116,6 +126,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<Report> {
     let adopt = if settings.n_adopt > 0 { Some(adopt::run(settings, &keys)?) } else { None };
     let flood = if settings.n_flood > 0 && settings.flood_pushes > 0 { Some(flood::run(settings)?) } else { None };
     let hostile = if settings.n_hostile_keys > 0 { Some(hostile::run(settings)?) } else { None };
+    let serve_join = if settings.n_serve_join > 0 { Some(serve_join::run(settings, &keys)?) } else { None };
     let (join, agents) = join.map_or((None, Vec::new()), |j| (Some(j.join), j.agents));
     Ok(Report {
         settings: settings.clone(),
@@ -129,6 +140,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<Report> {
         adopt,
         flood,
         hostile,
+        serve_join,
     })
 }
 

@@ -10,7 +10,7 @@ use clap::Parser;
 #[command(
     name = "keysync-bench",
     about = "Benchmark salt-keysync: three real agents, Salt-style key operations, join versus rsync, first contact on agreeing masters",
-    after_help = "Examples:\n  scripts/bench.sh                      # full run, a few minutes\n  scripts/bench.sh --quick --json out.json\n  target/release/keysync-bench --ops 200 --bulk 2000 --join 20000 --idle 10\n  target/release/keysync-bench --ops 0 --bulk 10000 --join 0 --adopt 0 --idle 0 --layout unit\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 100000\n  target/release/keysync-bench --ops 20 --bulk 0 --join 0 --adopt 0 --idle 0 --guard\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 0 --flood 25000 --flood-pushes 20\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 0 --flood 0 --hostile 5000\n\nThe agent binary is looked up next to this program (SALT_KEYSYNC_BIN overrides)."
+    after_help = "Examples:\n  scripts/bench.sh                      # full run, a few minutes\n  scripts/bench.sh --quick --json out.json\n  target/release/keysync-bench --ops 200 --bulk 2000 --join 20000 --idle 10\n  target/release/keysync-bench --ops 0 --bulk 10000 --join 0 --adopt 0 --idle 0 --layout unit\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 100000\n  target/release/keysync-bench --ops 20 --bulk 0 --join 0 --adopt 0 --idle 0 --guard\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 0 --flood 25000 --flood-pushes 20\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 0 --flood 0 --hostile 5000\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 0 --flood 0 --hostile 0 --serve-join 100000\n\nThe agent binary is looked up next to this program (SALT_KEYSYNC_BIN overrides)."
 )]
 struct Args {
     /// Small counts: seconds instead of minutes (what CI runs).
@@ -65,6 +65,10 @@ struct Args {
     /// How long the attack lasts, in seconds.
     #[arg(long, value_name = "SECS")]
     hostile_secs: Option<u64>,
+    /// Keys an empty master C joins with while single accepts on A are
+    /// timed on B, A and B serving C's Diffs and Fetches (0: skip).
+    #[arg(long, value_name = "KEYS")]
+    serve_join: Option<usize>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -82,6 +86,7 @@ fn main() -> anyhow::Result<()> {
     settings.flood_pushes = args.flood_pushes.unwrap_or(settings.flood_pushes);
     settings.n_hostile_keys = args.hostile.unwrap_or(settings.n_hostile_keys);
     settings.hostile_for = args.hostile_secs.map_or(settings.hostile_for, Duration::from_secs);
+    settings.n_serve_join = args.serve_join.unwrap_or(settings.n_serve_join);
     settings.log_filter = args.log.unwrap_or(settings.log_filter);
     let report = keysync_bench::run(&settings)?;
     println!("{}", report.table());

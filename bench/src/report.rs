@@ -27,6 +27,8 @@ pub struct Report {
     pub flood: Option<crate::flood::FloodRow>,
     /// `null` when skipped (`--hostile 0`).
     pub hostile: Option<crate::hostile::HostileRow>,
+    /// `null` when skipped (`--serve-join 0`).
+    pub serve_join: Option<crate::serve_join::ServeJoinRow>,
 }
 
 /// Latency of one kind of operation: one sample per operation and peer.
@@ -121,6 +123,14 @@ pub struct AgentRow {
     pub peak_rss_mib: f64,
     pub idle_cpu_secs: f64,
     pub idle_secs: f64,
+}
+
+/// An agent's resident memory now and at its peak (VmHWM).
+#[derive(Debug, Serialize)]
+pub struct PeakRow {
+    pub node: String,
+    pub rss_mib: f64,
+    pub peak_rss_mib: f64,
 }
 
 /// First contact on three masters that already agree (see `adopt.rs`).
@@ -342,6 +352,37 @@ impl Report {
                 h.audit_bytes_per_minute,
                 mark(h.audit_bytes_per_minute <= 1_000_000.0)
             );
+        }
+        if let Some(j) = &self.serve_join {
+            let _ = writeln!(
+                out,
+                "\naccepts on A (both Salt lines, one at a time), final file on B, while A and B serve an empty C joining with {} keys",
+                j.n_keys
+            );
+            for (when, row) in
+                [("before C starts", &j.quiet), (&*format!("during C's join, {:.2} s", j.join_secs), &j.during_join)]
+            {
+                let _ = writeln!(
+                    out,
+                    "  {when:<27} {:>5} samples, {} missed: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms  target p50<=5 p99<=20: {}",
+                    row.n_samples,
+                    row.n_missed,
+                    row.p50_ms,
+                    row.p99_ms,
+                    row.max_ms,
+                    mark(row.meets_target())
+                );
+            }
+            for a in &j.agents {
+                let _ = writeln!(
+                    out,
+                    "  {:<9} RSS {:>6.1} MiB, peak {:>6.1} MiB  target peak <={PEAK_RSS_TARGET_MIB}: {}",
+                    a.node,
+                    a.rss_mib,
+                    a.peak_rss_mib,
+                    mark(a.peak_rss_mib <= PEAK_RSS_TARGET_MIB)
+                );
+            }
         }
         out
     }

@@ -59,6 +59,19 @@ fn reduced_benchmark_runs_and_reports_sane_figures() {
     assert!(hostile.diffs_served >= 1 && hostile.fetches_served >= 1, "the link read the fake answers: {hostile:?}");
     assert!(hostile.audit_bytes_per_minute <= 1_000_000.0, "{hostile:?}");
     assert!(hostile.peak_rss_mib >= hostile.rss_before_mib && hostile.rss_before_mib > 1.0, "{hostile:?}");
+    // Accepts on A while A and B serve C's join: every one reached B, before
+    // C started and during its join.
+    let serve = report.serve_join.as_ref().expect("the join served while accepting ran");
+    assert_eq!(serve.n_keys, settings.n_serve_join);
+    assert_eq!(serve.quiet.n_samples, settings.serve_join_quiet_ops, "{serve:?}");
+    for row in [&serve.quiet, &serve.during_join] {
+        assert_eq!(row.n_missed, 0, "every accept reached B: {serve:?}");
+    }
+    assert!(serve.during_join.n_samples >= 1 && serve.join_secs > 0.0, "{serve:?}");
+    assert_eq!(serve.agents.len(), 3);
+    for agent in &serve.agents {
+        assert!(agent.rss_mib > 1.0 && agent.peak_rss_mib >= agent.rss_mib, "{agent:?}");
+    }
     let json: serde_json::Value = serde_json::from_str(&report.to_json()).expect("the summary is JSON");
     assert!(json["ops"][0]["p99_ms"].is_number(), "{json}");
     assert!(json["agents"][0]["peak_rss_mib"].is_number(), "the join's peak RSS: {json}");
@@ -70,4 +83,5 @@ fn reduced_benchmark_runs_and_reports_sane_figures() {
     }
     let table = report.table();
     assert!(table.contains("key files written: 0 of") && table.contains("peak"), "{table}");
+    assert!(table.contains("during C's join"), "{table}");
 }
