@@ -1,5 +1,9 @@
 //! Fixtures for tests here and in the crates that depend on this one
-//! (feature `testkit`): keys real enough for every check the agent makes.
+//! (feature `testkit`): keys real enough for every check the agent makes,
+//! and the state store's contract (`store_contract`), run against every
+//! store.
+
+pub mod store_contract;
 
 /// A real RSA-2048 public key as Salt writes it.
 pub const PUB: &str = "-----BEGIN PUBLIC KEY-----

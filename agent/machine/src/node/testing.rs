@@ -141,6 +141,20 @@ impl Stored {
 }
 
 impl MemoryStore {
+    /// A new store made at wall-clock `now_ms` (it starts afresh then, as
+    /// the agent's store does; [`MemoryStore::default`] says nothing, as a
+    /// store of an earlier release).
+    pub fn made_at(now_ms: u64) -> MemoryStore {
+        MemoryStore { afresh: now_ms << crate::core::version::LOGICAL_BITS, ..MemoryStore::default() }
+    }
+
+    /// Notes decisions about to be applied.
+    pub fn journal(&mut self, decisions: &[Decision]) {
+        for d in decisions {
+            self.journal.insert(d.id.clone(), d.clone());
+        }
+    }
+
     /// One commit, as the agent's store makes it.
     pub fn record(&mut self, write: &StoreWrite<'_>) {
         let kept = |id: &MinionId| write.kept.iter().find(|k| k.id == *id);
@@ -168,7 +182,21 @@ impl MemoryStore {
         if write.conflicts_told {
             self.untold.clear();
         }
-        self.untold.extend(write.conflicts.iter().cloned());
+        for (from, conflict) in write.conflicts {
+            // One per id and pair of decisions, as the agent's store keys them.
+            let same = |(_, kept): &(Arc<str>, Conflict)| {
+                kept.id == conflict.id
+                    && kept.winner.version == conflict.winner.version
+                    && kept.loser.version == conflict.loser.version
+            };
+            match self.untold.iter_mut().find(|kept| same(kept)) {
+                Some(kept) => *kept = (from.clone(), conflict.clone()),
+                None => self.untold.push((from.clone(), conflict.clone())),
+            }
+        }
+        // Settled after those held: an id both held and settled by one
+        // commit is not held (the machine settles only what its guard no
+        // longer holds).
         for held in write.held {
             self.held.insert(held.decision.id.clone(), held.clone());
         }
@@ -319,9 +347,7 @@ impl Runtime for Recorder {
         if self.faults.journal {
             return Err("journal: No space left on device".into());
         }
-        for d in decisions {
-            self.store.journal.insert(d.id.clone(), d.clone());
-        }
+        self.store.journal(decisions);
         Ok(())
     }
 
@@ -371,4 +397,54 @@ impl Runtime for Recorder {
     fn send(&mut self, except: Option<&str>, decisions: Vec<Decision>) {
         self.sent.push((except.map(str::to_string), decisions));
     }
+}
+
+/// The store contract's view of the in-memory store: reopening it keeps
+/// everything (it models what survives a restart).
+impl crate::testkit::store_contract::ContractStore for MemoryStore {
+    fn create(now_ms: u64) -> MemoryStore {
+        MemoryStore::made_at(now_ms)
+    }
+
+    fn journal(&mut self, decisions: &[Decision]) -> Result<(), Failure> {
+        MemoryStore::journal(self, decisions);
+        Ok(())
+    }
+
+    fn record(&mut self, write: &StoreWrite<'_>) -> Result<(), Failure> {
+        MemoryStore::record(self, write);
+        Ok(())
+    }
+
+    fn load(&mut self) -> Result<super::Loaded, Failure> {
+        Ok(self.loaded())
+    }
+
+    fn get(&mut self, ids: &[MinionId]) -> Result<Vec<Decision>, Failure> {
+        Ok(MemoryStore::get(self, ids))
+    }
+
+    fn cold(&mut self, ids: &[MinionId]) -> Result<Vec<(MinionId, Entry)>, Failure> {
+        Ok(MemoryStore::cold(self, ids))
+    }
+
+    fn cold_in(&mut self, buckets: &[u32]) -> Result<Vec<(MinionId, Version)>, Failure> {
+        Ok(MemoryStore::cold_in(self, buckets))
+    }
+
+    fn compact(&mut self, before_ms: u64, max: usize) -> Result<Vec<(MinionId, Version)>, Failure> {
+        Ok(MemoryStore::compact(self, before_ms, max))
+    }
+
+    fn set_afresh(&mut self, hlc: u64) -> Result<(), Failure> {
+        self.afresh = hlc;
+        Ok(())
+    }
+
+    fn reopen(&mut self) {}
+}
+
+#[cfg(test)]
+mod contract {
+    crate::store_contract_tests!(super::MemoryStore);
 }
