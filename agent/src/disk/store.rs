@@ -131,12 +131,17 @@ pub enum Peek {
 
 impl Store {
     pub fn open(state_dir: &Path, node: &str) -> Result<Store, StoreError> {
+        Store::open_at(state_dir, node, crate::node::wall_ms())
+    }
+
+    /// [`Store::open`] at wall-clock `now_ms`: a store made now starts afresh then.
+    pub fn open_at(state_dir: &Path, node: &str, now_ms: u64) -> Result<Store, StoreError> {
         let path = state_dir.join("state.redb");
         if let Some(mode) = format::own_and_narrow(&path).map_err(StoreError::Foreign)? {
             tracing::warn!(path = %path.display(), mode = format!("{mode:04o}"), "the state store was wider than 0600: narrowed");
         }
         let db = db::Db::file(path.clone()).map_err(|e| db_error(&path, e))?;
-        Store::init(Store { db, path, id: String::new() }, node, Some(state_dir))
+        Store::init(Store { db, path, id: String::new() }, node, Some(state_dir), now_ms)
     }
 
     /// A store in memory, gone when the agent stops: observe mode keeps no
@@ -147,13 +152,14 @@ impl Store {
             .set_cache_size(CACHE_BYTES)
             .create_with_backend(redb::backends::InMemoryBackend::new())
             .map_err(|e| db_error(&path, e))?;
-        Store::init(Store { db: db::Db::memory(path.clone(), db), path, id: String::new() }, node, None)
+        let store = Store { db: db::Db::memory(path.clone(), db), path, id: String::new() };
+        Store::init(store, node, None, crate::node::wall_ms())
     }
 
     /// Checks the store's format (a newer one is refused before anything is
     /// written), makes the tables, and marks it with this release's format,
     /// in `state.format` beside it first (`state_dir`, for a file).
-    fn init(mut store: Store, node: &str, state_dir: Option<&Path>) -> Result<Store, StoreError> {
+    fn init(mut store: Store, node: &str, state_dir: Option<&Path>, now_ms: u64) -> Result<Store, StoreError> {
         let txn = store.db.begin_write().map_err(|e| store.err(e))?;
         {
             let mut meta = txn.open_table(META).map_err(|e| store.err(e))?;
@@ -197,7 +203,7 @@ impl Store {
                     let id = new_store_id(node);
                     meta.insert(META_STORE_ID, id.as_bytes()).map_err(|e| store.err(e))?;
                     // A new store starts afresh now (a first start, or a purge and reinstall).
-                    let afresh = crate::node::wall_ms() << keysync_machine::core::version::LOGICAL_BITS;
+                    let afresh = now_ms << keysync_machine::core::version::LOGICAL_BITS;
                     meta.insert(META_AFRESH, afresh.to_be_bytes().as_slice()).map_err(|e| store.err(e))?;
                     id
                 }
@@ -432,11 +438,14 @@ impl Store {
                     .map_err(|e| self.err(e))?;
             }
             let mut held = txn.open_table(HELD).map_err(|e| self.err(e))?;
-            for id in write.unheld {
-                held.remove(id.as_str()).map_err(|e| self.err(e))?;
-            }
             for h in write.held {
                 held.insert(h.decision.id.as_str(), codec::encode_held(h).as_slice()).map_err(|e| self.err(e))?;
+            }
+            // Settled after those held: an id both held and settled by one
+            // commit is not held (the machine settles only what its guard
+            // no longer holds).
+            for id in write.unheld {
+                held.remove(id.as_str()).map_err(|e| self.err(e))?;
             }
             let mut meta = txn.open_table(META).map_err(|e| self.err(e))?;
             meta.insert(META_CLOCK, write.clock.to_be_bytes().as_slice()).map_err(|e| self.err(e))?;
@@ -513,5 +522,7 @@ fn db_error(path: &Path, e: impl Into<redb::Error>) -> StoreError {
     StoreError::Db { path: path.into(), cause: Box::new(e.into()) }
 }
 
+#[cfg(test)]
+mod contract;
 #[cfg(test)]
 mod tests;

@@ -10,7 +10,16 @@
 //! bytes. A version
 //! is hlc u64 BE, node length u16 BE, node bytes; a context is a count u8
 //! and that many versions; a fingerprint is 0, or 1 and 32 bytes.
+//! Layout 3: `0x11`, then as layout 2 but every context's count is a u16 BE:
+//! written only for a record with a context of more than 255 versions (one
+//! per node and claim the decision knew; the wire lets 256 through), so
+//! every other record stays readable by the builds that know layout 2 only.
 //! Layout 1 (0.1): kind u8 (1–3), version, has_supersedes u8, [supersedes], key bytes.
+//!
+//! An untold conflict is the peer's name, the id and its two decisions; with
+//! a context of more than 255 versions in either, it starts with `0x11` and
+//! its contexts' counts are u16 BE (a name's length, first otherwise, is at
+//! most 253: its first byte is 0).
 
 use std::sync::Arc;
 
@@ -18,6 +27,9 @@ use crate::core::merge::Conflict;
 use crate::core::{Context, Decision, Fingerprint, MinionId, PublicKey, Relays, Seen, Verdict, VerdictKind, Version};
 
 const LAYOUT_2: u8 = 0x10;
+const LAYOUT_3: u8 = 0x11;
+/// Versions a context of layout 2 holds at most.
+const NARROW: usize = u8::MAX as usize;
 
 /// What the store keeps for one id: the decision held, the others seen and
 /// this master's own claim (see `claims.rs`).
@@ -44,13 +56,15 @@ impl Record {
 pub fn encode_record(decision: &Decision, seen: &[Seen], mine: Option<&Version>) -> Vec<u8> {
     let key = decision.verdict.key().map(PublicKey::bytes).unwrap_or_default();
     let mut out = Vec::with_capacity(64 + key.len() + seen.len() * 64);
-    out.push(LAYOUT_2);
+    let wide = decision.context.len() > NARROW || seen.iter().any(|s| s.context.len() > NARROW);
+    out.push(if wide { LAYOUT_3 } else { LAYOUT_2 });
     out.push(kind_byte(decision.verdict.kind()));
     encode_version(&mut out, &decision.version);
-    encode_context(&mut out, &decision.context);
+    encode_context(&mut out, &decision.context, wide);
+    // At most `causal::MAX_SEEN` (64).
     out.push(seen.len().min(usize::from(u8::MAX)) as u8);
     for s in seen.iter().take(usize::from(u8::MAX)) {
-        encode_seen(&mut out, s);
+        encode_seen(&mut out, s, wide);
     }
     let relays: Vec<&str> = decision.relays.iter().collect();
     out.push(relays.len().min(usize::from(u8::MAX)) as u8);
@@ -71,16 +85,18 @@ pub fn encode_record(decision: &Decision, seen: &[Seen], mine: Option<&Version>)
 pub fn decode_record(id: &str, bytes: &[u8]) -> Option<Record> {
     let id = MinionId::parse(id).ok()?;
     let (&first, rest) = bytes.split_first()?;
-    if first != LAYOUT_2 {
-        return decode_layout_1(id, bytes).map(|decision| Record { decision, seen: Vec::new(), mine: None });
-    }
+    let wide = match first {
+        LAYOUT_2 => false,
+        LAYOUT_3 => true,
+        _ => return decode_layout_1(id, bytes).map(|decision| Record { decision, seen: Vec::new(), mine: None }),
+    };
     let (&kind, rest) = rest.split_first()?;
     let (version, rest) = decode_version(rest)?;
-    let (context, rest) = decode_context(rest)?;
+    let (context, rest) = decode_context(rest, wide)?;
     let (&n_seen, mut rest) = rest.split_first()?;
     let mut seen = Vec::with_capacity(usize::from(n_seen));
     for _ in 0..n_seen {
-        let (s, after) = decode_seen(rest)?;
+        let (s, after) = decode_seen(rest, wide)?;
         seen.push(s);
         rest = after;
     }
@@ -124,18 +140,26 @@ fn decode_layout_1(id: MinionId, bytes: &[u8]) -> Option<Decision> {
 /// An untold conflict: the peer it came from, the id, winner and loser.
 pub fn encode_conflict(from: &str, conflict: &Conflict) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
+    let wide = [&conflict.winner, &conflict.loser].iter().any(|s| s.context.len() > NARROW);
+    if wide {
+        out.push(LAYOUT_3);
+    }
     encode_str(&mut out, from);
     encode_str(&mut out, conflict.id.as_str());
-    encode_seen(&mut out, &conflict.winner);
-    encode_seen(&mut out, &conflict.loser);
+    encode_seen(&mut out, &conflict.winner, wide);
+    encode_seen(&mut out, &conflict.loser, wide);
     out
 }
 
 pub fn decode_conflict(bytes: &[u8]) -> Option<(Arc<str>, Conflict)> {
+    let (wide, bytes) = match bytes.split_first()? {
+        (&LAYOUT_3, rest) => (true, rest),
+        _ => (false, bytes),
+    };
     let (from, rest) = decode_str(bytes)?;
     let (id, rest) = decode_str(rest)?;
-    let (winner, rest) = decode_seen(rest)?;
-    let (loser, rest) = decode_seen(rest)?;
+    let (winner, rest) = decode_seen(rest, wide)?;
+    let (loser, rest) = decode_seen(rest, wide)?;
     let id = MinionId::parse(id).ok()?;
     rest.is_empty().then(|| (Arc::from(from), Conflict { id, winner, loser }))
 }
@@ -191,7 +215,7 @@ fn verdict_of(kind: u8, key: &[u8]) -> Option<Verdict> {
     })
 }
 
-fn encode_seen(out: &mut Vec<u8>, seen: &Seen) {
+fn encode_seen(out: &mut Vec<u8>, seen: &Seen, wide: bool) {
     encode_version(out, &seen.version);
     out.push(kind_byte(seen.kind));
     match seen.fingerprint {
@@ -201,10 +225,10 @@ fn encode_seen(out: &mut Vec<u8>, seen: &Seen) {
         }
         None => out.push(0),
     }
-    encode_context(out, &seen.context);
+    encode_context(out, &seen.context, wide);
 }
 
-fn decode_seen(bytes: &[u8]) -> Option<(Seen, &[u8])> {
+fn decode_seen(bytes: &[u8], wide: bool) -> Option<(Seen, &[u8])> {
     let (version, rest) = decode_version(bytes)?;
     let (&kind, rest) = rest.split_first()?;
     let kind = kind_of(kind)?;
@@ -216,19 +240,32 @@ fn decode_seen(bytes: &[u8]) -> Option<(Seen, &[u8])> {
     } else {
         None
     };
-    let (context, rest) = decode_context(rest)?;
+    let (context, rest) = decode_context(rest, wide)?;
     Some((Seen { version, kind, fingerprint, context }, rest))
 }
 
-fn encode_context(out: &mut Vec<u8>, context: &Context) {
-    out.push(context.len().min(usize::from(u8::MAX)) as u8);
-    for version in context.iter().take(usize::from(u8::MAX)) {
+/// A context: its count (a u8, or a u16 BE when `wide`), then its versions.
+fn encode_context(out: &mut Vec<u8>, context: &Context, wide: bool) {
+    let max = if wide { usize::from(u16::MAX) } else { NARROW };
+    let n = context.len().min(max);
+    if wide {
+        out.extend_from_slice(&(n as u16).to_be_bytes());
+    } else {
+        out.push(n as u8);
+    }
+    for version in context.iter().take(n) {
         encode_version(out, version);
     }
 }
 
-fn decode_context(bytes: &[u8]) -> Option<(Context, &[u8])> {
-    let (&n, mut rest) = bytes.split_first()?;
+fn decode_context(bytes: &[u8], wide: bool) -> Option<(Context, &[u8])> {
+    let (n, mut rest) = if wide {
+        let (n, rest) = bytes.split_first_chunk::<2>()?;
+        (u16::from_be_bytes(*n), rest)
+    } else {
+        let (&n, rest) = bytes.split_first()?;
+        (u16::from(n), rest)
+    };
     let mut context = Context::default();
     for _ in 0..n {
         let (version, after) = decode_version(rest)?;
@@ -306,6 +343,30 @@ mod tests {
         let read = decode_record("web01", &old).unwrap();
         assert_eq!(read.decision, decision(Verdict::Deleted, 9, &[(3, "b")]));
         assert!(read.seen.is_empty() && read.mine.is_none());
+    }
+
+    /// A context of more than 255 versions is kept whole (layout 3, and a
+    /// conflict marked so); every other record stays in layout 2, which the
+    /// builds before layout 3 read.
+    #[test]
+    fn contexts_longer_than_255_versions_are_kept_whole() {
+        let key = PublicKey::new(PUB.as_bytes());
+        let wide: Vec<(u64, String)> = (0..300).map(|n| ((1 << 50) + n, format!("node{n:03}"))).collect();
+        let wide: Vec<(u64, &str)> = wide.iter().map(|(h, n)| (*h, n.as_str())).collect();
+        let narrow = &wide[..255];
+        for (context, layout) in [(narrow, LAYOUT_2), (&wide[..], LAYOUT_3)] {
+            let held = decision(Verdict::Accepted(key.clone()), 1 << 51, context);
+            let seen = vec![decision(Verdict::Deleted, (1 << 51) - 1, context).seen()];
+            let bytes = encode_record(&held, &seen, None);
+            assert_eq!(bytes[0], layout);
+            let read = decode_record("web01", &bytes).expect("decoded");
+            assert_eq!((read.decision.context.len(), read.seen[0].context.len()), (context.len(), context.len()));
+            assert_eq!(read, Record { decision: held.clone(), seen: seen.clone(), mine: None });
+            let conflict = Conflict { id: held.id.clone(), winner: held.seen(), loser: seen[0].clone() };
+            let bytes = encode_conflict("master-b", &conflict);
+            assert_eq!(bytes[0] == LAYOUT_3, layout == LAYOUT_3);
+            assert_eq!(decode_conflict(&bytes), Some((Arc::from("master-b"), conflict)));
+        }
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //!
 //! - Format 1: 0.1.0. Decision records of layout 1 (`codec.rs`); the store
 //!   says nothing of its format.
-//! - Format 2: 0.2.0. Layout 2 (a record's first byte is 0x10), claims,
+//! - Format 2: 0.2.0. Layout 2 (a record's first byte is 0x10; 0x11, layout
+//!   3, for the rare record with a context of more than 255 versions), claims,
 //!   held deletes, the tombstone list. 0.1.0 takes that first byte for the
 //!   kind of decision (1 to 3) and refuses the first record it loads: "cannot
 //!   load the state store; if it is corrupt, rebuild it …: record for "…" is

@@ -127,6 +127,9 @@ impl Store {
             let held = txn.open_table(HELD).map_err(|e| self.err(e))?;
             let mut stale = Vec::new();
             for row in tombstones.iter().map_err(|e| self.err(e))? {
+                if old.len() >= max {
+                    break;
+                }
                 let (key, value) = row.map_err(|e| self.err(e))?;
                 let (id, version) = self.tombstone(key.value(), value.value())?;
                 if version.millis() >= before_ms
@@ -145,9 +148,6 @@ impl Store {
                         old.push((key.value().to_vec(), id, version));
                     }
                     _ => stale.push(key.value().to_vec()),
-                }
-                if old.len() == max {
-                    break;
                 }
             }
             for key in &stale {
