@@ -207,7 +207,7 @@ pub struct Round {
     /// Ids held newer here.
     pub peer_lacked: usize,
     pub pushed: usize,
-    pub applied: u64,
+    pub applied: u32,
     /// More differed than one round fetches: another round follows soon.
     pub full: bool,
     /// The round's push was left to the peer's own round.
@@ -550,7 +550,7 @@ impl<B> Link<B> {
                 self.out.push_back(Out::Call(Call::Apply { ids, decisions }));
             }
             (Step::Applying, Input::Answer(Answer::Applied(n))) => {
-                round.report.applied += u64::from(n);
+                round.report.applied = round.report.applied.saturating_add(n);
                 round.step = Step::NextIds;
                 self.out.push_back(Out::Call(Call::Next));
             }

@@ -6,13 +6,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keysync_machine::node::{Compared, FETCH_CHUNK};
+use keysync_machine::link::{Answer, Call, Input, LinkSettings, Out, Round};
 use keysync_proto::v1::{self, key_sync_client::KeySyncClient};
 use keysync_proto::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
 use keysync_server::TlsSetup;
 use prost::Message;
 use tokio::sync::{broadcast, mpsc, watch};
-use tokio::time::MissedTickBehavior;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -50,8 +49,8 @@ enum SessionError {
     PushClosed,
     #[error(transparent)]
     CoreGone(#[from] crate::node::CoreGone),
-    #[error("refused the peer's answer: {0}")]
-    BadAnswer(keysync_machine::node::BadAnswer),
+    #[error(transparent)]
+    Fault(#[from] keysync_machine::link::Fault),
     #[error("refused the peer's Fetch answer: {0}")]
     BadFetch(String),
 }
@@ -78,14 +77,22 @@ impl PeerLink {
             let mut refused_name: Option<String> = None;
             // Audited once per distinct refusal, not at every reconnect.
             let mut last_refusal: Option<String> = None;
+            let settings = LinkSettings::new(self.anti_entropy_interval, crate::ops::board::FETCHING);
+            let mut link = Link::new(settings);
             loop {
                 let (connected_tx, mut connected_rx) = mpsc::channel(1);
                 let session = tokio::select! {
                     () = shutdown.cancelled() => return,
-                    result = self.session(connected_tx, &shutdown) => result,
+                    result = self.session(&mut link, connected_tx, &shutdown) => result,
                 };
-                // Whatever this session planned to fetch is dropped, its claims released.
-                let _ = self.core.tell(Request::Release { peer: self.peer.name.clone(), ids: None }).await;
+                // The session is over: the link drops whatever it planned to
+                // fetch and releases its claims (a fault did already).
+                link.handle(Input::Failed, false);
+                while let Some(out) = link.poll() {
+                    if let Out::Call(call) = out {
+                        let _ = self.call(call).await;
+                    }
+                }
                 if connected_rx.try_recv().is_ok() {
                     backoff = FIRST_BACKOFF;
                     last_refusal = None;
@@ -153,54 +160,59 @@ impl PeerLink {
         *last = Some(refusal);
     }
 
-    async fn session(&self, connected: mpsc::Sender<()>, shutdown: &CancellationToken) -> Result<(), SessionError> {
+    /// One connection: the link machine's session, carried out. Returns
+    /// `Ok` only at shutdown (or when the node is gone).
+    async fn session(
+        &self,
+        link: &mut Link,
+        connected: mpsc::Sender<()>,
+        shutdown: &CancellationToken,
+    ) -> Result<(), SessionError> {
         let tls = self.tls.borrow().clone();
         let mut client =
             keysync_server::connect(&self.peer.address, &self.peer.name, &tls, MAX_MESSAGE_BYTES, CONNECT_TIMEOUT)
                 .await?;
-        let hello = self.hello(&mut client).await?;
-        // Subscribed before anti-entropy, so nothing decided meanwhile is missed.
-        let mut outgoing = self.core.subscribe();
+        // Followed before the first round, so nothing decided meanwhile is
+        // missed: what comes during a round is held back for after it.
+        let outgoing = self.core.subscribe();
         // Two batches in flight: more would only queue small batches the peer
         // then applies one by one (see the coalescing below).
         let (push_tx, push_rx) = mpsc::channel::<v1::DecisionBatch>(2);
         let mut acks = client.push(ReceiverStream::new(push_rx)).await?.into_inner();
-        let left = self.repair(&mut client, &push_tx, &mut outgoing, true).await?;
-        let _ = connected.try_send(());
-        self.board.set_state(&self.peer.name, LinkState::Up, None);
-        tracing::info!(n_decisions = hello.n_decisions, "connected");
-
-        let mut timer = tokio::time::interval(self.anti_entropy_interval);
-        timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        timer.tick().await;
-        // A round left to the peer is compared again once the peer's round
-        // is over (see anti_entropy), or at the next round if that is sooner.
-        let again = crate::ops::board::FETCHING.min(self.anti_entropy_interval);
-        if left {
-            timer.reset_after(again);
-        }
+        let mut io = SessionIo {
+            client,
+            push_tx,
+            outgoing,
+            timer: Box::pin(tokio::time::sleep(self.anti_entropy_interval)),
+            timer_armed: false,
+            diff: None,
+            run: AntiEntropyRun::default(),
+            n_decisions: 0,
+            connected,
+        };
+        link.handle(Input::Connected, false);
         loop {
+            // What the link asks for, until it waits for something from outside.
+            while let Some(out) = link.poll() {
+                self.execute(out, link, &mut io).await?;
+            }
+            let SessionIo { outgoing, timer, timer_armed, .. } = &mut io;
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
                 out = outgoing.recv() => match out {
-                    Ok(out) if out.from.as_deref() == Some(self.peer.name.as_str()) => {}
                     Ok(out) => {
                         // Everything else already queued goes in the same push: while
                         // the peer is busy making the last batch durable, a burst
                         // (salt-key -A) accumulates here and is sent as one batch
                         // rather than as many small ones, each costing it its fsyncs.
-                        let mut queued = vec![out];
+                        self.take(link, out);
                         while let Ok(more) = outgoing.try_recv() {
-                            if more.from.as_deref() != Some(self.peer.name.as_str()) {
-                                queued.push(more);
-                            }
+                            self.take(link, more);
                         }
-                        send_decisions(&push_tx, decisions_of(&queued)).await?;
                     }
                     Err(broadcast::error::RecvError::Lagged(n)) => {
                         tracing::warn!(n_batches = n, "fell behind; repairing by anti-entropy");
-                        // Not left to the peer: its round cannot know what was dropped here.
-                        self.repair(&mut client, &push_tx, &mut outgoing, false).await?;
+                        link.handle(Input::Lagged, self.board.peer_fetching(&self.peer.name));
                     }
                     Err(broadcast::error::RecvError::Closed) => return Ok(()),
                 },
@@ -211,15 +223,163 @@ impl PeerLink {
                     }
                     None => return Err(SessionError::PushClosed),
                 },
-                _ = timer.tick() => {
-                    // Hello again: exchanges the masters' health, which may have changed.
-                    self.hello(&mut client).await?;
-                    if self.repair(&mut client, &push_tx, &mut outgoing, true).await? {
-                        timer.reset_after(again);
-                    }
+                () = timer.as_mut(), if *timer_armed => {
+                    *timer_armed = false;
+                    link.handle(Input::Due, self.board.peer_fetching(&self.peer.name));
                 }
             }
         }
+    }
+
+    /// Hands the link a batch the node sent its peers.
+    fn take(&self, link: &mut Link, out: Arc<crate::node::Outgoing>) {
+        let from_peer = out.from.as_deref() == Some(self.peer.name.as_str());
+        link.handle(Input::Outgoing { from_peer, n: out.decisions.len(), batch: out }, false);
+    }
+
+    /// Carries out one thing the link asks for, and hands it the answer.
+    async fn execute(
+        &self,
+        out: Out<Arc<crate::node::Outgoing>>,
+        link: &mut Link,
+        io: &mut SessionIo,
+    ) -> Result<(), SessionError> {
+        let input = match out {
+            Out::Hello => {
+                let hello = during(self.hello(&mut io.client), link, &mut io.outgoing, &self.peer.name).await?;
+                io.n_decisions = hello.n_decisions;
+                Input::HelloDone
+            }
+            Out::Call(call) => {
+                let ask = self.call(call);
+                match during(ask, link, &mut io.outgoing, &self.peer.name).await? {
+                    Some(answer) => Input::Answer(answer),
+                    None => return Ok(()),
+                }
+            }
+            Out::Diff(digests) => {
+                let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests };
+                io.run = AntiEntropyRun { bytes_sent: request.encoded_len(), ..AntiEntropyRun::default() };
+                let stream =
+                    during(io.client.diff(request), link, &mut io.outgoing, &self.peer.name).await?.into_inner();
+                io.diff = Some(stream);
+                self.read_diff(link, io).await?
+            }
+            Out::ReadDiff => self.read_diff(link, io).await?,
+            Out::Fetch(ids) => {
+                let fetched = during(self.fetch(&mut io.client, &ids), link, &mut io.outgoing, &self.peer.name).await?;
+                let (decisions, sent, received) = fetched;
+                io.run.bytes_sent += sent;
+                io.run.bytes_received += received;
+                Input::Fetched(decisions)
+            }
+            Out::Push(batches) => {
+                send_decisions(&io.push_tx, decisions_of(&batches)).await?;
+                return Ok(());
+            }
+            Out::PushLoaded(decisions) => {
+                io.run.bytes_sent += send_decisions(&io.push_tx, &decisions).await?;
+                return Ok(());
+            }
+            Out::Up => {
+                let _ = io.connected.try_send(());
+                self.board.set_state(&self.peer.name, LinkState::Up, None);
+                tracing::info!(n_decisions = io.n_decisions, "connected");
+                return Ok(());
+            }
+            Out::Report(round) => {
+                self.report(round, std::mem::take(&mut io.run));
+                return Ok(());
+            }
+            Out::Rearm(after) => {
+                io.timer.as_mut().reset(tokio::time::Instant::now() + after);
+                io.timer_armed = true;
+                return Ok(());
+            }
+            Out::Fault(fault) => return Err(SessionError::Fault(fault)),
+        };
+        link.handle(input, self.board.peer_fetching(&self.peer.name));
+        Ok(())
+    }
+
+    /// The next chunk of the peer's Diff answer, for the link. Read as it
+    /// comes: a peer's answer, however large, is never held whole.
+    async fn read_diff(
+        &self,
+        link: &mut Link,
+        io: &mut SessionIo,
+    ) -> Result<Input<Arc<crate::node::Outgoing>>, SessionError> {
+        let Some(stream) = io.diff.as_mut() else {
+            return Ok(Input::DiffEnd);
+        };
+        let Some(chunk) = during(stream.message(), link, &mut io.outgoing, &self.peer.name).await? else {
+            io.diff = None;
+            return Ok(Input::DiffEnd);
+        };
+        io.run.bytes_received += chunk.encoded_len();
+        // A malformed summary only means that id is not fetched.
+        let summaries = chunk.entries.into_iter().filter_map(crate::net::wire::summary_from_wire).collect();
+        Ok(Input::DiffChunk { buckets: chunk.buckets, summaries })
+    }
+
+    /// Asks the node what the link asks of it; `None` for calls that want no answer.
+    async fn call(&self, call: Call) -> Result<Option<Answer>, SessionError> {
+        let peer = self.peer.name.clone();
+        let core = &self.core;
+        Ok(Some(match call {
+            Call::Digests => Answer::Digests(core.ask(|reply| Request::Digests { reply }).await?),
+            Call::Begin(buckets) => {
+                Answer::Checked(core.ask(|reply| Request::RepairBegin { peer, buckets, reply }).await?)
+            }
+            Call::Compare(summaries) => {
+                Answer::Checked(core.ask(|reply| Request::RepairChunk { peer, summaries, reply }).await?)
+            }
+            Call::End => Answer::Compared(core.ask(|reply| Request::RepairEnd { peer, reply }).await?),
+            Call::Load(ids) => Answer::Loaded(core.ask(|reply| Request::Fetch { ids, reply }).await?),
+            Call::Next => Answer::Next(core.ask(|reply| Request::RepairNext { peer, reply }).await?),
+            Call::Apply { ids, decisions } => {
+                Answer::Applied(core.ask(|reply| Request::RepairFetched { peer, ids, decisions, reply }).await?)
+            }
+            Call::Agreed => {
+                core.tell(Request::RepairAgreed { peer }).await?;
+                return Ok(None);
+            }
+            Call::Contact => {
+                self.board.contact(&self.peer.name);
+                core.tell(Request::Contact).await?;
+                return Ok(None);
+            }
+            Call::LinkDown => {
+                // Whatever the session planned to fetch is dropped, its claims released.
+                core.tell(Request::Release { peer, ids: None }).await?;
+                return Ok(None);
+            }
+        }))
+    }
+
+    /// What a round compared and moved, for `status` and the log.
+    fn report(&self, round: Round, mut run: AntiEntropyRun) {
+        let (n_fetch, n_push, n_applied) = (round.we_lacked, round.pushed, round.applied);
+        tracing::debug!(n_buckets = round.differing_buckets, n_fetch, n_push, "anti-entropy");
+        if n_applied > 0 || n_push > 0 {
+            tracing::info!(n_pulled = n_applied, n_pushed = n_push, "anti-entropy repaired differences");
+        }
+        if round.full {
+            tracing::info!(n_applied, "more differs than one round fetches; comparing again soon");
+        }
+        if round.left {
+            tracing::debug!(
+                n_lacked = round.peer_lacked,
+                n_pushed = n_push,
+                "the peer is fetching from this master in a round of its own; not pushing"
+            );
+        }
+        run.differing_buckets = round.differing_buckets;
+        run.we_lacked = round.we_lacked;
+        run.peer_lacked = round.peer_lacked;
+        run.applied = round.applied;
+        run.at = crate::disk::audit::now_rfc3339();
+        self.board.anti_entropy(&self.peer.name, run);
     }
 
     /// Names this node and its master's health; records the peer's.
@@ -266,225 +426,9 @@ impl PeerLink {
         self.core.tell(Request::PeerForgot { peer, forgot_ms }).await?;
         Ok(hello)
     }
-
-    /// Anti-entropy rounds (see [`PeerLink::anti_entropy`]) that keep
-    /// reading what this node sends its peers meanwhile, instead of leaving
-    /// it queued: what came from this peer is dropped at once, the rest
-    /// pushed once the round is over, as the live loop would have pushed it.
-    /// A master joining two peers forwards to each every decision it fetches
-    /// from the other: past [`MAX_HELD_BACK`] decisions (or a lag) they are
-    /// dropped and another round follows, which finds by digest whatever they
-    /// would have brought, as after a lag in the live loop.
-    ///
-    /// With `may_leave`, the first round may be left to the peer (see
-    /// [`PeerLink::anti_entropy`]); returns whether it was, and the caller
-    /// compares again [`FETCHING`](crate::ops::board::FETCHING) later (or
-    /// at the next round, if sooner). A round that follows dropped
-    /// decisions never is: the peer's round cannot know of them.
-    async fn repair(
-        &self,
-        client: &mut KeySyncClient<Channel>,
-        push_tx: &mpsc::Sender<v1::DecisionBatch>,
-        outgoing: &mut broadcast::Receiver<Arc<crate::node::Outgoing>>,
-        mut may_leave: bool,
-    ) -> Result<bool, SessionError> {
-        loop {
-            let mut held = HeldBack::default();
-            let left = {
-                let round = self.anti_entropy(client, push_tx, may_leave);
-                tokio::pin!(round);
-                loop {
-                    tokio::select! {
-                        result = &mut round => break result?,
-                        out = outgoing.recv(), if !held.closed => held.take(out, &self.peer.name),
-                    }
-                }
-            };
-            if !held.dropped {
-                send_decisions(push_tx, decisions_of(&held.batches)).await?;
-                return Ok(left);
-            }
-            tracing::info!("decisions to push piled up during anti-entropy; comparing digests again instead");
-            may_leave = false;
-        }
-    }
-
-    /// Digests first, then only what differs: fetch what the peer holds newer,
-    /// push what this node holds newer. Returns whether the round was left
-    /// to the peer, wholly or its push.
-    async fn anti_entropy(
-        &self,
-        client: &mut KeySyncClient<Channel>,
-        push_tx: &mpsc::Sender<v1::DecisionBatch>,
-        may_leave: bool,
-    ) -> Result<bool, SessionError> {
-        // The peer is fetching from this master in a round of its own (a
-        // joining master): that round brings it what this master holds
-        // newer and pushes what it holds newer itself, so this one is left
-        // to it and run once the peer's is over. Run now, it made the peer
-        // answer a Diff with the summaries of all it held so far (10 MiB at
-        // a joining master's peak), and pushed it again the keys it was
-        // fetching.
-        let leave = || may_leave && self.board.peer_fetching(&self.peer.name);
-        if leave() {
-            tracing::debug!("the peer is fetching from this master in a round of its own; this round waits for it");
-            return Ok(true);
-        }
-        let Some(digests) = self.core.ask(|reply| Request::Digests { reply }).await? else {
-            // Stale: out of contact for longer than tombstone_ttl, this
-            // master offers nothing and asks for nothing until `rejoin`.
-            return Ok(false);
-        };
-        let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests };
-        let mut run = AntiEntropyRun { bytes_sent: request.encoded_len(), ..AntiEntropyRun::default() };
-        let mut stream = client.diff(request).await?.into_inner();
-        // Compared chunk by chunk as they come (the node keeps only its plan
-        // and what it needs of the ids it holds): a peer's answer, however
-        // large, is never held whole. The first chunk names the buckets.
-        let mut n_buckets = None;
-        let mut pending: keysync_machine::node::Summaries = Vec::new();
-        let failed = loop {
-            let chunk = match stream.message().await {
-                Ok(Some(chunk)) => chunk,
-                Ok(None) => break None,
-                Err(e) => break Some(SessionError::Rpc(e)),
-            };
-            run.bytes_received += chunk.encoded_len();
-            if n_buckets.is_none() {
-                n_buckets = Some(chunk.buckets.len());
-                if chunk.buckets.is_empty() {
-                    break None;
-                }
-                let (peer, buckets) = (self.peer.name.clone(), chunk.buckets);
-                if let Err(e) = self.core.ask(|reply| Request::RepairBegin { peer, buckets, reply }).await? {
-                    break Some(SessionError::BadAnswer(e));
-                }
-            } else if !chunk.buckets.is_empty() {
-                break Some(SessionError::BadAnswer(keysync_machine::node::BadAnswer::BucketsLate));
-            }
-            // A malformed summary only means that id is not fetched. Handed
-            // to the node COMPARE_CHUNK at a time: one ask per 2,000-summary
-            // message kept a joining master's Diff waiting behind its fetches.
-            pending.extend(chunk.entries.into_iter().filter_map(crate::net::wire::summary_from_wire));
-            if pending.len() >= COMPARE_CHUNK {
-                if let Err(e) = self.compare_chunk(std::mem::take(&mut pending)).await? {
-                    break Some(SessionError::BadAnswer(e));
-                }
-            }
-        };
-        let failed = match failed {
-            None if !pending.is_empty() => self.compare_chunk(pending).await?.err().map(SessionError::BadAnswer),
-            failed => failed,
-        };
-        if let Some(e) = failed {
-            let _ = self.core.tell(Request::RepairAbort { peer: self.peer.name.clone() }).await;
-            return Err(e);
-        }
-        self.board.contact(&self.peer.name);
-        let _ = self.core.tell(Request::Contact).await;
-        let n_buckets = n_buckets.unwrap_or(0);
-        if n_buckets == 0 {
-            let _ = self.core.tell(Request::RepairAgreed { peer: self.peer.name.clone() }).await;
-            run.at = crate::disk::audit::now_rfc3339();
-            self.board.anti_entropy(&self.peer.name, run);
-            return Ok(false);
-        }
-        let peer = self.peer.name.clone();
-        let compared = match self.core.ask(|reply| Request::RepairEnd { peer, reply }).await? {
-            Ok(compared) => compared,
-            Err(e) => return Err(SessionError::BadAnswer(e)),
-        };
-        let Compared { n_newer_there, newer_here, full } = compared;
-        // Loaded and pushed a chunk at a time: to a joining master that is
-        // every decision held, 100,000 keys. Unless the peer started
-        // fetching from this master meanwhile (both rounds began at once):
-        // as above, its round brings it what differs, and this one is run
-        // again once the peer's is over.
-        let n_lacked = newer_here.len();
-        let mut left = false;
-        let mut n_pushed = 0;
-        for ids in newer_here.chunks(FETCH_CHUNK) {
-            if n_lacked > FETCH_CHUNK && leave() {
-                tracing::debug!(
-                    n_lacked,
-                    n_pushed,
-                    "the peer is fetching from this master in a round of its own; not pushing"
-                );
-                left = true;
-                break;
-            }
-            let ids = ids.to_vec();
-            let decisions = self.core.ask(|reply| Request::Fetch { ids, reply }).await?;
-            n_pushed += decisions.len();
-            run.bytes_sent += send_decisions(push_tx, &decisions).await?;
-        }
-        drop(newer_here);
-        tracing::debug!(n_buckets, n_fetch = n_newer_there, n_push = n_pushed, "anti-entropy");
-        run.differing_buckets = n_buckets;
-        run.we_lacked = n_newer_there;
-        run.peer_lacked = n_lacked;
-        // What to fetch, chunk by chunk, is the node's choice (in a large
-        // repair each chunk is cut to what is still missing and not being
-        // fetched by another link); the next fetch travels while the last
-        // one is applied.
-        let mut n_applied = 0;
-        let mut fetched = self.fetch_next(client).await;
-        while let Some((ids, result)) = fetched.take() {
-            let (decisions, sent, received) = match result {
-                Ok(fetched) => fetched,
-                Err(e) => {
-                    self.release(ids).await;
-                    return Err(e);
-                }
-            };
-            run.bytes_sent += sent;
-            run.bytes_received += received;
-            let peer = self.peer.name.clone();
-            let apply = self.core.ask(|reply| Request::RepairFetched { peer, ids, decisions, reply });
-            let (applied, next) = tokio::join!(apply, self.fetch_next(client));
-            n_applied += applied?;
-            fetched = next;
-        }
-        if n_applied > 0 || n_pushed > 0 {
-            tracing::info!(n_pulled = n_applied, n_pushed, "anti-entropy repaired differences");
-        }
-        run.applied = n_applied;
-        run.at = crate::disk::audit::now_rfc3339();
-        self.board.anti_entropy(&self.peer.name, run);
-        if full {
-            tracing::info!(n_applied, "more differs than one round fetches; comparing again soon");
-        }
-        Ok(left || full)
-    }
 }
 
 impl PeerLink {
-    /// Hands the node summaries of the peer's Diff answer to compare.
-    async fn compare_chunk(
-        &self,
-        summaries: keysync_machine::node::Summaries,
-    ) -> Result<Result<(), keysync_machine::node::BadAnswer>, crate::node::CoreGone> {
-        let peer = self.peer.name.clone();
-        self.core.ask(|reply| Request::RepairChunk { peer, summaries, reply }).await
-    }
-
-    /// Asks the node for the next ids to fetch and fetches them; `None`
-    /// when the plan is done (or the core is gone).
-    async fn fetch_next(
-        &self,
-        client: &mut KeySyncClient<Channel>,
-    ) -> Option<(Vec<MinionId>, Result<(Vec<Decision>, usize, usize), SessionError>)> {
-        let peer = self.peer.name.clone();
-        let ids = self.core.ask(|reply| Request::RepairNext { peer, reply }).await.ok()??;
-        let result = self.fetch(client, &ids).await;
-        Some((ids, result))
-    }
-
-    /// Gives ids claimed for a fetch that failed back to the other links.
-    async fn release(&self, ids: Vec<MinionId>) {
-        let _ = self.core.tell(Request::Release { peer: self.peer.name.clone(), ids: Some(ids) }).await;
-    }
-
     /// Fetches the decisions for `ids`; returns them with the bytes sent and
     /// received. Invalid ones are audited and left out.
     async fn fetch(
@@ -525,9 +469,6 @@ impl PeerLink {
     }
 }
 
-/// Summaries of a peer's Diff answer handed to the node at once (a few MiB).
-const COMPARE_CHUNK: usize = 20_000;
-
 /// The protocol an agent of an earlier release speaks, from its refusal of
 /// a newer Hello ("protocol version 2 is not supported (this server speaks
 /// 1)"), if this agent speaks it too.
@@ -540,46 +481,49 @@ fn older_server(status: &tonic::Status) -> Option<u32> {
     (MIN_PROTOCOL_VERSION..PROTOCOL_VERSION).contains(&theirs).then_some(theirs)
 }
 
-/// Most decisions a link holds back for its peer during an anti-entropy
-/// round (see [`PeerLink::repair`]). Held with their keys: a master joining
-/// two peers forwards to each the decisions fetched from the other, and
-/// each link held 10,000 of them (~7 MiB) before dropping them for another
-/// round anyway; a burst larger than this during a round costs one more
-/// comparison of digests.
-const MAX_HELD_BACK: usize = 1000;
+/// The link to one peer, over the node's outgoing batches.
+type Link = keysync_machine::link::Link<Arc<crate::node::Outgoing>>;
 
-/// What this node sent its peers while a link was in an anti-entropy round.
-#[derive(Default)]
-struct HeldBack {
-    /// For the peer, in order.
-    batches: Vec<Arc<crate::node::Outgoing>>,
-    n_decisions: usize,
-    /// Some were dropped (too many, or the channel lagged): another round.
-    dropped: bool,
-    /// The core task is gone: nothing more comes.
-    closed: bool,
+/// What one session carries its link's asks over.
+struct SessionIo {
+    client: KeySyncClient<Channel>,
+    push_tx: mpsc::Sender<v1::DecisionBatch>,
+    outgoing: broadcast::Receiver<Arc<crate::node::Outgoing>>,
+    /// The round timer, while armed (the link sets it).
+    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    timer_armed: bool,
+    /// The Diff answer being read.
+    diff: Option<tonic::Streaming<v1::DiffChunk>>,
+    /// The round's bytes on the wire, for `status`.
+    run: AntiEntropyRun,
+    /// What the peer said it holds, for the log.
+    n_decisions: u64,
+    connected: mpsc::Sender<()>,
 }
 
-impl HeldBack {
-    fn take(&mut self, out: Result<Arc<crate::node::Outgoing>, broadcast::error::RecvError>, peer: &str) {
-        match out {
-            Ok(out) if out.from.as_deref() == Some(peer) => {}
-            Ok(out) => {
-                self.n_decisions += out.decisions.len();
-                if self.dropped || self.n_decisions > MAX_HELD_BACK {
-                    self.drop_all();
-                } else {
-                    self.batches.push(out);
+/// Awaits `fut` while handing the link what the node sends its peers
+/// meanwhile (held back during a round and pushed after it), so a burst
+/// during a long round never piles up in the node's outgoing channel.
+async fn during<F: std::future::Future>(
+    fut: F,
+    link: &mut Link,
+    outgoing: &mut broadcast::Receiver<Arc<crate::node::Outgoing>>,
+    peer: &str,
+) -> F::Output {
+    tokio::pin!(fut);
+    let mut open = true;
+    loop {
+        tokio::select! {
+            result = &mut fut => return result,
+            out = outgoing.recv(), if open => match out {
+                Ok(out) => {
+                    let from_peer = out.from.as_deref() == Some(peer);
+                    link.handle(Input::Outgoing { from_peer, n: out.decisions.len(), batch: out }, false);
                 }
-            }
-            Err(broadcast::error::RecvError::Lagged(_)) => self.drop_all(),
-            Err(broadcast::error::RecvError::Closed) => self.closed = true,
+                Err(broadcast::error::RecvError::Lagged(_)) => link.handle(Input::Lagged, false),
+                Err(broadcast::error::RecvError::Closed) => open = false,
+            },
         }
-    }
-
-    fn drop_all(&mut self) {
-        self.dropped = true;
-        self.batches = Vec::new();
     }
 }
 

@@ -5,8 +5,8 @@
 //! (`runtime.rs`): the masters' folders as Salt 3006 and 3008 leave them
 //! (`model.rs`), stores and audit logs that survive a kill -9 at any effect,
 //! full disks, skewed clocks, inotify overflows, and a network that drops,
-//! duplicates and reorders, with partitions. Anti-entropy runs as the links
-//! run it (`world/links.rs`). Each seed runs twice and the two traces must
+//! duplicates and reorders, with partitions. Each link runs the agent's link
+//! machine (`keysync_machine::link`, driven by `world/links.rs`). Each seed runs twice and the two traces must
 //! hash alike; `world/checker.rs` judges each run in Jepsen's set-full terms.
 //!
 //! `SIM_SEED=n` reruns one seed with its trace, `SIM_SEEDS=n` runs that many
@@ -136,7 +136,7 @@ fn masters_converge_under_chaos() {
         "sim: {} seeds in {:.1?}: {} decisions ({} by operators, {} at first starts); \
          lost 0, stale 0, resurrected 0, never applied 0; {} conflicts told, 0 missed, 0 duplicated; \
          propagation p50 {} ms, p99 {} ms, max {} ms (virtual); \
-         {} messages dropped, {} duplicated, {} lost to a down or partitioned node, {} link timeouts; \
+         {} messages dropped, {} duplicated, {} lost to a down or partitioned node, {} link timeouts, {} rounds, {} lags; \
          {} kills between inputs, {} inside one, {} full disks, {} partitions, {} inotify overflows; {} .dfn drops; \
          guard: {} mass deletes, {} bursts held, {} held deletes released and {} reverted by operators, \
          {} settled otherwise, 0 lost or applied unreleased; \
@@ -154,6 +154,8 @@ fn masters_converge_under_chaos() {
         t.duplicated,
         t.lost,
         t.timeouts,
+        t.rounds,
+        t.lagged,
         t.crashes,
         t.kills_mid_input,
         t.full_disks,
@@ -184,6 +186,8 @@ pub(crate) struct Stats {
     duplicated: u64,
     lost: u64,
     timeouts: u64,
+    rounds: u64,
+    lagged: u64,
     crashes: u64,
     kills_mid_input: u64,
     full_disks: u64,
@@ -211,6 +215,8 @@ impl Stats {
         self.duplicated += o.duplicated;
         self.lost += o.lost;
         self.timeouts += o.timeouts;
+        self.rounds += o.rounds;
+        self.lagged += o.lagged;
         self.crashes += o.crashes;
         self.kills_mid_input += o.kills_mid_input;
         self.full_disks += o.full_disks;

@@ -1,7 +1,7 @@
 //! The simulated cluster: masters whose agents are the real node machine,
 //! a network that drops, duplicates and reorders, and one event queue in
 //! virtual time. `operators` runs `salt-key` on the folders, `network`
-//! carries messages, `links` runs anti-entropy as the agent's links do,
+//! carries messages, `links` drives the agent's link machine on each link,
 //! `faults` kills, restarts, partitions and fills disks, `guard` runs mass
 //! deletes and releases or reverts them; `recorded` checks each decision as
 //! a store records it, `checker` judges the end of a run.
@@ -36,21 +36,20 @@ pub(crate) enum Msg {
     Push(Vec<Decision>),
     /// Anti-entropy on the sender's link to the receiver, as the agent's links run it.
     DiffReq {
-        session: u64,
+        req: u64,
         digests: Vec<u64>,
     },
     DiffResp {
-        session: u64,
+        req: u64,
         buckets: Vec<u32>,
         summaries: Summaries,
     },
     FetchReq {
-        session: u64,
+        req: u64,
         ids: Vec<MinionId>,
     },
     FetchResp {
-        session: u64,
-        ids: Vec<MinionId>,
+        req: u64,
         decisions: Vec<Decision>,
     },
 }
@@ -80,14 +79,33 @@ pub(crate) enum Event {
         to: usize,
         msg: Msg,
     },
-    AntiEntropy {
+    /// A link's connection attempt.
+    Connect {
         node: usize,
-        epoch: u64,
+        peer: usize,
+        session: u64,
+    },
+    /// A link's round timer.
+    Due {
+        node: usize,
+        peer: usize,
+        timer: u64,
+    },
+    /// A link carries out what it was handed (the node's outgoing decisions).
+    Pump {
+        node: usize,
+        peer: usize,
+    },
+    /// A link's connection breaks if its peer is still out of reach.
+    Broken {
+        node: usize,
+        peer: usize,
+        session: u64,
     },
     Timeout {
         node: usize,
         peer: usize,
-        session: u64,
+        req: u64,
     },
     Fault,
     Restart {
@@ -161,8 +179,8 @@ pub(crate) struct SimNode {
     in_flight: BTreeSet<MinionId>,
     /// Ids the operator changed that the agent has not decided on since.
     touched: BTreeMap<MinionId, Expect>,
-    /// This node's link to each peer (anti-entropy sessions).
-    links: Vec<links::Link>,
+    /// This node's link to each peer: the agent's link machine.
+    links: Vec<links::SimLink>,
     /// Percentage of write effects failing (0: the disk is fine).
     disk_full: u64,
     /// Ids the operator changed since the agent last decided them: only
@@ -225,6 +243,8 @@ pub(crate) struct Sim {
     /// Ids some node held when the late joiner first started.
     held_at_join: BTreeMap<MinionId, Decision>,
     joiner: Option<usize>,
+    /// When each node last answered a Fetch of each peer: (server, client) → time.
+    fetched_at: BTreeMap<(usize, usize), u64>,
     pub(crate) stats: Stats,
     /// A hash of everything that happened, to compare two runs of one seed.
     trace_hash: std::collections::hash_map::DefaultHasher,
@@ -269,7 +289,7 @@ impl Sim {
                 next_tick: None,
                 in_flight: BTreeSet::new(),
                 touched: BTreeMap::new(),
-                links: (0..n_nodes).map(|_| links::Link::default()).collect(),
+                links: (0..n_nodes).map(|_| links::SimLink::new(&mut rng, 0)).collect(),
                 disk_full: 0,
                 undecided_changes: BTreeSet::new(),
                 kill_after: None,
@@ -299,6 +319,7 @@ impl Sim {
             held_at_join: BTreeMap::new(),
             delivered: vec![BTreeMap::new(); n_nodes],
             joiner,
+            fetched_at: BTreeMap::new(),
             stats: Stats::default(),
             trace_hash: Default::default(),
             trace,
@@ -386,17 +407,11 @@ impl Sim {
                 }
             }
             Event::Deliver { from, to, msg } => self.deliver(from, to, msg),
-            Event::AntiEntropy { node, epoch } => {
-                if self.nodes[node].epoch == epoch && self.nodes[node].up() {
-                    self.anti_entropy(node);
-                    let until = self.final_at.map_or(u64::MAX, |t| t + FINAL_ROUNDS * 1_000);
-                    let next = self.now + self.rng.between(4_000, 8_000);
-                    if next < until {
-                        self.schedule(next, Event::AntiEntropy { node, epoch });
-                    }
-                }
-            }
-            Event::Timeout { node, peer, session } => self.timeout(node, peer, session),
+            Event::Connect { node, peer, session } => self.connect(node, peer, session),
+            Event::Due { node, peer, timer } => self.due(node, peer, timer),
+            Event::Pump { node, peer } => self.scheduled_pump(node, peer),
+            Event::Broken { node, peer, session } => self.broken(node, peer, session),
+            Event::Timeout { node, peer, req } => self.timeout(node, peer, req),
             Event::Fault => self.fault(),
             Event::Restart { node, epoch } => {
                 let n = &self.nodes[node];
@@ -461,7 +476,6 @@ impl Sim {
         let n = &mut self.nodes[node];
         n.epoch += 1;
         n.next_tick = None;
-        n.links = (0..n.links.len()).map(|_| links::Link::default()).collect();
         let loaded: Loaded = n.store.loaded();
         let held_before = guard::held_versions(&n.store);
         let mut rt = runtime_of(n, &mut self.rng);
@@ -496,18 +510,15 @@ impl Sim {
         self.stats.dfn += u64::from(out.dfn_dropped);
         self.stats.cold_read += out.cold_read;
         self.stats.compacted += out.compacted;
-        for (except, decisions) in out.sends {
-            for peer in 0..self.nodes.len() {
-                if peer != node && except.as_deref() != Some(self.nodes[peer].name.as_str()) {
-                    self.send(node, peer, Msg::Push(decisions.clone()));
-                }
-            }
-        }
         if out.killed {
             trace!(self, "{name} killed mid-input");
             self.stats.kills_mid_input += 1;
             self.crash(node);
             return;
+        }
+        // Handed to the links (a node killed in the input pushed nothing).
+        for (except, decisions) in out.sends {
+            self.outgoing(node, except, decisions);
         }
         if !out.echoes.is_empty() {
             let at = self.now + self.rng.between(0, 2);
@@ -566,8 +577,11 @@ fn event_kind(event: &Event) -> (u8, usize, usize) {
             *from,
             *to,
         ),
-        Event::AntiEntropy { node, .. } => (10, *node, 0),
+        Event::Connect { node, peer, .. } => (10, *node, *peer),
         Event::Timeout { node, peer, .. } => (11, *node, *peer),
+        Event::Due { node, peer, .. } => (22, *node, *peer),
+        Event::Pump { node, peer } => (23, *node, *peer),
+        Event::Broken { node, peer, .. } => (24, *node, *peer),
         Event::Fault => (12, 0, 0),
         Event::Restart { node, .. } => (13, *node, 0),
         Event::Join { node } => (14, *node, 0),

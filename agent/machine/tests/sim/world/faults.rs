@@ -41,7 +41,17 @@ impl Sim {
                 self.n_partitions += 1;
                 self.stats.partitions += 1;
                 trace!(self, "partition {side:?}");
-                self.partition = Some((self.n_partitions, side));
+                self.partition = Some((self.n_partitions, side.clone()));
+                // Sessions across it break once their keep-alive gives up, if it lasts.
+                for node in 0..self.nodes.len() {
+                    for peer in (0..self.nodes.len()).filter(|&p| side[p] != side[node]) {
+                        if self.nodes[node].up() && self.nodes[node].links[peer].machine_is_up() {
+                            let session = self.nodes[node].links[peer].session();
+                            let at = self.now + self.rng.between(500, 3_000);
+                            self.schedule(at, Event::Broken { node, peer, session });
+                        }
+                    }
+                }
                 let heal = self.now + self.rng.between(1_000, 6_000);
                 self.schedule(heal, Event::Heal { partition: self.n_partitions });
             }
@@ -64,6 +74,7 @@ impl Sim {
         n.machine = None;
         n.epoch += 1;
         n.kill_after = None;
+        self.break_links_to(node);
         if self.chaos {
             let back = self.now + self.rng.between(300, 4_000);
             let epoch = self.nodes[node].epoch;
@@ -89,13 +100,9 @@ impl Sim {
     pub(crate) fn start(&mut self, node: usize) {
         trace!(self, "{} starts with {} entries", self.nodes[node].name, self.nodes[node].store.decisions.len());
         self.boot(node);
-        if !self.nodes[node].up() {
-            return;
+        if self.nodes[node].up() {
+            self.start_links(node);
         }
-        self.anti_entropy(node);
-        let epoch = self.nodes[node].epoch;
-        let next = self.now + self.rng.between(1_000, 3_000);
-        self.schedule(next, Event::AntiEntropy { node, epoch });
     }
 
     /// Ends the chaos: heal, a reliable network, every agent restarted, a few anti-entropy rounds.

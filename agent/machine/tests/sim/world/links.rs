@@ -1,127 +1,365 @@
-//! Anti-entropy on each node's link to each peer, in the order the agent's
-//! links run it (`net/peers.rs`): digests out, the peer's Diff back, push
-//! what the node holds newer, then fetch chunk by chunk what the node says
-//! to fetch. A request or answer lost on the way ends the session at its
-//! timeout, as a failed gRPC call does, and its claims are released.
+//! Each node's link to each peer: the link machine the agent ships
+//! (`keysync_machine::link`), driven as `net/peers.rs` drives it. The sim
+//! only carries what it asks for: a Hello (the forgot exchange), Diff and
+//! Fetch requests on the simulated network (a lost request or answer ends
+//! the session at its timeout, as a failed gRPC call does), pushes, and
+//! calls on the node's machine. Sessions connect, fail and reconnect with
+//! backoff; a peer that stops or is partitioned away breaks them.
 
-use keysync_machine::core::{Decision, MinionId};
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use keysync_machine::core::Decision;
+use keysync_machine::link::{Answer, Call, Input, Link, LinkSettings, Out};
 use keysync_machine::node::Summaries;
 
 use super::*;
 
 /// How long a link waits for an answer before the session fails.
 const CALL_TIMEOUT_MS: u64 = 2_000;
+/// A peer counts as fetching from a node this long after its last fetch.
+const FETCHING_MS: u64 = 2_000;
+const FIRST_BACKOFF_MS: u64 = 100;
+const MAX_BACKOFF_MS: u64 = 2_000;
+/// Batches a link misses because the node's outgoing channel overflowed.
+const LAG_PCT: u64 = 2;
 
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Link {
+/// A batch of a node's outgoing decisions, as its links hold it.
+pub(crate) type Batch = Rc<Vec<Decision>>;
+
+pub(crate) struct SimLink {
+    machine: Link<Batch>,
+    /// Bumped at each connection and each start: connects of an older one are ignored.
     session: u64,
-    state: State,
+    /// Bumped at each request on the wire: a late or duplicated answer is ignored.
+    req: u64,
+    /// The request whose answer the link waits for.
+    awaiting: Option<u64>,
+    /// The rest of the Diff answer being read, chunk by chunk.
+    diff_rest: VecDeque<(Vec<u32>, Summaries)>,
+    /// Bumped at each rearm: older timers are ignored.
+    timer: u64,
+    backoff: u64,
+    pump_scheduled: bool,
 }
 
-#[derive(Clone, Debug, Default)]
-enum State {
-    #[default]
-    Idle,
-    AwaitDiff,
-    /// Fetching these ids.
-    Fetching(Vec<MinionId>),
+impl SimLink {
+    /// A link as a node starts it, with bounds drawn small enough that a
+    /// run of 30 ids chunks its comparisons and pushes and drops what it
+    /// held back.
+    pub(crate) fn new(rng: &mut Rng, session: u64) -> SimLink {
+        let interval = Duration::from_millis(rng.between(4_000, 8_000));
+        let settings = LinkSettings {
+            compare_chunk: rng.between(1, 10) as usize,
+            max_held_back: rng.between(2, 40) as usize,
+            push_chunk: rng.between(1, 10) as usize,
+            ..LinkSettings::new(interval, Duration::from_millis(FETCHING_MS))
+        };
+        SimLink {
+            machine: Link::new(settings),
+            session,
+            req: 0,
+            awaiting: None,
+            diff_rest: VecDeque::new(),
+            timer: 0,
+            backoff: FIRST_BACKOFF_MS,
+            pump_scheduled: false,
+        }
+    }
+
+    pub(crate) fn session(&self) -> u64 {
+        self.session
+    }
+
+    pub(crate) fn machine_is_up(&self) -> bool {
+        self.machine.is_up()
+    }
 }
 
 impl Sim {
-    /// Starts a round on every idle link of `node`.
+    fn reachable(&self, a: usize, b: usize) -> bool {
+        self.nodes[a].up() && self.nodes[b].up() && !self.partition.as_ref().is_some_and(|(_, side)| side[a] != side[b])
+    }
+
+    /// Whether `peer` fetched from `node` lately (in a round of its own).
+    fn peer_fetching(&self, node: usize, peer: usize) -> bool {
+        self.fetched_at.get(&(node, peer)).is_some_and(|&at| self.now < at + FETCHING_MS)
+    }
+
+    fn handle_link(&mut self, node: usize, peer: usize, input: Input<Batch>) {
+        let fetching = self.peer_fetching(node, peer);
+        self.nodes[node].links[peer].machine.handle(input, fetching);
+    }
+
+    /// A connection attempt of `node`'s link to `peer`.
+    pub(crate) fn connect(&mut self, node: usize, peer: usize, session: u64) {
+        if !self.nodes[node].up() || self.nodes[node].links[peer].session != session {
+            return;
+        }
+        let reachable = self.reachable(node, peer);
+        let link = &mut self.nodes[node].links[peer];
+        if !reachable {
+            let at = self.now + link.backoff;
+            link.backoff = (link.backoff * 2).min(MAX_BACKOFF_MS);
+            self.schedule(at, Event::Connect { node, peer, session });
+            return;
+        }
+        link.session += 1;
+        link.backoff = FIRST_BACKOFF_MS;
+        trace!(self, "{} → {} connected", self.nodes[node].name, self.nodes[peer].name);
+        self.handle_link(node, peer, Input::Connected);
+        self.pump(node, peer);
+    }
+
+    /// The session failed: the link drops its plan, and connects again after its backoff.
+    pub(crate) fn fail_link(&mut self, node: usize, peer: usize) {
+        if !self.nodes[node].up() || !self.nodes[node].links[peer].machine.is_up() {
+            return;
+        }
+        trace!(self, "{} → {} session failed", self.nodes[node].name, self.nodes[peer].name);
+        let link = &mut self.nodes[node].links[peer];
+        link.awaiting = None;
+        link.diff_rest.clear();
+        let (session, at) = (link.session, self.now + link.backoff);
+        self.handle_link(node, peer, Input::Failed);
+        self.pump(node, peer);
+        self.schedule(at, Event::Connect { node, peer, session });
+    }
+
+    /// A connection broken under a live session (the peer stopped, or a
+    /// partition outlasted the keep-alive).
+    pub(crate) fn broken(&mut self, node: usize, peer: usize, session: u64) {
+        if self.nodes[node].links[peer].session == session && !self.reachable(node, peer) {
+            self.fail_link(node, peer);
+        }
+    }
+
+    /// Every link of `node` whose session runs starts a round now.
     pub(crate) fn anti_entropy(&mut self, node: usize) {
         if !self.nodes[node].up() {
             return;
         }
         for peer in 0..self.nodes.len() {
-            if peer == node || !matches!(self.nodes[node].links[peer].state, State::Idle) {
+            if peer != node && self.nodes[node].links[peer].machine.is_up() {
+                self.handle_link(node, peer, Input::Due);
+                self.pump(node, peer);
+            }
+        }
+    }
+
+    pub(crate) fn due(&mut self, node: usize, peer: usize, timer: u64) {
+        if self.nodes[node].up() && self.nodes[node].links[peer].timer == timer {
+            self.handle_link(node, peer, Input::Due);
+            self.pump(node, peer);
+        }
+    }
+
+    /// What a node sent its peers, handed to its links (pushed when they run next).
+    pub(crate) fn outgoing(&mut self, node: usize, except: Option<String>, decisions: Vec<Decision>) {
+        let batch: Batch = Rc::new(decisions);
+        for peer in 0..self.nodes.len() {
+            if peer == node || !self.nodes[node].links[peer].machine.is_up() {
                 continue;
             }
-            // Hello, both ways: each tells the other when the newest delete
-            // it forgot (not of the other's making) was made.
-            let (name, peer_name) = (self.nodes[node].name.clone(), self.nodes[peer].name.clone());
-            let Some(theirs) = self.nodes[peer].machine.as_ref().map(|m| m.forgot_through(&name)) else { continue };
-            let Some(mine) = self.nodes[node].machine.as_ref().map(|m| m.forgot_through(&peer_name)) else { return };
-            self.input(peer, |machine, rt, now| machine.on_peer_forgot(&name, mine, now, rt));
-            self.input(node, |machine, rt, now| machine.on_peer_forgot(&peer_name, theirs, now, rt));
-            let Some(Some(digests)) = self.input(node, |machine, _, _| machine.digests()) else { return };
-            let link = &mut self.nodes[node].links[peer];
-            link.session += 1;
-            link.state = State::AwaitDiff;
-            let session = link.session;
-            self.send(node, peer, Msg::DiffReq { session, digests });
-            self.schedule(self.now + CALL_TIMEOUT_MS, Event::Timeout { node, peer, session });
-        }
-    }
-
-    pub(crate) fn on_diff(&mut self, node: usize, peer: usize, session: u64, buckets: Vec<u32>, summaries: Summaries) {
-        let link = &self.nodes[node].links[peer];
-        if link.session != session || !matches!(link.state, State::AwaitDiff) {
-            return;
-        }
-        let peer_name = self.nodes[peer].name.clone();
-        let Some((_, newer_here)) = self.input(node, |machine, rt, now| {
-            let compared = machine.repair_compare(&peer_name, &buckets, summaries, rt);
-            machine.on_contact(now, rt);
-            compared
-        }) else {
-            return;
-        };
-        if !newer_here.is_empty() {
-            self.send(node, peer, Msg::Push(newer_here));
-        }
-        self.fetch_next(node, peer);
-    }
-
-    fn fetch_next(&mut self, node: usize, peer: usize) {
-        let peer_name = self.nodes[peer].name.clone();
-        let next = self.input(node, |machine, _, _| machine.repair_next(&peer_name)).flatten();
-        let link = &mut self.nodes[node].links[peer];
-        match next {
-            Some(ids) => {
-                link.state = State::Fetching(ids.clone());
-                let session = link.session;
-                self.send(node, peer, Msg::FetchReq { session, ids });
-                self.schedule(self.now + CALL_TIMEOUT_MS, Event::Timeout { node, peer, session });
+            let from_peer = except.as_deref() == Some(self.nodes[peer].name.as_str());
+            if !self.reliable && self.rng.percent(LAG_PCT) {
+                // The node's outgoing channel overflowed before the link read it.
+                self.stats.lagged += 1;
+                self.handle_link(node, peer, Input::Lagged);
+            } else {
+                self.handle_link(node, peer, Input::Outgoing { from_peer, n: batch.len(), batch: batch.clone() });
             }
-            None => link.state = State::Idle,
+            let link = &mut self.nodes[node].links[peer];
+            if !link.pump_scheduled {
+                link.pump_scheduled = true;
+                self.schedule(self.now, Event::Pump { node, peer });
+            }
         }
     }
 
-    pub(crate) fn on_fetched(
-        &mut self,
-        node: usize,
-        peer: usize,
-        session: u64,
-        ids: Vec<MinionId>,
-        decisions: Vec<Decision>,
-    ) {
-        let link = &self.nodes[node].links[peer];
-        if link.session != session || !matches!(&link.state, State::Fetching(asked) if *asked == ids) {
-            return;
-        }
-        let peer_name = self.nodes[peer].name.clone();
-        if self.input(node, |machine, rt, now| machine.repair_fetched(&peer_name, &ids, decisions, now, rt)).is_none() {
-            return;
-        }
-        if self.nodes[node].up() {
-            self.fetch_next(node, peer);
+    pub(crate) fn scheduled_pump(&mut self, node: usize, peer: usize) {
+        self.nodes[node].links[peer].pump_scheduled = false;
+        self.pump(node, peer);
+    }
+
+    /// Carries out what the link asks for, until it waits for something from outside.
+    pub(crate) fn pump(&mut self, node: usize, peer: usize) {
+        loop {
+            if !self.nodes[node].up() {
+                return;
+            }
+            let Some(out) = self.nodes[node].links[peer].machine.poll() else { return };
+            match out {
+                Out::Hello => {
+                    if !self.reachable(node, peer) {
+                        self.fail_link(node, peer);
+                        return;
+                    }
+                    self.hello(node, peer);
+                    if !self.nodes[node].up() {
+                        return;
+                    }
+                    self.handle_link(node, peer, Input::HelloDone);
+                }
+                Out::Call(call) => {
+                    let Some(answer) = self.call(node, peer, call) else { return };
+                    if let Some(answer) = answer {
+                        self.handle_link(node, peer, Input::Answer(answer));
+                    }
+                }
+                Out::Diff(digests) => {
+                    let req = self.request(node, peer);
+                    self.send(node, peer, Msg::DiffReq { req, digests });
+                }
+                Out::ReadDiff => {
+                    let input = match self.nodes[node].links[peer].diff_rest.pop_front() {
+                        Some((buckets, summaries)) => Input::DiffChunk { buckets, summaries },
+                        None => Input::DiffEnd,
+                    };
+                    self.handle_link(node, peer, input);
+                }
+                Out::Fetch(ids) => {
+                    let req = self.request(node, peer);
+                    self.send(node, peer, Msg::FetchReq { req, ids });
+                }
+                Out::Push(batches) => {
+                    let decisions: Vec<Decision> = batches.iter().flat_map(|b| b.iter().cloned()).collect();
+                    self.send(node, peer, Msg::Push(decisions));
+                }
+                Out::PushLoaded(decisions) => self.send(node, peer, Msg::Push(decisions)),
+                Out::Up => {}
+                Out::Report(_) => self.stats.rounds += 1,
+                Out::Rearm(after) => {
+                    let link = &mut self.nodes[node].links[peer];
+                    link.timer += 1;
+                    let (timer, at) = (link.timer, self.now + after.as_millis() as u64);
+                    let until = self.final_at.map_or(u64::MAX, |t| t + FINAL_ROUNDS * 1_000);
+                    if at < until {
+                        self.schedule(at, Event::Due { node, peer, timer });
+                    }
+                }
+                // Honest peers and a right driver never make a link refuse.
+                Out::Fault(fault) => {
+                    self.fail(format!("{} link to {}: {fault}", self.nodes[node].name, self.nodes[peer].name))
+                }
+            }
         }
     }
 
-    pub(crate) fn timeout(&mut self, node: usize, peer: usize, session: u64) {
-        let link = &self.nodes[node].links[peer];
-        if link.session != session || !self.nodes[node].up() {
+    /// A request on the wire: its answer is waited for until the timeout.
+    fn request(&mut self, node: usize, peer: usize) -> u64 {
+        let link = &mut self.nodes[node].links[peer];
+        link.req += 1;
+        link.awaiting = Some(link.req);
+        let req = link.req;
+        self.schedule(self.now + CALL_TIMEOUT_MS, Event::Timeout { node, peer, req });
+        req
+    }
+
+    /// The answer to `req`, if the link still waits for it.
+    fn answered(&mut self, node: usize, peer: usize, req: u64) -> bool {
+        let up = self.nodes[node].up();
+        let link = &mut self.nodes[node].links[peer];
+        let waited = up && link.awaiting == Some(req);
+        if waited {
+            link.awaiting = None;
+        }
+        waited
+    }
+
+    /// Hello, both ways: each tells the other when the newest delete it
+    /// forgot (not of the other's making) was made.
+    fn hello(&mut self, node: usize, peer: usize) {
+        let (name, peer_name) = (self.nodes[node].name.clone(), self.nodes[peer].name.clone());
+        let Some(theirs) = self.nodes[peer].machine.as_ref().map(|m| m.forgot_through(&name)) else { return };
+        let Some(mine) = self.nodes[node].machine.as_ref().map(|m| m.forgot_through(&peer_name)) else { return };
+        self.input(peer, |machine, rt, now| machine.on_peer_forgot(&name, mine, now, rt));
+        self.input(node, |machine, rt, now| machine.on_peer_forgot(&peer_name, theirs, now, rt));
+    }
+
+    /// Runs a call on the node's machine; `None` when the node died in it.
+    fn call(&mut self, node: usize, peer: usize, call: Call) -> Option<Option<Answer>> {
+        let peer_name = self.nodes[peer].name.clone();
+        let p = peer_name.as_str();
+        let answer = self.input(node, |machine, rt, now| match call {
+            Call::Digests => Some(Answer::Digests(machine.digests())),
+            Call::Begin(buckets) => Some(Answer::Checked(machine.repair_begin(p, &buckets))),
+            Call::Compare(summaries) => Some(Answer::Checked(machine.repair_chunk(p, summaries, rt))),
+            Call::End => Some(Answer::Compared(machine.repair_end(p))),
+            Call::Agreed => {
+                machine.repair_agreed(p);
+                None
+            }
+            Call::Contact => {
+                machine.on_contact(now, rt);
+                None
+            }
+            Call::Load(ids) => Some(Answer::Loaded(machine.fetch(&ids, rt))),
+            Call::Next => Some(Answer::Next(machine.repair_next(p))),
+            Call::Apply { ids, decisions } => {
+                Some(Answer::Applied(machine.repair_fetched(p, &ids, decisions, now, rt)))
+            }
+            Call::LinkDown => {
+                machine.link_down(p);
+                None
+            }
+        })?;
+        self.nodes[node].up().then_some(answer)
+    }
+
+    /// The peer's Diff answer, read by the link a chunk of a few summaries at a time.
+    pub(crate) fn on_diff(&mut self, node: usize, peer: usize, req: u64, buckets: Vec<u32>, summaries: Summaries) {
+        if !self.answered(node, peer, req) {
             return;
         }
-        let state = std::mem::take(&mut self.nodes[node].links[peer].state);
-        let peer_name = self.nodes[peer].name.clone();
-        match state {
-            State::Idle => {}
-            // The session failed: its plan is dropped and its claims released, as a link going down does.
-            State::AwaitDiff | State::Fetching(_) => {
-                self.stats.timeouts += 1;
-                self.input(node, |machine, _, _| machine.link_down(&peer_name));
+        let mut chunks = VecDeque::new();
+        let mut rest = summaries.into_iter().peekable();
+        let mut first = Some(buckets);
+        while first.is_some() || rest.peek().is_some() {
+            let n = self.rng.between(1, 6) as usize;
+            chunks.push_back((first.take().unwrap_or_default(), rest.by_ref().take(n).collect()));
+        }
+        let (buckets, summaries) = chunks.pop_front().unwrap_or_default();
+        self.nodes[node].links[peer].diff_rest = chunks;
+        self.handle_link(node, peer, Input::DiffChunk { buckets, summaries });
+        self.pump(node, peer);
+    }
+
+    pub(crate) fn on_fetched(&mut self, node: usize, peer: usize, req: u64, decisions: Vec<Decision>) {
+        if !self.answered(node, peer, req) {
+            return;
+        }
+        self.handle_link(node, peer, Input::Fetched(decisions));
+        self.pump(node, peer);
+    }
+
+    pub(crate) fn timeout(&mut self, node: usize, peer: usize, req: u64) {
+        if self.nodes[node].up() && self.nodes[node].links[peer].awaiting == Some(req) {
+            self.stats.timeouts += 1;
+            self.fail_link(node, peer);
+        }
+    }
+
+    /// A node's links at its start: each connects (its first round follows).
+    pub(crate) fn start_links(&mut self, node: usize) {
+        for peer in 0..self.nodes.len() {
+            let session = self.nodes[node].links[peer].session + 1;
+            self.nodes[node].links[peer] = SimLink::new(&mut self.rng, session);
+            if peer != node {
+                let at = self.now + self.rng.between(0, 50);
+                self.schedule(at, Event::Connect { node, peer, session });
+            }
+        }
+    }
+
+    /// The links of every other node to `node` break (it stopped, or a
+    /// partition cut it off): each notices a little later.
+    pub(crate) fn break_links_to(&mut self, node: usize) {
+        for peer in 0..self.nodes.len() {
+            if peer != node && self.nodes[peer].up() && self.nodes[peer].links[node].machine.is_up() {
+                let session = self.nodes[peer].links[node].session;
+                let at = self.now + self.rng.between(0, 500);
+                self.schedule(at, Event::Broken { node: peer, peer: node, session });
             }
         }
     }

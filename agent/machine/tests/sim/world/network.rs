@@ -41,18 +41,20 @@ impl Sim {
             Msg::Push(decisions) => {
                 self.input(to, |machine, rt, now| machine.on_batches(vec![(peer, decisions)], now, rt));
             }
-            Msg::DiffReq { session, digests } => {
+            Msg::DiffReq { req, digests } => {
                 if let Some((buckets, summaries)) = self.input(to, |machine, rt, _| machine.diff(&digests, rt)) {
-                    self.send(to, from, Msg::DiffResp { session, buckets, summaries });
+                    self.send(to, from, Msg::DiffResp { req, buckets, summaries });
                 }
             }
-            Msg::FetchReq { session, ids } => {
+            Msg::FetchReq { req, ids } => {
+                // The peer is fetching from this node: a round of its own.
+                self.fetched_at.insert((to, from), self.now);
                 if let Some(decisions) = self.input(to, |machine, rt, _| machine.fetch(&ids, rt)) {
-                    self.send(to, from, Msg::FetchResp { session, ids, decisions });
+                    self.send(to, from, Msg::FetchResp { req, decisions });
                 }
             }
-            Msg::DiffResp { session, buckets, summaries } => self.on_diff(to, from, session, buckets, summaries),
-            Msg::FetchResp { session, ids, decisions } => self.on_fetched(to, from, session, ids, decisions),
+            Msg::DiffResp { req, buckets, summaries } => self.on_diff(to, from, req, buckets, summaries),
+            Msg::FetchResp { req, decisions } => self.on_fetched(to, from, req, decisions),
         }
     }
 }
