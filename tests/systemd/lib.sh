@@ -120,15 +120,24 @@ shutdown_container() {
     return 0
 }
 
-# doc_block NAME: the shell block after `<!-- systemd-test: NAME -->` in
-# docs/operations.md, docs/recovery.md or docs/formula.md, run verbatim in
-# the container by `run_doc_block`.
+# doc_block NAME: the block after `<!-- systemd-test: NAME -->` in the docs
+# (README.md, SECURITY.md, ARCHITECTURE.md, docs/*.md: marked once in them
+# all), run verbatim in the container by `run_doc_block`. Read by the one
+# reader of the docs-as-tests, tests/src/docs.rs, as the cargo tests read
+# every block: its `doc-block` program, compiled with rustc alone (std only,
+# a second) into $work once; it names the reason when there is no block.
 doc_block() {
-    awk -v marker="<!-- systemd-test: $1 -->" '
-        $0 == marker { found = 1; next }
-        found && /^```/ { if (inside) exit; inside = 1; next }
-        inside { print }
-    ' "$repo/docs/operations.md" "$repo/docs/recovery.md" "$repo/docs/formula.md"
+    local reader="$work/doc-block" build
+    if [ ! -x "$reader" ]; then
+        # Built in a folder of its own, then renamed: a block read in the
+        # background meanwhile never runs a half-written program.
+        build=$(mktemp -d "$work/doc-block.XXXXXX") || return 1
+        CARGO_MANIFEST_DIR="$repo/tests" rustc --edition 2021 --crate-name doc_block -o "$build/doc-block" \
+            "$repo/tests/src/bin/doc_block.rs" && mv -f "$build/doc-block" "$reader"
+        rm -rf "$build"
+        [ -x "$reader" ] || return 1
+    fi
+    "$reader" "systemd-test: $1"
 }
 
 # run_doc_block NAME [FOLDER]: runs the block in /srv/keysync/FOLDER as root,
@@ -136,8 +145,7 @@ doc_block() {
 # stdin, so a command that would ask a question fails instead.
 run_doc_block() {
     local name=$1 folder=${2:-.} block
-    block=$(doc_block "$name")
-    [ -n "$block" ] || fail "docs/*.md have no block marked <!-- systemd-test: $name -->"
+    block=$(doc_block "$name" 2>"$work/doc-$name.err") || fail "the docs' '$name' block: $(cat "$work/doc-$name.err")"
     printf '%s\n' "$block" | sed 's/^/     $ /'
     inside --no-terminal sh -euc "cd '/srv/keysync/$folder'; $block" </dev/null >"$work/doc-$name.out" 2>&1 \
         || fail "the docs' '$name' commands failed in the container: $(tail -n 15 "$work/doc-$name.out")"
