@@ -351,14 +351,20 @@ impl Output {
         if rows.is_empty() {
             return Ok(());
         }
+        w.write_all(self.table(rows).as_bytes())?;
+        w.flush()
+    }
+
+    /// `rows` as a table: with its header the first time, the rows alone
+    /// for each later batch of `--follow`.
+    fn table(&mut self, rows: &[(String, Record)]) -> String {
         let mut table = crate::cli::table::Table::new(HEADERS).min_widths(&MIN_WIDTHS);
         for (_, record) in rows {
             table.row(cells(record));
         }
         let text = if self.header_done { table.render_rows() } else { table.render() };
         self.header_done = true;
-        w.write_all(text.as_bytes())?;
-        w.flush()
+        text
     }
 }
 
@@ -404,5 +410,52 @@ fn short_fingerprint(fp: &str) -> String {
         format!("{}…", fp.chars().take(23).collect::<String>())
     } else {
         fp.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(json: &str) -> (String, Record) {
+        (json.to_string(), serde_json::from_str(json).unwrap())
+    }
+
+    /// Issue 30: the audit table counts characters: an id, a node or a
+    /// reason in another script (others' text) and the "…" of a cut
+    /// fingerprint keep every column under its header, in a `--follow`
+    /// batch printed under the first one too.
+    #[test]
+    fn columns_line_up_whatever_the_ids_and_reasons() {
+        let fp = "3f:a1:00:11:22:33:44:55:66:77:88:99:aa:bb:cc:dd";
+        let mut output = Output::new(false);
+        let first = output.table(&[
+            record(&format!(
+                r#"{{"time":"2026-11-21T12:00:00Z","node":"mästér-a","action":"refuse","minion":"wéb01","fingerprint":"{fp}","origin":"master-b","via":"master-b","outcome":"refused","reason":"clé refusée"}}"#
+            )),
+            record(
+                r#"{"time":"2026-11-21T12:00:01Z","node":"master-a","action":"accept","minion":"ウェブ02","via":"local","outcome":"applied"}"#,
+            ),
+        ]);
+        let later = output.table(&[record(
+            r#"{"time":"2026-11-21T12:00:02Z","node":"master-a","action":"delete","minion":"db01","origin":"マスター-c","via":"master-c","outcome":"applied"}"#,
+        )]);
+        let column_of = |line: &str, cell: &str| {
+            line[..line.find(cell).unwrap_or_else(|| panic!("{cell:?} not in {line:?}"))].chars().count()
+        };
+        let lines: Vec<&str> = first.lines().chain(later.lines()).collect();
+        assert_eq!(lines.len(), 4, "the header once, then the rows of both batches:\n{first}{later}");
+        let header = lines[0];
+        assert!(header.starts_with("TIME                  NODE      ACTION"), "{header}");
+        for (row, cells) in lines[1..].iter().zip([
+            ["mästér-a", "refuse", "refused", "wéb01", "master-b", "3f:a1:00:11:22:33:44:55…", "clé refusée"],
+            ["master-a", "accept", "applied", "ウェブ02", "-", "-", ""],
+            ["master-a", "delete", "applied", "db01", "マスター-c", "-", ""],
+        ]) {
+            let columns = ["NODE", "ACTION", "OUTCOME", "MINION", "ORIGIN", "FINGERPRINT", "DETAIL"];
+            for (cell, column) in cells.iter().zip(columns).filter(|(cell, _)| !["-", ""].contains(cell)) {
+                assert_eq!(column_of(row, cell), column_of(header, column), "{cell:?} under {column}:\n{first}{later}");
+            }
+        }
     }
 }

@@ -133,4 +133,70 @@ mod tests {
         assert!(text.contains("NOT ASKED: connecting: refused"), "{text}");
         assert!(!text.contains('\u{1b}'), "a peer's name cannot drive the terminal: {text}");
     }
+
+    /// Issue 30: the table counts characters, and a plan's cells hold
+    /// others' ids and the "…" of a cut fingerprint (one character in three
+    /// bytes): every row's cells start under their header.
+    #[test]
+    fn columns_line_up_whatever_the_ids_and_cut_fingerprints() {
+        let fp = |byte: &str| format!("{byte}:a1:00:11:22:33:44:55");
+        let entry = |minion: &str, holds: Shown, will: Shown, conflict: bool, why: Option<&str>| Entry {
+            minion: minion.into(),
+            holds,
+            will,
+            conflict,
+            why: why.map(str::to_string),
+        };
+        let master = |node: &str, rows: Vec<Entry>| MasterPlan {
+            node: node.into(),
+            observe: true,
+            error: None,
+            truncated: false,
+            rows,
+        };
+        let plan = SitePlan {
+            masters: vec![
+                master(
+                    "master-a",
+                    vec![
+                        entry(
+                            "wéb01",
+                            at("accepted", Some(&fp("3f"))),
+                            at("rejected", Some(&fp("3f"))),
+                            false,
+                            Some("a rule says so"),
+                        ),
+                        entry("ウェブ02", at("pending", Some(&fp("4d"))), at("pending", Some(&fp("4d"))), true, None),
+                    ],
+                ),
+                master(
+                    "mäster-b",
+                    vec![entry(
+                        "wéb01",
+                        at("nothing", None),
+                        at("rejected", Some(&fp("3f"))),
+                        false,
+                        Some("another rule"),
+                    )],
+                ),
+            ],
+        };
+        let text = render(&plan);
+        // The character (not byte) where `cell` starts in `line`.
+        let column_of = |line: &str, cell: &str| {
+            line[..line.find(cell).unwrap_or_else(|| panic!("{cell:?}: {text}"))].chars().count()
+        };
+        let header = text.lines().find(|l| l.starts_with("MINION")).unwrap();
+        assert_eq!(header, "MINION  MASTER    HOLDS                  WILL                   WHY", "{text}");
+        let rows: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("MINION")).skip(1).take(3).collect();
+        for (row, cells) in rows.iter().zip([
+            ["master-a", "accepted 3f:a1:00:11…", "rejected 3f:a1:00:11…", "a rule says so"],
+            ["mäster-b", "nothing", "rejected 3f:a1:00:11…", "another rule"],
+            ["master-a", "pending 4d:a1:00:11…", "(unchanged)", "CONFLICT"],
+        ]) {
+            for (cell, column) in cells.iter().zip(["MASTER", "HOLDS", "WILL", "WHY"]) {
+                assert_eq!(column_of(row, cell), column_of(header, column), "{cell:?} under {column}:\n{text}");
+            }
+        }
+    }
 }
