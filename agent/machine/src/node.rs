@@ -45,6 +45,7 @@ pub use plan::{Holding, PlanRow};
 pub use repair::{BadAnswer, Compared, Summaries, FETCH_CHUNK, MAX_FETCH, MAX_PLANNED, MAX_ROWS_PER_ID};
 pub use runtime::{Applied, Failure, Kept, Runtime, StoreWrite};
 pub use stale::Stale;
+pub use waiting::{Due, Kind, Wait, Waits};
 
 /// The node's settings, from the agent's config.
 #[derive(Clone, Debug)]
@@ -140,35 +141,20 @@ pub struct Node {
     pending: HashMap<MinionId, Fingerprint>,
     /// Refused files already audited, to audit each once per reason.
     refused: HashMap<(Folder, String), String>,
-    /// Peers' decisions whose files could not be written; retried.
-    retry: Vec<FromPeer>,
-    /// Peers' decisions for ids whose own events were still settling (a
-    /// salt-key run in progress); merged once the id has settled.
-    deferred: Vec<FromPeer>,
-    /// Retried writes (possibly on disk) of ids a salt-key run is working
-    /// on: still the agent's own writes, retried once the id has settled.
-    retry_settling: Vec<FromPeer>,
-    /// Local decisions could not be made durable: the folders are scanned
-    /// again when the backoff allows.
-    rescan_pending: bool,
-    /// The journal a stop left, not finished yet: its tombstones could not
-    /// be read at start-up (finished by `retry_failed`).
-    journal_waiting: Vec<Decision>,
+    /// What waits, and the timers (see [`Node::waits`]).
+    waiting: waiting::Waiting,
     start: Start,
     trouble: trouble::WriteTrouble,
     /// Peers' versions already refused (clock skew, or claiming this node as
     /// origin): each is told once, however often it arrives again (bounded:
     /// see `remote.rs` `first_report`).
     reported: HashSet<(MinionId, Version)>,
-    next_rescan: Instant,
     /// What a first start found, told once it is recorded.
     inventory: inventory::Inventory,
     /// The latest time an input came with (a retry with no backoff pending is due then).
     seen: Instant,
     repairs: repair::Repairs,
     guard: guard::Guard,
-    /// When plain tombstones past `tombstone_ttl` are next looked for.
-    next_compact: Instant,
     /// The last contact with a peer, and whether it is too long ago (`stale.rs`).
     contact: stale::Contact,
     /// When this node's store started afresh (an hlc, see
@@ -176,13 +162,6 @@ pub struct Node {
     /// its origin, older than that and unknown here, is its own forgotten
     /// past (`remote.rs`).
     afresh: u64,
-    /// Keys put back (`put_back.rs`) whose files are not written yet, as
-    /// the store lists them.
-    putting_back: Vec<MinionId>,
-    /// The store's list of keys put back could not be written after their
-    /// files were: written again at the retry (else the next start would
-    /// write back a key an operator deleted meanwhile).
-    put_back_uncleared: bool,
 }
 
 impl Node {
@@ -204,28 +183,20 @@ impl Node {
         let mut node = Node {
             settler: Settler::new(settings.settle.clone()),
             guard: guard::Guard::new(settings.guard.clone()),
-            next_rescan: now.mono + settings.rescan_interval,
+            waiting: waiting::Waiting::new(now.mono + settings.rescan_interval, now.mono, loaded.putting_back),
             seen: now.mono,
             settings,
             replica,
             echoes: Echoes::default(),
             pending: HashMap::new(),
             refused: HashMap::new(),
-            retry: Vec::new(),
-            deferred: Vec::new(),
-            retry_settling: Vec::new(),
-            rescan_pending: false,
-            journal_waiting: Vec::new(),
             start: Start::Done,
             trouble: trouble::WriteTrouble::default(),
             reported: HashSet::new(),
             inventory: inventory::Inventory::default(),
             repairs: repair::Repairs::default(),
-            next_compact: now.mono,
             contact: stale::Contact::loaded(loaded.last_contact_ms, loaded.forgot),
             afresh,
-            putting_back: loaded.putting_back,
-            put_back_uncleared: false,
         };
         for held in loaded.held {
             node.guard.load(held);
@@ -285,55 +256,31 @@ impl Node {
         self.cool();
     }
 
-    /// Does what is due at `now`: reads settled names, retries failed writes
-    /// once the backoff allows, and the periodic rescan.
+    /// Does what is due at `now` ([`Node::waits`]): reads settled names,
+    /// retries failed writes once the backoff allows, merges deferred
+    /// decisions, the guard's timers, the periodic rescan and compaction.
     pub fn on_tick(&mut self, now: Now, rt: &mut impl Runtime) {
         self.seen = now.mono;
         if self.is_stale() {
             return;
         }
-        self.process_due(now, rt);
-        let waiting = !self.retry.is_empty() || self.rescan_pending || !self.journal_waiting.is_empty();
-        if waiting && self.trouble.retry_due(now.mono) {
-            self.retry_failed(now, rt);
+        // In `Wait::ALL`'s order, each asked again when its turn comes (what
+        // ran before may have failed and set a backoff, or made it due).
+        for what in Wait::ALL {
+            if self.is_due(what, now.mono) {
+                self.run(what, now, rt);
+            }
         }
-        if (!self.putting_back.is_empty() || self.put_back_uncleared) && self.trouble.retry_due(now.mono) {
-            self.finish_put_back(now, rt);
-        }
-        if now.mono >= self.next_rescan {
-            self.next_rescan = now.mono + self.settings.rescan_interval;
-            self.echoes.expire(now.mono);
-            self.rescan("periodic safety net", now, rt);
-        }
-        self.guard_tick(now, rt);
-        self.compact_due(now, rt);
         self.cool();
     }
 
-    /// When [`Node::on_tick`] next has something to do.
+    /// When [`Node::on_tick`] next has something to do: the soonest of
+    /// [`Node::waits`]. None once stale: nothing runs until `rejoin`.
     pub fn poll_at(&self) -> Option<Instant> {
         if self.is_stale() {
             return None;
         }
-        // Writes to try again: decisions, a rescan, held deletes the store could not keep.
-        let retry =
-            (!self.retry.is_empty() || self.rescan_pending || !self.journal_waiting.is_empty() || self.guard.unsaved)
-                .then(|| self.trouble.next_try().unwrap_or(self.seen));
-        // Keys put back still to write: they wait for the backoff, or for
-        // their id to settle (a salt-key run on it).
-        let put_back =
-            (!self.putting_back.is_empty() || self.put_back_uncleared).then(|| self.trouble.next_try()).flatten();
-        [
-            self.settler.next_due(),
-            retry,
-            put_back,
-            Some(self.next_rescan),
-            self.guard.next_due(self.seen),
-            Some(self.next_compact),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        self.waits().filter_map(|waits| waits.due.at()).min()
     }
 
     /// Number of decisions held.
@@ -375,17 +322,10 @@ impl Node {
         self.trouble.is_failing()
     }
 
-    /// Whether nothing waits: no unsettled name, no retry, no deferred decision.
+    /// Whether no work waits ([`Kind::Work`]): the periodic rescan and
+    /// compaction are always due, and never make the node busy.
     pub fn is_quiet(&self) -> bool {
-        self.settler.is_idle()
-            && self.retry.is_empty()
-            && self.deferred.is_empty()
-            && self.retry_settling.is_empty()
-            && !self.rescan_pending
-            && self.journal_waiting.is_empty()
-            && !self.guard.is_waiting()
-            && self.putting_back.is_empty()
-            && !self.put_back_uncleared
+        self.waits().all(|waits| waits.kind == Kind::Housekeeping)
     }
 
     /// Peers' deletes the guard holds, by id.
@@ -401,8 +341,9 @@ impl Node {
     /// Peers' decisions for `id` whose write waits for a retry (`retry`,
     /// `retry_settling`, the journal not finished yet): one per id in flight.
     fn retried<'a>(&'a self, id: &'a MinionId) -> impl Iterator<Item = &'a Decision> + 'a {
-        let journal = self.journal_waiting.iter();
-        self.retry.iter().chain(&self.retry_settling).map(|(_, d)| d).chain(journal).filter(move |d| d.id == *id)
+        let waiting = &self.waiting;
+        let journal = waiting.journal.iter();
+        waiting.retry.iter().chain(&waiting.retry_settling).map(|(_, d)| d).chain(journal).filter(move |d| d.id == *id)
     }
 
     /// Keys accepted here (what the folders show).

@@ -64,7 +64,7 @@ impl Node {
     /// folders first).
     pub(super) fn retry_after_cold_failure(&mut self, error: &str, now: Now, rt: &mut impl Runtime) {
         self.trouble.failed(rt, now.mono, "state store, reading tombstones", error);
-        self.rescan_pending = true;
+        self.waiting.rescan_pending = true;
     }
 
     /// Ends a call: the plain tombstones it made or read back are left to the store.
@@ -96,10 +96,10 @@ impl Node {
     /// Forgets plain tombstones issued more than `tombstone_ttl` ago, a
     /// chunk per call, when due.
     pub(super) fn compact_due(&mut self, now: Now, rt: &mut impl Runtime) {
-        if now.mono < self.next_compact {
+        if now.mono < self.waiting.next_compact {
             return;
         }
-        self.next_compact = now.mono + COMPACT_EVERY;
+        self.waiting.next_compact = now.mono + COMPACT_EVERY;
         let before_ms = now.wall_ms.saturating_sub(self.ttl_ms());
         match rt.compact(before_ms, COMPACT_CHUNK) {
             Ok(compacted) => {
@@ -109,7 +109,7 @@ impl Node {
                 let ids: Vec<MinionId> = compacted.into_iter().map(|(id, _)| id).collect();
                 if ids.len() == COMPACT_CHUNK {
                     // More to forget: the next chunk at the next tick.
-                    self.next_compact = now.mono;
+                    self.waiting.next_compact = now.mono;
                 }
                 if !ids.is_empty() {
                     self.replica.forget_cold(&ids);

@@ -119,7 +119,7 @@ impl Node {
             match rt.record(&write) {
                 Ok(()) => {
                     self.guard.unsaved = false;
-                    if self.retry.is_empty() && !self.rescan_pending {
+                    if self.waiting.retry.is_empty() && !self.waiting.rescan_pending {
                         self.trouble.succeeded(rt, now.mono);
                     }
                 }
@@ -330,7 +330,7 @@ impl Node {
             // An earlier command on these ids still retried (writes failed)
             // is replaced: the operator's latest word stands, not both.
             let node = self.settings.node.clone();
-            self.retry.retain(|(from, d)| *from != node || !ids.contains(&d.id));
+            self.waiting.retry.retain(|(from, d)| *from != node || !ids.contains(&d.id));
             self.apply_round(round, now, rt);
         }
         let (done, retrying) = ids.into_iter().partition(|id| !self.guard.is_held(id));

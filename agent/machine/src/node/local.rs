@@ -32,7 +32,7 @@ impl Node {
             self.pending.shrink_to_fit();
         }
         // Not over a local change that could not be recorded: the retry finds it first.
-        if !self.rescan_pending {
+        if !self.waiting.rescan_pending {
             self.apply_deferred(now, rt);
         }
     }
@@ -122,7 +122,7 @@ impl Node {
         // the same changes again.
         if let Err(e) = rt.sync_folders() {
             self.trouble.failed(rt, now.mono, "syncfs of the key folders", &e);
-            self.rescan_pending = true;
+            self.waiting.rescan_pending = true;
             return;
         }
         let after: Vec<crate::core::Entry> = decisions
@@ -158,10 +158,10 @@ impl Node {
         };
         if let Err(e) = rt.record(&write) {
             self.trouble.failed(rt, now.mono, "state store", &e);
-            self.rescan_pending = true;
+            self.waiting.rescan_pending = true;
             return;
         }
-        if self.retry.is_empty() {
+        if self.waiting.retry.is_empty() {
             self.trouble.succeeded(rt, now.mono);
         }
         let mut live = Vec::with_capacity(decisions.len());
@@ -223,7 +223,7 @@ impl Node {
         }
         let found = if mode == ObserveMode::FirstStart { Found::FirstStart } else { Found::Rescan };
         self.record_local(decisions, Some(found), now, rt);
-        if !self.rescan_pending && self.start == Start::FirstUnrecorded && self.mark_initialized(now, rt) {
+        if !self.waiting.rescan_pending && self.start == Start::FirstUnrecorded && self.mark_initialized(now, rt) {
             self.start = Start::Done;
         }
     }
@@ -236,7 +236,7 @@ impl Node {
             Ok(()) => true,
             Err(e) => {
                 self.trouble.failed(rt, now.mono, "state store", &e);
-                self.rescan_pending = true;
+                self.waiting.rescan_pending = true;
                 false
             }
         }
@@ -321,7 +321,7 @@ impl Node {
         }
         self.start = Start::Done;
         // When a step failed, the retry's rescan records the rest and marks it.
-        if !initialized && (self.rescan_pending || !self.mark_initialized(now, rt)) {
+        if !initialized && (self.waiting.rescan_pending || !self.mark_initialized(now, rt)) {
             self.start = Start::FirstUnrecorded;
         }
     }

@@ -150,7 +150,7 @@ impl Node {
             .collect();
         let decisions: Vec<Decision> = chosen.iter().map(|(_, p)| p.accepted.clone()).collect();
         let kept: Vec<Kept> = chosen.iter().map(|(_, p)| Kept::of(&p.delete.id, &p.before)).collect();
-        let mut putting_back = self.putting_back.clone();
+        let mut putting_back = self.waiting.putting_back.clone();
         putting_back.extend(chosen.iter().map(|(_, p)| p.delete.id.clone()));
         let write = StoreWrite {
             decisions: &decisions,
@@ -165,7 +165,7 @@ impl Node {
             self.trouble.failed(rt, now.mono, "state store, putting back deleted keys", &e);
             return Vec::new();
         }
-        self.putting_back = putting_back;
+        self.waiting.putting_back = putting_back;
         let mut per_link: Vec<(Arc<str>, usize)> = Vec::new();
         for ((link, put_back), held) in chosen.into_iter().zip(held) {
             self.replica.set(&put_back.delete.id, put_back.before);
@@ -187,12 +187,12 @@ impl Node {
     /// longer shows an accepted key, or whose folders show a decision, is
     /// done with; one a salt-key run is working on waits.
     pub(super) fn finish_put_back(&mut self, now: Now, rt: &mut impl Runtime) {
-        if self.putting_back.is_empty() && !self.put_back_uncleared {
+        if self.waiting.putting_back.is_empty() && !self.waiting.put_back_uncleared {
             return;
         }
-        let ids = std::mem::take(&mut self.putting_back);
+        let ids = std::mem::take(&mut self.waiting.putting_back);
         if let Err(e) = self.warm(&ids, rt) {
-            self.putting_back = ids;
+            self.waiting.putting_back = ids;
             self.trouble.failed(rt, now.mono, "state store, putting back deleted keys", &e);
             return;
         }
@@ -218,7 +218,7 @@ impl Node {
                 })
                 .collect(),
             Err(e) => {
-                self.putting_back = waiting.into_iter().chain(todo).collect();
+                self.waiting.putting_back = waiting.into_iter().chain(todo).collect();
                 self.trouble.failed(rt, now.mono, "state store, reading keys to put back", &e);
                 return;
             }
@@ -248,16 +248,16 @@ impl Node {
         let cleared = StoreWrite { putting_back: Some(&waiting), clock: self.replica.clock(), ..StoreWrite::default() };
         // Until this is written, the store lists keys whose files are
         // written: written again at the retry.
-        self.put_back_uncleared = match rt.record(&cleared) {
+        self.waiting.put_back_uncleared = match rt.record(&cleared) {
             Ok(()) => false,
             Err(e) => {
                 self.trouble.failed(rt, now.mono, "state store, putting back deleted keys", &e);
                 true
             }
         };
-        failed |= self.put_back_uncleared;
-        self.putting_back = waiting;
-        if !failed && self.retry.is_empty() && !self.rescan_pending {
+        failed |= self.waiting.put_back_uncleared;
+        self.waiting.putting_back = waiting;
+        if !failed && self.waiting.retry.is_empty() && !self.waiting.rescan_pending {
             self.trouble.succeeded(rt, now.mono);
         }
     }
@@ -266,6 +266,6 @@ impl Node {
     /// absence from the folders is the agent's own unfinished write, not an
     /// operator's delete.
     pub(super) fn putting_back(&self, id: &MinionId) -> bool {
-        self.putting_back.contains(id)
+        self.waiting.putting_back.contains(id)
     }
 }

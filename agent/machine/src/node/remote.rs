@@ -133,23 +133,23 @@ impl Node {
         let max_skew = self.settings.max_clock_skew.as_millis() as u64;
         let mut n_applied = vec![0; arrivals.len()];
         let arrivals = if judged { arrivals } else { self.refuse_strangers(arrivals, rt) };
-        if self.rescan_pending {
+        if self.waiting.rescan_pending {
             // Operators' changes are not recorded yet (writes failed): a peer's
             // decision written now could cover one of them, silently. Record
             // them first if the backoff allows, else wait with the decisions.
             // (Not for the retries themselves: `retry_failed` rescanned just
             // before, with them still listed as the agent's own writes.)
             if source != Source::Retry && self.trouble.retry_due(now.mono) {
-                self.rescan_pending = false;
+                self.waiting.rescan_pending = false;
                 self.rescan("before peers' decisions, after a failed write", now, rt);
             }
-            if self.rescan_pending {
+            if self.waiting.rescan_pending {
                 for (from, decisions) in arrivals {
                     for decision in decisions {
                         if source == Source::Retry {
                             // Possibly on disk: it stays a retry, so that the
                             // rescan does not take its write for an operator's.
-                            self.retry.push((from.clone(), decision));
+                            self.waiting.retry.push((from.clone(), decision));
                         } else {
                             self.wait_for_rescan(from.clone(), decision);
                         }
@@ -179,7 +179,7 @@ impl Node {
             self.retry_after_cold_failure(&e, now, rt);
             for (_, from, decision) in todo {
                 match source {
-                    Source::Retry | Source::Guard => self.retry.push((from, decision)),
+                    Source::Retry | Source::Guard => self.waiting.retry.push((from, decision)),
                     Source::Peer => self.wait_for_rescan(from, decision),
                 }
             }
@@ -202,9 +202,9 @@ impl Node {
                     if source == Source::Retry {
                         // Possibly on disk already: still listed as the agent's own
                         // write when the run's events are read, retried after.
-                        self.retry_settling.push((from, decision));
+                        self.waiting.retry_settling.push((from, decision));
                     } else {
-                        self.deferred.push((from, decision));
+                        self.waiting.deferred.push((from, decision));
                     }
                     continue;
                 }
@@ -441,7 +441,7 @@ impl Node {
             self.retry_later(done.into_iter().map(|(m, _, _)| m));
             return Vec::new();
         }
-        if self.retry.is_empty() && !self.rescan_pending {
+        if self.waiting.retry.is_empty() && !self.waiting.rescan_pending {
             self.trouble.succeeded(rt, now.mono);
         }
         if revoked {

@@ -108,10 +108,10 @@ impl Node {
         // Nothing judged or waiting is carried on: it would be offered or
         // applied later as if nothing had happened. The folders are what
         // `rejoin` sets aside.
-        self.retry.clear();
-        self.deferred.clear();
-        self.retry_settling.clear();
-        self.rescan_pending = false;
+        self.waiting.retry.clear();
+        self.waiting.deferred.clear();
+        self.waiting.retry_settling.clear();
+        self.waiting.rescan_pending = false;
         rt.audit(Event::Stale { stale });
         rt.flush_audit();
     }

@@ -130,6 +130,7 @@ mod first_contact;
 mod guard;
 mod repair;
 mod stale;
+mod waiting;
 
 /// A peer's decision written but not recorded (the store failed) waits for
 /// its retry; a newer decision meanwhile waits for that retry too, then must

@@ -8,17 +8,17 @@ use crate::core::{Folder, VerdictKind};
 
 const N_KEYS: usize = 300;
 
-fn ids(n: usize) -> Vec<String> {
+pub(super) fn ids(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("m{i:03}")).collect()
 }
 
 /// The time `secs` seconds after the tests' `now()`.
-fn at(base: Instant, secs: f64) -> Now {
+pub(super) fn at(base: Instant, secs: f64) -> Now {
     Now { mono: base + Duration::from_secs_f64(secs), wall_ms: NOW_MS + (secs * 1000.0) as u64 }
 }
 
 /// A master whose folders hold `n` accepted keys at its agent's first start.
-fn master(name: &str, n: usize) -> (Node, Recorder) {
+pub(super) fn master(name: &str, n: usize) -> (Node, Recorder) {
     let mut rt = Recorder::default();
     for id in ids(n) {
         rt.folders.put(Folder::Accepted, &id, PUB.as_bytes());
@@ -29,7 +29,13 @@ fn master(name: &str, n: usize) -> (Node, Recorder) {
 
 /// The operator of `origin` deletes `names` with salt-key; returns the
 /// decisions its agent sends.
-fn delete_on(origin: &mut Node, rt: &mut Recorder, names: &[String], base: Instant, secs: f64) -> Vec<Decision> {
+pub(super) fn delete_on(
+    origin: &mut Node,
+    rt: &mut Recorder,
+    names: &[String],
+    base: Instant,
+    secs: f64,
+) -> Vec<Decision> {
     for name in names {
         rt.folders.remove(Folder::Accepted, name);
     }
@@ -39,7 +45,7 @@ fn delete_on(origin: &mut Node, rt: &mut Recorder, names: &[String], base: Insta
     rt.sent.iter().flat_map(|(_, d)| d.clone()).collect()
 }
 
-fn accepted(rt: &Recorder) -> usize {
+pub(super) fn accepted(rt: &Recorder) -> usize {
     rt.folders.files.keys().filter(|(folder, _)| *folder == Folder::Accepted).count()
 }
 
@@ -48,7 +54,13 @@ fn count(rt: &Recorder, what: impl Fn(&Event) -> bool) -> usize {
 }
 
 /// The operator of `origin` deletes `names` one at a time, ten seconds apart.
-fn delete_each(origin: &mut Node, rt: &mut Recorder, names: &[String], base: Instant, from: f64) -> Vec<Decision> {
+pub(super) fn delete_each(
+    origin: &mut Node,
+    rt: &mut Recorder,
+    names: &[String],
+    base: Instant,
+    from: f64,
+) -> Vec<Decision> {
     names
         .iter()
         .enumerate()
@@ -58,7 +70,7 @@ fn delete_each(origin: &mut Node, rt: &mut Recorder, names: &[String], base: Ins
 
 /// `deletes` reach `node` from master-a one at a time, 1.1 s apart from
 /// `start` (`salt-key -D` with salt-master stopped), each tick after `quiet`.
-fn one_a_second(node: &mut Node, rt: &mut Recorder, deletes: &[Decision], base: Instant, start: f64) {
+pub(super) fn one_a_second(node: &mut Node, rt: &mut Recorder, deletes: &[Decision], base: Instant, start: f64) {
     for (i, delete) in deletes.iter().enumerate() {
         let t = start + i as f64 * 1.1;
         node.on_batches(vec![("master-a".into(), vec![delete.clone()])], at(base, t), rt);

@@ -43,7 +43,8 @@ impl Sim {
                 self.fail(format!("{} is not running at the end", n.name));
             };
             if !machine.is_quiet() || !n.touched.is_empty() || !n.in_flight.is_empty() {
-                self.fail(format!("{} did not come to rest", n.name));
+                let work: Vec<node::Waits> = machine.waits().filter(|w| w.kind == node::Kind::Work).collect();
+                self.fail(format!("{} did not come to rest: waits on {work:?}", n.name));
             }
             for id in &self.ids {
                 // Plain tombstones stay in the store, not in memory.

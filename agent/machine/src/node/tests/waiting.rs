@@ -1,0 +1,101 @@
+//! What the node waits on (`waiting.rs`): every write that waits is woken
+//! by [`Node::poll_at`] and keeps the node from being quiet; the periodic
+//! rescan and compaction are always due and never do.
+
+use super::guard::{accepted, at, delete_each, delete_on, ids, master, one_a_second};
+use super::*;
+use crate::core::Folder;
+
+/// Ticks `node` whenever [`Node::poll_at`] says, until nothing is due
+/// before `until` (virtual time: no test waits).
+fn tick_until(node: &mut Node, rt: &mut Recorder, base: Instant, until: f64) {
+    for _ in 0..100 {
+        let Some(due) = node.poll_at().filter(|due| *due <= base + Duration::from_secs_f64(until)) else { return };
+        node.on_tick(at(base, due.saturating_duration_since(base).as_secs_f64()), rt);
+    }
+    panic!("still due after 100 ticks: {:?}", node.waits().collect::<Vec<_>>());
+}
+
+/// Held deletes the store could not keep wait to be written: the node is
+/// not quiet until they are (the simulation's checker took it for at rest).
+#[test]
+fn held_deletes_the_store_could_not_keep_are_not_quiet() {
+    const N: usize = 100;
+    let base = Instant::now();
+    let (mut a, mut rt_a) = master("master-a", N);
+    let (mut b, mut rt_b) = master("master-b", N);
+    let deletes = delete_on(&mut a, &mut rt_a, &ids(N), base, 0.0);
+    rt_b.faults.record = true;
+    b.on_batches(vec![("master-a".into(), deletes)], at(base, 6.0), &mut rt_b);
+    assert_eq!((b.held().count(), rt_b.store.held.len()), (N, 0), "held, not kept in the store");
+    assert!(!b.is_quiet(), "a write waits: {:?}", b.waits().collect::<Vec<_>>());
+    rt_b.faults.record = false;
+    tick_until(&mut b, &mut rt_b, base, 10.0);
+    assert_eq!(rt_b.store.held.len(), N, "written at the retry");
+    assert!(b.is_quiet(), "{:?}", b.waits().collect::<Vec<_>>());
+}
+
+/// A peer's decision deferred until an operator's unrecorded change is
+/// recorded is merged once it is, also when a later peer's decision did
+/// the recording (its arrival found the backoff over before a tick did:
+/// the agent handles up to 64 requests in one turn of its loop). It waited
+/// for some name to settle, with nothing due before the hourly rescan,
+/// which did not merge it either.
+#[test]
+fn a_decision_deferred_for_a_rescan_is_merged_when_another_arrival_rescanned() {
+    let mut rt = Recorder::default();
+    rt.folders.put(Folder::Accepted, "web01", key("mwIDAQAB").bytes());
+    let mut a = node("master-a", &mut rt);
+    let base = Instant::now();
+    // The operator deletes web01 while the store cannot commit.
+    rt.faults.record = true;
+    rt.folders.remove(Folder::Accepted, "web01");
+    a.on_fs(&FsEvent { folder: Folder::Accepted, name: "web01".into(), change: FsChange::Gone }, at(base, 0.0));
+    a.on_tick(at(base, 1.0), &mut rt);
+    rt.faults.record = false;
+    // A peer's accept of web01 waits for the delete to be recorded.
+    let accept = decision(Verdict::Accepted(key("mwIDAQAB")), NOW_MS + 900, "master-b", &[]);
+    a.on_batches(vec![("master-b".into(), vec![accept])], at(base, 1.01), &mut rt);
+    assert!(!a.is_quiet());
+    // Another peer's decision, about another id, after the backoff and before a tick.
+    let mut other = decision(Verdict::Accepted(key("mwIDAQAC")), NOW_MS + 1_500, "master-c", &[]);
+    other.id = MinionId::parse("db01").unwrap();
+    a.on_batches(vec![("master-c".into(), vec![other])], at(base, 2.0), &mut rt);
+    assert!(rt.folders.get(Folder::Accepted, "db01").is_some(), "applied, after the rescan recorded the delete");
+    tick_until(&mut a, &mut rt, base, 60.0);
+    assert!(
+        rt.events.iter().any(|e| matches!(e, Event::Superseded { .. } | Event::Conflict { .. })),
+        "the deferred accept is merged and meets the delete: {:?}",
+        rt.events
+    );
+    assert!(a.is_quiet(), "{:?}", a.waits().collect::<Vec<_>>());
+}
+
+/// Keys put back whose files could not be written are due at once when
+/// another write succeeded meanwhile (which ended the backoff): they waited
+/// for the held burst's end, or for the hourly rescan.
+#[test]
+fn keys_put_back_are_written_once_another_write_ended_the_backoff() {
+    const N: usize = 20;
+    let base = Instant::now();
+    let (mut a, mut rt_a) = master("master-a", N);
+    let (mut b, mut rt_b) = master("master-b", N);
+    let deletes = delete_each(&mut a, &mut rt_a, &ids(N), base, 0.0);
+    let start = 300.0;
+    one_a_second(&mut b, &mut rt_b, &deletes[..10], base, start);
+    rt_b.faults.apply = true;
+    one_a_second(&mut b, &mut rt_b, &deletes[10..11], base, start + 11.0);
+    assert_eq!((b.held().count(), accepted(&rt_b)), (11, N - 10), "held, ten keys not put back yet");
+    rt_b.faults.apply = false;
+    // A peer's accept of a new key is written.
+    let mut accept = decision(Verdict::Accepted(key("mwIDAQAC")), NOW_MS + 312_000, "master-c", &[]);
+    accept.id = MinionId::parse("new01").unwrap();
+    b.on_batches(vec![("master-c".into(), vec![accept])], at(base, start + 13.0), &mut rt_b);
+    assert!(rt_b.folders.get(Folder::Accepted, "new01").is_some());
+    let due = b.poll_at().unwrap();
+    assert!(due <= base + Duration::from_secs_f64(start + 13.0), "due now: {:?}", b.waits().collect::<Vec<_>>());
+    tick_until(&mut b, &mut rt_b, base, start + 14.0);
+    assert_eq!(accepted(&rt_b), N + 1, "every key put back is written");
+    assert!(rt_b.store.putting_back.is_empty());
+    assert!(b.is_quiet(), "{:?}", b.waits().collect::<Vec<_>>());
+}
