@@ -309,16 +309,16 @@ echo "ok   .deb installs, runs, removes and purges cleanly; purge keeps the audi
 # ---- a downgrade below the state store's format (issue 29 item 5) ----
 # 0.1.0 read 0.2.0's store as corrupt and crash-looped, while apt returned 0.
 # Now the store's format is written beside it (state.format, as
-# agent/src/disk/store/format.rs writes it), and the package scripts refuse
+# agent/store/src/format.rs writes it), and the package scripts refuse
 # to put a release that cannot read it in place: the installed package's
 # prerm at `upgrade OLDER`, the older package's prerm at `failed-upgrade`
 # (dpkg tries it when ours fails), its preinst when it is installed anew.
 # The older release is this package with the scripts of a release that
 # reads format 1 only; then the real 0.1.0 scripts, which do not stop it.
 echo "== a downgrade below the state store's format, with apt-get --allow-downgrades and dpkg"
-format=$(sed -n 's/^pub const FORMAT: u32 = \([0-9]*\);/\1/p' agent/src/disk/store/format.rs)
-format_since=$(sed -n 's/^pub const FORMAT_SINCE: &str = "\(.*\)";/\1/p' agent/src/disk/store/format.rs)
-[ -n "$format" ] && [ -n "$format_since" ] || fail "no FORMAT or FORMAT_SINCE in agent/src/disk/store/format.rs"
+format=$(sed -n 's/^pub const FORMAT: u32 = \([0-9]*\);/\1/p' agent/store/src/format.rs)
+format_since=$(sed -n 's/^pub const FORMAT_SINCE: &str = "\(.*\)";/\1/p' agent/store/src/format.rs)
+[ -n "$format" ] && [ -n "$format_since" ] || fail "no FORMAT or FORMAT_SINCE in agent/store/src/format.rs"
 older="$work/older"
 rm -rf "$older"
 dpkg-deb --raw-extract "$deb" "$older"
@@ -326,7 +326,7 @@ sed -i 's/^Version: .*/Version: 0.1.9-1/' "$older/DEBIAN/control"
 for script in preinst prerm; do
     [ -f "$older/DEBIAN/$script" ] || fail "$deb has no $script"
     grep -qx "reads=$format" "$older/DEBIAN/$script" \
-        || fail "$script does not say reads=$format (agent/src/disk/store/format.rs)"
+        || fail "$script does not say reads=$format (agent/store/src/format.rs)"
     sed -i "s/^reads=.*/reads=$((format - 1))/" "$older/DEBIAN/$script"
 done
 dpkg-deb --build "$older" "$work/salt-keysync_0.1.9-1_amd64.deb" >/dev/null

@@ -7,7 +7,7 @@
 
 # ---- the state store's format: keep in step in packaging/debian/preinst,
 # packaging/debian/prerm and packaging/rpm/pre.sh (tests/it/downgrade.rs
-# checks they agree with agent/src/disk/store/format.rs). This package reads
+# checks they agree with agent/store/src/format.rs). This package reads
 # state stores of format $reads and older.
 reads=2
 state=/var/lib/salt-keysync

@@ -18,11 +18,10 @@ use std::path::{Path, PathBuf};
 use crate::disk::pki::{Pki, Trust};
 use crate::disk::store::{Peek, Store};
 
-pub const RECOVER_COMMAND: &str = "salt-keysync recover --from-peers";
-
-/// The recovery guide where the packages install it (messages name this,
-/// not the repository's `docs/recovery.md`).
-pub const RECOVERY_GUIDE: &str = "/usr/share/doc/salt-keysync/recovery.md";
+/// The way out the agent's messages name: `recover --from-peers`, and the
+/// recovery guide where the packages install it (not the repository's
+/// `docs/recovery.md`). The store's own errors name them too.
+pub use keysync_store::{RECOVERY_GUIDE, RECOVER_COMMAND};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GuardError {

@@ -258,23 +258,31 @@ impl MemoryStore {
     /// Forgets at most `max` plain tombstones issued before `before_ms`,
     /// none journalled or held by the guard.
     pub fn compact(&mut self, before_ms: u64, max: usize) -> Vec<(MinionId, Version)> {
-        let old: Vec<(MinionId, Version)> = self
-            .decisions
+        let old: Vec<(MinionId, Version)> = self.compactable(before_ms).take(max).collect();
+        self.forget(&old);
+        old
+    }
+
+    /// The plain tombstones a compaction may forget: issued before
+    /// `before_ms`, none journalled or held by the guard.
+    pub fn compactable(&self, before_ms: u64) -> impl Iterator<Item = (MinionId, Version)> + '_ {
+        self.decisions
             .iter()
-            .filter(|(id, s)| {
+            .filter(move |(id, s)| {
                 s.is_plain_tombstone()
                     && s.held.version.millis() < before_ms
                     && !self.journal.contains_key(*id)
                     && !self.held.contains_key(*id)
             })
             .map(|(id, s)| (id.clone(), s.held.version.clone()))
-            .take(max)
-            .collect();
-        for (id, version) in &old {
+    }
+
+    /// Forgets tombstones a compaction chose, noting per origin the newest.
+    pub fn forget(&mut self, compacted: &[(MinionId, Version)]) {
+        for (id, version) in compacted {
             self.decisions.remove(id);
             crate::core::version::note_forgotten(&mut self.forgot, &version.node, version.millis());
         }
-        old
     }
 
     /// The decisions held and the claims known, with their keys.

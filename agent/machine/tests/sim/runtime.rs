@@ -11,8 +11,12 @@ use crate::model::{Change, Disk};
 use keysync_machine::core::settle::FsChange;
 use keysync_machine::core::Folder;
 
-/// A master's durable state store: what the agent's redb store keeps.
-pub(crate) type Store = keysync_machine::node::testing::MemoryStore;
+mod store;
+
+/// A master's durable state store: the model, and for some seeds the
+/// agent's redb store beside it (`store.rs`).
+#[allow(unused_imports)] // The runner's switch, until it calls it.
+pub(crate) use store::{real_store_for, with_real_store, Store};
 
 /// A decision the store recorded, with what it held for that id before,
 /// and whether it is this master's own claim (found at its first start).
@@ -156,9 +160,7 @@ impl Runtime for SimRuntime<'_> {
         if self.full() {
             return Err("journal: No space left on device".into());
         }
-        for d in decisions {
-            self.store.journal.insert(d.id.clone(), d.clone());
-        }
+        self.store.journal(decisions);
         Ok(())
     }
 

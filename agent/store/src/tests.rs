@@ -6,6 +6,9 @@ use super::*;
 use crate::core::{Context, PublicKey, Verdict, Version};
 use keysync_machine::testkit::PUB;
 
+/// The wall clock when the stores of these tests are made.
+const NOW_MS: u64 = 1_700_000_000_000;
+
 fn decision(id: &str, verdict: Verdict, hlc: u64, knew: Option<Version>) -> Decision {
     Decision {
         id: MinionId::parse(id).unwrap(),
@@ -27,7 +30,7 @@ fn records_survive_reopening() {
     let conflict =
         crate::core::merge::Conflict { id: accepted.id.clone(), winner: accepted.seen(), loser: older.seen() };
     {
-        let store = Store::open(dir.path(), "a").unwrap();
+        let store = Store::open(dir.path(), "a", NOW_MS).unwrap();
         assert!(!store.load().unwrap().initialized);
         // A step of a first start: recorded, but still a first start.
         let step = StoreWrite { decisions: std::slice::from_ref(&deleted), clock: 5, ..StoreWrite::default() };
@@ -51,7 +54,7 @@ fn records_survive_reopening() {
         };
         store.record(&write, "a").unwrap();
     }
-    let store = Store::open(dir.path(), "a").unwrap();
+    let store = Store::open(dir.path(), "a", NOW_MS).unwrap();
     let loaded = store.load().unwrap();
     assert!(loaded.initialized);
     assert_eq!(loaded.clock, 99);
@@ -70,7 +73,7 @@ fn records_survive_reopening() {
 #[test]
 fn claims_are_kept_with_their_keys() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), "a").unwrap();
+    let store = Store::open(dir.path(), "a", NOW_MS).unwrap();
     let key = PublicKey::new(PUB.as_bytes());
     let claim = |rejected: bool| Decision {
         version: Version::claim(rejected, &key.fingerprint().0),
@@ -97,7 +100,7 @@ fn claims_are_kept_with_their_keys() {
     want.sort_by(|a, b| a.version.cmp(&b.version));
     assert_eq!(known, want, "the live decision and both claims, with their keys");
     drop(store);
-    let loaded = Store::open(dir.path(), "a").unwrap().load().unwrap();
+    let loaded = Store::open(dir.path(), "a", NOW_MS).unwrap().load().unwrap();
     let (_, entry) = &loaded.entries[0];
     assert_eq!((entry.version.clone(), entry.mine().cloned()), (live.version, Some(own.version)));
 }
@@ -120,7 +123,7 @@ fn plain_tombstones_are_listed_read_back_and_compacted() {
         ..decision("claimed", Verdict::Deleted, 0, None)
     };
     let kept = vec![keysync_machine::node::Kept { id: claimed.id.clone(), seen: vec![claim.seen()], mine: None }];
-    let store = Store::open(dir.path(), "a").unwrap();
+    let store = Store::open(dir.path(), "a", NOW_MS).unwrap();
     let decisions = [old.clone(), young.clone(), accepted.clone(), claimed.clone()];
     store.record(&StoreWrite { decisions: &decisions, kept: &kept, ..StoreWrite::default() }, "a").unwrap();
     let loaded = store.load().unwrap();
@@ -151,7 +154,7 @@ fn plain_tombstones_are_listed_read_back_and_compacted() {
     txn.delete_table(TOMBSTONES).unwrap();
     txn.commit().unwrap();
     drop(store);
-    let store = Store::open(dir.path(), "a").unwrap();
+    let store = Store::open(dir.path(), "a", NOW_MS).unwrap();
     store.load().unwrap();
     let all: Vec<u32> = (0..N_BUCKETS as u32).collect();
     assert_eq!(store.cold_in(&all).unwrap(), vec![(young.id.clone(), young.version.clone())]);
@@ -171,7 +174,7 @@ fn plain_tombstones_are_listed_read_back_and_compacted() {
     txn.open_table(TOMBSTONES).unwrap().insert(key.as_slice(), value.as_slice()).unwrap();
     txn.commit().unwrap();
     drop(store);
-    let store = Store::open(dir.path(), "a").unwrap();
+    let store = Store::open(dir.path(), "a", NOW_MS).unwrap();
     store.load().unwrap();
     assert!(store.cold_in(&all).unwrap().is_empty(), "listed again at start-up");
 }
@@ -183,7 +186,7 @@ fn plain_tombstones_are_listed_read_back_and_compacted() {
 #[test]
 fn the_tombstone_list_follows_claims_and_held_deletes() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path(), "a").unwrap();
+    let store = Store::open(dir.path(), "a", NOW_MS).unwrap();
     let key = PublicKey::new(PUB.as_bytes());
     // Two deletes in different buckets.
     let ids: Vec<String> = (0..50).map(|i| format!("gone{i}")).collect();
@@ -220,13 +223,12 @@ fn the_tombstone_list_follows_claims_and_held_deletes() {
 #[test]
 fn a_new_store_says_when_it_started_afresh() {
     let dir = tempfile::tempdir().unwrap();
-    let before = crate::node::wall_ms() << 16;
-    let store = Store::open(dir.path(), "a").unwrap();
+    let store = Store::open(dir.path(), "a", NOW_MS).unwrap();
     let made = store.load().unwrap().afresh;
-    assert!(made >= before && made <= crate::node::wall_ms() << 16, "{made}");
+    assert_eq!(made, NOW_MS << 16);
     store.set_afresh(made + (60_000 << 16)).unwrap();
     drop(store);
-    let store = Store::open(dir.path(), "a").unwrap();
+    let store = Store::open(dir.path(), "a", NOW_MS).unwrap();
     assert_eq!(store.load().unwrap().afresh, made + (60_000 << 16));
     // An earlier release's store has no such record.
     let txn = store.db.begin_write().unwrap();
@@ -238,11 +240,11 @@ fn a_new_store_says_when_it_started_afresh() {
 #[test]
 fn refuses_another_nodes_state() {
     let dir = tempfile::tempdir().unwrap();
-    Store::open(dir.path(), "a")
+    Store::open(dir.path(), "a", NOW_MS)
         .unwrap()
         .record(&StoreWrite { initialize: true, ..StoreWrite::default() }, "a")
         .unwrap();
-    let err = Store::open(dir.path(), "b").err().unwrap();
+    let err = Store::open(dir.path(), "b", NOW_MS).err().unwrap();
     assert!(err.to_string().contains("belongs to node \"a\", not \"b\""), "{err}");
 }
 
@@ -277,7 +279,7 @@ fn meta_text(dir: &std::path::Path, key: &str) -> Option<Vec<u8>> {
 fn a_store_of_a_newer_format_is_refused_naming_both_releases_and_the_way_out() {
     let dir = tempfile::tempdir().unwrap();
     let accepted = decision("web01", Verdict::Accepted(PublicKey::new(PUB.as_bytes())), 7, None);
-    Store::open(dir.path(), "a")
+    Store::open(dir.path(), "a", NOW_MS)
         .unwrap()
         .record(
             &StoreWrite { decisions: std::slice::from_ref(&accepted), initialize: true, ..StoreWrite::default() },
@@ -285,7 +287,7 @@ fn a_store_of_a_newer_format_is_refused_naming_both_releases_and_the_way_out() {
         )
         .unwrap();
     mark_as_written_by(dir.path(), 3, "0.3.0");
-    let err = match Store::open(dir.path(), "a") {
+    let err = match Store::open(dir.path(), "a", NOW_MS) {
         Ok(_) => panic!("a store of format 3 was opened by a release that reads format 2"),
         Err(e) => e.to_string(),
     };
@@ -308,7 +310,7 @@ fn a_store_of_a_newer_format_is_refused_naming_both_releases_and_the_way_out() {
 fn a_store_records_its_format_and_says_it_in_plain_text_beside() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
-    Store::open(dir.path(), "a").unwrap();
+    Store::open(dir.path(), "a", NOW_MS).unwrap();
     let txn_dir = dir.path();
     {
         let db = redb::Database::create(txn_dir.join("state.redb")).unwrap();
@@ -319,7 +321,7 @@ fn a_store_records_its_format_and_says_it_in_plain_text_beside() {
         txn.commit().unwrap();
     }
     let _ = std::fs::remove_file(dir.path().join("state.format"));
-    Store::open(dir.path(), "a").unwrap();
+    Store::open(dir.path(), "a", NOW_MS).unwrap();
     assert_eq!(meta_text(dir.path(), "format"), Some(2u32.to_be_bytes().to_vec()));
     assert_eq!(meta_text(dir.path(), "format_written_by"), Some(env!("CARGO_PKG_VERSION").as_bytes().to_vec()));
     let text = std::fs::read_to_string(dir.path().join("state.format")).expect("state.format beside the store");
@@ -327,17 +329,4 @@ fn a_store_records_its_format_and_says_it_in_plain_text_beside() {
     assert!(text.contains(&format!("\nwritten-by {}\n", env!("CARGO_PKG_VERSION"))), "{text}");
     let mode = std::fs::metadata(dir.path().join("state.format")).unwrap().permissions().mode() & 0o7777;
     assert_eq!(mode, 0o600);
-}
-
-/// Issue 29 item 5: `recover` run from a root shell (umask 022) left
-/// state.redb 0644; the agent narrows its own store to 0600 when it opens it.
-#[test]
-fn a_store_wider_than_0600_is_narrowed_when_opened() {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.redb");
-    Store::open(dir.path(), "a").unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-    Store::open(dir.path(), "a").unwrap();
-    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777, 0o600);
 }

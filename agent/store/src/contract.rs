@@ -1,6 +1,7 @@
 //! The state store's contract (`keysync_machine::testkit::store_contract`),
 //! run against the redb store on a temporary folder; reopening it closes
-//! the database and opens it again, as a restart does.
+//! the database and opens it again, as a restart does (an hour later: a
+//! store opened again keeps when it started afresh).
 
 use keysync_machine::node::{Failure, Loaded, StoreWrite};
 use keysync_machine::testkit::store_contract::ContractStore;
@@ -12,6 +13,7 @@ const NODE: &str = "a";
 
 struct OnDisk {
     dir: tempfile::TempDir,
+    made_ms: u64,
     /// `None` only while it is reopened.
     store: Option<Store>,
 }
@@ -25,8 +27,8 @@ impl OnDisk {
 impl ContractStore for OnDisk {
     fn create(now_ms: u64) -> OnDisk {
         let dir = tempfile::tempdir().expect("a temporary folder");
-        let store = Store::open_at(dir.path(), NODE, now_ms).expect("a new store");
-        OnDisk { dir, store: Some(store) }
+        let store = Store::open(dir.path(), NODE, now_ms).expect("a new store");
+        OnDisk { dir, made_ms: now_ms, store: Some(store) }
     }
 
     fn journal(&mut self, decisions: &[Decision]) -> Result<(), Failure> {
@@ -64,7 +66,8 @@ impl ContractStore for OnDisk {
     fn reopen(&mut self) {
         // Closed first: redb holds a lock on its file.
         self.store = None;
-        self.store = Some(Store::open(self.dir.path(), NODE).expect("the store opens again"));
+        let later = self.made_ms + 3_600_000;
+        self.store = Some(Store::open(self.dir.path(), NODE, later).expect("the store opens again"));
     }
 }
 
