@@ -15,7 +15,6 @@ mod store;
 
 /// A master's durable state store: the model, and for some seeds the
 /// agent's redb store beside it (`store.rs`).
-#[allow(unused_imports)] // The runner's switch, until it calls it.
 pub(crate) use store::{real_store_for, with_real_store, Store};
 
 /// A decision the store recorded, with what it held for that id before,
@@ -39,6 +38,9 @@ pub(crate) struct Outbox {
     /// Plain tombstones read back from the store, and compacted.
     pub(crate) cold_read: u64,
     pub(crate) compacted: u64,
+    /// What the store held of each id it compacted (the conflicts told
+    /// about it are forgotten with it).
+    pub(crate) forgotten: Vec<(MinionId, keysync_machine::node::testing::Stored)>,
     /// Ids written while a salt-key run on them was in progress (must stay empty).
     pub(crate) wrote_into_runs: Vec<MinionId>,
 }
@@ -217,8 +219,10 @@ impl Runtime for SimRuntime<'_> {
         if self.full() {
             return Err("store: No space left on device".into());
         }
+        let before = self.store.decisions.clone();
         let compacted = self.store.compact(before_ms, max);
         self.out.compacted += compacted.len() as u64;
+        self.out.forgotten.extend(compacted.iter().map(|(id, _)| (id.clone(), before[id].clone())));
         Ok(compacted)
     }
 

@@ -1,7 +1,7 @@
 //! The simulated cluster: masters whose agents are the real node machine,
 //! a network that drops, duplicates and reorders, and one event queue in
 //! virtual time. `operators` runs `salt-key` on the folders, `network`
-//! carries messages, `links` drives the agent's link machine on each link,
+//! carries messages, `sessions` drives the agent's link machine on each link,
 //! `faults` kills, restarts, partitions and fills disks, `guard` runs mass
 //! deletes and releases or reverts them; `recorded` checks each decision as
 //! a store records it, `checker` judges the end of a run.
@@ -22,10 +22,10 @@ use crate::*;
 mod checker;
 mod faults;
 mod guard;
-mod links;
 mod network;
 mod operators;
 mod recorded;
+mod sessions;
 mod trace;
 
 pub(crate) use checker::Verdicts;
@@ -107,6 +107,11 @@ pub(crate) enum Event {
         peer: usize,
         req: u64,
     },
+    /// The pushes in a node's inbox are handed to its machine, together.
+    Arrive {
+        node: usize,
+        epoch: u64,
+    },
     Fault,
     Restart {
         node: usize,
@@ -180,7 +185,10 @@ pub(crate) struct SimNode {
     /// Ids the operator changed that the agent has not decided on since.
     touched: BTreeMap<MinionId, Expect>,
     /// This node's link to each peer: the agent's link machine.
-    links: Vec<links::SimLink>,
+    links: Vec<sessions::SimLink>,
+    /// Peers' pushes arrived and not yet handed to the machine: handed
+    /// together, as the agent's core hands it the requests queued.
+    inbox: Vec<(std::sync::Arc<str>, Vec<Decision>)>,
     /// Percentage of write effects failing (0: the disk is fine).
     disk_full: u64,
     /// Ids the operator changed since the agent last decided them: only
@@ -195,6 +203,8 @@ pub(crate) struct SimNode {
     pub(crate) audit_maybe_lost: BTreeSet<MinionId>,
     /// Every delete its guard ever held (id, version).
     pub(crate) ever_held: BTreeSet<(MinionId, Version)>,
+    /// What its store held of each id it compacted, as it was then.
+    pub(crate) compacted: Vec<(MinionId, keysync_machine::node::testing::Stored)>,
     /// Per id an operator's release or revert named, what the store held
     /// then (a failed write may delay its decision past later ones).
     pub(crate) commanded: BTreeMap<MinionId, keysync_machine::node::testing::Stored>,
@@ -289,12 +299,14 @@ impl Sim {
                 next_tick: None,
                 in_flight: BTreeSet::new(),
                 touched: BTreeMap::new(),
-                links: (0..n_nodes).map(|_| links::SimLink::new(&mut rng, 0)).collect(),
+                links: (0..n_nodes).map(|_| sessions::SimLink::new(&mut rng, 0)).collect(),
+                inbox: Vec::new(),
                 disk_full: 0,
                 undecided_changes: BTreeSet::new(),
                 kill_after: None,
                 audit_maybe_lost: BTreeSet::new(),
                 ever_held: BTreeSet::new(),
+                compacted: Vec::new(),
                 commanded: BTreeMap::new(),
                 command_retrying: BTreeSet::new(),
             });
@@ -412,6 +424,7 @@ impl Sim {
             Event::Pump { node, peer } => self.scheduled_pump(node, peer),
             Event::Broken { node, peer, session } => self.broken(node, peer, session),
             Event::Timeout { node, peer, req } => self.timeout(node, peer, req),
+            Event::Arrive { node, epoch } => self.arrive(node, epoch),
             Event::Fault => self.fault(),
             Event::Restart { node, epoch } => {
                 let n = &self.nodes[node];
@@ -510,6 +523,7 @@ impl Sim {
         self.stats.dfn += u64::from(out.dfn_dropped);
         self.stats.cold_read += out.cold_read;
         self.stats.compacted += out.compacted;
+        self.nodes[node].compacted.append(&mut out.forgotten);
         if out.killed {
             trace!(self, "{name} killed mid-input");
             self.stats.kills_mid_input += 1;
@@ -582,6 +596,7 @@ fn event_kind(event: &Event) -> (u8, usize, usize) {
         Event::Due { node, peer, .. } => (22, *node, *peer),
         Event::Pump { node, peer } => (23, *node, *peer),
         Event::Broken { node, peer, .. } => (24, *node, *peer),
+        Event::Arrive { node, .. } => (25, *node, 0),
         Event::Fault => (12, 0, 0),
         Event::Restart { node, .. } => (13, *node, 0),
         Event::Join { node } => (14, *node, 0),

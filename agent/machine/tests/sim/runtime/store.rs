@@ -29,7 +29,6 @@ thread_local! {
 /// Runs `run` (a seed's simulation, both its runs) with the masters' stores
 /// made real (`real`) or modelled only: the runner's switch, with
 /// [`real_store_for`] (`main.rs`: `with_real_store(real_store_for(seed), || …)`).
-#[allow(dead_code)] // Until the runner calls it.
 pub(crate) fn with_real_store<T>(real: bool, run: impl FnOnce() -> T) -> T {
     struct Restore(Option<bool>);
     impl Drop for Restore {
@@ -43,7 +42,6 @@ pub(crate) fn with_real_store<T>(real: bool, run: impl FnOnce() -> T) -> T {
 
 /// Whether `seed` runs with the real store: every tenth seed, or as
 /// `SIM_REAL_STORE` says (`all`, `none`, or `N`: every Nth seed).
-#[allow(dead_code)] // Until the runner calls it.
 pub(crate) fn real_store_for(seed: u64) -> bool {
     let every = match std::env::var("SIM_REAL_STORE").as_deref() {
         Ok("all") => 1,

@@ -74,6 +74,8 @@ impl Sim {
         n.machine = None;
         n.epoch += 1;
         n.kill_after = None;
+        // Pushes received and not yet applied die with the process.
+        n.inbox.clear();
         self.break_links_to(node);
         if self.chaos {
             let back = self.now + self.rng.between(300, 4_000);

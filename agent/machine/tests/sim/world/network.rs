@@ -28,18 +28,18 @@ impl Sim {
             return;
         }
         let peer: std::sync::Arc<str> = self.nodes[from].name.as_str().into();
-        if let Msg::Push(decisions) | Msg::FetchResp { decisions, .. } = &msg {
-            // Knowing a decision is knowing what it knew (its own origin's
-            // claims are checked there).
-            for d in decisions {
-                let known = self.delivered[to].entry(d.id.clone()).or_default();
-                known.insert(d.version.clone());
-                known.extend(d.context.iter().cloned());
-            }
+        if let Msg::FetchResp { decisions, .. } = &msg {
+            self.note_delivered(to, decisions);
         }
         match msg {
             Msg::Push(decisions) => {
-                self.input(to, |machine, rt, now| machine.on_batches(vec![(peer, decisions)], now, rt));
+                // Queued behind what the core is busy with: whatever else
+                // arrives meanwhile is handed with it.
+                if self.nodes[to].inbox.is_empty() {
+                    let (at, epoch) = (self.now + self.rng.between(0, 3), self.nodes[to].epoch);
+                    self.schedule(at, Event::Arrive { node: to, epoch });
+                }
+                self.nodes[to].inbox.push((peer, decisions));
             }
             Msg::DiffReq { req, digests } => {
                 if let Some((buckets, summaries)) = self.input(to, |machine, rt, _| machine.diff(&digests, rt)) {
@@ -56,5 +56,33 @@ impl Sim {
             Msg::DiffResp { req, buckets, summaries } => self.on_diff(to, from, req, buckets, summaries),
             Msg::FetchResp { req, decisions } => self.on_fetched(to, from, req, decisions),
         }
+    }
+}
+
+impl Sim {
+    /// Knowing a decision is knowing what it knew (its own origin's claims
+    /// are checked there).
+    fn note_delivered(&mut self, to: usize, decisions: &[Decision]) {
+        for d in decisions {
+            let known = self.delivered[to].entry(d.id.clone()).or_default();
+            known.insert(d.version.clone());
+            known.extend(d.context.iter().cloned());
+        }
+    }
+
+    /// Hands the machine every push in the inbox, in one call, as the
+    /// agent's core hands it the pushes queued (up to 64 requests).
+    pub(super) fn arrive(&mut self, node: usize, epoch: u64) {
+        if self.nodes[node].epoch != epoch || !self.nodes[node].up() {
+            return;
+        }
+        let arrivals = std::mem::take(&mut self.nodes[node].inbox);
+        if arrivals.len() > 1 {
+            self.stats.grouped += 1;
+        }
+        for (_, decisions) in &arrivals {
+            self.note_delivered(node, decisions);
+        }
+        self.input(node, |machine, rt, now| machine.on_batches(arrivals, now, rt));
     }
 }

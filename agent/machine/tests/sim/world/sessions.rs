@@ -78,7 +78,8 @@ impl SimLink {
 
 impl Sim {
     fn reachable(&self, a: usize, b: usize) -> bool {
-        self.nodes[a].up() && self.nodes[b].up() && !self.partition.as_ref().is_some_and(|(_, side)| side[a] != side[b])
+        let same_side = self.partition.as_ref().is_none_or(|(_, side)| side[a] == side[b]);
+        self.nodes[a].up() && self.nodes[b].up() && same_side
     }
 
     /// Whether `peer` fetched from `node` lately (in a round of its own).
@@ -343,8 +344,11 @@ impl Sim {
     /// A node's links at its start: each connects (its first round follows).
     pub(crate) fn start_links(&mut self, node: usize) {
         for peer in 0..self.nodes.len() {
-            let session = self.nodes[node].links[peer].session + 1;
-            self.nodes[node].links[peer] = SimLink::new(&mut self.rng, session);
+            let old = &self.nodes[node].links[peer];
+            let (session, req, timer) = (old.session + 1, old.req, old.timer);
+            // Numbered on from the last life: an answer to a request of
+            // that life, still on the wire, is not taken for one of this.
+            self.nodes[node].links[peer] = SimLink { req, timer, ..SimLink::new(&mut self.rng, session) };
             if peer != node {
                 let at = self.now + self.rng.between(0, 50);
                 self.schedule(at, Event::Connect { node, peer, session });
