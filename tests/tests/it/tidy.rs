@@ -114,3 +114,67 @@ fn error_chains_are_worded_in_one_place() {
     }
     assert!(offenders.is_empty(), "errors formatted with {{:#}} instead of text::error_chain: {offenders:#?}");
 }
+
+/// The shipped code of the Rust files under `dir`: test files (`tests.rs`,
+/// `testing.rs`, `testkit`, anything under a `tests/` folder) left out, and
+/// each file cut at its `#[cfg(test)]`. Each line with its place.
+fn shipped_lines(dir: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for path in files_with("rs") {
+        let relative = path.strip_prefix(repo()).unwrap().display().to_string();
+        let test_file = relative.contains("/tests/")
+            || relative.contains("testkit")
+            || relative.ends_with("/tests.rs")
+            || relative.ends_with("/testing.rs");
+        if !relative.starts_with(dir) || test_file {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for (n, line) in code.lines().enumerate() {
+            let line = line.trim_start();
+            if !line.starts_with("//") {
+                out.push((format!("{relative}:{}", n + 1), line.to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// ARCHITECTURE.md's invariants that `use` lines can break: the node and
+/// link machines (keysync-machine) speak no wire format and read no clock,
+/// network or disk (time comes in with the inputs); the gRPC server crate
+/// touches no filesystem (what it serves comes from the agent's handler,
+/// its TLS material as bytes).
+#[test]
+fn the_machine_and_the_server_keep_to_their_side() {
+    let rules: [(&str, &[&str]); 2] = [
+        (
+            "agent/machine/src/",
+            &[
+                "keysync_proto",
+                "prost",
+                "tonic",
+                "tokio",
+                "std::fs",
+                "std::net",
+                "std::thread",
+                "SystemTime",
+                "Instant::now",
+                "std::env",
+            ],
+        ),
+        ("server/src/", &["std::fs", "std::os::unix::fs", "File::", "OpenOptions", "rustix", "std::path"]),
+    ];
+    let mut offenders = Vec::new();
+    for (dir, forbidden) in rules {
+        let lines = shipped_lines(dir);
+        assert!(lines.len() > 1000, "{dir}: only {} lines of shipped code found", lines.len());
+        for (place, line) in lines {
+            if let Some(word) = forbidden.iter().find(|word| line.contains(*word)) {
+                offenders.push(format!("{place}: uses {word}: {line}"));
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "{offenders:#?}");
+}
