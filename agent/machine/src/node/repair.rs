@@ -2,11 +2,13 @@
 //! Fetch, and, on this node's own link to a peer, what to push and what to
 //! fetch after comparing digests. The links only carry the messages.
 //!
-//! A link's round: send this node's [`Node::digests`]; the peer answers its
-//! [`Node::diff`] (the differing buckets and its summaries in them);
-//! [`Node::repair_compare`] says what to push (decisions newer here) and
-//! plans what to fetch; [`Node::repair_next`] hands out the next chunk of ids
-//! to fetch and [`Node::repair_fetched`] applies what came back. In a large
+//! A link's round (run by the link machine, `crate::link`): send this
+//! node's [`Node::digests`]; the peer answers its [`Node::diff`] (the
+//! differing buckets and its summaries in them); [`Node::repair_begin`],
+//! [`Node::repair_chunk`] and [`Node::repair_end`] compare the answer chunk
+//! by chunk, say what to push (decisions newer here) and plan what to
+//! fetch; [`Node::repair_next`] hands out the next chunk of ids to fetch
+//! and [`Node::repair_fetched`] applies what came back. In a large
 //! repair (a joining master) every chunk is first cut to the ids still newer
 //! on that peer and not being fetched by another link right now, so a
 //! joining master's links share the work instead of each fetching
@@ -280,44 +282,6 @@ impl Node {
                 Vec::new()
             }
         }
-    }
-
-    /// On this node's link to `peer`, after the peer's Diff answer: returns
-    /// how many ids the peer holds newer (planned for [`Node::repair_next`])
-    /// and the decisions newer here (or unknown there), to push.
-    pub fn repair_compare(
-        &mut self,
-        peer: &str,
-        buckets: &[u32],
-        summaries: Summaries,
-        rt: &mut impl Runtime,
-    ) -> (usize, Vec<Decision>) {
-        let (n_newer_there, newer_here) = self.repair_compare_ids(peer, buckets, vec![summaries], rt);
-        (n_newer_there, self.fetch(&newer_here, rt))
-    }
-
-    /// [`Node::repair_compare`] naming the ids whose decisions are newer
-    /// here, sorted, instead of loading them all at once: a link to a
-    /// joining master pushes every decision held, and loads them with
-    /// [`Node::fetch`] a chunk at a time.
-    pub fn repair_compare_ids(
-        &mut self,
-        peer: &str,
-        buckets: &[u32],
-        summaries: Vec<Summaries>,
-        rt: &mut impl Runtime,
-    ) -> (usize, Vec<MinionId>) {
-        if self.repair_begin(peer, buckets).is_err() {
-            return (0, Vec::new());
-        }
-        for chunk in summaries {
-            if self.repair_chunk(peer, chunk, rt).is_err() {
-                self.repair_abort(peer);
-                return (0, Vec::new());
-            }
-        }
-        let compared = self.repair_end(peer).unwrap_or_default();
-        (compared.n_newer_there, compared.newer_here)
     }
 
     /// On this node's link to `peer`, the first chunk of the peer's Diff

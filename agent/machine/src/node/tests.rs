@@ -362,3 +362,45 @@ fn a_joiners_links_share_the_repair_and_bring_everything() {
     assert!(ids.iter().all(|id| c.entry(id).is_some_and(|e| e.version.node.as_ref() == "master-d")));
     assert_eq!(c.digests(), a.digests());
 }
+
+/// A whole comparison in one call, for tests (the links compare chunk by
+/// chunk through the link machine, `crate::link`).
+impl Node {
+    /// On this node's link to `peer`, after the peer's Diff answer: returns
+    /// how many ids the peer holds newer (planned for [`Node::repair_next`])
+    /// and the decisions newer here (or unknown there), to push.
+    pub(crate) fn repair_compare(
+        &mut self,
+        peer: &str,
+        buckets: &[u32],
+        summaries: Summaries,
+        rt: &mut impl Runtime,
+    ) -> (usize, Vec<Decision>) {
+        let (n_newer_there, newer_here) = self.repair_compare_ids(peer, buckets, vec![summaries], rt);
+        (n_newer_there, self.fetch(&newer_here, rt))
+    }
+
+    /// [`Node::repair_compare`] naming the ids whose decisions are newer
+    /// here, sorted, instead of loading them all at once: a link to a
+    /// joining master pushes every decision held, and loads them with
+    /// [`Node::fetch`] a chunk at a time.
+    pub(crate) fn repair_compare_ids(
+        &mut self,
+        peer: &str,
+        buckets: &[u32],
+        summaries: Vec<Summaries>,
+        rt: &mut impl Runtime,
+    ) -> (usize, Vec<MinionId>) {
+        if self.repair_begin(peer, buckets).is_err() {
+            return (0, Vec::new());
+        }
+        for chunk in summaries {
+            if self.repair_chunk(peer, chunk, rt).is_err() {
+                self.repair_abort(peer);
+                return (0, Vec::new());
+            }
+        }
+        let compared = self.repair_end(peer).unwrap_or_default();
+        (compared.n_newer_there, compared.newer_here)
+    }
+}
