@@ -13,7 +13,7 @@
 //! summaries at a time, what is newer here loaded and pushed a chunk at a
 //! time, then what the node plans to fetch, fetched and applied a chunk
 //! at a time. While a round runs, what the node sends its peers is held
-//! back ([`HeldBack`]) and pushed once the round is over; past
+//! back and pushed once the round is over; past
 //! [`LinkSettings::max_held_back`] decisions (or a lag) it is dropped and
 //! another round follows, which finds by digest whatever it would have
 //! brought.
