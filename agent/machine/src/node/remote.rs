@@ -252,6 +252,7 @@ impl Node {
                         if merged.outcome == MergeOutcome::Duplicate {
                             continue;
                         }
+                        self.merged_delete(&decision);
                         if own_past && !judged {
                             // Told when it first comes (a retry or what the
                             // guard lets through was told then).

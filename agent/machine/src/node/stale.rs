@@ -7,7 +7,9 @@
 //! Two times decide it, both kept in the store:
 //! - this node's *last contact*: its last completed digest comparison with
 //!   any peer, or the last decisions a peer sent it ([`Node::on_contact`],
-//!   rewritten at most hourly); whatever its peers held then, it knows of;
+//!   rewritten at most hourly, and at once when it follows a peer's delete
+//!   made after the contact on record); whatever its peers held then, it
+//!   knows of;
 //! - each master's *forgot-through*: when the newest delete it compacted
 //!   was made (`cold.rs`), told to every peer in `Hello`, both ways, before
 //!   any Diff or push on the link.
@@ -28,13 +30,18 @@
 use std::sync::Arc;
 
 use super::{Event, Node, Now, Runtime, StoreWrite};
-use crate::core::Version;
+use crate::core::{Decision, VerdictKind, Version};
 
 /// The durable last contact is rewritten once it is this old, or a 24th of
 /// `tombstone_ttl` if that is shorter (the simulation's is seconds): the
 /// store sees one write an hour. After a restart the contact is that much
 /// older than it was; a peer forgets a delete `tombstone_ttl` (a day at the
-/// least) after it was made, so that is far inside it.
+/// least) after it was made, so that is far inside it. But the contact that
+/// brought a peer's delete made after the contact on record is kept at once
+/// (deletes are rare): a master stopped within the hour after hearing a
+/// delete, and started again once a peer forgot it, is not found stale for
+/// a delete it holds. (One deferred behind a salt-key run, merged later,
+/// is kept at the next contact.)
 const RECORD_EVERY_MS: u64 = 3_600_000;
 
 /// Why a node offers nothing.
@@ -54,6 +61,10 @@ pub(super) struct Contact {
     last_ms: Option<u64>,
     /// As the store has it.
     recorded_ms: Option<u64>,
+    /// When the newest delete of another master merged here in this run
+    /// was made: the next contact is kept at once if that is after the
+    /// contact on record.
+    merged_delete_ms: u64,
     /// Per origin, when the newest delete this node compacted was made.
     forgot: Vec<(Arc<str>, u64)>,
     stale: Option<Stale>,
@@ -61,7 +72,7 @@ pub(super) struct Contact {
 
 impl Contact {
     pub(super) fn loaded(last_ms: Option<u64>, forgot: Vec<(Arc<str>, u64)>) -> Contact {
-        Contact { last_ms, recorded_ms: last_ms, forgot, stale: None }
+        Contact { last_ms, recorded_ms: last_ms, merged_delete_ms: 0, forgot, stale: None }
     }
 }
 
@@ -80,7 +91,10 @@ impl Node {
         let at = now.wall_ms.max(self.replica.clock() >> crate::core::version::LOGICAL_BITS);
         self.contact.last_ms = Some(self.contact.last_ms.map_or(at, |last| last.max(at)));
         let every = RECORD_EVERY_MS.min(self.settings.tombstone_ttl.as_millis() as u64 / 24);
-        let due = self.contact.recorded_ms.is_none_or(|was| at.saturating_sub(was) >= every);
+        let due = self
+            .contact
+            .recorded_ms
+            .is_none_or(|was| at.saturating_sub(was) >= every || self.contact.merged_delete_ms > was);
         if due {
             let write = StoreWrite { contact: Some(at), clock: self.replica.clock(), ..StoreWrite::default() };
             // A failed write is tried again at the next contact.
@@ -129,6 +143,17 @@ impl Node {
 
     pub(super) fn is_stale(&self) -> bool {
         self.contact.stale.is_some()
+    }
+
+    /// A peer's decision was merged here (whether it holds, loses a
+    /// conflict or waits for the guard): a delete made by another master
+    /// has the next contact kept at once if it is newer than the contact on
+    /// record (this node's own deletes are not in what its peers tell it
+    /// they forgot).
+    pub(super) fn merged_delete(&mut self, decision: &Decision) {
+        if decision.verdict.kind() == VerdictKind::Deleted && *decision.version.node != *self.settings.node {
+            self.contact.merged_delete_ms = self.contact.merged_delete_ms.max(decision.version.millis());
+        }
     }
 
     /// Compaction forgot the delete of `version` (the store keeps it too).

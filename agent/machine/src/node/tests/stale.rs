@@ -150,3 +150,47 @@ fn a_master_that_ran_alone_or_heard_everything_is_not_stale() {
     fresh.on_peer_forgot("master-a", u64::MAX, later, &mut rt);
     assert!(fresh.stale().is_none());
 }
+
+/// The contact on record lags the last one by up to an hour, but never
+/// behind a peer's delete this node heard: master-c hears master-b's delete
+/// 30 minutes after its contact on record (its guard holds it a second, as
+/// the agent's does by default) and stops 10 minutes later. It comes back
+/// before `tombstone_ttl` has passed since it stopped, after master-a forgot
+/// that delete: it missed nothing, and is not stale.
+#[test]
+fn a_master_that_heard_a_delete_just_before_it_stopped_is_not_stale_when_a_peer_forgets_it() {
+    let (mut rt_a, mut rt_c) = (Recorder::default(), Recorder::default());
+    let mut a = node_with("master-a", plain(), Loaded::default(), &mut rt_a);
+    let mut c = node_with("master-c", GuardSettings::default(), Loaded::default(), &mut rt_c);
+    let accept = decision(Verdict::Accepted(key("mwIDAQAB")), NOW_MS - 60, "master-b", &[]);
+    push(&mut a, &mut rt_a, "master-b", vec![accept.clone()]);
+    push(&mut c, &mut rt_c, "master-b", vec![accept.clone()]);
+    round((&mut c, &mut rt_c), (&mut a, &mut rt_a), now());
+    assert_eq!(rt_c.store.last_contact_ms, Some(NOW_MS));
+
+    let deleted_ms = NOW_MS + 1_800_000;
+    let delete = decision(Verdict::Deleted, deleted_ms, "master-b", std::slice::from_ref(&accept.version));
+    let from_b = || vec![(Arc::from("master-b"), vec![delete.clone()])];
+    assert_eq!(a.on_batches(from_b(), at(deleted_ms), &mut rt_a), vec![1]);
+    assert_eq!(c.on_batches(from_b(), at(deleted_ms), &mut rt_c), vec![0], "the guard holds it a second");
+    assert_eq!(rt_c.store.last_contact_ms, Some(deleted_ms), "a contact that brought a delete is kept at once");
+    c.on_tick(Now { mono: Instant::now() + Duration::from_secs(2), wall_ms: deleted_ms + 2_000 }, &mut rt_c);
+    assert!(rt_c.folders.get(Folder::Accepted, "web01").is_none(), "the guard let it through");
+    // Another contact within the hour is not written again.
+    c.on_contact(at(deleted_ms + 60_000), &mut rt_c);
+    assert_eq!(rt_c.store.last_contact_ms, Some(deleted_ms));
+    drop(c); // stopped at deleted_ms + 10 min
+
+    // A day (the TTL) and a minute after the delete, master-a forgets it;
+    // master-c, off for 9 minutes less than the TTL, starts again.
+    let later = at(deleted_ms + TTL.as_millis() as u64 + 60_000);
+    let mut a = node_at("master-a", plain(), rt_a.store.loaded(), later, &mut rt_a);
+    a.on_tick(later, &mut rt_a);
+    assert_eq!(a.forgot_through("master-c"), deleted_ms, "the delete is compacted");
+    let mut c = node_at("master-c", GuardSettings::default(), rt_c.store.loaded(), later, &mut rt_c);
+    round((&mut a, &mut rt_a), (&mut c, &mut rt_c), later);
+    round((&mut c, &mut rt_c), (&mut a, &mut rt_a), later);
+    assert!(c.stale().is_none(), "{:?}", c.stale());
+    assert!(rt_c.events.iter().all(|e| !matches!(e, Event::Stale { .. })));
+    assert!(rt_a.folders.files.is_empty() && rt_c.folders.get(Folder::Accepted, "web01").is_none());
+}
