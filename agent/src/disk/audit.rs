@@ -13,7 +13,6 @@
 //! - `refusals.rs` aggregates each peer's refusals (ten a minute, then a count).
 
 mod filter;
-mod kinds;
 mod reader;
 pub mod refusals;
 mod verify;
@@ -22,11 +21,12 @@ mod writer;
 use std::io;
 use std::path::PathBuf;
 
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 pub use filter::{parse_time_bound, Filter};
-pub use kinds::{Action, Outcome, Via};
+/// A record and what it says, as types, and what each event of the node
+/// machine is recorded as: `keysync-audit`, which the simulation runs too.
+pub use keysync_audit::{Action, Outcome, Record, Via};
 pub use reader::{each_line, scan, Follower, Line, Polled, Scan, Torn};
 pub use verify::{verify_files, Break, VerifyReport};
 pub use writer::{AuditHead, AuditLog, Batch};
@@ -37,65 +37,6 @@ pub const GENESIS: &str = "00000000000000000000000000000000000000000000000000000
 /// The action of the record the writer puts first in a file that continues
 /// the chain of a rotated one.
 pub const CONTINUE: &str = Action::Continue.as_str();
-
-/// One audit record. Field names are part of the user-facing contract.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Record {
-    /// RFC 3339, UTC.
-    pub time: String,
-    /// The node that recorded this line.
-    pub node: String,
-    /// accept, reject, delete, pending, conflict, refuse, connect, ...
-    pub action: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub minion: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fingerprint: Option<String>,
-    /// Where the decision was made.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub origin: Option<String>,
-    /// `local`, or the peer it arrived from.
-    pub via: String,
-    /// applied, superseded, refused, failed, ...
-    pub outcome: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub version: Option<String>,
-    /// For conflicts and discarded pending keys: the other side.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub other_fingerprint: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub other_version: Option<String>,
-    /// The agents a decision passed through before the one it came from
-    /// (`via`), origin excluded, as each forwarder reported it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub relays: Option<Vec<String>>,
-    /// The peer name a connection presented or was identified as.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub peer: Option<String>,
-    /// The remote socket address of a connection.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub remote: Option<String>,
-    /// Position in the chain: one more than the record before, also across
-    /// rotated files. A gap means removed records, a step back reordering.
-    #[serde(default)]
-    pub seq: u64,
-    /// sha256 of the previous line (hex).
-    #[serde(default)]
-    pub prev: String,
-}
-
-impl Record {
-    pub fn new(action: Action, via: Via<'_>, outcome: Outcome) -> Record {
-        Record {
-            action: action.as_str().into(),
-            via: via.as_str().into(),
-            outcome: outcome.as_str().into(),
-            ..Record::default()
-        }
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
@@ -161,3 +102,16 @@ pub fn now_rfc3339() -> String {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod reserved {
+    use super::Via;
+
+    /// The names the config refuses are the ones `via` uses itself.
+    #[test]
+    fn reserved_names_are_vias() {
+        let fixed = [Via::Journal, Via::Local, Via::Network];
+        let names: Vec<&str> = fixed.iter().map(|via| via.as_str()).collect();
+        assert_eq!(names, crate::config::RESERVED_NAMES, "every fixed `via` is reserved, and only those");
+    }
+}

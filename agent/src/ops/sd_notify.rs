@@ -137,18 +137,9 @@ impl Notifier {
 }
 
 /// What the log, the audit log, `status` and the service's status line say
-/// of a master that may have missed deletes its peers have forgotten.
-pub fn stale(stale: &keysync_machine::node::Stale) -> String {
-    let at = |ms: u64| humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms));
-    format!(
-        "out of contact with every peer since {}: {} has since forgotten deletes made up to {} (tombstone_ttl), \
-         which this master may have missed, so it offers and applies nothing; `salt-keysync plan` lists the keys \
-         `salt-keysync rejoin` sets aside (stop the agent, run it, start the agent: it then joins as a new master)",
-        at(stale.last_contact_ms),
-        stale.peer,
-        at(stale.peer_forgot_ms)
-    )
-}
+/// of a master that may have missed deletes its peers have forgotten (the
+/// audit record's reason, so `keysync-audit` words it).
+pub use keysync_audit::stale;
 
 /// What `status` and the service's status line say while writes fail.
 pub fn write_trouble(lasted: Duration, error: &str) -> String {
