@@ -212,6 +212,9 @@ pub(super) struct Guard {
     local_warned: bool,
     /// Held deletes the store could not keep: written again at the next tick.
     pub unsaved: bool,
+    /// Ids given back to be judged again that the store could not drop
+    /// (with `unsaved`): dropped by the next write.
+    pub unsaved_unheld: Vec<MinionId>,
 }
 
 impl Guard {
@@ -227,6 +230,7 @@ impl Guard {
             local: VecDeque::new(),
             local_warned: false,
             unsaved: false,
+            unsaved_unheld: Vec::new(),
         }
     }
 

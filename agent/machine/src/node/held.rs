@@ -108,13 +108,19 @@ impl Node {
         let put_back = self.put_back(std::mem::take(&mut news.put_back), now, rt);
         let retry = self.guard.unsaved && self.trouble.retry_due(now.mono);
         // Given back to be judged again and not held again at once.
-        let unheld: Vec<MinionId> =
+        let mut unheld: Vec<MinionId> =
             news.rejudged.iter().map(|held| held.decision.id.clone()).filter(|id| !self.guard.is_held(id)).collect();
         if !news.fresh.is_empty() || !unheld.is_empty() || retry {
-            // After a failed write, all of them: the store may have none.
+            // After a failed write, all of them: the store may have none,
+            // and may still have those given back since (unless held again).
             let everything: Vec<HeldDelete> =
                 if self.guard.unsaved { self.guard.held().cloned().collect() } else { Vec::new() };
             let held = if self.guard.unsaved { &everything } else { &news.fresh };
+            let given_back: Vec<MinionId> = std::mem::take(&mut self.guard.unsaved_unheld)
+                .into_iter()
+                .filter(|id| !self.guard.is_held(id) && !unheld.contains(id))
+                .collect();
+            unheld.extend(given_back);
             let write = StoreWrite { held, unheld: &unheld, clock: self.replica.clock(), ..StoreWrite::default() };
             match rt.record(&write) {
                 Ok(()) => {
@@ -127,6 +133,7 @@ impl Node {
                     // Held all the same (never applied): written again later.
                     self.trouble.failed(rt, now.mono, "state store, for held deletes", &e);
                     self.guard.unsaved = true;
+                    self.guard.unsaved_unheld = unheld;
                 }
             }
         }
