@@ -149,6 +149,7 @@ fn masters_converge_under_chaos() {
         std::io::stderr(),
         "sim: {} seeds in {:.1?}: {} decisions ({} by operators, {} at first starts); \
          lost 0, stale 0, resurrected 0, never applied 0; {} conflicts told, 0 missed, 0 duplicated; \
+         audit records: {} conflicts and {} held deletes' ends recorded once, 0 unaudited; \
          propagation p50 {} ms, p99 {} ms, max {} ms (virtual); \
          {} messages dropped, {} duplicated, {} lost to a down or partitioned node, {} link timeouts, {} rounds, {} lags, {} grouped arrivals; \
          {} kills between inputs, {} inside one, {} full disks, {} partitions, {} inotify overflows; {} .dfn drops; \
@@ -161,6 +162,8 @@ fn masters_converge_under_chaos() {
         t.operator_decisions,
         t.startup_decisions,
         t.conflicts,
+        t.conflict_records,
+        t.held_records,
         quantile(0.5),
         quantile(0.99),
         latencies.last().copied().unwrap_or(0),
@@ -211,6 +214,8 @@ pub(crate) struct Stats {
     overflows: u64,
     dfn: u64,
     conflicts: u64,
+    conflict_records: u64,
+    held_records: u64,
     pub(crate) mass_deletes: u64,
     bursts_held: u64,
     released: u64,
@@ -241,6 +246,8 @@ impl Stats {
         self.overflows += o.overflows;
         self.dfn += o.dfn;
         self.conflicts += o.verdicts.conflicts_told;
+        self.conflict_records += o.verdicts.conflicts_recorded;
+        self.held_records += o.verdicts.held_recorded;
         self.mass_deletes += o.mass_deletes;
         self.bursts_held += o.bursts_held;
         self.released += o.released;

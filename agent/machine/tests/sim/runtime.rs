@@ -1,7 +1,9 @@
 //! The simulated world as the node machine sees it: a [`Runtime`] over one
 //! master's folders, store and audit log, which can kill the node at any
 //! effect (kill -9: what an effect completed stays, nothing after it runs)
-//! or fail writes as a full disk does.
+//! or fail writes as a full disk does. What the node tells is written as
+//! the agent writes it: each event, and the audit record the agent makes of
+//! it (`keysync_audit::record`).
 
 use keysync_machine::core::merge::Conflict;
 use keysync_machine::core::{Decision, Entry, MinionId, Slots, Version};
@@ -48,8 +50,14 @@ pub(crate) struct Outbox {
 pub(crate) struct SimRuntime<'a> {
     pub(crate) disk: &'a mut Disk,
     pub(crate) store: &'a mut Store,
-    /// The audit log as written (a kill loses only what was buffered).
+    /// The audit log as written (a kill loses only what was buffered):
+    /// the events, and the records the agent makes of them.
     pub(crate) audit: &'a mut Vec<Event>,
+    pub(crate) records: &'a mut Vec<keysync_audit::Record>,
+    /// The node's name, which its records name.
+    pub(crate) node: &'a str,
+    /// The holds of deletes its guard made, as its store writes show them.
+    pub(crate) holds: &'a mut crate::world::Holds,
     /// Events told in this input, written at its end or at a flush.
     pub(crate) buffered: Vec<Event>,
     pub(crate) out: Outbox,
@@ -76,6 +84,7 @@ impl SimRuntime<'_> {
             Some(0) => {
                 *self.kill_after = None;
                 self.out.killed = true;
+                self.holds.killed(&self.buffered);
                 self.buffered.clear();
                 true
             }
@@ -94,9 +103,18 @@ impl SimRuntime<'_> {
     /// The end of the input: what was told is written (a write(), no fsync, survives a kill).
     pub(crate) fn finish(mut self) -> Outbox {
         if !self.out.killed {
-            self.audit.append(&mut self.buffered);
+            self.write_told();
         }
         self.out
+    }
+
+    /// Writes what was told to the audit log: each event, and its record
+    /// as the agent makes it (events that are only logged have none).
+    fn write_told(&mut self) {
+        let node = self.node;
+        self.records.extend(self.buffered.iter().filter_map(|event| keysync_audit::record(event, node)));
+        self.holds.written(&self.buffered);
+        self.audit.append(&mut self.buffered);
     }
 }
 
@@ -167,7 +185,8 @@ impl Runtime for SimRuntime<'_> {
     }
 
     fn was_told(&mut self, conflict: &Conflict) -> bool {
-        !self.dead() && keysync_machine::node::testing::tells(self.audit, conflict)
+        // As the agent answers it: from the records in its audit log.
+        !self.dead() && self.records.iter().any(|record| keysync_audit::tells(record, conflict))
     }
 
     fn record(&mut self, write: &StoreWrite<'_>) -> Result<(), Failure> {
@@ -175,12 +194,14 @@ impl Runtime for SimRuntime<'_> {
             return Err(KILLED.into());
         }
         if self.full() {
+            self.holds.write(self.store, write, false);
             return Err("store: No space left on device".into());
         }
         for d in write.decisions.iter().chain(write.claims) {
             let mine = write.kept.iter().any(|k| k.id == d.id && k.mine.as_ref() == Some(&d.version));
             self.out.recorded.push((d.clone(), self.store.decisions.get(&d.id).cloned(), mine));
         }
+        self.holds.write(self.store, write, true);
         self.store.record(write);
         Ok(())
     }
@@ -227,14 +248,17 @@ impl Runtime for SimRuntime<'_> {
     }
 
     fn audit(&mut self, event: Event) {
-        if !self.dead() {
+        if self.dead() {
+            // Told by a process killed already: never written.
+            self.holds.killed(std::slice::from_ref(&event));
+        } else {
             self.buffered.push(event);
         }
     }
 
     fn flush_audit(&mut self) {
         if !self.dead() {
-            self.audit.append(&mut self.buffered);
+            self.write_told();
         }
     }
 

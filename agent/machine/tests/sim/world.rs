@@ -4,7 +4,8 @@
 //! carries messages, `sessions` drives the agent's link machine on each link,
 //! `faults` kills, restarts, partitions and fills disks, `guard` runs mass
 //! deletes and releases or reverts them; `recorded` checks each decision as
-//! a store records it, `checker` judges the end of a run.
+//! a store records it, `checker` judges the end of a run (`audited` on the
+//! audit records the agent makes of what each node told).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -19,6 +20,7 @@ use crate::model::*;
 use crate::runtime::{Outbox, SimRuntime, Store};
 use crate::*;
 
+mod audited;
 mod checker;
 mod faults;
 mod guard;
@@ -28,6 +30,7 @@ mod recorded;
 mod sessions;
 mod trace;
 
+pub(crate) use audited::Holds;
 pub(crate) use checker::Verdicts;
 
 #[derive(Clone, Debug)]
@@ -179,6 +182,10 @@ pub(crate) struct SimNode {
     pub(crate) disk: Disk,
     pub(crate) store: Store,
     pub(crate) audit: Vec<node::Event>,
+    /// The audit records the agent makes of `audit`, as its log holds them.
+    pub(crate) records: Vec<keysync_audit::Record>,
+    /// The holds of deletes its guard made: each ends with a record.
+    pub(crate) holds: Holds,
     next_tick: Option<u64>,
     /// Ids with operator steps still to come.
     in_flight: BTreeSet<MinionId>,
@@ -296,6 +303,8 @@ impl Sim {
                 disk,
                 store: Store::default(),
                 audit: Vec::new(),
+                records: Vec::new(),
+                holds: Holds::default(),
                 next_tick: None,
                 in_flight: BTreeSet::new(),
                 touched: BTreeMap::new(),
@@ -614,10 +623,14 @@ fn event_kind(event: &Event) -> (u8, usize, usize) {
 /// audit log, with nothing told yet.
 fn runtime_of<'a>(n: &'a mut SimNode, rng: &'a mut crate::model::Rng) -> SimRuntime<'a> {
     let audit_before = n.audit.len();
+    n.holds.started(n.epoch, &n.store);
     SimRuntime {
         disk: &mut n.disk,
         store: &mut n.store,
         audit: &mut n.audit,
+        records: &mut n.records,
+        node: &n.name,
+        holds: &mut n.holds,
         buffered: Vec::new(),
         out: Outbox { audit_before, ..Outbox::default() },
         kill_after: &mut n.kill_after,

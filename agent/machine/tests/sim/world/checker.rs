@@ -4,6 +4,8 @@
 //! key the final decision deleted or rejected), never applied (a master
 //! whose folders do not say what it holds); plus propagation latency in
 //! virtual time, and the late joiner's files never overriding the cluster.
+//! Conflicts are judged on the events told and on the audit records made of
+//! them (`audited.rs`, which judges held deletes' records too).
 
 use super::*;
 use keysync_machine::core::merge::conflicting;
@@ -26,6 +28,44 @@ pub(crate) struct Verdicts {
     pub(crate) conflicts_told: u64,
     pub(crate) conflicts_missed: u64,
     pub(crate) conflicts_duplicated: u64,
+    /// Conflict pairs recorded once in the audit log as the agent writes
+    /// it, and held deletes whose end is recorded once (`audited.rs`).
+    pub(crate) conflicts_recorded: u64,
+    pub(crate) held_recorded: u64,
+    /// Conflict pairs or held deletes with no record, or more than one, and
+    /// records without cause: must be 0.
+    pub(crate) unaudited: u64,
+}
+
+/// How often each key was told, against the keys `expected` once each
+/// (`forgotten` ones may be told any number of times).
+pub(super) struct Tally<K> {
+    pub(super) once: u64,
+    pub(super) missed: Vec<K>,
+    pub(super) repeated: Vec<(K, u64)>,
+    /// Told, neither expected nor forgotten.
+    pub(super) unexpected: Vec<(K, u64)>,
+}
+
+pub(super) fn tally<K: Ord + Clone>(
+    expected: &BTreeSet<K>,
+    forgotten: &BTreeSet<K>,
+    told: &BTreeMap<K, u64>,
+) -> Tally<K> {
+    let mut tally = Tally { once: 0, missed: Vec::new(), repeated: Vec::new(), unexpected: Vec::new() };
+    for key in expected {
+        match told.get(key) {
+            None => tally.missed.push(key.clone()),
+            Some(1) => tally.once += 1,
+            Some(&k) => tally.repeated.push((key.clone(), k)),
+        }
+    }
+    for (key, &k) in told {
+        if !expected.contains(key) && !forgotten.contains(key) {
+            tally.unexpected.push((key.clone(), k));
+        }
+    }
+    tally
 }
 
 impl Sim {
@@ -146,25 +186,23 @@ impl Sim {
                     *told.entry(key).or_default() += 1;
                 }
             }
-            for pair in &expected {
-                match told.get(pair) {
-                    None => {
-                        verdicts.conflicts_missed += 1;
-                        problems.push(format!("{}: conflict {pair:?} never told", n.name));
-                    }
-                    Some(&k) if k > 1 => {
-                        verdicts.conflicts_duplicated += k - 1;
-                        problems.push(format!("{}: conflict {pair:?} told {k} times", n.name));
-                    }
-                    Some(_) => verdicts.conflicts_told += 1,
-                }
+            let Tally { once, missed, repeated, unexpected } = tally(&expected, &forgotten, &told);
+            verdicts.conflicts_told += once;
+            for pair in missed {
+                verdicts.conflicts_missed += 1;
+                problems.push(format!("{}: conflict {pair:?} never told", n.name));
             }
-            for (pair, k) in &told {
-                if !expected.contains(pair) && !forgotten.contains(pair) {
-                    verdicts.conflicts_duplicated += k;
-                    problems.push(format!("{}: conflict {pair:?} told, but it holds no such pair", n.name));
-                }
+            for (pair, k) in repeated {
+                verdicts.conflicts_duplicated += k - 1;
+                problems.push(format!("{}: conflict {pair:?} told {k} times", n.name));
             }
+            for (pair, k) in unexpected {
+                verdicts.conflicts_duplicated += k;
+                problems.push(format!("{}: conflict {pair:?} told, but it holds no such pair", n.name));
+            }
+            // The same, on the records the agent writes of what was told.
+            Sim::check_conflict_records(n, &expected, &forgotten, &mut verdicts, &mut problems);
+            Sim::check_held_records(n, &mut verdicts, &mut problems);
         }
         // Every master computes the same digests from the same entries.
         let digests: BTreeSet<Option<Vec<u64>>> =
@@ -199,13 +237,15 @@ impl Sim {
         }
         if !problems.is_empty() {
             self.fail(format!(
-                "lost {}, stale {}, resurrected {}, never applied {}, conflicts missed {}, duplicated {}: {problems:#?}",
+                "lost {}, stale {}, resurrected {}, never applied {}, conflicts missed {}, duplicated {}, unaudited {}: \
+                 {problems:#?}",
                 verdicts.lost,
                 verdicts.stale,
                 verdicts.resurrected,
                 verdicts.never_applied,
                 verdicts.conflicts_missed,
-                verdicts.conflicts_duplicated
+                verdicts.conflicts_duplicated,
+                verdicts.unaudited
             ));
         }
         self.stats.verdicts = verdicts;
