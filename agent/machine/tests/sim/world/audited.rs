@@ -111,7 +111,12 @@ impl Sim {
 /// writes make two more: a hold the store never kept, and one the store
 /// kept after the guard had ended it (the write of its end failed and the
 /// node was killed before it was written again), which the next start
-/// holds again.
+/// holds again. And one no write names: the guard held it and ended it in
+/// the same offer (`guard.rs`: held as forwarded and given back when its
+/// origin sent it too, or replaced by a newer delete of its id), before the
+/// write that follows; once a write of held deletes has failed, that write
+/// names what the guard holds, not what it held since (`tell_guard`), so
+/// such a hold is seen only by the record of its end.
 #[derive(Debug, Default)]
 pub(crate) struct Holds {
     /// How many holds of each delete.
@@ -123,9 +128,8 @@ pub(crate) struct Holds {
     unkept: BTreeSet<Hold>,
     /// Holds whose end was written.
     ended: BTreeSet<Hold>,
-    /// Since the last failed write of held deletes, none succeeded: the
-    /// store may still keep holds the guard ended.
-    behind: bool,
+    /// Holds a write named, or counted from their end.
+    named: BTreeSet<Hold>,
     /// The node's life (epoch) these were last brought up to.
     epoch: u64,
 }
@@ -145,6 +149,12 @@ fn ended(event: &node::Event) -> Option<Hold> {
     }
 }
 
+/// Whether `event` may end a hold the guard made in the same offer, which
+/// no write need name: given back to be judged again, or replaced.
+fn ends_in_its_offer(event: &node::Event) -> bool {
+    matches!(event, node::Event::HeldSettled { how: node::Settled::Rejudged | node::Settled::By(_), .. })
+}
+
 impl Holds {
     /// A store write, before the store takes it (`ok`: it does).
     pub(crate) fn write(&mut self, store: &Store, write: &StoreWrite<'_>, ok: bool) {
@@ -152,6 +162,7 @@ impl Holds {
         let holds_anyway = write.putting_back.is_none();
         for held in write.held {
             let key = hold(held);
+            self.named.insert(key.clone());
             if store.held.get(&key.0).is_some_and(|h| hold(h) == key) {
                 continue;
             }
@@ -160,13 +171,11 @@ impl Holds {
                 *self.counts.entry((key.0, key.1)).or_default() += 1;
             }
         }
-        if !write.held.is_empty() || !write.unheld.is_empty() {
-            self.behind = !ok;
-        }
     }
 
     /// `events` are written to the audit log.
     pub(crate) fn written(&mut self, events: &[node::Event]) {
+        self.unnamed(events);
         for key in events.iter().filter_map(ended) {
             self.unkept.remove(&key);
             self.ended.insert(key);
@@ -175,16 +184,30 @@ impl Holds {
 
     /// `events` were told by a process killed before it wrote them.
     pub(crate) fn killed(&mut self, events: &[node::Event]) {
+        self.unnamed(events);
         for key in events.iter().filter_map(ended) {
             self.unkept.remove(&key);
             self.lost.insert((key.0, key.1));
         }
     }
 
+    /// Counts the holds `events` end that no write named: made and ended
+    /// in one offer.
+    fn unnamed(&mut self, events: &[node::Event]) {
+        for key in events.iter().filter(|e| ends_in_its_offer(e)).filter_map(ended) {
+            if self.named.insert(key.clone()) {
+                *self.counts.entry((key.0, key.1)).or_default() += 1;
+            }
+        }
+    }
+
     /// Brings these up to the node's life `epoch`: after a kill and a start,
-    /// holds never kept nor ended are gone with the process, and (if a
-    /// write of held deletes had failed since the last that succeeded)
-    /// those the store kept after their end was written are held again.
+    /// holds never kept nor ended are gone with the process, and those the
+    /// store kept after their end was written are held again (`recheck_held`
+    /// holds all the store keeps, and tells each one's end). The store may
+    /// keep one however many writes succeeded since the write of its end
+    /// failed: the guard writes it again when its backoff allows, and writes
+    /// of decisions drop only their own ids' holds.
     pub(crate) fn started(&mut self, epoch: u64, store: &Store) {
         if epoch == self.epoch {
             return;
@@ -195,11 +218,9 @@ impl Holds {
                 *count -= 1;
             }
         }
-        if std::mem::take(&mut self.behind) {
-            for held in store.held.values() {
-                if self.ended.remove(&hold(held)) {
-                    *self.counts.entry((held.decision.id.clone(), held.decision.version.clone())).or_default() += 1;
-                }
+        for held in store.held.values() {
+            if self.ended.remove(&hold(held)) {
+                *self.counts.entry((held.decision.id.clone(), held.decision.version.clone())).or_default() += 1;
             }
         }
     }
