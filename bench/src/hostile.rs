@@ -87,6 +87,14 @@ pub fn run(settings: &Settings) -> anyhow::Result<HostileRow> {
     });
 
     cluster.start(0)?;
+    // master-a's link reads the fake answers first: once the attack fetches
+    // from master-a, its link leaves its rounds to that "fetching" peer,
+    // so a round not begun before the attack might never come in time.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while fake.diffs.load(Ordering::SeqCst) == 0 || fake.fetches.load(Ordering::SeqCst) == 0 {
+        anyhow::ensure!(Instant::now() < deadline, "master-a's link asked the fake master-b for no Diff and Fetch in 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let pid = cluster.pid(0).context("master-a's agent has no pid")?;
     let audit_before = std::fs::read(&a.audit_log).unwrap_or_default();
     let before = procfs::memory(pid)?;
