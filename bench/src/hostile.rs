@@ -92,7 +92,10 @@ pub fn run(settings: &Settings) -> anyhow::Result<HostileRow> {
     // so a round not begun before the attack might never come in time.
     let deadline = Instant::now() + Duration::from_secs(60);
     while fake.diffs.load(Ordering::SeqCst) == 0 || fake.fetches.load(Ordering::SeqCst) == 0 {
-        anyhow::ensure!(Instant::now() < deadline, "master-a's link asked the fake master-b for no Diff and Fetch in 60 s");
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "master-a's link asked the fake master-b for no Diff and Fetch in 60 s"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let pid = cluster.pid(0).context("master-a's agent has no pid")?;
