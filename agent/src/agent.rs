@@ -36,6 +36,10 @@ pub struct RunOptions {
     /// control socket (it waits for the outcome, which SIGHUP cannot).
     pub reload_requests: Option<mpsc::Sender<Option<crate::ops::reload::ReloadReply>>>,
     pub notifier: Notifier,
+    /// Called whenever a thread of the agent's own that runs async work (the
+    /// core's, `node/thread.rs`) waits for work, as the binary's runtime
+    /// workers call it (the binary returns freed memory there).
+    pub on_thread_park: Option<fn()>,
 }
 
 /// Runs an agent until `shutdown`. `listener` is bound by the caller (tests
@@ -193,7 +197,26 @@ pub async fn run_with(
     tracing::info!(node = %config.node, listen = %listener.local_addr()?, n_peers = config.peers.len(), observe, "agent started");
 
     let tasks = TaskTracker::new();
-    tasks.spawn(core.run(events, requests, shutdown.clone()));
+    // The core blocks on the disk: a thread of its own, never an async
+    // worker. From here on, however `run_with` returns, the core (and every
+    // task) is told to stop.
+    let _stop_on_return = shutdown.clone().drop_guard();
+    let core = core
+        .spawn(events, requests, shutdown.clone(), options.on_thread_park)
+        .context("cannot start the core's thread")?;
+    let core_stopped = tasks.spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            let stopped = core.stopped().await;
+            // Without its core the agent replicates nothing: it stops
+            // (exit 1, and systemd starts it again) instead of running on.
+            if let Err(e) = &stopped {
+                tracing::error!(error = %e, "the agent stops");
+                shutdown.cancel();
+            }
+            stopped
+        }
+    });
     let (tls_tx, tls_rx) = watch::channel(Arc::new(tls));
     let plan = crate::ops::site_plan::Gather {
         node: config.node.clone(),
@@ -302,14 +325,20 @@ pub async fn run_with(
     shutdown.cancel();
     tasks.wait().await;
     drop(watch);
+    // The core has made its final audit flush (or failed).
+    let core_stopped = core_stopped.await.unwrap_or_else(|e| Err(node::CoreStopped::Panicked(e.to_string())));
     audit.flush_refusals(true);
-    audit.record(Record::new(Action::Stop, Via::Local, Outcome::Stopped));
+    audit.record(Record {
+        reason: core_stopped.as_ref().err().map(ToString::to_string),
+        ..Record::new(Action::Stop, Via::Local, Outcome::Stopped)
+    });
     audit.sync();
     // Where the chain ends at this clean stop: a cut tail is noticed at the
     // next start (in observe mode the store is in memory and gone with it).
     if let Err(e) = store.set_audit_head(&audit.head()) {
         tracing::error!(error = %e, "cannot note where the audit log ends");
     }
+    core_stopped?;
     served.context("gRPC listener failed")
 }
 

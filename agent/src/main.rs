@@ -481,6 +481,8 @@ fn run(path: &std::path::Path, args: &RunArgs) -> Result<()> {
             reload: Some(reload_rx),
             reload_requests: Some(reload_tx),
             notifier: notifier.clone(),
+            // The core's thread returns freed memory when idle, as the workers do.
+            on_thread_park: Some(collect_freed_memory),
         };
         // On a worker, not this thread: memory the start-up allocates (a first
         // start reads every key) is then returned by `collect_freed_memory`.

@@ -3,11 +3,13 @@
 //! events, peers' decisions and anti-entropy requests — so the agent's own
 //! writes are always committed before their inotify echo is read. It makes
 //! no decision itself: it feeds the machine inputs and the time, and carries
-//! out its effects (`effects.rs`); what each event becomes in the audit log,
-//! the log and the metrics is `tell.rs`.
+//! out its effects (`effects.rs`), which block, on a thread of its own
+//! (`thread.rs`); what each event becomes in the audit log, the log and the
+//! metrics is `tell.rs`.
 
 mod effects;
 mod tell;
+mod thread;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -27,6 +29,7 @@ use crate::disk::pki::{Owner, Pki};
 use crate::disk::store::Store;
 use crate::disk::watcher::{FolderWatch, WatchEvent};
 pub use effects::Effects;
+pub use thread::{CoreStopped, CoreThread};
 
 /// Decisions leaving this node for its peers. `from`: the peer they came
 /// from, which need not get them back.
@@ -190,8 +193,20 @@ const MAX_GROUPED_DECISIONS: usize = 10_000;
 const REQUEST_BURST: usize = 64;
 
 impl Core {
+    /// Runs the core on a thread of its own until `shutdown` (see
+    /// `thread.rs`); `on_park` is called whenever it waits for work.
+    pub fn spawn(
+        self,
+        events: mpsc::UnboundedReceiver<WatchEvent>,
+        requests: mpsc::Receiver<Request>,
+        shutdown: CancellationToken,
+        on_park: Option<fn()>,
+    ) -> std::io::Result<CoreThread> {
+        thread::spawn(self.run(events, requests, shutdown.clone()), shutdown, on_park)
+    }
+
     /// Runs the core task until `shutdown`.
-    pub async fn run(
+    async fn run(
         mut self,
         mut events: mpsc::UnboundedReceiver<WatchEvent>,
         mut requests: mpsc::Receiver<Request>,

@@ -100,3 +100,72 @@ fn queued_pushes_are_applied_together_and_answered_each() {
         sent.iter().map(|(from, ids)| (from.as_str(), ids.iter().map(String::as_str).collect())).collect();
     assert_eq!(sent, [("a", vec!["web01"]), ("a", vec!["web02"]), ("c", vec!["web01", "web03"])]);
 }
+
+/// Threads the core waited for work on (`on_park`), by name.
+static PARKED_ON: std::sync::Mutex<Vec<Option<String>>> = std::sync::Mutex::new(Vec::new());
+
+fn note_park() {
+    PARKED_ON.lock().unwrap().push(std::thread::current().name().map(str::to_string));
+}
+
+fn stopped(core: CoreThread) -> Result<(), CoreStopped> {
+    tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(core.stopped())
+}
+
+/// The core runs on a thread of its own (issue 30: its writes and commits
+/// block): driven here with no async runtime on the caller's side at all,
+/// it applies and answers, waits for work on its own thread, and stops at
+/// shutdown, after which its handle finds it gone.
+#[test]
+fn the_core_runs_on_a_thread_of_its_own_until_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let (core, handle, requests) = core_in(dir.path());
+    let (_events, events) = mpsc::unbounded_channel();
+    let shutdown = CancellationToken::new();
+    let core = core.spawn(events, requests, shutdown.clone(), Some(note_park)).unwrap();
+
+    let (reply, applied) = oneshot::channel();
+    let decisions = vec![accept("web01", wall_ms(), "a")];
+    handle.requests.blocking_send(Request::Remote { from: "a".into(), decisions, reply }).map_err(|_| "gone").unwrap();
+    assert_eq!(applied.blocking_recv(), Ok(1));
+    assert_eq!(core_count(&handle), Some(1));
+    // With nothing left to do, it waits for work on its own thread.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !PARKED_ON.lock().unwrap().contains(&Some("keysync-core".into())) {
+        assert!(std::time::Instant::now() < deadline, "{:?}", PARKED_ON.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    shutdown.cancel();
+    assert!(stopped(core).is_ok());
+    assert_eq!(core_count(&handle), None, "the core is gone after shutdown");
+    let audit = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+    assert!(audit.contains(r#""minion":"web01""#), "{audit}");
+}
+
+/// The number of decisions the core holds, `None` once it is gone.
+fn core_count(handle: &CoreHandle) -> Option<usize> {
+    let (reply, count) = oneshot::channel();
+    handle.requests.blocking_send(Request::Count { reply }).ok()?;
+    count.blocking_recv().ok()
+}
+
+/// A core that stops while the agent is not stopping is told, so the agent
+/// stops instead of running on without it: its folder events ended, or it
+/// panicked.
+#[test]
+fn a_core_stopping_on_its_own_is_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let (core, _handle, requests) = core_in(dir.path());
+    let (events_tx, events) = mpsc::unbounded_channel();
+    let core = core.spawn(events, requests, CancellationToken::new(), None).unwrap();
+    drop(events_tx);
+    assert!(matches!(stopped(core), Err(CoreStopped::InputsEnded)));
+
+    let panicking = async { panic!("a bug in the core") };
+    let core = thread::spawn(panicking, CancellationToken::new(), None).unwrap();
+    match stopped(core) {
+        Err(CoreStopped::Panicked(message)) => assert_eq!(message, "a bug in the core"),
+        other => panic!("{other:?}"),
+    }
+}
