@@ -35,8 +35,12 @@ use std::time::Duration;
 use crate::core::{Decision, MinionId};
 use crate::node::{BadAnswer, Compared, Summaries, FETCH_CHUNK};
 
+mod held_back;
 #[cfg(test)]
 mod tests;
+
+use held_back::HeldBack;
+pub use held_back::MAX_HELD_BACK;
 
 /// How a link paces and bounds its rounds.
 #[derive(Clone, Debug)]
@@ -56,13 +60,6 @@ pub struct LinkSettings {
 
 /// Summaries of a peer's Diff answer handed to the node at once (a few MiB).
 pub const COMPARE_CHUNK: usize = 20_000;
-
-/// Most decisions a link holds back for its peer during a round. Held with
-/// their keys: a master joining two peers forwards to each the decisions
-/// fetched from the other, and each link held 10,000 of them (~7 MiB)
-/// before dropping them for another round anyway; a burst larger than this
-/// during a round costs one more comparison of digests.
-pub const MAX_HELD_BACK: usize = 1000;
 
 impl LinkSettings {
     /// The agent's bounds, with its round interval and the time a peer
@@ -594,37 +591,5 @@ impl<B> Link<B> {
         }
         let ids: Vec<MinionId> = rest.drain(rest.len().saturating_sub(push_chunk)..).rev().collect();
         self.out.push_back(Out::Call(Call::Load(ids)));
-    }
-}
-
-/// What the node sent its peers while a round ran.
-#[derive(Debug)]
-struct HeldBack<B> {
-    /// For the peer, in order.
-    batches: Vec<B>,
-    n_decisions: usize,
-    /// Some were dropped (too many, or the stream lagged): another round.
-    dropped: bool,
-}
-
-impl<B> Default for HeldBack<B> {
-    fn default() -> Self {
-        HeldBack { batches: Vec::new(), n_decisions: 0, dropped: false }
-    }
-}
-
-impl<B> HeldBack<B> {
-    fn take(&mut self, n: usize, batch: B, max: usize) {
-        self.n_decisions += n;
-        if self.dropped || self.n_decisions > max {
-            self.drop_all();
-        } else {
-            self.batches.push(batch);
-        }
-    }
-
-    fn drop_all(&mut self) {
-        self.dropped = true;
-        self.batches = Vec::new();
     }
 }
