@@ -34,6 +34,13 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const PUSH_BATCH_BYTES: usize = MAX_MESSAGE_BYTES / 2;
 /// Decisions per pushed batch (10,000 keys of ~450 bytes is ~5 MiB).
 const PUSH_BATCH_DECISIONS: usize = 10_000;
+/// Push batches the peer has not acknowledged yet, at most. While that many
+/// are unacknowledged, what the node sends meanwhile waits in its outgoing
+/// channel and goes out as one batch at the next acknowledgement: the peer
+/// makes each batch durable (a syncfs, a store commit), so a burst of
+/// single decisions (Salt 3008's `salt-key -A` writes one key at a time)
+/// must not reach it as thousands of one-decision batches.
+const PUSHES_IN_FLIGHT: usize = 2;
 
 #[derive(Debug, thiserror::Error)]
 enum SessionError {
@@ -175,13 +182,12 @@ impl PeerLink {
         // Followed before the first round, so nothing decided meanwhile is
         // missed: what comes during a round is held back for after it.
         let outgoing = self.core.subscribe();
-        // Two batches in flight: more would only queue small batches the peer
-        // then applies one by one (see the coalescing below).
-        let (push_tx, push_rx) = mpsc::channel::<v1::DecisionBatch>(2);
+        let (push_tx, push_rx) = mpsc::channel::<v1::DecisionBatch>(PUSHES_IN_FLIGHT);
         let mut acks = client.push(ReceiverStream::new(push_rx)).await?.into_inner();
         let mut io = SessionIo {
             client,
             push_tx,
+            unacked: 0,
             outgoing,
             timer: Box::pin(tokio::time::sleep(self.anti_entropy_interval)),
             timer_armed: false,
@@ -196,10 +202,10 @@ impl PeerLink {
             while let Some(out) = link.poll() {
                 self.execute(out, link, &mut io).await?;
             }
-            let SessionIo { outgoing, timer, timer_armed, .. } = &mut io;
+            let SessionIo { outgoing, timer, timer_armed, unacked, .. } = &mut io;
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
-                out = outgoing.recv() => match out {
+                out = outgoing.recv(), if *unacked < PUSHES_IN_FLIGHT => match out {
                     Ok(out) => {
                         // Everything else already queued goes in the same push: while
                         // the peer is busy making the last batch durable, a burst
@@ -218,6 +224,7 @@ impl PeerLink {
                 },
                 ack = acks.message() => match ack? {
                     Some(ack) => {
+                        *unacked = unacked.saturating_sub(1);
                         self.board.contact(&self.peer.name);
                         tracing::trace!(n_received = ack.n_received, n_applied = ack.n_applied, "push acknowledged");
                     }
@@ -274,11 +281,11 @@ impl PeerLink {
                 Input::Fetched(decisions)
             }
             Out::Push(batches) => {
-                send_decisions(&io.push_tx, decisions_of(&batches)).await?;
+                send_decisions(io, decisions_of(&batches)).await?;
                 return Ok(());
             }
             Out::PushLoaded(decisions) => {
-                io.run.bytes_sent += send_decisions(&io.push_tx, &decisions).await?;
+                io.run.bytes_sent += send_decisions(io, &decisions).await?;
                 return Ok(());
             }
             Out::Up => {
@@ -488,6 +495,9 @@ type Link = keysync_machine::link::Link<Arc<crate::node::Outgoing>>;
 struct SessionIo {
     client: KeySyncClient<Channel>,
     push_tx: mpsc::Sender<v1::DecisionBatch>,
+    /// Push batches sent and not yet acknowledged (acknowledgements come
+    /// one per batch, in order).
+    unacked: usize,
     outgoing: broadcast::Receiver<Arc<crate::node::Outgoing>>,
     /// The round timer, while armed (the link sets it).
     timer: std::pin::Pin<Box<tokio::time::Sleep>>,
@@ -538,7 +548,7 @@ fn decisions_of(batches: &[Arc<crate::node::Outgoing>]) -> Vec<&Decision> {
 /// durable with one syncfs and one store commit, so a burst (salt-key -A)
 /// costs a few of those, not one per thousand keys. Returns the bytes sent.
 async fn send_decisions<'a>(
-    push_tx: &mpsc::Sender<v1::DecisionBatch>,
+    io: &mut SessionIo,
     decisions: impl IntoIterator<Item = &'a Decision>,
 ) -> Result<usize, SessionError> {
     let mut n_bytes = 0;
@@ -551,7 +561,8 @@ async fn send_decisions<'a>(
             && (batch_bytes + len > PUSH_BATCH_BYTES || batch.decisions.len() >= PUSH_BATCH_DECISIONS)
         {
             n_bytes += batch.encoded_len();
-            push_tx.send(std::mem::take(&mut batch)).await.map_err(|_| SessionError::PushClosed)?;
+            io.push_tx.send(std::mem::take(&mut batch)).await.map_err(|_| SessionError::PushClosed)?;
+            io.unacked += 1;
             batch_bytes = 0;
         }
         batch_bytes += len;
@@ -559,7 +570,8 @@ async fn send_decisions<'a>(
     }
     if !batch.decisions.is_empty() {
         n_bytes += batch.encoded_len();
-        push_tx.send(batch).await.map_err(|_| SessionError::PushClosed)?;
+        io.push_tx.send(batch).await.map_err(|_| SessionError::PushClosed)?;
+        io.unacked += 1;
     }
     Ok(n_bytes)
 }
