@@ -144,7 +144,7 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
             ..Record::new(Action::Pending, Via::from_source(from), Outcome::Discarded)
         },
         Event::RotateFailed { error } => {
-            Record { reason: Some(error.clone()), ..Record::new(Action::Rotate, Via::Local, Outcome::Failed) }
+            Record { reason: Some(error.to_string()), ..Record::new(Action::Rotate, Via::Local, Outcome::Failed) }
         }
         Event::WriteFailed { what, error } => Record {
             reason: Some(format!("{what}: {error}; nothing recorded, retrying with backoff")),

@@ -60,7 +60,7 @@ impl Runtime for Effects {
     }
 
     fn list(&mut self) -> Result<Vec<(Folder, String)>, Failure> {
-        self.pki.list().map_err(|e| format!("cannot list the key folders: {e}"))
+        self.pki.list().map_err(|e| Failure::new(format_args!("cannot list the key folders: {e}")))
     }
 
     fn apply(&mut self, decisions: &[&Decision]) -> Vec<Result<Applied, Failure>> {
@@ -71,14 +71,15 @@ impl Runtime for Effects {
         for _ in results.iter().filter(|r| r.is_err()) {
             self.metrics.write_failures.inc();
         }
-        results.into_iter().map(|result| result.map_err(|e| e.to_string())).collect()
+        results.into_iter().map(|result| result.map_err(Failure::new)).collect()
     }
 
     fn sync_folders(&mut self) -> Result<(), Failure> {
         if self.observe {
             return Ok(());
         }
-        let synced = self.pki.sync().map_err(|e| format!("syncfs {}: {e}", self.pki.root().display()));
+        let synced =
+            self.pki.sync().map_err(|e| Failure::new(format_args!("syncfs {}: {e}", self.pki.root().display())));
         self.count_failure(synced)
     }
 
@@ -87,33 +88,33 @@ impl Runtime for Effects {
             return Ok(false);
         }
         drop_dfn(&self.cachedir, &self.master_id, self.owner, &self.pki.trust())
-            .map_err(|e| format!("cannot drop {}/.dfn: {e}", self.cachedir.display()))
+            .map_err(|e| Failure::new(format_args!("cannot drop {}/.dfn: {e}", self.cachedir.display())))
     }
 
     fn journal(&mut self, decisions: &[Decision]) -> Result<(), Failure> {
-        let journalled = self.store.journal(decisions).map_err(|e| e.to_string());
+        let journalled = self.store.journal(decisions).map_err(Failure::new);
         self.count_failure(journalled)
     }
 
     fn record(&mut self, write: &StoreWrite<'_>) -> Result<(), Failure> {
-        let recorded = self.store.record_at(write, &self.node, Some(&self.audit.head())).map_err(|e| e.to_string());
+        let recorded = self.store.record_at(write, &self.node, Some(&self.audit.head())).map_err(Failure::new);
         self.count_failure(recorded)
     }
 
     fn load(&mut self, ids: &[MinionId]) -> Result<Vec<Decision>, Failure> {
-        self.store.get(ids).map_err(|e| e.to_string())
+        self.store.get(ids).map_err(Failure::new)
     }
 
     fn load_cold(&mut self, ids: &[MinionId]) -> Result<Vec<(MinionId, Entry)>, Failure> {
-        self.store.cold(ids).map_err(|e| e.to_string())
+        self.store.cold(ids).map_err(Failure::new)
     }
 
     fn cold_in(&mut self, buckets: &[u32]) -> Result<Vec<(MinionId, Version)>, Failure> {
-        self.store.cold_in(buckets).map_err(|e| e.to_string())
+        self.store.cold_in(buckets).map_err(Failure::new)
     }
 
     fn compact(&mut self, before_ms: u64, max: usize) -> Result<Vec<(MinionId, Version)>, Failure> {
-        let compacted = self.store.compact_versions(before_ms, max).map_err(|e| e.to_string());
+        let compacted = self.store.compact_versions(before_ms, max).map_err(Failure::new);
         self.count_failure(compacted)
     }
 

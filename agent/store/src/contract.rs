@@ -32,35 +32,35 @@ impl ContractStore for OnDisk {
     }
 
     fn journal(&mut self, decisions: &[Decision]) -> Result<(), Failure> {
-        self.store().journal(decisions).map_err(|e| e.to_string())
+        self.store().journal(decisions).map_err(Failure::new)
     }
 
     fn record(&mut self, write: &StoreWrite<'_>) -> Result<(), Failure> {
-        self.store().record(write, NODE).map_err(|e| e.to_string())
+        self.store().record(write, NODE).map_err(Failure::new)
     }
 
     fn load(&mut self) -> Result<Loaded, Failure> {
-        self.store().load().map_err(|e| e.to_string())
+        self.store().load().map_err(Failure::new)
     }
 
     fn get(&mut self, ids: &[MinionId]) -> Result<Vec<Decision>, Failure> {
-        self.store().get(ids).map_err(|e| e.to_string())
+        self.store().get(ids).map_err(Failure::new)
     }
 
     fn cold(&mut self, ids: &[MinionId]) -> Result<Vec<(MinionId, Entry)>, Failure> {
-        self.store().cold(ids).map_err(|e| e.to_string())
+        self.store().cold(ids).map_err(Failure::new)
     }
 
     fn cold_in(&mut self, buckets: &[u32]) -> Result<Vec<(MinionId, Version)>, Failure> {
-        self.store().cold_in(buckets).map_err(|e| e.to_string())
+        self.store().cold_in(buckets).map_err(Failure::new)
     }
 
     fn compact(&mut self, before_ms: u64, max: usize) -> Result<Vec<(MinionId, Version)>, Failure> {
-        self.store().compact_versions(before_ms, max).map_err(|e| e.to_string())
+        self.store().compact_versions(before_ms, max).map_err(Failure::new)
     }
 
     fn set_afresh(&mut self, hlc: u64) -> Result<(), Failure> {
-        self.store().set_afresh(hlc).map_err(|e| e.to_string())
+        self.store().set_afresh(hlc).map_err(Failure::new)
     }
 
     fn reopen(&mut self) {

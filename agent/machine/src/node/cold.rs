@@ -62,7 +62,7 @@ impl Node {
     /// Tombstones a decision needed could not be read: the store is tried
     /// again after the write backoff (`retry_failed`, which rescans the
     /// folders first).
-    pub(super) fn retry_after_cold_failure(&mut self, error: &str, now: Now, rt: &mut impl Runtime) {
+    pub(super) fn retry_after_cold_failure(&mut self, error: &Failure, now: Now, rt: &mut impl Runtime) {
         self.trouble.failed(rt, now.mono, "state store, reading tombstones", error);
         self.waiting.rescan_pending = true;
     }

@@ -10,6 +10,8 @@ use crate::core::merge::Conflict;
 use crate::core::version::SkewError;
 use crate::core::{Decision, Fingerprint, Folder, MinionId, Version};
 
+use super::runtime::Failure;
+
 /// Why a local decision was found other than by a folder event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Found {
@@ -80,20 +82,20 @@ pub enum Event {
     /// `.dfn` dropped: the master rotates its AES key (revoked minions are cut off).
     Rotated,
     /// `.dfn` could not be dropped: revoked minions stay connected until the next rotation.
-    RotateFailed { error: String },
+    RotateFailed { error: Failure },
     /// A write failed; nothing recorded, retried with backoff (once per episode).
-    WriteFailed { what: String, error: String },
+    WriteFailed { what: String, error: Failure },
     /// Writes succeed again after an episode of failures.
-    WriteRecovered { lasted: Duration, first_error: String },
+    WriteRecovered { lasted: Duration, first_error: Failure },
     /// Writes still fail, `lasted` into the episode (told at most once a
     /// minute while it goes on; logged, not audited).
-    WritesStillFailing { lasted: Duration, error: String },
+    WritesStillFailing { lasted: Duration, error: Failure },
     /// Inotify events were lost: every name is read again once settled.
     EventsLost { why: String, n_names: usize },
     /// A rescan found changes no event reported.
     RescanFound { n: usize, why: String },
     /// The folders could not be listed for a scan.
-    ListFailed { error: String },
+    ListFailed { error: Failure },
     /// What this master held at its agent's first start (its claims), told
     /// once instead of one record per key.
     Inventory { held: super::Held },
@@ -110,11 +112,11 @@ pub enum Event {
     /// was journalled (an operator's change, read as a decision instead).
     JournalCovered { decision: Decision },
     /// Decisions a peer asked for could not be read from the store.
-    LoadFailed { error: String },
+    LoadFailed { error: Failure },
     /// Plain tombstones kept in the store could not be read or compacted
     /// (what needed them waits: a peer's decisions come again, a folder
     /// change is read again at the next rescan).
-    ColdFailed { error: String },
+    ColdFailed { error: Failure },
     /// Plain tombstones issued before `before_ms` were forgotten (`tombstone_ttl`).
     Compacted { n: usize, before_ms: u64 },
     /// A burst of deletes of accepted keys from the peer `via` (the link,

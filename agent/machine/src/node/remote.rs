@@ -372,7 +372,7 @@ impl Node {
                     done.push((merged, effect, None));
                     continue;
                 };
-                match results.next().unwrap_or_else(|| Err("no result".into())) {
+                match results.next().unwrap_or_else(|| Err(super::Failure::new("no result"))) {
                     Ok(applied) => {
                         self.echoes.expect(target.id.as_str(), &applied.changes, now.mono);
                         // What reading the echo would have noted: no pending key

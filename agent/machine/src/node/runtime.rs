@@ -15,8 +15,28 @@ use crate::core::{Decision, Entry, Folder, MinionId, PublicKey, Seen, Version};
 use super::event::Event;
 
 /// Why an effect failed, as the executor words it (an OS error, a store
-/// error): only logged and audited, never parsed.
-pub type Failure = String;
+/// error, and what it was doing): only logged and audited, never parsed. A
+/// type of its own, so that no other text (an id, a peer's name, a path)
+/// passes for one, and no failure for something else.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure(String);
+
+impl Failure {
+    /// A failure worded as `why` displays.
+    pub fn new(why: impl std::fmt::Display) -> Failure {
+        Failure(why.to_string())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
 
 /// What applying a decision to the key folders did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

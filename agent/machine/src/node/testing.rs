@@ -335,13 +335,19 @@ impl Runtime for Recorder {
     fn apply(&mut self, decisions: &[&Decision]) -> Vec<Result<Applied, Failure>> {
         decisions
             .iter()
-            .map(|d| if self.faults.apply { Err("No space left on device".into()) } else { Ok(self.folders.apply(d)) })
+            .map(|d| {
+                if self.faults.apply {
+                    Err(Failure::new("No space left on device"))
+                } else {
+                    Ok(self.folders.apply(d))
+                }
+            })
             .collect()
     }
 
     fn sync_folders(&mut self) -> Result<(), Failure> {
         if self.faults.sync {
-            return Err("syncfs: Input/output error".into());
+            return Err(Failure::new("syncfs: Input/output error"));
         }
         Ok(())
     }
@@ -353,7 +359,7 @@ impl Runtime for Recorder {
 
     fn journal(&mut self, decisions: &[Decision]) -> Result<(), Failure> {
         if self.faults.journal {
-            return Err("journal: No space left on device".into());
+            return Err(Failure::new("journal: No space left on device"));
         }
         self.store.journal(decisions);
         Ok(())
@@ -362,12 +368,12 @@ impl Runtime for Recorder {
     fn record(&mut self, write: &StoreWrite<'_>) -> Result<(), Failure> {
         if let Some(n) = &mut self.faults.records_before_failing {
             if *n == 0 {
-                return Err("store: No space left on device".into());
+                return Err(Failure::new("store: No space left on device"));
             }
             *n -= 1;
         }
         if self.faults.record {
-            return Err("store: No space left on device".into());
+            return Err(Failure::new("store: No space left on device"));
         }
         self.store.record(write);
         Ok(())
@@ -379,7 +385,7 @@ impl Runtime for Recorder {
 
     fn load_cold(&mut self, ids: &[MinionId]) -> Result<Vec<(MinionId, Entry)>, Failure> {
         if self.faults.load_cold {
-            return Err("state store: Input/output error".into());
+            return Err(Failure::new("state store: Input/output error"));
         }
         Ok(self.store.cold(ids))
     }

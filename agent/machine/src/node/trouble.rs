@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use super::event::Event;
-use super::runtime::Runtime;
+use super::runtime::{Failure, Runtime};
 
 const FIRST_DELAY: Duration = Duration::from_millis(250);
 const MAX_DELAY: Duration = Duration::from_secs(5);
@@ -17,38 +17,40 @@ const REMIND_EVERY: Duration = Duration::from_secs(60);
 #[derive(Debug, Default)]
 pub(super) struct WriteTrouble {
     /// Set while writes fail: since when, and the first error.
-    failing: Option<(Instant, String)>,
+    failing: Option<(Instant, Failure)>,
     next_try: Option<Instant>,
     delay: Duration,
     /// When the episode was last told, and the last error since.
     told: Option<Instant>,
-    last_error: String,
+    last_error: Option<Failure>,
 }
 
 impl WriteTrouble {
     /// Notes a failed write of `what`; the first failure of an episode is
     /// told, later ones only lengthen the backoff.
-    pub(super) fn failed(&mut self, rt: &mut impl Runtime, now: Instant, what: &str, error: &str) {
+    pub(super) fn failed(&mut self, rt: &mut impl Runtime, now: Instant, what: &str, error: &Failure) {
         self.delay = if self.failing.is_some() { (self.delay * 2).min(MAX_DELAY) } else { FIRST_DELAY };
         self.next_try = Some(now + self.delay);
-        self.last_error = format!("{what}: {error}");
+        let last_error = Failure::new(format_args!("{what}: {error}"));
+        self.last_error = Some(last_error.clone());
         if let Some((since, _)) = &self.failing {
             if self.told.is_some_and(|told| now.saturating_duration_since(told) >= REMIND_EVERY) {
                 self.told = Some(now);
                 let lasted = now.saturating_duration_since(*since);
-                rt.audit(Event::WritesStillFailing { lasted, error: self.last_error.clone() });
+                rt.audit(Event::WritesStillFailing { lasted, error: last_error });
             }
             return;
         }
-        rt.audit(Event::WriteFailed { what: what.to_string(), error: error.to_string() });
+        rt.audit(Event::WriteFailed { what: what.to_string(), error: error.clone() });
         rt.flush_audit();
-        self.failing = Some((now, self.last_error.clone()));
+        self.failing = Some((now, last_error));
         self.told = Some(now);
     }
 
     /// While writes fail: since when, and the last error.
     pub(super) fn failing(&self) -> Option<(Instant, &str)> {
-        self.failing.as_ref().map(|(since, _)| (*since, self.last_error.as_str()))
+        let last_error = self.last_error.as_ref().map_or("", Failure::as_str);
+        self.failing.as_ref().map(|(since, _)| (*since, last_error))
     }
 
     /// Notes a write that succeeded: ends an episode.
@@ -85,11 +87,11 @@ mod tests {
         let mut trouble = WriteTrouble::default();
         let now = Instant::now();
         assert!(trouble.retry_due(now));
-        trouble.failed(&mut rt, now, "pki", "No space left on device (os error 28)");
+        trouble.failed(&mut rt, now, "pki", &Failure::new("No space left on device (os error 28)"));
         assert!(!trouble.retry_due(now), "the first retry waits {FIRST_DELAY:?}");
         assert!(trouble.retry_due(now + FIRST_DELAY));
         for _ in 0..10 {
-            trouble.failed(&mut rt, now, "pki", "No space left on device (os error 28)");
+            trouble.failed(&mut rt, now, "pki", &Failure::new("No space left on device (os error 28)"));
         }
         assert_eq!(trouble.delay, MAX_DELAY);
         trouble.succeeded(&mut rt, now + Duration::from_secs(3));
@@ -120,7 +122,7 @@ mod tests {
         let t0 = Instant::now();
         for s in 0..=150u64 {
             let error = if s < 100 { "No space left on device" } else { "Previous I/O error occurred" };
-            trouble.failed(&mut rt, t0 + Duration::from_secs(s), "state store", error);
+            trouble.failed(&mut rt, t0 + Duration::from_secs(s), "state store", &Failure::new(error));
         }
         let reminders: Vec<(Duration, &str)> = rt
             .events

@@ -128,7 +128,7 @@ impl Runtime for SimRuntime<'_> {
 
     fn list(&mut self) -> Result<Vec<(Folder, String)>, Failure> {
         if self.dead() {
-            return Err(KILLED.into());
+            return Err(Failure::new(KILLED));
         }
         Ok(self.disk.files.keys().map(|(name, folder)| (*folder, name.clone())).collect())
     }
@@ -138,10 +138,10 @@ impl Runtime for SimRuntime<'_> {
             .iter()
             .map(|decision| {
                 if self.dead() {
-                    return Err(KILLED.into());
+                    return Err(Failure::new(KILLED));
                 }
                 if self.full() {
-                    return Err("No space left on device".into());
+                    return Err(Failure::new("No space left on device"));
                 }
                 if self.in_flight.contains(&decision.id) {
                     self.out.wrote_into_runs.push(decision.id.clone());
@@ -157,17 +157,17 @@ impl Runtime for SimRuntime<'_> {
 
     fn sync_folders(&mut self) -> Result<(), Failure> {
         if self.dead() {
-            return Err(KILLED.into());
+            return Err(Failure::new(KILLED));
         }
         if self.full() {
-            return Err("syncfs: Input/output error".into());
+            return Err(Failure::new("syncfs: Input/output error"));
         }
         Ok(())
     }
 
     fn drop_dfn(&mut self) -> Result<bool, Failure> {
         if self.dead() {
-            return Err(KILLED.into());
+            return Err(Failure::new(KILLED));
         }
         self.out.dfn_dropped += 1;
         Ok(true)
@@ -175,10 +175,10 @@ impl Runtime for SimRuntime<'_> {
 
     fn journal(&mut self, decisions: &[Decision]) -> Result<(), Failure> {
         if self.dead() {
-            return Err(KILLED.into());
+            return Err(Failure::new(KILLED));
         }
         if self.full() {
-            return Err("journal: No space left on device".into());
+            return Err(Failure::new("journal: No space left on device"));
         }
         self.store.journal(decisions);
         Ok(())
@@ -191,11 +191,11 @@ impl Runtime for SimRuntime<'_> {
 
     fn record(&mut self, write: &StoreWrite<'_>) -> Result<(), Failure> {
         if self.dead() {
-            return Err(KILLED.into());
+            return Err(Failure::new(KILLED));
         }
         if self.full() {
             self.holds.write(self.store, write, false);
-            return Err("store: No space left on device".into());
+            return Err(Failure::new("store: No space left on device"));
         }
         for d in write.decisions.iter().chain(write.claims) {
             let mine = write.kept.iter().any(|k| k.id == d.id && k.mine.as_ref() == Some(&d.version));
@@ -208,14 +208,14 @@ impl Runtime for SimRuntime<'_> {
 
     fn load(&mut self, ids: &[MinionId]) -> Result<Vec<Decision>, Failure> {
         if self.dead() {
-            return Err(KILLED.into());
+            return Err(Failure::new(KILLED));
         }
         Ok(self.store.get(ids))
     }
 
     fn load_cold(&mut self, ids: &[MinionId]) -> Result<Vec<(MinionId, Entry)>, Failure> {
         if self.dead() {
-            return Err(KILLED.into());
+            return Err(Failure::new(KILLED));
         }
         let found = self.store.cold(ids);
         self.out.cold_read += found.len() as u64;
@@ -224,7 +224,7 @@ impl Runtime for SimRuntime<'_> {
 
     fn cold_in(&mut self, buckets: &[u32]) -> Result<Vec<(MinionId, Version)>, Failure> {
         if self.dead() {
-            return Err(KILLED.into());
+            return Err(Failure::new(KILLED));
         }
         Ok(self.store.cold_in(buckets))
     }
@@ -235,10 +235,10 @@ impl Runtime for SimRuntime<'_> {
         max: usize,
     ) -> Result<Vec<(MinionId, keysync_machine::core::Version)>, Failure> {
         if self.dead() {
-            return Err(KILLED.into());
+            return Err(Failure::new(KILLED));
         }
         if self.full() {
-            return Err("store: No space left on device".into());
+            return Err(Failure::new("store: No space left on device"));
         }
         let before = self.store.decisions.clone();
         let compacted = self.store.compact(before_ms, max);
