@@ -26,7 +26,7 @@ fn main() {
         ),
         origin: Some("master-b".into()),
         version: Some("1732190000000.0@master-b".into()),
-        ..Record::new(Action::Accept, Via::Peer("master-b"), Outcome::Applied)
+        ..Record::new(Action::Accept, Via::Peer(&keysync_machine::PeerName::new("master-b").unwrap()), Outcome::Applied)
     };
 
     let start = Instant::now();

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use keysync_machine::peer::{BadPeerName, PeerName};
 use serde::Deserialize;
 
 pub const DEFAULT_CONFIG: &str = "/etc/salt-keysync/config.toml";
@@ -103,7 +104,7 @@ pub enum LogFormat {
 
 #[derive(Clone, Debug)]
 pub struct Peer {
-    pub name: String,
+    pub name: PeerName,
     pub address: String,
 }
 
@@ -279,7 +280,7 @@ impl Config {
     /// The masters a peer's decision may name as its origin besides this
     /// node: the peers, and the retired masters.
     pub fn masters(&self) -> Vec<String> {
-        self.peers.iter().map(|p| p.name.clone()).chain(self.retired_masters.iter().cloned()).collect()
+        self.peers.iter().map(|p| p.name.to_string()).chain(self.retired_masters.iter().cloned()).collect()
     }
 
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -319,11 +320,11 @@ impl Config {
 
         let mut peers: Vec<Peer> = Vec::new();
         for (idx, peer) in raw.peer.into_iter().enumerate() {
-            check_node_name(&peer.name).map_err(|m| invalid(&format!("peer[{idx}].name"), m))?;
+            let name = node_name(&peer.name).map_err(|m| invalid(&format!("peer[{idx}].name"), m))?;
             if peer.name == raw.node {
                 return Err(invalid(&format!("peer[{idx}].name"), format!("{:?} is this node's own name", peer.name)));
             }
-            if peers.iter().any(|p| p.name == peer.name) {
+            if peers.iter().any(|p| *p.name == *peer.name) {
                 return Err(invalid(&format!("peer[{idx}].name"), format!("{:?} is listed twice", peer.name)));
             }
             if !is_host_port(&peer.address) {
@@ -335,13 +336,13 @@ impl Config {
                     ),
                 ));
             }
-            peers.push(Peer { name: peer.name, address: peer.address });
+            peers.push(Peer { name, address: peer.address });
         }
         let mut retired_masters: Vec<String> = Vec::new();
         for (idx, name) in raw.retired_masters.into_iter().enumerate() {
             let key = format!("retired_masters[{idx}]");
             check_node_name(&name).map_err(|m| invalid(&key, m))?;
-            if name == raw.node || peers.iter().any(|p| p.name == name) {
+            if name == raw.node || peers.iter().any(|p| *p.name == *name) {
                 return Err(invalid(&key, format!("{name:?} is this node or a [[peer]]: a master still in the site")));
             }
             if retired_masters.contains(&name) {
@@ -480,40 +481,35 @@ fn guard(
 
 /// Names the agent gives its own sources of decisions (the audit log's
 /// `via`), which no master may have.
-pub const RESERVED_NAMES: [&str; 3] = ["journal", "local", "network"];
+pub const RESERVED_NAMES: [&str; 3] = PeerName::RESERVED;
 
 /// A node's name: a DNS name of its certificate, written in lowercase, the
 /// one form TLS compares and decisions carry (`master-A` passed `check`,
 /// then no certificate matched it at run time; a peer's decision naming
-/// `MASTER-A` is another origin than `master-a`).
-pub fn check_node_name(name: &str) -> Result<(), String> {
-    check_name(name)?;
-    // What the node machine calls decisions finished from its journal, and
-    // the audit log this node's own changes: never a master's name.
-    if RESERVED_NAMES.contains(&name) {
-        return Err(format!(
+/// `MASTER-A` is another origin than `master-a`). What the node machine
+/// calls decisions finished from its journal, and the audit log this
+/// node's own changes, is never a master's name.
+pub fn node_name(name: &str) -> Result<PeerName, String> {
+    PeerName::new(name).map_err(|bad| match bad {
+        BadPeerName::NotDnsName => format!("{name:?} is not a DNS name"),
+        BadPeerName::Reserved => format!(
             "{name:?} is a name the agent uses itself (the audit log's `via` for decisions finished from its journal, \
              for this master's own changes and for connections before a peer proved who it is): choose another"
-        ));
-    }
-    if name.bytes().any(|b| b.is_ascii_uppercase()) {
-        return Err(format!("{name:?} has capital letters: write node names in lowercase ({:?})", name.to_lowercase()));
-    }
-    Ok(())
+        ),
+        BadPeerName::Uppercase => {
+            format!("{name:?} has capital letters: write node names in lowercase ({:?})", name.to_lowercase())
+        }
+    })
+}
+
+/// Whether `name` may be a node's name ([`node_name`]).
+pub fn check_node_name(name: &str) -> Result<(), String> {
+    node_name(name).map(drop)
 }
 
 /// Node names are DNS names of certificates.
 pub fn check_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        });
-    if ok {
+    if keysync_machine::peer::is_dns_name(name) {
         Ok(())
     } else {
         Err(format!("{name:?} is not a DNS name"))

@@ -17,6 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use keysync_machine::node::{
     BadAnswer, Compared, FsEvent, HeldDelete, Node, Now, OperatorAction, Outcome, Runtime, Settings, Summaries,
 };
+use keysync_machine::PeerName;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -35,7 +36,7 @@ pub use thread::{CoreStopped, CoreThread};
 /// from, which need not get them back.
 #[derive(Debug)]
 pub struct Outgoing {
-    pub from: Option<String>,
+    pub from: Option<PeerName>,
     pub decisions: Vec<Decision>,
 }
 
@@ -43,7 +44,7 @@ pub struct Outgoing {
 pub enum Request {
     /// Decisions pushed by `from` (already validated); replies with how
     /// many were newer and applied.
-    Remote { from: String, decisions: Vec<Decision>, reply: oneshot::Sender<u32> },
+    Remote { from: PeerName, decisions: Vec<Decision>, reply: oneshot::Sender<u32> },
     /// A peer's bucket digests; replies with the differing buckets and this
     /// node's summaries in them.
     Diff { theirs: Vec<u64>, reply: oneshot::Sender<(Vec<u32>, Summaries)> },
@@ -55,31 +56,31 @@ pub enum Request {
     /// A link finished comparing digests with its peer.
     Contact,
     /// A peer told (in `Hello`) when the newest delete it forgot was made.
-    PeerForgot { peer: String, forgot_ms: u64 },
+    PeerForgot { peer: PeerName, forgot_ms: u64 },
     /// When the newest delete this node forgot was made, for `Hello` to `peer`.
-    ForgotThrough { peer: String, reply: oneshot::Sender<u64> },
+    ForgotThrough { peer: PeerName, reply: oneshot::Sender<u64> },
     /// The node's hybrid clock, for `Hello` (`ops/clocks.rs`).
     Clock { reply: oneshot::Sender<u64> },
     /// On the link to `peer`, the first chunk of the peer's Diff answer named
     /// the differing buckets: a comparison begins.
-    RepairBegin { peer: String, buckets: Vec<u32>, reply: oneshot::Sender<Result<(), BadAnswer>> },
+    RepairBegin { peer: PeerName, buckets: Vec<u32>, reply: oneshot::Sender<Result<(), BadAnswer>> },
     /// One chunk of the peer's Diff answer, compared as it comes.
-    RepairChunk { peer: String, summaries: Summaries, reply: oneshot::Sender<Result<(), BadAnswer>> },
+    RepairChunk { peer: PeerName, summaries: Summaries, reply: oneshot::Sender<Result<(), BadAnswer>> },
     /// The Diff answer was read whole: how many ids the peer holds newer
     /// (planned for fetching), the ids whose decisions are newer here
     /// (loaded with `Fetch` a chunk at a time, and pushed), and whether the
     /// plan is full (the next round soon).
-    RepairEnd { peer: String, reply: oneshot::Sender<Result<Compared, BadAnswer>> },
+    RepairEnd { peer: PeerName, reply: oneshot::Sender<Result<Compared, BadAnswer>> },
     /// The Diff answer could not be read whole: the comparison is dropped.
-    RepairAbort { peer: String },
+    RepairAbort { peer: PeerName },
     /// The Diff answer named no bucket: `peer` holds what this node holds.
-    RepairAgreed { peer: String },
+    RepairAgreed { peer: PeerName },
     /// The next ids to fetch from `peer`, `None` when its plan is done.
-    RepairNext { peer: String, reply: oneshot::Sender<Option<Vec<MinionId>>> },
+    RepairNext { peer: PeerName, reply: oneshot::Sender<Option<Vec<MinionId>>> },
     /// What a fetch of `ids` from `peer` brought; replies with how many were applied.
-    RepairFetched { peer: String, ids: Vec<MinionId>, decisions: Vec<Decision>, reply: oneshot::Sender<u32> },
+    RepairFetched { peer: PeerName, ids: Vec<MinionId>, decisions: Vec<Decision>, reply: oneshot::Sender<u32> },
     /// A fetch of `ids` from `peer` failed, or the link to it went down (`ids` None).
-    Release { peer: String, ids: Option<Vec<MinionId>> },
+    Release { peer: PeerName, ids: Option<Vec<MinionId>> },
     /// Number of decisions held.
     Count { reply: oneshot::Sender<usize> },
     /// Decisions held per verdict: (accepted, rejected, deleted), for `status`.
@@ -321,7 +322,7 @@ impl Core {
     /// paid once for all of them, so a node that falls behind catches up
     /// instead of paying them again for every small batch.
     fn on_requests(&mut self, first: Request, queue: &mut mpsc::Receiver<Request>) {
-        let mut arrivals: Vec<(String, Vec<Decision>, oneshot::Sender<u32>)> = Vec::new();
+        let mut arrivals: Vec<(PeerName, Vec<Decision>, oneshot::Sender<u32>)> = Vec::new();
         let (mut n_decisions, mut n_requests) = (0, 0);
         let mut next = Some(first);
         while let Some(request) = next.take() {
@@ -345,12 +346,12 @@ impl Core {
         self.apply_queued(arrivals);
     }
 
-    fn apply_queued(&mut self, arrivals: Vec<(String, Vec<Decision>, oneshot::Sender<u32>)>) {
+    fn apply_queued(&mut self, arrivals: Vec<(PeerName, Vec<Decision>, oneshot::Sender<u32>)>) {
         if arrivals.is_empty() {
             return;
         }
         let (batches, replies): (Vec<_>, Vec<_>) =
-            arrivals.into_iter().map(|(from, decisions, reply)| ((from.into(), decisions), reply)).unzip();
+            arrivals.into_iter().map(|(from, decisions, reply)| ((from, decisions), reply)).unzip();
         let n_applied = self.node.on_batches(batches, now(), &mut self.effects);
         for (reply, n_applied) in replies.into_iter().zip(n_applied) {
             let _ = reply.send(n_applied);

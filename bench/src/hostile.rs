@@ -77,7 +77,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<HostileRow> {
     });
     let shutdown = CancellationToken::new();
     let opts = ServeOptions {
-        allowed_peers: vec!["master-a".into()],
+        allowed_peers: vec![PeerName::new("master-a").expect("a peer name")],
         max_message_bytes: MAX_MESSAGE_BYTES,
         ..ServeOptions::default()
     };

@@ -26,6 +26,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::identity::PeerName;
+
 /// Diff and Fetch answers of one peer in flight at once (an agent's link
 /// reads one at a time).
 pub const ANSWERS_PER_PEER: usize = 2;
@@ -40,7 +42,7 @@ pub const CALLS_IN_ALL: usize = 3;
 #[derive(Clone)]
 pub(crate) struct Budgets {
     all: Arc<Semaphore>,
-    per_peer: Arc<Mutex<HashMap<String, PeerBudget>>>,
+    per_peer: Arc<Mutex<HashMap<PeerName, PeerBudget>>>,
 }
 
 /// One peer's permits: batches handled, push streams open, answers in flight.
@@ -72,9 +74,9 @@ impl Budgets {
         Budgets { all: Arc::new(Semaphore::new(CALLS_IN_ALL)), per_peer: Arc::default() }
     }
 
-    fn of_peer(&self, peer: &str) -> PeerBudget {
+    fn of_peer(&self, peer: &PeerName) -> PeerBudget {
         let mut map = self.per_peer.lock().unwrap_or_else(|p| p.into_inner());
-        map.entry(peer.to_string())
+        map.entry(peer.clone())
             .or_insert_with(|| PeerBudget {
                 calls: Arc::new(Semaphore::new(CALLS_PER_PEER)),
                 streams: Arc::new(Semaphore::new(CALLS_PER_PEER)),
@@ -85,19 +87,19 @@ impl Budgets {
 
     /// A place for one more Diff or Fetch answer to `peer`; `None` when it
     /// has [`ANSWERS_PER_PEER`] in flight already.
-    pub(crate) fn open_answer(&self, peer: &str) -> Option<AnswerPlace> {
+    pub(crate) fn open_answer(&self, peer: &PeerName) -> Option<AnswerPlace> {
         self.of_peer(peer).answers.try_acquire_owned().ok().map(|place| AnswerPlace { _place: place })
     }
 
     /// A place for one more push stream of `peer`; `None` when it has
     /// [`CALLS_PER_PEER`] open already.
-    pub(crate) fn open_push(&self, peer: &str) -> Option<PushStream> {
+    pub(crate) fn open_push(&self, peer: &PeerName) -> Option<PushStream> {
         self.of_peer(peer).streams.try_acquire_owned().ok().map(|place| PushStream { _place: place })
     }
 
     /// Waits for `peer`'s permit, then for one of all peers' (a peer over
     /// its budget waits without holding one the others could use).
-    pub(crate) async fn acquire(&self, peer: &str) -> Permits {
+    pub(crate) async fn acquire(&self, peer: &PeerName) -> Permits {
         // The semaphores are never closed.
         let peer_permit = self.of_peer(peer).calls.acquire_owned().await.expect("budget semaphore open");
         let all = self.all.clone().acquire_owned().await.expect("budget semaphore open");

@@ -39,7 +39,7 @@ struct Shared {
 #[derive(Clone)]
 pub(crate) struct Current {
     pub(crate) tls: TlsSetup,
-    pub(crate) allowed_peers: Arc<[String]>,
+    pub(crate) allowed_peers: Arc<[PeerName]>,
 }
 
 /// An open, identified connection: closing it is cancelling its token.
@@ -50,7 +50,7 @@ struct Connection {
 
 impl ListenerControl {
     /// A control admitting `allowed_peers` with `tls`.
-    pub fn new(tls: TlsSetup, allowed_peers: Vec<String>) -> Self {
+    pub fn new(tls: TlsSetup, allowed_peers: Vec<PeerName>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 current: RwLock::new(Current { tls, allowed_peers: allowed_peers.into() }),
@@ -63,10 +63,10 @@ impl ListenerControl {
     /// From now on handshakes use `tls` and admit only `allowed_peers`. Open connections of peers
     /// that are no longer admitted are closed; the others keep running. Returns the names whose
     /// connections were closed (one entry per connection).
-    pub fn reload(&self, tls: TlsSetup, allowed_peers: Vec<String>) -> Vec<PeerName> {
+    pub fn reload(&self, tls: TlsSetup, allowed_peers: Vec<PeerName>) -> Vec<PeerName> {
         *self.shared.current.write().unwrap_or_else(|p| p.into_inner()) =
             Current { tls, allowed_peers: allowed_peers.clone().into() };
-        self.close_where(|peer| !allowed_peers.contains(&peer.0))
+        self.close_where(|peer| !allowed_peers.contains(peer))
     }
 
     /// Closes every open connection, so that each peer proves itself again under the current
@@ -86,7 +86,7 @@ impl ListenerControl {
     }
 
     /// Peers admitted now.
-    pub fn allowed_peers(&self) -> Vec<String> {
+    pub fn allowed_peers(&self) -> Vec<PeerName> {
         self.current().allowed_peers.to_vec()
     }
 

@@ -1,8 +1,6 @@
 //! Who a peer is: what a certificate says about its holder (DNS names, subject CN and expiry,
 //! read with x509-parser), and the authenticated name every call of a connection carries.
 
-use std::fmt;
-
 use rustls::pki_types::CertificateDer;
 use x509_parser::extensions::GeneralName;
 use x509_parser::prelude::X509Certificate;
@@ -53,15 +51,9 @@ pub(crate) fn validity(der: &CertificateDer<'_>) -> Option<(i64, i64)> {
 }
 
 /// Name of an authenticated peer: the DNS SAN of its verified client certificate that equals
-/// one of the allowed peer names.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct PeerName(pub String);
-
-impl fmt::Display for PeerName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+/// one of the allowed peer names (the allowed name itself, checked where the agent's config
+/// made it). The agent's own type, so the name travels as one type up to the audit record.
+pub use keysync_machine::PeerName;
 
 /// Per-connection facts, attached by the listener to every request of the connection.
 #[derive(Clone, Debug)]

@@ -25,7 +25,7 @@ use tonic::transport::Server;
 
 use crate::control::ListenerControl;
 use crate::events::{EventFn, EventSink, TransportEvent};
-use crate::identity::PeerInfo;
+use crate::identity::{PeerInfo, PeerName};
 use crate::refusals::RefusalAudit;
 use crate::service::{Handler, KeySyncService};
 use crate::tls::TlsSetup;
@@ -47,7 +47,7 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
     /// Peer names admitted: a client must present a certificate with one of them as DNS SAN.
-    pub allowed_peers: Vec<String>,
+    pub allowed_peers: Vec<PeerName>,
     /// Largest gRPC message decoded or encoded, in bytes.
     pub max_message_bytes: usize,
     /// Longest a client may take to complete its TLS handshake.

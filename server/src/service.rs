@@ -57,7 +57,7 @@ impl<H: Handler> KeySyncService<H> {
 
     /// A place for an answer to `peer` (`what`: the call), or the refusal.
     fn answer_place(&self, peer: &PeerName, what: &str) -> Result<crate::budget::AnswerPlace, Status> {
-        self.budgets.open_answer(&peer.0).ok_or_else(|| {
+        self.budgets.open_answer(peer).ok_or_else(|| {
             self.refuse(
                 peer,
                 Status::resource_exhausted(format!(
@@ -137,12 +137,12 @@ impl<H: Handler> KeySync for KeySyncService<H> {
     async fn hello(&self, request: Request<HelloRequest>) -> Result<Response<HelloResponse>, Status> {
         let peer = self.peer_of(&request)?;
         let hello = request.into_inner();
-        if hello.node != peer.0 {
+        if hello.node != peer.as_str() {
             return Err(self.refuse(
                 &peer,
                 Status::permission_denied(format!(
                     "Hello names node {:?} but the client certificate is for {:?}",
-                    hello.node, peer.0
+                    hello.node, peer
                 )),
             ));
         }
@@ -154,7 +154,7 @@ impl<H: Handler> KeySync for KeySyncService<H> {
                 Status::failed_precondition(format!(
                     "protocol version {} is too old (this server speaks {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION}); \
                      upgrade salt-keysync on {}",
-                    hello.protocol_version, peer.0
+                    hello.protocol_version, peer
                 )),
             ));
         }
@@ -166,7 +166,7 @@ impl<H: Handler> KeySync for KeySyncService<H> {
 
     async fn push(&self, request: Request<Streaming<DecisionBatch>>) -> Result<Response<Self::PushStream>, Status> {
         let peer = self.peer_of(&request)?;
-        let Some(place) = self.budgets.open_push(&peer.0) else {
+        let Some(place) = self.budgets.open_push(&peer) else {
             let status = Status::resource_exhausted(format!(
                 "{peer} has {} push streams open already: this one is refused (an agent keeps one per link)",
                 crate::budget::CALLS_PER_PEER
@@ -185,7 +185,7 @@ impl<H: Handler> KeySync for KeySyncService<H> {
                 // the budgets (`budget.rs`): nothing more is read meanwhile.
                 let ack = match inbound.message().await {
                     Ok(Some(batch)) => {
-                        let _permits = budgets.acquire(&peer.0).await;
+                        let _permits = budgets.acquire(&peer).await;
                         handler.push(&peer, batch).await
                     }
                     Ok(None) => break,

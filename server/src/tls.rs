@@ -202,7 +202,7 @@ impl TlsSetup {
     /// refused handshake can be audited with the identity it claimed.
     pub(crate) fn server_config(
         &self,
-        allowed_peers: Arc<[String]>,
+        allowed_peers: Arc<[identity::PeerName]>,
         record: Arc<HandshakeRecord>,
     ) -> Result<Arc<ServerConfig>, rustls::Error> {
         let verifier = PeerCertVerifier::new(self.client_verifier.clone(), allowed_peers, record);

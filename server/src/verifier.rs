@@ -47,14 +47,14 @@ impl HandshakeRecord {
 #[derive(Debug)]
 pub(crate) struct PeerCertVerifier {
     inner: Arc<dyn ClientCertVerifier>,
-    allowed_peers: Arc<[String]>,
+    allowed_peers: Arc<[PeerName]>,
     record: Arc<HandshakeRecord>,
 }
 
 impl PeerCertVerifier {
     pub(crate) fn new(
         inner: Arc<dyn ClientCertVerifier>,
-        allowed_peers: Arc<[String]>,
+        allowed_peers: Arc<[PeerName]>,
         record: Arc<HandshakeRecord>,
     ) -> Self {
         Self { inner, allowed_peers, record }
@@ -84,11 +84,13 @@ impl ClientCertVerifier for PeerCertVerifier {
         let verified = self.inner.verify_client_cert(end_entity, intermediates, now)?;
 
         // Certificate order decides when a certificate names more than one allowed peer.
-        let peer = identity::dns_names(end_entity).into_iter().find(|name| self.allowed_peers.contains(name));
+        let peer = identity::dns_names(end_entity)
+            .into_iter()
+            .find_map(|name| self.allowed_peers.iter().find(|allowed| allowed.as_str() == name).cloned());
         let mut record = self.record.lock();
         match peer {
             Some(name) => {
-                record.peer = Some(PeerName(name));
+                record.peer = Some(name);
                 Ok(verified)
             }
             None => {

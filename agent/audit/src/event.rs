@@ -5,6 +5,7 @@
 use keysync_machine::core::merge::Conflict;
 use keysync_machine::core::{Decision, Seen, Version};
 use keysync_machine::node::{Event, OperatorAction, Settled};
+use keysync_machine::PeerName;
 
 use crate::{Action, Outcome, Record, Via};
 
@@ -288,7 +289,7 @@ pub fn record(event: &Event, node: &str) -> Option<Record> {
         },
         Event::JournalCovered { decision } => remote_record(
             decision,
-            "journal",
+            &PeerName::journal(),
             Action::of(decision.verdict.kind()),
             Outcome::Superseded,
             Some(
@@ -354,9 +355,15 @@ pub fn tells(record: &Record, conflict: &Conflict) -> bool {
         && record.other_version.as_deref() == Some(conflict.loser.version.to_string().as_str())
 }
 
-fn remote_record(decision: &Decision, from: &str, action: Action, outcome: Outcome, reason: Option<String>) -> Record {
+fn remote_record(
+    decision: &Decision,
+    from: &PeerName,
+    action: Action,
+    outcome: Outcome,
+    reason: Option<String>,
+) -> Record {
     // The path before `from` (which is the path's last entry when it relayed).
-    let before: Vec<String> = decision.relays.iter().filter(|r| *r != from).map(str::to_string).collect();
+    let before: Vec<String> = decision.relays.iter().filter(|r| *r != from.as_str()).map(str::to_string).collect();
     Record {
         minion: Some(decision.id.to_string()),
         fingerprint: decision.verdict.fingerprint().map(|f| f.to_string()),
@@ -386,10 +393,18 @@ mod tests {
             context: Context::default(),
             relays: Relays::default(),
         };
-        let applied = Event::Applied { decision: decision.clone(), from: "master-b".into(), replaced: None };
+        let applied = Event::Applied {
+            decision: decision.clone(),
+            from: keysync_machine::testkit::peer("master-b"),
+            replaced: None,
+        };
         let plain = record(&applied, "master-a").unwrap();
         assert_eq!((plain.action.as_str(), plain.outcome.as_str()), ("accept", "applied"));
-        let replaced = Event::Applied { decision, from: "master-b".into(), replaced: Some(old.fingerprint()) };
+        let replaced = Event::Applied {
+            decision,
+            from: keysync_machine::testkit::peer("master-b"),
+            replaced: Some(old.fingerprint()),
+        };
         let told = record(&replaced, "master-a").unwrap();
         assert_eq!((told.action.as_str(), told.outcome.as_str()), ("accept", "replaced"));
         assert_eq!(told.fingerprint, Some(new.fingerprint().to_string()));

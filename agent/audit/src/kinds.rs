@@ -5,6 +5,7 @@
 
 use keysync_machine::core::VerdictKind;
 use keysync_machine::node::OperatorAction;
+use keysync_machine::PeerName;
 
 /// Defines an enum whose variants each have one name in the audit log.
 macro_rules! names {
@@ -130,15 +131,15 @@ pub enum Via<'a> {
     /// A connection before (or without) a peer's identity: a stranger.
     Network,
     /// A peer, by the name its certificate proves.
-    Peer(&'a str),
+    Peer(&'a PeerName),
 }
 
 impl<'a> Via<'a> {
     /// Where a machine event says a decision came from: a peer's name, or
     /// the machine's name for its journal (which no peer may have: the
-    /// agent's config refuses the fixed names, `config::RESERVED_NAMES`).
-    pub fn from_source(source: &'a str) -> Via<'a> {
-        if source == Via::Journal.as_str() {
+    /// agent's config refuses the fixed names, [`PeerName::RESERVED`]).
+    pub fn from_source(source: &'a PeerName) -> Via<'a> {
+        if source.is_journal() {
             Via::Journal
         } else {
             Via::Peer(source)
@@ -151,7 +152,7 @@ impl<'a> Via<'a> {
             Via::Local => "local",
             Via::Journal => "journal",
             Via::Network => "network",
-            Via::Peer(name) => name,
+            Via::Peer(name) => name.as_str(),
         }
     }
 }
@@ -162,8 +163,9 @@ mod tests {
 
     #[test]
     fn a_source_is_the_journal_or_a_peer() {
-        assert_eq!(Via::from_source("journal"), Via::Journal);
-        assert_eq!(Via::from_source("master-b"), Via::Peer("master-b"));
+        assert_eq!(Via::from_source(&PeerName::journal()), Via::Journal);
+        let master_b = keysync_machine::testkit::peer("master-b");
+        assert_eq!(Via::from_source(&master_b), Via::Peer(&master_b));
     }
 
     #[test]

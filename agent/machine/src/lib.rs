@@ -10,5 +10,8 @@
 pub mod core;
 pub mod link;
 pub mod node;
+pub mod peer;
+
+pub use peer::PeerName;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;

@@ -27,6 +27,7 @@ mod tests;
 mod trouble;
 mod waiting;
 
+use crate::PeerName;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -91,7 +92,7 @@ pub struct Loaded {
     /// False on the agent's very first start with this store.
     pub initialized: bool,
     /// Conflicts kept in the store that may not have been told (see [`StoreWrite::conflicts`]).
-    pub untold: Vec<(Arc<str>, crate::core::merge::Conflict)>,
+    pub untold: Vec<(PeerName, crate::core::merge::Conflict)>,
     /// Peers' deletes the guard held (see `guard.rs`).
     pub held: Vec<HeldDelete>,
     /// The last completed comparison with any peer (wall-clock ms; see
@@ -129,7 +130,7 @@ enum Start {
 }
 
 /// A peer's decision waiting, and who brought it.
-type FromPeer = (Arc<str>, Decision);
+type FromPeer = (PeerName, Decision);
 
 pub struct Node {
     settings: Settings,

@@ -20,3 +20,8 @@ mwIDAQAB
 /// A PEM private-key block: never to be accepted anywhere.
 pub const PRIVATE: &str =
     "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg\n-----END PRIVATE KEY-----\n";
+
+/// A peer's name for a test; panics if it is not one.
+pub fn peer(name: &str) -> crate::PeerName {
+    crate::PeerName::new(name).unwrap_or_else(|e| panic!("{name:?} is no peer name: {e}"))
+}

@@ -92,7 +92,7 @@ pub async fn recover_from_peers(config: &Config, force: bool) -> Result<Recovere
     for peer in &config.peers {
         match tokio::time::timeout(PEER_TIMEOUT, fetch_all(config, peer, &tls, &local)).await {
             Ok(Ok((decisions, clock_ms))) => {
-                answered.push((peer.name.clone(), decisions.len()));
+                answered.push((peer.name.to_string(), decisions.len()));
                 clocks_ms.extend(clock_ms);
                 for decision in decisions {
                     let newer = newest.get(&decision.id).is_none_or(|held| held.version < decision.version);
@@ -101,10 +101,9 @@ pub async fn recover_from_peers(config: &Config, force: bool) -> Result<Recovere
                     }
                 }
             }
-            Ok(Err(e)) => {
-                unreachable.push((peer.name.clone(), crate::net::cause::describe(e.as_ref(), &peer.name, &config.node)))
-            }
-            Err(_) => unreachable.push((peer.name.clone(), format!("no answer within {PEER_TIMEOUT:?}"))),
+            Ok(Err(e)) => unreachable
+                .push((peer.name.to_string(), crate::net::cause::describe(e.as_ref(), &peer.name, &config.node))),
+            Err(_) => unreachable.push((peer.name.to_string(), format!("no answer within {PEER_TIMEOUT:?}"))),
         }
     }
     if answered.is_empty() {
@@ -182,7 +181,7 @@ async fn fetch_all(
         .hello(v1::HelloRequest { node: config.node.clone(), protocol_version: PROTOCOL_VERSION, ..Default::default() })
         .await?
         .into_inner();
-    if hello.node != peer.name {
+    if hello.node != peer.name.as_str() {
         bail!("peer answered Hello as {:?}", hello.node);
     }
     let clock_ms = crate::net::wire::clock_from_wire(hello.clock).map(|clock| clock.stamp_ms);

@@ -383,7 +383,7 @@ mod tests {
             )),
             stale: Some(crate::ops::sd_notify::stale(&keysync_machine::node::Stale {
                 last_contact_ms: 1_760_000_000_000,
-                peer: "master-b".into(),
+                peer: keysync_machine::testkit::peer("master-b"),
                 peer_forgot_ms: 1_760_000_000_000 + 5 * 86_400_000,
             })),
         }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use keysync_machine::PeerName;
 use keysync_server::TlsSetup;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -32,18 +33,18 @@ pub struct LinkContext {
 /// The running links by peer name.
 pub struct PeerLinks {
     ctx: LinkContext,
-    running: BTreeMap<String, (Peer, CancellationToken)>,
+    running: BTreeMap<PeerName, (Peer, CancellationToken)>,
 }
 
 /// What [`PeerLinks::update`] changed, by peer name.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct LinkChanges {
-    pub added: Vec<String>,
-    pub removed: Vec<String>,
+    pub added: Vec<PeerName>,
+    pub removed: Vec<PeerName>,
     /// Restarted because the address changed.
-    pub readdressed: Vec<String>,
+    pub readdressed: Vec<PeerName>,
     /// Restarted because `restart_all` was asked (new trust anchors).
-    pub restarted: Vec<String>,
+    pub restarted: Vec<PeerName>,
 }
 
 impl LinkChanges {
@@ -134,13 +135,14 @@ impl PeerLinks {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keysync_machine::testkit::peer;
 
     #[test]
     fn changes_read_as_a_diff() {
         let changes = LinkChanges {
-            added: vec!["master-d".into()],
-            removed: vec!["master-b".into()],
-            readdressed: vec!["master-c".into()],
+            added: vec![peer("master-d")],
+            removed: vec![peer("master-b")],
+            readdressed: vec![peer("master-c")],
             restarted: vec![],
         };
         assert_eq!(changes.to_string(), "peers +master-d -master-b ~master-c");

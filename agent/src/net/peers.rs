@@ -159,7 +159,7 @@ impl PeerLink {
             return;
         }
         self.audit.record(crate::disk::audit::Record {
-            peer: Some(self.peer.name.clone()),
+            peer: Some(self.peer.name.to_string()),
             remote: Some(self.peer.address.clone()),
             reason: Some(format!("refused the peer's certificate: {refusal}")),
             ..crate::disk::audit::Record::new(Action::Refuse, Via::Network, Outcome::Refused)
@@ -392,7 +392,7 @@ impl PeerLink {
     /// Names this node and its master's health; records the peer's.
     async fn hello(&self, client: &mut KeySyncClient<Channel>) -> Result<v1::HelloResponse, SessionError> {
         let health = Some(health_to_wire(&self.board.hello_health(&self.core).await));
-        let peer = self.peer.name.to_string();
+        let peer = self.peer.name.clone();
         let forgot_through_ms = self.core.ask(|reply| Request::ForgotThrough { peer, reply }).await?;
         let held = held_to_wire(&crate::ops::held::held_counts(&self.core).await?);
         let hlc = self.core.ask(|reply| Request::Clock { reply }).await?;
@@ -419,7 +419,7 @@ impl PeerLink {
                 None => return Err(status.into()),
             },
         };
-        if hello.node != self.peer.name {
+        if hello.node != self.peer.name.as_str() {
             return Err(SessionError::WrongName(hello.node));
         }
         if hello.protocol_version < MIN_PROTOCOL_VERSION {
@@ -429,7 +429,7 @@ impl PeerLink {
         self.board.peer_health(&self.peer.name, health_from_wire(hello.health.clone()));
         self.board.peer_holds(&self.peer.name, held_from_wire(hello.held.clone()));
         self.board.peer_clock(&self.peer.name, crate::net::wire::clock_from_wire(hello.clock), hlc);
-        let (peer, forgot_ms) = (self.peer.name.to_string(), hello.forgot_through_ms);
+        let (peer, forgot_ms) = (self.peer.name.clone(), hello.forgot_through_ms);
         self.core.tell(Request::PeerForgot { peer, forgot_ms }).await?;
         Ok(hello)
     }

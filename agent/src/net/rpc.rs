@@ -46,14 +46,14 @@ fn core_gone(_: crate::node::CoreGone) -> Status {
 #[tonic::async_trait]
 impl Handler for RpcHandler {
     async fn hello(&self, peer: &PeerName, req: v1::HelloRequest) -> Result<v1::HelloResponse, Status> {
-        self.board.contact(&peer.0);
-        self.board.peer_health(&peer.0, health_from_wire(req.health));
-        self.board.peer_holds(&peer.0, held_from_wire(req.held));
+        self.board.contact(peer);
+        self.board.peer_health(peer, health_from_wire(req.health));
+        self.board.peer_holds(peer, held_from_wire(req.held));
         let hlc = self.core.ask(|reply| Request::Clock { reply }).await.map_err(core_gone)?;
-        self.board.peer_clock(&peer.0, crate::net::wire::clock_from_wire(req.clock), hlc);
+        self.board.peer_clock(peer, crate::net::wire::clock_from_wire(req.clock), hlc);
         // Before the peer's Diff or pushes, which come after its Hello: a
         // stale node answers them with nothing.
-        let (name, forgot_ms) = (peer.0.to_string(), req.forgot_through_ms);
+        let (name, forgot_ms) = (peer.clone(), req.forgot_through_ms);
         self.core.tell(Request::PeerForgot { peer: name.clone(), forgot_ms }).await.map_err(core_gone)?;
         let n_decisions = self.core.ask(|reply| Request::Count { reply }).await.map_err(core_gone)?;
         let forgot_through_ms =
@@ -70,22 +70,22 @@ impl Handler for RpcHandler {
     }
 
     async fn push(&self, peer: &PeerName, batch: v1::DecisionBatch) -> Result<v1::PushAck, Status> {
-        self.board.contact(&peer.0);
+        self.board.contact(peer);
         let n_received = batch.decisions.len() as u32;
         let mut decisions = Vec::with_capacity(batch.decisions.len());
         for msg in batch.decisions {
             match decision_from_wire(msg) {
                 Ok(decision) => decisions.push(decision),
-                Err(e) => audit_refused(&self.audit, self.board.metrics(), &peer.0, &e),
+                Err(e) => audit_refused(&self.audit, self.board.metrics(), peer, &e),
             }
         }
-        let from = peer.0.clone();
+        let from = peer.clone();
         let n_applied = self.core.ask(|reply| Request::Remote { from, decisions, reply }).await.map_err(core_gone)?;
         Ok(v1::PushAck { n_received, n_applied })
     }
 
     async fn diff(&self, peer: &PeerName, req: v1::DiffRequest) -> Result<Items<v1::DiffChunk>, Status> {
-        self.board.contact(&peer.0);
+        self.board.contact(peer);
         if req.n_buckets as usize != N_BUCKETS || req.digests.len() != N_BUCKETS {
             return Err(Status::invalid_argument(format!(
                 "expected {N_BUCKETS} bucket digests, got n_buckets={} with {} digests",
@@ -110,14 +110,14 @@ impl Handler for RpcHandler {
     }
 
     async fn fetch(&self, peer: &PeerName, req: v1::FetchRequest) -> Result<Items<v1::DecisionBatch>, Status> {
-        self.board.contact(&peer.0);
+        self.board.contact(peer);
         if req.minions.len() > MAX_FETCH_IDS {
             return Err(Status::invalid_argument(format!(
                 "fetch of {} ids, more than {MAX_FETCH_IDS}",
                 req.minions.len()
             )));
         }
-        self.board.peer_fetched(&peer.0);
+        self.board.peer_fetched(peer);
         let mut ids = Vec::with_capacity(req.minions.len());
         for raw in &req.minions {
             match MinionId::parse(raw) {
@@ -125,7 +125,7 @@ impl Handler for RpcHandler {
                 Err(e) => {
                     self.audit.record(Record {
                         reason: Some(format!("fetch: {e}")),
-                        ..Record::new(Action::Refuse, Via::Peer(&peer.0), Outcome::Refused)
+                        ..Record::new(Action::Refuse, Via::Peer(peer), Outcome::Refused)
                     });
                 }
             }
@@ -142,7 +142,7 @@ impl Handler for RpcHandler {
     }
 
     async fn plan(&self, peer: &PeerName, req: v1::PlanRequest) -> Result<v1::PlanResponse, Status> {
-        self.board.contact(&peer.0);
+        self.board.contact(peer);
         let max = crate::ops::site_plan::MAX_PLAN_IDS;
         if req.minions.len() > max {
             return Err(Status::invalid_argument(format!("plan of {} ids, more than {max}", req.minions.len())));
@@ -155,11 +155,11 @@ impl Handler for RpcHandler {
 pub fn audit_refused(
     audit: &AuditLog,
     metrics: &crate::ops::metrics::Metrics,
-    peer: &str,
+    peer: &PeerName,
     error: &crate::net::wire::WireError,
 ) {
     metrics.count_refused(peer, crate::ops::refused::Cause::Other, 1);
-    tracing::warn!(peer, error = %error, "refused decision from peer");
+    tracing::warn!(peer = peer.as_str(), error = %error, "refused decision from peer");
     audit.record(Record {
         minion: error.minion().map(|m| m.escape_debug().to_string()),
         reason: Some(error.to_string()),
@@ -185,7 +185,7 @@ pub fn audit_transport(audit: Arc<AuditLog>) -> keysync_server::EventFn {
                 ..Record::new(Action::Refuse, Via::Network, Outcome::Refused)
             },
             TransportEvent::RequestRefused { peer, reason } => {
-                Record { peer: Some(peer.0.clone()), reason: Some(reason), ..Record::new(Action::Refuse, Via::Peer(&peer.0), Outcome::Refused) }
+                Record { peer: Some(peer.to_string()), reason: Some(reason), ..Record::new(Action::Refuse, Via::Peer(&peer), Outcome::Refused) }
             }
             TransportEvent::RefusedAgain { source, presented, count, window, last_reason } => Record {
                 peer: presented_names(&presented),
@@ -197,9 +197,9 @@ pub fn audit_transport(audit: Arc<AuditLog>) -> keysync_server::EventFn {
                 ..Record::new(Action::Refuse, Via::Network, Outcome::Refused)
             },
             TransportEvent::Connected { remote, peer } => Record {
-                peer: Some(peer.0.clone()),
+                peer: Some(peer.to_string()),
                 remote: Some(remote.to_string()),
-                ..Record::new(Action::Connect, Via::Peer(&peer.0), Outcome::Accepted)
+                ..Record::new(Action::Connect, Via::Peer(&peer), Outcome::Accepted)
             },
         };
         audit.record(record);

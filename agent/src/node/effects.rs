@@ -144,11 +144,11 @@ impl Runtime for Effects {
         self.audit.sync();
     }
 
-    fn send(&mut self, except: Option<&str>, decisions: Vec<Decision>) {
+    fn send(&mut self, except: Option<&keysync_machine::PeerName>, decisions: Vec<Decision>) {
         if decisions.is_empty() {
             return;
         }
         // No receiver just means no peer is connected right now.
-        let _ = self.outgoing.send(Arc::new(Outgoing { from: except.map(str::to_string), decisions }));
+        let _ = self.outgoing.send(Arc::new(Outgoing { from: except.cloned(), decisions }));
     }
 }

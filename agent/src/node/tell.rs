@@ -183,7 +183,7 @@ mod tests {
     fn taken_back_is_told_once_and_is_no_refusal() {
         let metrics = Metrics::new("master-a");
         let event = Event::TakenBack {
-            from: "master-b".into(),
+            from: keysync_machine::testkit::peer("master-b"),
             n: 94,
             first: MinionId::parse("web01").unwrap(),
             afresh_ms: 1_795_000_000_000,
@@ -211,7 +211,7 @@ mod tests {
             context: Context::default(),
             relays: Relays::default(),
         };
-        log_and_count(&Event::NotOurs { decision: forged, from: "master-b".into() }, &metrics);
+        log_and_count(&Event::NotOurs { decision: forged, from: keysync_machine::testkit::peer("master-b") }, &metrics);
         assert!(metrics.encode().contains("keysync_decisions_refused_total 1"), "{}", metrics.encode());
     }
 }

@@ -74,7 +74,7 @@ fn queued_pushes_are_applied_together_and_answered_each() {
     for (from, decisions) in pushes {
         let (reply, rx) = oneshot::channel();
         replies.push(rx);
-        requests.push(Request::Remote { from: from.into(), decisions, reply });
+        requests.push(Request::Remote { from: keysync_machine::testkit::peer(from), decisions, reply });
     }
     let mut requests = requests.into_iter();
     let first = requests.next().unwrap();
@@ -126,7 +126,11 @@ fn the_core_runs_on_a_thread_of_its_own_until_shutdown() {
 
     let (reply, applied) = oneshot::channel();
     let decisions = vec![accept("web01", wall_ms(), "a")];
-    handle.requests.blocking_send(Request::Remote { from: "a".into(), decisions, reply }).map_err(|_| "gone").unwrap();
+    handle
+        .requests
+        .blocking_send(Request::Remote { from: keysync_machine::testkit::peer("a"), decisions, reply })
+        .map_err(|_| "gone")
+        .unwrap();
     assert_eq!(applied.blocking_recv(), Ok(1));
     assert_eq!(core_count(&handle), Some(1));
     // With nothing left to do, it waits for work on its own thread.

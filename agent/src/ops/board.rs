@@ -12,6 +12,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+use keysync_machine::PeerName;
+
 use crate::disk::audit::{Action, Outcome, Via};
 use crate::disk::audit::{AuditLog, Record};
 use crate::disk::health::{compare, compared_settings, local_health, Drift, MasterHealth};
@@ -155,7 +157,7 @@ pub struct Board {
 
 struct Inner {
     local: MasterHealth,
-    peers: BTreeMap<String, PeerEntry>,
+    peers: BTreeMap<PeerName, PeerEntry>,
     /// Auto-acceptance and Salt versions of every master, as last reported.
     reported: Reported,
 }
@@ -196,7 +198,7 @@ impl Board {
     pub fn set_peers(&self, peers: &[crate::config::Peer]) {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let wanted: BTreeMap<&str, &crate::config::Peer> = peers.iter().map(|p| (p.name.as_str(), p)).collect();
-        let removed: Vec<String> =
+        let removed: Vec<PeerName> =
             inner.peers.keys().filter(|name| !wanted.contains_key(name.as_str())).cloned().collect();
         for name in removed {
             inner.peers.remove(&name);
@@ -208,10 +210,10 @@ impl Board {
                 entry.status.address = peer.address.clone();
                 continue;
             }
-            self.metrics.peer_up.get_or_create(&PeerLabel { peer: peer.name.clone() }).set(0);
+            self.metrics.peer_up.get_or_create(&PeerLabel { peer: peer.name.to_string() }).set(0);
             self.metrics.know_peers([peer.name.as_str()]);
             let status = PeerStatus {
-                name: peer.name.clone(),
+                name: peer.name.to_string(),
                 address: peer.address.clone(),
                 state: LinkState::Connecting,
                 last_error: None,
@@ -236,8 +238,8 @@ impl Board {
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner
             .peers
-            .values()
-            .map(|e| crate::config::Peer { name: e.status.name.clone(), address: e.status.address.clone() })
+            .iter()
+            .map(|(name, e)| crate::config::Peer { name: name.clone(), address: e.status.address.clone() })
             .collect()
     }
 
@@ -245,15 +247,18 @@ impl Board {
         &self.metrics
     }
 
-    fn with_peer(&self, peer: &str, f: impl FnOnce(&mut PeerStatus)) {
+    fn with_peer(&self, peer: &PeerName, f: impl FnOnce(&mut PeerStatus)) {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(entry) = inner.peers.get_mut(peer) {
             f(&mut entry.status);
         }
     }
 
-    pub fn set_state(&self, peer: &str, state: LinkState, error: Option<String>) {
-        self.metrics.peer_up.get_or_create(&PeerLabel { peer: peer.into() }).set(i64::from(state == LinkState::Up));
+    pub fn set_state(&self, peer: &PeerName, state: LinkState, error: Option<String>) {
+        self.metrics
+            .peer_up
+            .get_or_create(&PeerLabel { peer: peer.to_string() })
+            .set(i64::from(state == LinkState::Up));
         self.with_peer(peer, |status| {
             status.state = state;
             if state == LinkState::Up {
@@ -265,7 +270,7 @@ impl Board {
     }
 
     /// The peer answered or called: it is alive.
-    pub fn contact(&self, peer: &str) {
+    pub fn contact(&self, peer: &PeerName) {
         let now = crate::disk::audit::now_rfc3339();
         let mut known = false;
         self.with_peer(peer, |status| {
@@ -274,17 +279,17 @@ impl Board {
         });
         if known {
             let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-            self.metrics.peer_last_contact.get_or_create(&PeerLabel { peer: peer.into() }).set(unix.as_secs_f64());
+            self.metrics.peer_last_contact.get_or_create(&PeerLabel { peer: peer.to_string() }).set(unix.as_secs_f64());
         }
     }
 
     /// The peer fetched from this master: an anti-entropy round of its own
     /// against this master is under way.
-    pub fn peer_fetched(&self, peer: &str) {
+    pub fn peer_fetched(&self, peer: &PeerName) {
         self.peer_fetched_at(peer, std::time::Instant::now());
     }
 
-    fn peer_fetched_at(&self, peer: &str, at: std::time::Instant) {
+    fn peer_fetched_at(&self, peer: &PeerName, at: std::time::Instant) {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(entry) = inner.peers.get_mut(peer) {
             entry.fetched_at = Some(at);
@@ -296,18 +301,18 @@ impl Board {
     /// whatever this master holds newer and pushes what it holds newer
     /// itself, so this master's round against it is left to it (see
     /// `net/peers.rs`).
-    pub fn peer_fetching(&self, peer: &str) -> bool {
+    pub fn peer_fetching(&self, peer: &PeerName) -> bool {
         self.peer_fetching_at(peer, std::time::Instant::now())
     }
 
-    fn peer_fetching_at(&self, peer: &str, now: std::time::Instant) -> bool {
+    fn peer_fetching_at(&self, peer: &PeerName, now: std::time::Instant) -> bool {
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let fetched_at = inner.peers.get(peer).and_then(|entry| entry.fetched_at);
         fetched_at.is_some_and(|at| now.saturating_duration_since(at) < FETCHING)
     }
 
-    pub fn anti_entropy(&self, peer: &str, run: AntiEntropyRun) {
-        self.metrics.anti_entropy_runs.get_or_create(&PeerLabel { peer: peer.into() }).inc();
+    pub fn anti_entropy(&self, peer: &PeerName, run: AntiEntropyRun) {
+        self.metrics.anti_entropy_runs.get_or_create(&PeerLabel { peer: peer.to_string() }).inc();
         self.metrics.anti_entropy_bytes(peer, "sent", run.bytes_sent);
         self.metrics.anti_entropy_bytes(peer, "received", run.bytes_received);
         self.with_peer(peer, |status| status.anti_entropy = Some(run));
@@ -353,7 +358,7 @@ impl Board {
         inner.local = fresh.clone();
         if changed {
             tracing::info!(master_pub = ?fresh.master_pub, salt_version = ?fresh.salt_version, "this master's key, settings or Salt version changed; comparing again");
-            let names: Vec<String> = inner.peers.keys().cloned().collect();
+            let names: Vec<PeerName> = inner.peers.keys().cloned().collect();
             for name in names {
                 self.evaluate(&mut inner, &name);
             }
@@ -371,7 +376,7 @@ impl Board {
 
     /// Records what a peer reported about its master in Hello and reports
     /// any new drift.
-    pub fn peer_health(&self, peer: &str, health: MasterHealth) {
+    pub fn peer_health(&self, peer: &PeerName, health: MasterHealth) {
         let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let Some(entry) = inner.peers.get_mut(peer) else { return };
         entry.status.health = Some(health);
@@ -380,7 +385,7 @@ impl Board {
     }
 
     /// Records what a peer said in Hello its guard holds, per origin.
-    pub fn peer_holds(&self, peer: &str, holds: Vec<crate::ops::held::HeldCount>) {
+    pub fn peer_holds(&self, peer: &PeerName, holds: Vec<crate::ops::held::HeldCount>) {
         self.with_peer(peer, |status| status.holds = holds);
     }
 
@@ -392,7 +397,7 @@ impl Board {
     /// Compares the clocks a peer's Hello told (`None`: it told none) with
     /// this agent's now, and logs each change of who refuses whose
     /// decisions once (`ops/clocks.rs`).
-    pub fn peer_clock(&self, peer: &str, theirs: Option<crate::ops::clocks::ClockReading>, hlc: u64) {
+    pub fn peer_clock(&self, peer: &PeerName, theirs: Option<crate::ops::clocks::ClockReading>, hlc: u64) {
         let clock = theirs.map(|theirs| crate::ops::clocks::compare(theirs, self.clock_reading(hlc)));
         self.with_peer(peer, |status| {
             let was = status.clock.as_ref().map_or((false, false), |c| (c.refused_here, c.refuses_ours));
@@ -401,24 +406,28 @@ impl Board {
                 let offset_ms = c.offset_ms;
                 match (is.0, was.0) {
                     (true, false) => tracing::error!(
-                        peer,
+                        peer = peer.as_str(),
                         stamps_ahead_ms = c.peer_stamps_ahead_ms,
                         offset_ms,
                         "the peer stamps its decisions further ahead of this master's clock than max_clock_skew: \
                          they are refused here (status shows it)"
                     ),
-                    (false, true) => tracing::info!(peer, "the peer's decisions are within max_clock_skew again"),
+                    (false, true) => {
+                        tracing::info!(peer = peer.as_str(), "the peer's decisions are within max_clock_skew again")
+                    }
                     _ => {}
                 }
                 match (is.1, was.1) {
                     (true, false) => tracing::error!(
-                        peer,
+                        peer = peer.as_str(),
                         stamps_ahead_ms = c.our_stamps_ahead_ms,
                         offset_ms,
                         "the peer refuses this master's decisions: stamped further ahead of its clock than its \
                          max_clock_skew (status shows it)"
                     ),
-                    (false, true) => tracing::info!(peer, "the peer takes this master's decisions again"),
+                    (false, true) => {
+                        tracing::info!(peer = peer.as_str(), "the peer takes this master's decisions again")
+                    }
                     _ => {}
                 }
             }
@@ -426,7 +435,7 @@ impl Board {
         });
     }
 
-    fn evaluate(&self, inner: &mut Inner, peer: &str) {
+    fn evaluate(&self, inner: &mut Inner, peer: &PeerName) {
         let local = inner.local.clone();
         let Some(entry) = inner.peers.get_mut(peer) else { return };
         let Some(theirs) = &entry.status.health else { return };
@@ -434,13 +443,13 @@ impl Board {
         let their_pub = theirs.master_pub.clone();
         self.metrics
             .master_key_mismatch
-            .get_or_create(&PeerLabel { peer: peer.into() })
+            .get_or_create(&PeerLabel { peer: peer.to_string() })
             .set(i64::from(drift.master_pub_mismatch));
         for setting in compared_settings() {
             let drifted = drift.settings.iter().any(|s| s == setting);
             self.metrics
                 .settings_drift
-                .get_or_create(&SettingLabel { peer: peer.into(), setting: setting.into() })
+                .get_or_create(&SettingLabel { peer: peer.to_string(), setting: setting.into() })
                 .set(i64::from(drifted));
         }
         entry.status.drift = drift.clone();
@@ -454,41 +463,41 @@ impl Board {
     }
 
     /// Logs loudly and audits a change of drift with `peer`.
-    fn report(&self, peer: &str, local: &MasterHealth, their_pub: Option<&str>, previous: &Drift, drift: &Drift) {
+    fn report(&self, peer: &PeerName, local: &MasterHealth, their_pub: Option<&str>, previous: &Drift, drift: &Drift) {
         if drift.master_pub_mismatch {
             tracing::error!(
-                peer,
+                peer = peer.as_str(),
                 ours = local.master_pub.as_deref().unwrap_or("?"),
                 theirs = their_pub.unwrap_or("?"),
                 "master.pub differs from the peer's: minions of one master will not authenticate the other (\"The Salt Master server's public key did not authenticate!\"); give every master the same master.pem/master.pub. Key decisions keep replicating"
             );
             self.audit.record(Record {
-                peer: Some(peer.into()),
+                peer: Some(peer.to_string()),
                 fingerprint: local.master_pub.clone(),
                 other_fingerprint: their_pub.map(str::to_string),
                 reason: Some("master.pub differs from this master's: masters must share one key pair".into()),
                 ..Record::new(Action::MasterKey, Via::Peer(peer), Outcome::Mismatch)
             });
         } else if previous.master_pub_mismatch {
-            tracing::info!(peer, "master.pub now matches the peer's");
+            tracing::info!(peer = peer.as_str(), "master.pub now matches the peer's");
             self.audit.record(Record {
-                peer: Some(peer.into()),
+                peer: Some(peer.to_string()),
                 fingerprint: local.master_pub.clone(),
                 ..Record::new(Action::MasterKey, Via::Peer(peer), Outcome::Resolved)
             });
         }
         if !drift.settings.is_empty() && drift.settings != previous.settings {
             let names = drift.settings.join(", ");
-            tracing::warn!(peer, settings = %names, "master settings differ from the peer's; Salt's multi-master set-up needs them equal on every master");
+            tracing::warn!(peer = peer.as_str(), settings = %names, "master settings differ from the peer's; Salt's multi-master set-up needs them equal on every master");
             self.audit.record(Record {
-                peer: Some(peer.into()),
+                peer: Some(peer.to_string()),
                 reason: Some(format!("settings differ from this master's: {names}")),
                 ..Record::new(Action::Settings, Via::Peer(peer), Outcome::Drift)
             });
         } else if drift.settings.is_empty() && !previous.settings.is_empty() {
-            tracing::info!(peer, "master settings now match the peer's");
+            tracing::info!(peer = peer.as_str(), "master settings now match the peer's");
             self.audit.record(Record {
-                peer: Some(peer.into()),
+                peer: Some(peer.to_string()),
                 reason: Some(format!("settings agree again: {}", previous.settings.join(", "))),
                 ..Record::new(Action::Settings, Via::Peer(peer), Outcome::Resolved)
             });
@@ -534,6 +543,7 @@ impl Board {
 mod tests {
     use super::*;
     use crate::disk::audit::read_all;
+    use keysync_machine::testkit::peer;
 
     fn board(dir: &std::path::Path) -> (Board, PathBuf) {
         let text = format!(
@@ -561,17 +571,17 @@ mod tests {
             read_all(&audit_path).unwrap().into_iter().map(|r| format!("{}:{}", r.action, r.outcome)).collect()
         };
 
-        board.peer_health("master-b", theirs(&ours));
+        board.peer_health(&peer("master-b"), theirs(&ours));
         assert!(outcomes().is_empty(), "agreement is not news");
         for _ in 0..5 {
             // A reconnect storm: the same report again and again.
-            board.peer_health("master-b", theirs("aa:bb"));
+            board.peer_health(&peer("master-b"), theirs("aa:bb"));
         }
         assert_eq!(outcomes(), ["master-key:mismatch"]);
-        board.peer_health("master-b", theirs("cc:dd"));
+        board.peer_health(&peer("master-b"), theirs("cc:dd"));
         assert_eq!(outcomes(), ["master-key:mismatch", "master-key:mismatch"], "another wrong key is news");
-        board.peer_health("master-b", theirs(&ours));
-        board.peer_health("master-b", theirs(&ours));
+        board.peer_health(&peer("master-b"), theirs(&ours));
+        board.peer_health(&peer("master-b"), theirs(&ours));
         assert_eq!(outcomes(), ["master-key:mismatch", "master-key:mismatch", "master-key:resolved"]);
 
         let report = board.report_with(KeyCounts::default());
@@ -590,7 +600,7 @@ mod tests {
         assert_eq!(report.protocol_version, Some(keysync_proto::PROTOCOL_VERSION));
         assert!(report.findings.is_empty(), "a peer that has not reported is no other version: {:?}", report.findings);
         // A peer's Hello without a version: an agent of 0.1.0.
-        board.peer_health("master-b", theirs(ours.master_pub.as_deref().unwrap()));
+        board.peer_health(&peer("master-b"), theirs(ours.master_pub.as_deref().unwrap()));
         let report = board.report_with(KeyCounts::default());
         let mixed: Vec<&Finding> = report.findings.iter().filter(|f| f.kind == "agent-version").collect();
         assert_eq!(mixed.len(), 1, "{:?}", report.findings);
@@ -599,7 +609,7 @@ mod tests {
             "{mixed:?}"
         );
         board.peer_health(
-            "master-b",
+            &peer("master-b"),
             MasterHealth { agent_version: ours.agent_version.clone(), ..theirs(ours.master_pub.as_deref().unwrap()) },
         );
         assert!(board.report_with(KeyCounts::default()).findings.is_empty(), "the upgrade has ended");
@@ -611,13 +621,13 @@ mod tests {
         let (board, _) = board(dir.path());
         let state = |board: &Board| board.report_with(KeyCounts::default()).peers[0].clone();
         assert_eq!(state(&board).state, LinkState::Connecting);
-        board.set_state("master-b", LinkState::Down, Some("connection refused".into()));
+        board.set_state(&peer("master-b"), LinkState::Down, Some("connection refused".into()));
         assert_eq!(state(&board).last_error.as_deref(), Some("connection refused"));
         assert!(board.metrics().encode().contains("keysync_peer_up{peer=\"master-b\"} 0"));
-        board.set_state("master-b", LinkState::Up, None);
+        board.set_state(&peer("master-b"), LinkState::Up, None);
         assert_eq!((state(&board).state, state(&board).last_error), (LinkState::Up, None));
         assert!(board.metrics().encode().contains("keysync_peer_up{peer=\"master-b\"} 1"));
-        board.contact("nobody");
+        board.contact(&peer("nobody"));
         assert!(state(&board).last_contact.is_none(), "unknown peers are ignored");
     }
 
@@ -626,13 +636,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (board, _) = board(dir.path());
         let t0 = std::time::Instant::now();
-        assert!(!board.peer_fetching_at("master-b", t0), "a peer that never fetched is not fetching");
-        board.peer_fetched_at("master-b", t0);
-        assert!(board.peer_fetching_at("master-b", t0 + FETCHING / 2));
-        assert!(!board.peer_fetching_at("master-b", t0 + FETCHING), "a round quiet for FETCHING is over");
-        board.peer_fetched_at("master-b", t0 + FETCHING);
-        assert!(board.peer_fetching_at("master-b", t0 + FETCHING + FETCHING / 2), "each fetch extends it");
-        board.peer_fetched_at("nobody", t0);
-        assert!(!board.peer_fetching_at("nobody", t0), "unknown peers are ignored");
+        assert!(!board.peer_fetching_at(&peer("master-b"), t0), "a peer that never fetched is not fetching");
+        board.peer_fetched_at(&peer("master-b"), t0);
+        assert!(board.peer_fetching_at(&peer("master-b"), t0 + FETCHING / 2));
+        assert!(!board.peer_fetching_at(&peer("master-b"), t0 + FETCHING), "a round quiet for FETCHING is over");
+        board.peer_fetched_at(&peer("master-b"), t0 + FETCHING);
+        assert!(board.peer_fetching_at(&peer("master-b"), t0 + FETCHING + FETCHING / 2), "each fetch extends it");
+        board.peer_fetched_at(&peer("nobody"), t0);
+        assert!(!board.peer_fetching_at(&peer("nobody"), t0), "unknown peers are ignored");
     }
 }

@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use keysync_machine::PeerName;
 use serde::{Deserialize, Serialize};
 
 use crate::disk::accept::AUTO_ACCEPT_SETTINGS;
@@ -196,7 +197,9 @@ impl Reported {
             if settings == before {
                 continue;
             }
-            let via = if *name == this_node { Via::Local } else { Via::Peer(name) };
+            // A peer's name as the board keeps it (`Masters` holds this node's too).
+            let peer = PeerName::trusted(*name);
+            let via = if *name == this_node { Via::Local } else { Via::Peer(&peer) };
             let record = |outcome: Outcome, reason: String| Record {
                 origin: Some(name.to_string()),
                 peer: (*name != this_node).then(|| name.to_string()),

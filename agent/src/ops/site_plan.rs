@@ -260,7 +260,7 @@ async fn remote(peer: Peer, tls: Arc<TlsSetup>, ids: Vec<String>, max_message_by
         Ok::<_, String>(reply.into_inner())
     };
     let mut plan =
-        MasterPlan { node: peer.name.clone(), observe: false, error: None, truncated: false, rows: Vec::new() };
+        MasterPlan { node: peer.name.to_string(), observe: false, error: None, truncated: false, rows: Vec::new() };
     match tokio::time::timeout(PEER_TIMEOUT, asked).await {
         Ok(Ok(reply)) => {
             plan.observe = reply.observe;

@@ -21,10 +21,9 @@
 //! its contexts' counts are u16 BE (a name's length, first otherwise, is at
 //! most 253: its first byte is 0).
 
-use std::sync::Arc;
-
 use crate::core::merge::Conflict;
 use crate::core::{Context, Decision, Fingerprint, MinionId, PublicKey, Relays, Seen, Verdict, VerdictKind, Version};
+use keysync_machine::PeerName;
 
 const LAYOUT_2: u8 = 0x10;
 const LAYOUT_3: u8 = 0x11;
@@ -151,7 +150,8 @@ pub fn encode_conflict(from: &str, conflict: &Conflict) -> Vec<u8> {
     out
 }
 
-pub fn decode_conflict(bytes: &[u8]) -> Option<(Arc<str>, Conflict)> {
+/// The peer's name is not checked again: this store kept it (see [`PeerName::trusted`]).
+pub fn decode_conflict(bytes: &[u8]) -> Option<(PeerName, Conflict)> {
     let (wide, bytes) = match bytes.split_first()? {
         (&LAYOUT_3, rest) => (true, rest),
         _ => (false, bytes),
@@ -161,14 +161,14 @@ pub fn decode_conflict(bytes: &[u8]) -> Option<(Arc<str>, Conflict)> {
     let (winner, rest) = decode_seen(rest, wide)?;
     let (loser, rest) = decode_seen(rest, wide)?;
     let id = MinionId::parse(id).ok()?;
-    rest.is_empty().then(|| (Arc::from(from), Conflict { id, winner, loser }))
+    rest.is_empty().then(|| (PeerName::trusted(from), Conflict { id, winner, loser }))
 }
 
 /// A delete the guard holds: the peer it came from, when it was held
 /// (wall-clock ms, u64 BE), then the decision as a decision record.
 pub fn encode_held(held: &keysync_machine::node::HeldDelete) -> Vec<u8> {
     let mut out = Vec::with_capacity(128);
-    encode_str(&mut out, &held.from);
+    encode_str(&mut out, held.from.as_str());
     out.extend_from_slice(&held.since_ms.to_be_bytes());
     out.extend_from_slice(&encode_record(&held.decision, &[], None));
     out
@@ -180,7 +180,7 @@ pub fn decode_held(id: &str, bytes: &[u8]) -> Option<keysync_machine::node::Held
     let decision = decode_record(id, rest)?.decision;
     (decision.verdict == Verdict::Deleted).then(|| keysync_machine::node::HeldDelete {
         decision,
-        from: Arc::from(from),
+        from: PeerName::trusted(from),
         since_ms: u64::from_be_bytes(*since),
     })
 }
@@ -365,7 +365,7 @@ mod tests {
             let conflict = Conflict { id: held.id.clone(), winner: held.seen(), loser: seen[0].clone() };
             let bytes = encode_conflict("master-b", &conflict);
             assert_eq!(bytes[0] == LAYOUT_3, layout == LAYOUT_3);
-            assert_eq!(decode_conflict(&bytes), Some((Arc::from("master-b"), conflict)));
+            assert_eq!(decode_conflict(&bytes), Some((keysync_machine::testkit::peer("master-b"), conflict)));
         }
     }
 
@@ -378,7 +378,7 @@ mod tests {
             loser: decision(Verdict::Deleted, 8, &[(2, "c")]).seen(),
         };
         let bytes = encode_conflict("master-b", &conflict);
-        assert_eq!(decode_conflict(&bytes), Some((Arc::from("master-b"), conflict)));
+        assert_eq!(decode_conflict(&bytes), Some((keysync_machine::testkit::peer("master-b"), conflict)));
         assert_eq!(decode_conflict(&bytes[..bytes.len() - 1]), None);
     }
 }

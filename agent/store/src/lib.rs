@@ -454,7 +454,7 @@ impl Store {
             for (from, conflict) in write.conflicts {
                 let key = codec::conflict_key(conflict);
                 untold
-                    .insert(key.as_str(), codec::encode_conflict(from, conflict).as_slice())
+                    .insert(key.as_str(), codec::encode_conflict(from.as_str(), conflict).as_slice())
                     .map_err(|e| self.err(e))?;
             }
             let mut held = txn.open_table(HELD).map_err(|e| self.err(e))?;

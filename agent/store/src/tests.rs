@@ -42,7 +42,7 @@ fn records_survive_reopening() {
         store.journal(std::slice::from_ref(&pending)).unwrap();
         store.journal(std::slice::from_ref(&accepted)).unwrap();
         let kept = vec![keysync_machine::node::Kept { id: accepted.id.clone(), seen: vec![older.seen()], mine: None }];
-        let conflicts = vec![(std::sync::Arc::from("b"), conflict.clone())];
+        let conflicts = vec![(keysync_machine::testkit::peer("b"), conflict.clone())];
         let write = StoreWrite {
             decisions: &[accepted.clone(), deleted.clone()],
             kept: &kept,
@@ -62,7 +62,7 @@ fn records_survive_reopening() {
     assert_eq!((loaded.entries.len(), loaded.cold.iter().sum::<u32>()), (1, 1));
     let web01 = loaded.entries.iter().find(|(id, _)| *id == accepted.id).unwrap();
     assert_eq!(web01.1.seen().to_vec(), vec![older.seen()], "what was seen is kept with the decision");
-    assert_eq!(loaded.untold, vec![(std::sync::Arc::from("b"), conflict)]);
+    assert_eq!(loaded.untold, vec![(keysync_machine::testkit::peer("b"), conflict)]);
     assert_eq!(store.get(&[accepted.id.clone(), deleted.id.clone()]).unwrap(), vec![accepted, deleted]);
     store.record(&StoreWrite { conflicts_told: true, clock: 99, ..StoreWrite::default() }, "a").unwrap();
     assert!(store.load().unwrap().untold.is_empty(), "told conflicts are forgotten");
@@ -209,7 +209,11 @@ fn the_tombstone_list_follows_claims_and_held_deletes() {
     assert!(store.cold_in(&[bucket_of(&a.id) as u32]).unwrap().is_empty(), "no plain tombstone any more");
     assert!(store.cold(std::slice::from_ref(&a.id)).unwrap().is_empty());
     // b held by the guard (its delete of an accepted key, say): not compacted.
-    let held = keysync_machine::node::HeldDelete { decision: b.clone(), from: "b".into(), since_ms: 0 };
+    let held = keysync_machine::node::HeldDelete {
+        decision: b.clone(),
+        from: keysync_machine::testkit::peer("b"),
+        since_ms: 0,
+    };
     store.record(&StoreWrite { held: std::slice::from_ref(&held), ..StoreWrite::default() }, "a").unwrap();
     assert!(store.compact(u64::MAX, 10).unwrap().is_empty(), "a's is no tombstone, b's is held");
     store.record(&StoreWrite { unheld: std::slice::from_ref(&b.id), ..StoreWrite::default() }, "a").unwrap();

@@ -39,12 +39,12 @@ impl Handler for SlowPushes {
     async fn push(&self, peer: &PeerName, batch: DecisionBatch) -> Result<PushAck, Status> {
         let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
         self.most.fetch_max(now, Ordering::SeqCst);
-        if peer.0 == "a" {
+        if peer.as_str() == "a" {
             let now_a = self.now_a.fetch_add(1, Ordering::SeqCst) + 1;
             self.most_a.fetch_max(now_a, Ordering::SeqCst);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-        if peer.0 == "a" {
+        if peer.as_str() == "a" {
             self.now_a.fetch_sub(1, Ordering::SeqCst);
         }
         self.now.fetch_sub(1, Ordering::SeqCst);
@@ -73,7 +73,10 @@ async fn calls_wait_for_their_budget_and_connections_per_peer_are_capped() {
         let addr = listener.local_addr().unwrap().to_string();
         let handler = Arc::new(SlowPushes::default());
         let shutdown = CancellationToken::new();
-        let opts = ServeOptions { allowed_peers: vec!["a".into(), "c".into()], ..ServeOptions::default() };
+        let opts = ServeOptions {
+            allowed_peers: vec![PeerName::new("a").unwrap(), PeerName::new("c").unwrap()],
+            ..ServeOptions::default()
+        };
         let tls = pki.setup(&["b"]);
         tokio::spawn({
             let (handler, shutdown) = (handler.clone(), shutdown.clone());
@@ -150,7 +153,7 @@ async fn idle_push_streams_hold_no_budget() {
         let addr = listener.local_addr().unwrap().to_string();
         let shutdown = CancellationToken::new();
         let peers = ["a", "c", "d", "e"];
-        let opts = ServeOptions { allowed_peers: peers.map(String::from).to_vec(), ..ServeOptions::default() };
+        let opts = ServeOptions { allowed_peers: peers.map(|p| PeerName::new(p).unwrap()).to_vec(), ..ServeOptions::default() };
         let tls = pki.setup(&["b"]);
         tokio::spawn({
             let shutdown = shutdown.clone();
@@ -248,7 +251,7 @@ async fn stalled_answers_are_capped_per_peer_and_cut_off_at_the_deadline() {
         let handler = Arc::new(BigAnswers { freed: freed.clone() });
         let shutdown = CancellationToken::new();
         let opts = ServeOptions {
-            allowed_peers: vec!["a".into(), "c".into()],
+            allowed_peers: vec![PeerName::new("a").unwrap(), PeerName::new("c").unwrap()],
             answer_deadline: Duration::from_secs(2),
             ..ServeOptions::default()
         };

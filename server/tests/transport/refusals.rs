@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use keysync_proto::v1::{DecisionBatch, FetchRequest, HelloRequest};
-use keysync_server::{connect, ServeOptions, TlsMaterial, TlsSetup, TransportEvent};
+use keysync_server::{connect, PeerName, ServeOptions, TlsMaterial, TlsSetup, TransportEvent};
 use time::OffsetDateTime;
 use tokio::io::AsyncWriteExt;
 use tokio_stream::StreamExt;
@@ -156,7 +156,7 @@ async fn hello_naming_another_node_is_permission_denied() {
 
         let event = server.event("RequestRefused", |e| matches!(e, TransportEvent::RequestRefused { .. })).await;
         let TransportEvent::RequestRefused { peer, reason } = event else { unreachable!() };
-        assert_eq!(peer.0, "a");
+        assert_eq!(peer.as_str(), "a");
         assert!(reason.contains("\"c\""), "{reason}");
         assert!(server.handler.callers.lock().unwrap().is_empty());
         // The same connection still works for an honest Hello.
@@ -189,7 +189,7 @@ async fn the_previous_and_next_protocol_versions_are_served_older_ones_refused()
         assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
         assert!(status.message().contains("too old") && status.message().contains("upgrade"), "{status:?}");
         let event = server.event("RequestRefused", |e| matches!(e, TransportEvent::RequestRefused { .. })).await;
-        assert!(matches!(event, TransportEvent::RequestRefused { peer, .. } if peer.0 == "a"));
+        assert!(matches!(event, TransportEvent::RequestRefused { peer, .. } if peer.as_str() == "a"));
         server.assert_serves(&pki).await;
     })
     .await;
@@ -219,7 +219,7 @@ async fn garbage_and_stalled_handshakes_do_not_block_others() {
     bounded(async {
         let pki = Pki::new();
         let opts = ServeOptions {
-            allowed_peers: vec!["a".into()],
+            allowed_peers: vec![PeerName::new("a").unwrap()],
             handshake_timeout: Duration::from_millis(500),
             refusal_window: Duration::ZERO,
             ..ServeOptions::default()
@@ -253,7 +253,11 @@ async fn garbage_and_stalled_handshakes_do_not_block_others() {
 async fn oversized_messages_are_refused_and_reported() {
     bounded(async {
         let pki = Pki::new();
-        let opts = ServeOptions { allowed_peers: vec!["a".into()], max_message_bytes: 1024, ..ServeOptions::default() };
+        let opts = ServeOptions {
+            allowed_peers: vec![PeerName::new("a").unwrap()],
+            max_message_bytes: 1024,
+            ..ServeOptions::default()
+        };
         let server = TestServer::start_with(&pki, "b", opts).await;
         let mut client =
             connect(&server.address(), "b", &pki.setup(&["a"]), MAX_MESSAGE, CONNECT_TIMEOUT).await.unwrap();
@@ -263,7 +267,7 @@ async fn oversized_messages_are_refused_and_reported() {
         server
             .event("RequestRefused for Fetch", |e| {
                 matches!(e, TransportEvent::RequestRefused { peer, reason }
-                    if peer.0 == "a" && reason.contains("Fetch") && reason.contains("too large"))
+                    if peer.as_str() == "a" && reason.contains("Fetch") && reason.contains("too large"))
             })
             .await;
 

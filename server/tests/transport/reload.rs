@@ -3,7 +3,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use keysync_server::{connect, serve_with, ListenerControl, ServeOptions, TlsMaterial, TlsSetup, TransportEvent};
+use keysync_server::{
+    connect, serve_with, ListenerControl, PeerName, ServeOptions, TlsMaterial, TlsSetup, TransportEvent,
+};
 
 use crate::support::{bounded, chain, hello_from, EchoHandler, Pki, CONNECT_TIMEOUT, MAX_MESSAGE};
 
@@ -18,7 +20,7 @@ impl Controlled {
     async fn start(tls: TlsSetup, allowed: &[&str]) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
-        let control = ListenerControl::new(tls, allowed.iter().map(|s| s.to_string()).collect());
+        let control = ListenerControl::new(tls, allowed.iter().map(|s| PeerName::new(s).unwrap()).collect());
         let events = Arc::new(Mutex::new(Vec::new()));
         let shutdown = tokio_util::sync::CancellationToken::new();
         let sink = events.clone();
@@ -37,7 +39,7 @@ impl Controlled {
 
     fn n_connected(&self, peer: &str) -> usize {
         let events = self.events.lock().unwrap();
-        events.iter().filter(|e| matches!(e, TransportEvent::Connected { peer: p, .. } if p.0 == peer)).count()
+        events.iter().filter(|e| matches!(e, TransportEvent::Connected { peer: p, .. } if p.as_str() == peer)).count()
     }
 
     fn saw_unknown(&self, name: &str) -> bool {
@@ -74,8 +76,8 @@ async fn removed_peer_is_cut_off_and_unchanged_peer_keeps_its_connection() {
         hello(&mut client_c, "c").await.unwrap();
         assert_eq!((server.n_connected("a"), server.n_connected("c")), (1, 1));
 
-        let closed = server.control.reload(pki.setup(&["b"]), vec!["c".into()]);
-        assert_eq!(closed.iter().map(|p| p.0.as_str()).collect::<Vec<_>>(), ["a"]);
+        let closed = server.control.reload(pki.setup(&["b"]), vec![PeerName::new("c").unwrap()]);
+        assert_eq!(closed.iter().map(|p| p.as_str()).collect::<Vec<_>>(), ["a"]);
         assert_eq!(server.control.allowed_peers(), ["c"]);
 
         // a's connection is gone; its channel's reconnect is refused as an unknown peer.
@@ -114,7 +116,7 @@ async fn new_certificate_and_ca_apply_to_the_next_handshake() {
         // The node moves to the new CA; both CAs stay trusted during the change.
         let moved = new.node(&["b"]);
         let both = TlsMaterial { ca_pem: [old.ca.cert_pem(), new.ca.cert_pem()].concat().into_bytes(), ..moved };
-        server.control.reload(TlsSetup::new(&both).unwrap(), vec!["a".into()]);
+        server.control.reload(TlsSetup::new(&both).unwrap(), vec![PeerName::new("a").unwrap()]);
         let mut client = connect(&server.address, "b", &trusts_new, MAX_MESSAGE, CONNECT_TIMEOUT)
             .await
             .expect("the new certificate is served after the reload");

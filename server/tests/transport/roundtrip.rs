@@ -25,7 +25,7 @@ async fn hello_push_diff_fetch_over_mutual_tls() {
         let hello = client.hello(hello_from("a")).await.expect("hello").into_inner();
         assert_eq!((hello.node.as_str(), hello.n_decisions), ("b", 42));
         let connected = server.event("Connected", |e| matches!(e, TransportEvent::Connected { .. })).await;
-        assert!(matches!(&connected, TransportEvent::Connected { peer, .. } if peer.0 == "a"), "{connected:?}");
+        assert!(matches!(&connected, TransportEvent::Connected { peer, .. } if peer.as_str() == "a"), "{connected:?}");
 
         let batches = vec![batch(1), batch(4), batch(10)];
         let mut acks = client.push(tokio_stream::iter(batches)).await.expect("push").into_inner();
@@ -60,7 +60,7 @@ async fn hello_push_diff_fetch_over_mutual_tls() {
         let callers = server.handler.callers.lock().unwrap().clone();
         let calls: Vec<_> = callers.iter().map(|(call, _)| call.as_str()).collect();
         assert_eq!(calls, ["hello", "push", "push", "push", "diff", "fetch"]);
-        assert!(callers.iter().all(|(_, peer)| *peer == PeerName("a".into())));
+        assert!(callers.iter().all(|(_, peer)| *peer == PeerName::new("a").unwrap()));
     })
     .await;
 }

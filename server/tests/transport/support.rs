@@ -134,7 +134,7 @@ impl TestServer {
             pki,
             own,
             ServeOptions {
-                allowed_peers: allowed.iter().map(|s| s.to_string()).collect(),
+                allowed_peers: allowed.iter().map(|s| PeerName::new(s).unwrap()).collect(),
                 // Every refusal reported: these tests count them one by one.
                 refusal_window: Duration::ZERO,
                 ..ServeOptions::default()

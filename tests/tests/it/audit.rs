@@ -46,16 +46,21 @@ fn rec(ago_min: i64, action: Action, minion: Option<&str>, origin: Option<&str>,
     }
 }
 
+fn peer(name: &str) -> keysync_server::PeerName {
+    keysync_server::PeerName::new(name).unwrap()
+}
+
 /// Seven records over the last three hours.
 fn sample_log(dir: &Path) -> PathBuf {
     let path = dir.join("audit.jsonl");
+    let (master_b, master_c) = (peer("master-b"), peer("master-c"));
     write_chain(
         &path,
         vec![
             rec(180, Action::Accept, Some("web01"), Some("master-a"), Via::Local),
-            rec(150, Action::Reject, Some("web02"), Some("master-b"), Via::Peer("master-b")),
-            rec(90, Action::Accept, Some("db01"), Some("master-b"), Via::Peer("master-c")),
-            rec(60, Action::Conflict, Some("web01"), Some("master-c"), Via::Peer("master-b")),
+            rec(150, Action::Reject, Some("web02"), Some("master-b"), Via::Peer(&master_b)),
+            rec(90, Action::Accept, Some("db01"), Some("master-b"), Via::Peer(&master_c)),
+            rec(60, Action::Conflict, Some("web01"), Some("master-c"), Via::Peer(&master_b)),
             rec(20, Action::Delete, Some("web01"), Some("master-a"), Via::Local),
             rec(5, Action::Refuse, None, None, Via::Network),
             rec(1, Action::Pending, Some("web03"), Some("master-a"), Via::Local),

@@ -352,7 +352,11 @@ fn audit_origin_names_a_master_of_the_site() {
         node: "master-a".into(),
         minion: Some("web01".into()),
         origin: Some("master-old".into()),
-        ..salt_keysync::disk::audit::Record::new(Action::Accept, Via::Peer("master-b"), Outcome::Applied)
+        ..salt_keysync::disk::audit::Record::new(
+            Action::Accept,
+            Via::Peer(&keysync_server::PeerName::new("master-b").unwrap()),
+            Outcome::Applied,
+        )
     };
     std::fs::write(&log, format!("{}\n", serde_json::to_string(&record).unwrap())).unwrap();
     let log = log.to_str().unwrap();

@@ -65,7 +65,7 @@ async fn this_release_speaks_protocol_one_to_an_agent_of_the_previous_release() 
     let listener = tokio::net::TcpListener::bind(cluster.agents[1].addr).await.unwrap();
     let old = Arc::new(ProtocolOne::default());
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let opts = ServeOptions { allowed_peers: vec!["master-a".into()], ..ServeOptions::default() };
+    let opts = ServeOptions { allowed_peers: vec![PeerName::new("master-a").unwrap()], ..ServeOptions::default() };
     tokio::spawn({
         let (old, shutdown) = (old.clone(), shutdown.clone());
         async move { keysync_server::serve(listener, &tls, opts, old, Arc::new(|_| {}), shutdown).await }

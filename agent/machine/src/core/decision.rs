@@ -145,11 +145,11 @@ impl Relays {
 
     /// This path with `peer` (the one it arrived from) at its end, unless
     /// `peer` is the origin itself.
-    pub fn then(&self, peer: &str, origin: &str) -> Relays {
-        if peer == origin || self.0.len() >= MAX_RELAYS {
+    pub fn then(&self, peer: &crate::PeerName, origin: &str) -> Relays {
+        if peer.as_str() == origin || self.0.len() >= MAX_RELAYS {
             return self.clone();
         }
-        Relays(self.0.iter().cloned().chain(std::iter::once(Arc::from(peer))).collect())
+        Relays(self.0.iter().cloned().chain(std::iter::once(peer.as_arc().clone())).collect())
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &str> {

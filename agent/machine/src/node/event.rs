@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::core::merge::Conflict;
 use crate::core::version::SkewError;
 use crate::core::{Decision, Fingerprint, Folder, MinionId, Version};
+use crate::PeerName;
 
 use super::runtime::Failure;
 
@@ -43,38 +44,38 @@ pub enum Event {
     Decided { decision: Decision, found: Option<Found> },
     /// A peer's decision applied here (`from`: the peer, or "journal");
     /// `replaced`: the accepted key it replaced with another accepted key.
-    Applied { decision: Decision, from: Arc<str>, replaced: Option<Fingerprint> },
+    Applied { decision: Decision, from: PeerName, replaced: Option<Fingerprint> },
     /// A peer's decision claiming to have known a decision of this node that
     /// this node never made: the claim is dropped (a conflict it would hide
     /// is told).
-    Doubted { decision: Decision, from: Arc<str>, claimed: Version },
+    Doubted { decision: Decision, from: PeerName, claimed: Version },
     /// A peer's decision claiming this node as its origin, which this node
     /// never made: refused (told once).
-    NotOurs { decision: Decision, from: Arc<str> },
+    NotOurs { decision: Decision, from: PeerName },
     /// Decisions in one arrival from `from` naming this node as their
     /// origin, made before its store started afresh at `afresh_ms` (wall
     /// clock) and unknown to it: its own, forgotten with its old store,
     /// taken back (merged like any peer's), `n` of them (`first`: one id).
-    TakenBack { from: Arc<str>, n: usize, first: MinionId, afresh_ms: u64 },
+    TakenBack { from: PeerName, n: usize, first: MinionId, afresh_ms: u64 },
     /// Decisions in one arrival from `from` whose origin is no master of the
     /// site: refused, `n` of them, naming `n_origins` origins (`origins`:
     /// the first few; `first`: one id).
-    UnknownOrigins { from: Arc<str>, n: usize, n_origins: usize, origins: Vec<Arc<str>>, first: MinionId },
+    UnknownOrigins { from: PeerName, n: usize, n_origins: usize, origins: Vec<Arc<str>>, first: MinionId },
     /// A peer's decision for an id whose own events are still settling (a
     /// salt-key run in progress here): merged once they have settled.
-    Deferred { id: MinionId, from: Arc<str> },
+    Deferred { id: MinionId, from: PeerName },
     /// A peer's decision older than the one held.
-    Superseded { decision: Decision, from: Arc<str>, held: Version },
+    Superseded { decision: Decision, from: PeerName, held: Version },
     /// A peer's decision whose version is beyond the clock-skew bound (audited once).
-    FromTheFuture { decision: Decision, from: Arc<str>, error: SkewError },
+    FromTheFuture { decision: Decision, from: PeerName, error: SkewError },
     /// Two decisions about one id made without knowledge of each other, that
     /// disagree (or one version carried with two contents): told exactly
     /// once on each master that sees both.
-    Conflict { conflict: Conflict, from: Arc<str> },
+    Conflict { conflict: Conflict, from: PeerName },
     /// A different pending key discarded for the decided one.
     PendingDiscarded {
         id: MinionId,
-        from: Arc<str>,
+        from: PeerName,
         origin: Arc<str>,
         pending: Fingerprint,
         decided: Option<Fingerprint>,
@@ -103,7 +104,7 @@ pub enum Event {
     /// which this master's folders show something other than it, by the
     /// rules of first contact (`claims.rs`): what they show now (`None`: no
     /// key decided), whether that took a write, and why.
-    Kept { decision: Decision, from: Arc<str>, shows: Option<crate::core::Seen>, wrote: bool, why: &'static str },
+    Kept { decision: Decision, from: PeerName, shows: Option<crate::core::Seen>, wrote: bool, why: &'static str },
     /// Start-up reconciliation finished.
     Reconciled { n_held: usize, n_found: usize, found: Found },
     /// Decisions journalled before a stop are being finished.
@@ -124,13 +125,13 @@ pub enum Event {
     /// later one from that link until it has been quiet for a window. With
     /// `forwarded`, the deletes it forwarded (made elsewhere) went past the
     /// whole master's limit instead (`first`: the first ids held).
-    DeletesHeld { via: Arc<str>, forwarded: bool, n: usize, limit: usize, first: Vec<MinionId> },
+    DeletesHeld { via: PeerName, forwarded: bool, n: usize, limit: usize, first: Vec<MinionId> },
     /// A peer's delete let through before its burst went past the limit
     /// (slower than `quiet`) was put back: the key written again from what
     /// this master kept, and the delete held with the burst.
     PutBack { held: super::HeldDelete, key: Fingerprint },
     /// A held burst's link has been quiet for a window: `n` deletes held in all.
-    HoldEnded { via: Arc<str>, n: usize },
+    HoldEnded { via: PeerName, n: usize },
     /// This master's operator deleted more accepted keys than the guard lets
     /// through: the peers hold these deletes until released or reverted.
     MassDeleteHere { n: usize, limit: usize },

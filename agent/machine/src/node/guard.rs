@@ -42,6 +42,8 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
+
+use crate::PeerName;
 use std::time::{Duration, Instant};
 
 use crate::core::{Decision, Entry, MinionId};
@@ -91,7 +93,7 @@ impl GuardSettings {
 pub struct HeldDelete {
     pub decision: Decision,
     /// The peer it came from.
-    pub from: Arc<str>,
+    pub from: PeerName,
     /// When it was held (wall-clock milliseconds).
     pub since_ms: u64,
 }
@@ -156,8 +158,8 @@ impl Burst {
 }
 
 /// Whether `decision` came from its very origin on link `from`.
-fn firsthand(from: &str, decision: &Decision) -> bool {
-    *decision.version.node == *from
+fn firsthand(from: &PeerName, decision: &Decision) -> bool {
+    *decision.version.node == *from.as_str()
 }
 
 /// What the guard has to tell since it was last asked.
@@ -168,7 +170,7 @@ pub(super) struct News {
     /// Bursts that went past the limit: what they held so far.
     pub tripped: Vec<Tripped>,
     /// Held bursts whose link has been quiet for a window: link, deletes held.
-    pub ended: Vec<(Arc<str>, usize)>,
+    pub ended: Vec<(PeerName, usize)>,
     /// Held deletes replaced by a newer held delete of the same id.
     pub replaced: Vec<(HeldDelete, Decision)>,
     /// Held deletes given back to be judged again: the very delete came
@@ -176,14 +178,14 @@ pub(super) struct News {
     pub rejudged: Vec<HeldDelete>,
     /// Deletes let through before their burst went past the limit: to be
     /// put back and held (see [`PutBack`]), with the link they came on.
-    pub put_back: Vec<(Arc<str>, PutBack)>,
+    pub put_back: Vec<(PeerName, PutBack)>,
 }
 
 /// A burst the guard began to hold.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct Tripped {
     /// The link its deletes came on.
-    pub via: Arc<str>,
+    pub via: PeerName,
     /// Held for being forwarded past the whole master's budget, not for the
     /// link's own burst.
     pub forwarded: bool,
@@ -199,13 +201,13 @@ pub(super) struct Guard {
     /// Changes made to `held` so far (see [`Guard::held_changes`]).
     changes: u64,
     /// Per link, in name order (a run is the same run every time).
-    bursts: BTreeMap<Arc<str>, Burst>,
+    bursts: BTreeMap<PeerName, Burst>,
     /// Forwarded deletes are being held for going past the whole master's
     /// budget (told once until the deletes within `window` are under it).
     forwarded_held: bool,
     /// Deletes let through for being judged, or no longer judged (the key
     /// is not accepted here any more): applied at the next tick.
-    ready: Vec<(Arc<str>, Decision)>,
+    ready: Vec<(PeerName, Decision)>,
     news: News,
     /// This node's own deletes of accepted keys, to warn of a mass delete here.
     local: VecDeque<Instant>,
@@ -254,16 +256,16 @@ impl Guard {
     /// waits or is held as forwarded by another link (which may have raced
     /// the origin, or be the one flooding), it is taken from there to be
     /// judged with its origin's own deletes.
-    fn take_forwarded_copy(&mut self, from: &str, decision: &Decision) {
+    fn take_forwarded_copy(&mut self, from: &PeerName, decision: &Decision) {
         for (link, burst) in &mut self.bursts {
-            if **link != *from {
+            if link != from {
                 burst.gathered.retain(|d| d.version != decision.version || d.id != decision.id);
             }
         }
         if self
             .held
             .get(&decision.id)
-            .is_some_and(|held| *held.from != *from && held.decision.version == decision.version)
+            .is_some_and(|held| held.from != *from && held.decision.version == decision.version)
         {
             if let Some(held) = self.held.remove(&decision.id) {
                 self.changes += 1;
@@ -282,7 +284,7 @@ impl Guard {
 
     /// A peer's delete of a key accepted here, from link `from`: held, or
     /// waiting for its link to go quiet. `n_accepted`: keys accepted here now.
-    pub fn offer(&mut self, from: Arc<str>, decision: Decision, n_accepted: usize, now: Instant, wall_ms: u64) {
+    pub fn offer(&mut self, from: PeerName, decision: Decision, n_accepted: usize, now: Instant, wall_ms: u64) {
         let firsthand = firsthand(&from, &decision);
         if firsthand {
             self.take_forwarded_copy(&from, &decision);
@@ -340,7 +342,7 @@ impl Guard {
         if passed + gathered <= limit {
             return;
         }
-        let links: Vec<Arc<str>> = self.bursts.keys().cloned().collect();
+        let links: Vec<PeerName> = self.bursts.keys().cloned().collect();
         for link in links {
             let burst = self.bursts.get_mut(&link).expect("listed");
             let (forwarded, own): (Vec<Decision>, Vec<Decision>) =
@@ -359,7 +361,7 @@ impl Guard {
     }
 
     /// Holds deletes that came on link `from`.
-    fn hold(&mut self, from: &Arc<str>, decisions: Vec<Decision>, wall_ms: u64) {
+    fn hold(&mut self, from: &PeerName, decisions: Vec<Decision>, wall_ms: u64) {
         for decision in decisions {
             // Gathered before a newer delete of the same id was held (from
             // another link): that one stands, this one is covered by it.
@@ -378,7 +380,7 @@ impl Guard {
     /// Deletes to apply now: those whose origin has gone quiet without
     /// passing the limit, and those no longer judged. Ends held bursts whose
     /// origin has been quiet for a window.
-    pub fn due(&mut self, now: Instant) -> Vec<(Arc<str>, Decision)> {
+    pub fn due(&mut self, now: Instant) -> Vec<(PeerName, Decision)> {
         let mut due = std::mem::take(&mut self.ready);
         let (quiet, window) = (self.settings.quiet, self.settings.window);
         for (link, burst) in &mut self.bursts {
@@ -428,7 +430,7 @@ impl Guard {
     /// A delete from link `from` that [`Guard::due`] let through was applied:
     /// what was held before it is kept for `window`, to be put back should
     /// the burst go past the limit.
-    pub fn keep(&mut self, from: &Arc<str>, put_back: PutBack, now: Instant) {
+    pub fn keep(&mut self, from: &PeerName, put_back: PutBack, now: Instant) {
         if let Some(burst) = self.bursts.get_mut(from).filter(|burst| burst.tripped.is_none()) {
             burst.kept.push_back((now, put_back));
         }

@@ -6,6 +6,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::PeerName;
+
 use crate::core::{Decision, Entry, Fingerprint, MinionId, PublicKey, Verdict, VerdictKind};
 
 use super::event::{Event, Settled};
@@ -72,7 +74,7 @@ impl Node {
     }
 
     /// Offers peers' deletes of accepted keys to the guard, and tells what it did.
-    pub(super) fn offer_guarded(&mut self, guarded: Vec<(Arc<str>, Decision)>, now: Now, rt: &mut impl Runtime) {
+    pub(super) fn offer_guarded(&mut self, guarded: Vec<(PeerName, Decision)>, now: Now, rt: &mut impl Runtime) {
         // Judged as they came; a later round of the same arrivals may have
         // changed what the id shows here (a claim rejecting the key).
         let (guarded, unjudged): (Vec<_>, Vec<_>) = guarded.into_iter().partition(|(_, d)| self.judges(d));
@@ -323,7 +325,7 @@ impl Node {
             decision,
             holds: true,
             conflicts: Vec::new(),
-            from: self.settings.node.clone(),
+            from: PeerName::trusted(self.settings.node.clone()),
             arrival: 0,
             operator: Some((action, by.to_string(), held)),
         }
@@ -336,7 +338,7 @@ impl Node {
         if !ids.is_empty() {
             // An earlier command on these ids still retried (writes failed)
             // is replaced: the operator's latest word stands, not both.
-            let node = self.settings.node.clone();
+            let node = PeerName::trusted(self.settings.node.clone());
             self.waiting.retry.retain(|(from, d)| *from != node || !ids.contains(&d.id));
             self.apply_round(round, now, rt);
         }

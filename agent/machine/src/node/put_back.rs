@@ -11,7 +11,7 @@
 //! applied it hold a newer delete, exactly as for any held delete, and an
 //! operator's release or revert settles it everywhere. Nothing is sent.
 
-use std::sync::Arc;
+use crate::PeerName;
 
 use crate::core::causal::remember;
 use crate::core::observe::{interpret, Reading};
@@ -25,8 +25,8 @@ use super::{HeldDelete, Node, Now};
 impl Node {
     /// Before the guard's due deletes are applied: what each one's id holds
     /// here, with its key, to be kept should it be put back.
-    pub(super) fn keep_before(&self, due: &[(Arc<str>, Decision)], rt: &mut impl Runtime) -> Vec<(Arc<str>, PutBack)> {
-        let judged: Vec<&(Arc<str>, Decision)> = due.iter().filter(|(_, d)| self.guards(d)).collect();
+    pub(super) fn keep_before(&self, due: &[(PeerName, Decision)], rt: &mut impl Runtime) -> Vec<(PeerName, PutBack)> {
+        let judged: Vec<&(PeerName, Decision)> = due.iter().filter(|(_, d)| self.guards(d)).collect();
         if judged.is_empty() {
             return Vec::new();
         }
@@ -64,7 +64,7 @@ impl Node {
 
     /// After the due deletes were applied: those that were (the id holds
     /// that very delete now) are given to the guard to keep for `window`.
-    pub(super) fn keep_passed(&mut self, kept: Vec<(Arc<str>, PutBack)>, now: Now) {
+    pub(super) fn keep_passed(&mut self, kept: Vec<(PeerName, PutBack)>, now: Now) {
         for (link, put_back) in kept {
             if self.replica.entry(&put_back.delete.id).is_some_and(|e| e.version == put_back.delete.version) {
                 self.guard.keep(&link, put_back, now.mono);
@@ -85,17 +85,17 @@ impl Node {
     /// never read as this master's own decision meanwhile.
     pub(super) fn put_back(
         &mut self,
-        list: Vec<(Arc<str>, PutBack)>,
+        list: Vec<(PeerName, PutBack)>,
         now: Now,
         rt: &mut impl Runtime,
-    ) -> Vec<(Arc<str>, usize)> {
+    ) -> Vec<(PeerName, usize)> {
         if list.is_empty() {
             return Vec::new();
         }
         if self.warm(list.iter().map(|(_, p)| &p.delete.id), rt).is_err() {
             return Vec::new();
         }
-        let chosen: Vec<(Arc<str>, PutBack)> = list
+        let chosen: Vec<(PeerName, PutBack)> = list
             .into_iter()
             .filter(|(_, p)| {
                 let id = &p.delete.id;
@@ -116,7 +116,7 @@ impl Node {
         }
         // The entry as if the delete had been held from the start: what it
         // was, knowing too what was learnt of the id since (claims seen).
-        let chosen: Vec<(Arc<str>, PutBack)> = chosen
+        let chosen: Vec<(PeerName, PutBack)> = chosen
             .into_iter()
             .map(|(link, mut p)| {
                 if let Some(now_held) = self.replica.entry(&p.delete.id) {
@@ -166,7 +166,7 @@ impl Node {
             return Vec::new();
         }
         self.waiting.putting_back = putting_back;
-        let mut per_link: Vec<(Arc<str>, usize)> = Vec::new();
+        let mut per_link: Vec<(PeerName, usize)> = Vec::new();
         for ((link, put_back), held) in chosen.into_iter().zip(held) {
             self.replica.set(&put_back.delete.id, put_back.before);
             self.guard.hold_put_back(held.clone());
@@ -230,7 +230,12 @@ impl Node {
                 Ok(applied) => {
                     self.echoes.expect(decision.id.as_str(), &applied.changes, now.mono);
                     self.pending.remove(&decision.id);
-                    super::remote::tell_discarded_pending(&self.settings.node, decision, &applied, rt);
+                    super::remote::tell_discarded_pending(
+                        &PeerName::trusted(self.settings.node.clone()),
+                        decision,
+                        &applied,
+                        rt,
+                    );
                 }
                 Err(e) => {
                     failed = true;

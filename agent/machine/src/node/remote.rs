@@ -5,6 +5,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use crate::PeerName;
+
 use crate::core::merge::{Conflict, MergeOutcome};
 use crate::core::{Decision, Entry, Fingerprint, MinionId, Seen, VerdictKind};
 
@@ -33,7 +35,7 @@ pub(super) struct Merged {
     pub conflicts: Vec<Conflict>,
     /// The peer it came from ("journal" at start-up; this node for an
     /// operator's release or revert).
-    pub from: Arc<str>,
+    pub from: PeerName,
     /// Which of the arrivals handled together brought it.
     pub arrival: usize,
     /// An operator's release or revert of a held delete (see `held.rs`).
@@ -55,9 +57,9 @@ impl Node {
     /// as a master this node knows, never as a name it made up.
     fn refuse_strangers(
         &mut self,
-        arrivals: Vec<(Arc<str>, Vec<Decision>)>,
+        arrivals: Vec<(PeerName, Vec<Decision>)>,
         rt: &mut impl Runtime,
-    ) -> Vec<(Arc<str>, Vec<Decision>)> {
+    ) -> Vec<(PeerName, Vec<Decision>)> {
         arrivals
             .into_iter()
             .map(|(from, decisions)| {
@@ -97,7 +99,7 @@ impl Node {
     /// them. Returns, per arrival, how many of its decisions were applied.
     pub fn on_batches(
         &mut self,
-        arrivals: Vec<(Arc<str>, Vec<Decision>)>,
+        arrivals: Vec<(PeerName, Vec<Decision>)>,
         now: Now,
         rt: &mut impl Runtime,
     ) -> Vec<u32> {
@@ -124,7 +126,7 @@ impl Node {
     /// (retried, or let through by the guard: see [`Source`]).
     pub(super) fn apply_arrivals(
         &mut self,
-        arrivals: Vec<(Arc<str>, Vec<Decision>)>,
+        arrivals: Vec<(PeerName, Vec<Decision>)>,
         source: Source,
         now: Now,
         rt: &mut impl Runtime,
@@ -158,10 +160,10 @@ impl Node {
                 return n_applied;
             }
         }
-        let mut todo: Vec<(usize, Arc<str>, Decision)> = Vec::new();
+        let mut todo: Vec<(usize, PeerName, Decision)> = Vec::new();
         // Per arrival: its peer, and the ids of this node's own forgotten
         // decisions it brought back (told once per arrival).
-        let mut taken_back: Vec<(Arc<str>, Vec<MinionId>)> = Vec::new();
+        let mut taken_back: Vec<(PeerName, Vec<MinionId>)> = Vec::new();
         for (arrival, (from, decisions)) in arrivals.into_iter().enumerate() {
             taken_back.push((from.clone(), Vec::new()));
             todo.extend(decisions.into_iter().map(|mut d| {
@@ -185,7 +187,7 @@ impl Node {
             }
             return n_applied;
         }
-        let mut guarded: Vec<(Arc<str>, Decision)> = Vec::new();
+        let mut guarded: Vec<(PeerName, Decision)> = Vec::new();
         while !todo.is_empty() {
             let mut round: Vec<Merged> = Vec::new();
             let mut ids: HashSet<MinionId> = HashSet::new();
@@ -228,7 +230,7 @@ impl Node {
                 let decision = self.doubt_claims(decision, &from, now, rt);
                 // (An operator's release or revert retried after a failed write
                 // comes from this node itself: it made it.)
-                let retried_own = *from == *self.settings.node;
+                let retried_own = *from.as_str() == *self.settings.node;
                 let mut own_past = false;
                 if *decision.version.node == *self.settings.node && !retried_own && !self.issued(&decision) {
                     if self.forgotten_past(&decision, now) {
@@ -308,7 +310,7 @@ impl Node {
     /// only if this node made it: a claim of one it never made (an hlc it
     /// never issued for this id) would hide a conflict this node can see for
     /// itself, so it is dropped from the context (and told).
-    fn doubt_claims(&self, decision: Decision, from: &Arc<str>, now: Now, rt: &mut impl Runtime) -> Decision {
+    fn doubt_claims(&self, decision: Decision, from: &PeerName, now: Now, rt: &mut impl Runtime) -> Decision {
         let node = &*self.settings.node;
         let Some(claimed) = decision.context.iter().find(|v| &*v.node == node).cloned() else { return decision };
         if self.past_ttl(&claimed, now) || claimed.hlc < self.afresh {
@@ -414,7 +416,7 @@ impl Node {
         let finished: Vec<MinionId> =
             done.iter().filter(|(_, e, _)| e.write.is_some()).map(|(m, _, _)| m.decision.id.clone()).collect();
         let kept: Vec<Kept> = done.iter().map(|(m, e, _)| Kept::of(&m.decision.id, &e.after)).collect();
-        let conflicts: Vec<(Arc<str>, Conflict)> =
+        let conflicts: Vec<(PeerName, Conflict)> =
             done.iter().flat_map(|(m, _, _)| m.conflicts.iter().map(|c| (m.from.clone(), c.clone()))).collect();
         let unheld: Vec<MinionId> = done
             .iter()
@@ -456,7 +458,7 @@ impl Node {
             rt.audit(Event::Conflict { conflict: conflict.clone(), from: from.clone() });
         }
         let mut n_applied: Vec<(usize, u32)> = Vec::new();
-        let mut forward: Vec<(Arc<str>, Vec<Decision>)> = Vec::new();
+        let mut forward: Vec<(PeerName, Vec<Decision>)> = Vec::new();
         for (merged, effect, applied) in done {
             let decision = &merged.decision;
             let wrote = effect.write.is_some();
@@ -584,7 +586,7 @@ impl Node {
 
     /// Start-up: conflicts kept in the store and not found in the audit log
     /// (a stop between the store commit and the audit write) are told now.
-    pub(super) fn tell_untold(&mut self, untold: Vec<(Arc<str>, Conflict)>, now: Now, rt: &mut impl Runtime) {
+    pub(super) fn tell_untold(&mut self, untold: Vec<(PeerName, Conflict)>, now: Now, rt: &mut impl Runtime) {
         if untold.is_empty() {
             return;
         }
@@ -600,7 +602,7 @@ impl Node {
 
 /// Tells the pending key `applied` discarded for `target`, the decision
 /// written (brought by `from`), if it discarded one.
-pub(super) fn tell_discarded_pending(from: &Arc<str>, target: &Decision, applied: &Applied, rt: &mut impl Runtime) {
+pub(super) fn tell_discarded_pending(from: &PeerName, target: &Decision, applied: &Applied, rt: &mut impl Runtime) {
     if let Some(pending) = &applied.discarded_pending {
         rt.audit(Event::PendingDiscarded {
             id: target.id.clone(),
@@ -614,8 +616,8 @@ pub(super) fn tell_discarded_pending(from: &Arc<str>, target: &Decision, applied
 
 /// Peers' decisions grouped by the peer they came from, one arrival each,
 /// in the order the peers first appear (the same run always merges alike).
-pub(super) fn by_peer(decisions: Vec<FromPeer>) -> Vec<(Arc<str>, Vec<Decision>)> {
-    let mut grouped: Vec<(Arc<str>, Vec<Decision>)> = Vec::new();
+pub(super) fn by_peer(decisions: Vec<FromPeer>) -> Vec<(PeerName, Vec<Decision>)> {
+    let mut grouped: Vec<(PeerName, Vec<Decision>)> = Vec::new();
     for (from, decision) in decisions {
         match grouped.iter_mut().find(|(peer, _)| *peer == from) {
             Some((_, decisions)) => decisions.push(decision),

@@ -16,7 +16,8 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, RandomState};
-use std::sync::Arc;
+
+use crate::PeerName;
 
 use crate::core::causal::Seen;
 use crate::core::replica::Summary;
@@ -54,16 +55,16 @@ pub const MAX_ROWS_PER_ID: usize = 64;
 /// The fetches planned on each link, and the ids claimed by a link's fetch.
 #[derive(Debug, Default)]
 pub(super) struct Repairs {
-    plans: HashMap<Arc<str>, Plan>,
+    plans: HashMap<PeerName, Plan>,
     /// Per link, the comparison of a peer's Diff answer in progress.
-    comparing: HashMap<Arc<str>, Comparing>,
+    comparing: HashMap<PeerName, Comparing>,
     /// Id → the link fetching it now (large repairs only).
-    in_flight: HashMap<MinionId, Arc<str>>,
+    in_flight: HashMap<MinionId, PeerName>,
     /// Keys the [`Tag`]s of this process's plans.
     tags: RandomState,
     /// Observe mode: per peer, what its latest Diff answer gave that this
     /// node does not hold itself (see [`Node::heard`]).
-    heard: HashMap<Arc<str>, Heard>,
+    heard: HashMap<PeerName, Heard>,
 }
 
 /// What one peer holds that an observer does not: per id, its rows (the
@@ -287,7 +288,7 @@ impl Node {
     /// On this node's link to `peer`, the first chunk of the peer's Diff
     /// answer named the differing `buckets`: a comparison begins (its
     /// chunks follow with [`Node::repair_chunk`], then [`Node::repair_end`]).
-    pub fn repair_begin(&mut self, peer: &str, buckets: &[u32]) -> Result<(), BadAnswer> {
+    pub fn repair_begin(&mut self, peer: &PeerName, buckets: &[u32]) -> Result<(), BadAnswer> {
         let mut named = vec![false; crate::core::digest::N_BUCKETS];
         for &bucket in buckets {
             let slot = named.get_mut(bucket as usize).ok_or(BadAnswer::NoSuchBucket(bucket))?;
@@ -295,7 +296,7 @@ impl Node {
                 return Err(BadAnswer::BucketTwice(bucket));
             }
         }
-        self.repairs.comparing.insert(peer.into(), Comparing { buckets: buckets.to_vec(), ..Comparing::default() });
+        self.repairs.comparing.insert(peer.clone(), Comparing { buckets: buckets.to_vec(), ..Comparing::default() });
         Ok(())
     }
 
@@ -303,7 +304,7 @@ impl Node {
     /// node lacks is planned (up to [`MAX_PLANNED`]), and how this node's rows
     /// fare against the peer's noted for the ids held here. An answer giving
     /// ids outside the buckets it named is refused (the comparison dropped).
-    pub fn repair_chunk(&mut self, peer: &str, chunk: Summaries, rt: &mut impl Runtime) -> Result<(), BadAnswer> {
+    pub fn repair_chunk(&mut self, peer: &PeerName, chunk: Summaries, rt: &mut impl Runtime) -> Result<(), BadAnswer> {
         let Some(mut comparing) = self.repairs.comparing.remove(peer) else { return Err(BadAnswer::NotComparing) };
         // The plain tombstones the peer holds something else for are read
         // back from the store: they may beat it, or it may be newer. (Where
@@ -315,7 +316,7 @@ impl Node {
         let outcome = self.compare_chunk(&mut comparing, chunk);
         self.cool();
         if outcome.is_ok() {
-            self.repairs.comparing.insert(peer.into(), comparing);
+            self.repairs.comparing.insert(peer.clone(), comparing);
         }
         outcome
     }
@@ -368,13 +369,13 @@ impl Node {
 
     /// The peer's Diff answer was read whole: what to push, and the plan of
     /// what to fetch.
-    pub fn repair_end(&mut self, peer: &str) -> Result<Compared, BadAnswer> {
+    pub fn repair_end(&mut self, peer: &PeerName) -> Result<Compared, BadAnswer> {
         let comparing = self.repairs.comparing.remove(peer).ok_or(BadAnswer::NotComparing)?;
         if self.settings.observe {
             // What the peer holds now replaces what it held before: a claim
             // its master no longer holds (deleted with salt-key, its agent
             // restarted) is gone from this node's plan, and never passed on.
-            self.repairs.heard.insert(peer.into(), comparing.heard);
+            self.repairs.heard.insert(peer.clone(), comparing.heard);
             return Ok(Compared::default());
         }
         let Comparing { buckets, mine, todo, full, heard: _ } = comparing;
@@ -402,28 +403,28 @@ impl Node {
         let n_newer_there = todo.len();
         // The ids new here are held once fetched: room for them now.
         self.replica.reserve(todo.iter().filter(|(id, _)| !self.replica.holds(id.as_str())).count());
-        self.repairs.plans.insert(peer.into(), Plan { large: todo.len() > FETCH_CHUNK, todo });
+        self.repairs.plans.insert(peer.clone(), Plan { large: todo.len() > FETCH_CHUNK, todo });
         Ok(Compared { n_newer_there, newer_here, full })
     }
 
     /// The peer's Diff answer could not be read whole (or was refused): the
     /// comparison is dropped; the next round compares again.
-    pub fn repair_abort(&mut self, peer: &str) {
+    pub fn repair_abort(&mut self, peer: &PeerName) {
         self.repairs.comparing.remove(peer);
     }
 
     /// The peer's Diff answer named no bucket: it holds what this node
     /// holds (in observe mode, nothing more is heard of it).
-    pub fn repair_agreed(&mut self, peer: &str) {
+    pub fn repair_agreed(&mut self, peer: &PeerName) {
         self.repairs.heard.remove(peer);
     }
 
     /// The next ids to fetch from `peer` (at most [`FETCH_CHUNK`]); `None`
     /// when the plan is done. In a large repair the ids are claimed for this
     /// link until [`Node::repair_fetched`] (or the link goes down).
-    pub fn repair_next(&mut self, peer: &str) -> Option<Vec<MinionId>> {
+    pub fn repair_next(&mut self, peer: &PeerName) -> Option<Vec<MinionId>> {
         let plan = self.repairs.plans.get_mut(peer)?;
-        let link: Arc<str> = peer.into();
+        let link = peer.clone();
         while !plan.todo.is_empty() {
             let n = plan.todo.len().min(FETCH_CHUNK);
             let chunk: Vec<(MinionId, Tag)> = plan.todo.drain(..n).collect();
@@ -459,22 +460,22 @@ impl Node {
     /// ids' claims; returns how many were applied.
     pub fn repair_fetched(
         &mut self,
-        peer: &str,
+        peer: &PeerName,
         ids: &[MinionId],
         decisions: Vec<Decision>,
         now: Now,
         rt: &mut impl Runtime,
     ) -> u32 {
-        let n_applied = self.on_batches(vec![(peer.into(), decisions)], now, rt).first().copied().unwrap_or(0);
+        let n_applied = self.on_batches(vec![(peer.clone(), decisions)], now, rt).first().copied().unwrap_or(0);
         self.release(peer, ids);
         n_applied
     }
 
     /// A fetch from `peer` failed: its ids are released for other links (a
     /// later round repairs what is still missing).
-    pub fn release(&mut self, peer: &str, ids: &[MinionId]) {
+    pub fn release(&mut self, peer: &PeerName, ids: &[MinionId]) {
         for id in ids {
-            if self.repairs.in_flight.get(id).is_some_and(|link| &**link == peer) {
+            if self.repairs.in_flight.get(id).is_some_and(|link| link == peer) {
                 self.repairs.in_flight.remove(id);
             }
         }
@@ -484,10 +485,10 @@ impl Node {
     }
 
     /// The link to `peer` is down: its plan is dropped and its claims released.
-    pub fn link_down(&mut self, peer: &str) {
+    pub fn link_down(&mut self, peer: &PeerName) {
         self.repairs.plans.remove(peer);
         self.repairs.comparing.remove(peer);
-        self.repairs.in_flight.retain(|_, link| &**link != peer);
+        self.repairs.in_flight.retain(|_, link| link != peer);
     }
 }
 

@@ -5,7 +5,7 @@
 //! implements it against a simulated world, which can fail or kill the node
 //! at any of these calls.
 
-use std::sync::Arc;
+use crate::PeerName;
 
 use crate::core::merge::Conflict;
 use crate::core::observe::Slots;
@@ -86,7 +86,7 @@ pub struct StoreWrite<'a> {
     pub kept: &'a [Kept],
     /// Conflicts to tell, with the peer each came from: kept until told, so
     /// a stop between this commit and the audit write loses none.
-    pub conflicts: &'a [(Arc<str>, Conflict)],
+    pub conflicts: &'a [(PeerName, Conflict)],
     /// Every conflict kept is told now (the audit log is flushed): forget them.
     pub conflicts_told: bool,
     /// Ids whose journal entries are finished.
@@ -148,5 +148,5 @@ pub trait Runtime {
     /// replication path).
     fn flush_audit(&mut self);
     /// Sends decisions to every peer but `except` (the one they came from).
-    fn send(&mut self, except: Option<&str>, decisions: Vec<Decision>);
+    fn send(&mut self, except: Option<&PeerName>, decisions: Vec<Decision>);
 }

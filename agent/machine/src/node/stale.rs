@@ -29,6 +29,8 @@
 
 use std::sync::Arc;
 
+use crate::PeerName;
+
 use super::{Event, Node, Now, Runtime, StoreWrite};
 use crate::core::{Decision, VerdictKind, Version};
 
@@ -50,7 +52,7 @@ pub struct Stale {
     /// The last completed comparison with any peer (wall-clock ms).
     pub last_contact_ms: u64,
     /// The peer that told it had forgotten a newer delete.
-    pub peer: String,
+    pub peer: PeerName,
     /// When that peer's newest forgotten delete was made.
     pub peer_forgot_ms: u64,
 }
@@ -108,7 +110,7 @@ impl Node {
     /// Newer than this node's last contact: this node may have missed it,
     /// and becomes stale. A node never in contact (a first start, or a
     /// store of a release before this check) has nothing to go by.
-    pub fn on_peer_forgot(&mut self, peer: &str, forgot_ms: u64, now: Now, rt: &mut impl Runtime) {
+    pub fn on_peer_forgot(&mut self, peer: &PeerName, forgot_ms: u64, now: Now, rt: &mut impl Runtime) {
         self.seen = now.mono;
         if self.contact.stale.is_some() || self.settings.observe {
             return;
@@ -117,7 +119,7 @@ impl Node {
         if forgot_ms <= last_contact_ms {
             return;
         }
-        let stale = Stale { last_contact_ms, peer: peer.to_string(), peer_forgot_ms: forgot_ms };
+        let stale = Stale { last_contact_ms, peer: peer.clone(), peer_forgot_ms: forgot_ms };
         self.contact.stale = Some(stale.clone());
         // Nothing judged or waiting is carried on: it would be offered or
         // applied later as if nothing had happened. The folders are what
@@ -132,8 +134,14 @@ impl Node {
 
     /// When the newest delete this node forgot was made, for `peer`: of the
     /// deletes it did not make itself (it knows its own).
-    pub fn forgot_through(&self, peer: &str) -> u64 {
-        self.contact.forgot.iter().filter(|(origin, _)| **origin != *peer).map(|(_, ms)| *ms).max().unwrap_or(0)
+    pub fn forgot_through(&self, peer: &PeerName) -> u64 {
+        self.contact
+            .forgot
+            .iter()
+            .filter(|(origin, _)| **origin != *peer.as_str())
+            .map(|(_, ms)| *ms)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Why this node offers nothing, if it does not.

@@ -5,6 +5,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::PeerName;
+
 use crate::core::keyfile::check_public_key;
 use crate::core::merge::Conflict;
 use crate::core::observe::{Refusal, Slot, Slots};
@@ -109,7 +111,7 @@ pub struct MemoryStore {
     pub clock: u64,
     pub initialized: bool,
     /// Conflicts kept until told.
-    pub untold: Vec<(Arc<str>, Conflict)>,
+    pub untold: Vec<(PeerName, Conflict)>,
     /// Peers' deletes the guard holds.
     pub held: BTreeMap<MinionId, super::HeldDelete>,
     /// The last completed comparison with a peer (`stale.rs`).
@@ -184,7 +186,7 @@ impl MemoryStore {
         }
         for (from, conflict) in write.conflicts {
             // One per id and pair of decisions, as the agent's store keys them.
-            let same = |(_, kept): &(Arc<str>, Conflict)| {
+            let same = |(_, kept): &(PeerName, Conflict)| {
                 kept.id == conflict.id
                     && kept.winner.version == conflict.winner.version
                     && kept.loser.version == conflict.loser.version
@@ -318,7 +320,7 @@ pub struct Recorder {
     pub store: MemoryStore,
     pub events: Vec<Event>,
     /// What was sent, and to whom not.
-    pub sent: Vec<(Option<String>, Vec<Decision>)>,
+    pub sent: Vec<(Option<crate::PeerName>, Vec<Decision>)>,
     pub dfn_dropped: u32,
     pub faults: Faults,
 }
@@ -408,8 +410,8 @@ impl Runtime for Recorder {
 
     fn flush_audit(&mut self) {}
 
-    fn send(&mut self, except: Option<&str>, decisions: Vec<Decision>) {
-        self.sent.push((except.map(str::to_string), decisions));
+    fn send(&mut self, except: Option<&crate::PeerName>, decisions: Vec<Decision>) {
+        self.sent.push((except.cloned(), decisions));
     }
 }
 

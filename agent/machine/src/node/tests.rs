@@ -8,7 +8,7 @@ use super::testing::Recorder;
 use super::*;
 use crate::core::settle::SettleTimings;
 use crate::core::{Context, PublicKey, Relays, Verdict};
-use crate::testkit::PUB;
+use crate::testkit::{peer, PUB};
 
 const NOW_MS: u64 = 1_800_000_000_000;
 
@@ -62,7 +62,7 @@ fn decision(verdict: Verdict, ms: u64, origin: &str, knew: &[Version]) -> Decisi
 }
 
 fn push(node: &mut Node, rt: &mut Recorder, from: &str, decisions: Vec<Decision>) -> u32 {
-    node.on_batches(vec![(Arc::from(from), decisions)], now(), rt)[0]
+    node.on_batches(vec![(peer(from), decisions)], now(), rt)[0]
 }
 
 /// A decision claiming this node as its origin that it never made is
@@ -118,7 +118,7 @@ fn a_forwarded_decision_names_the_peers_it_came_through() {
         Event::Applied { decision, from, .. } => Some((decision.relays.iter().collect::<Vec<_>>(), from.clone())),
         _ => None,
     });
-    assert_eq!(applied, Some((vec!["master-b", "master-a"], Arc::from("master-a"))));
+    assert_eq!(applied, Some((vec!["master-b", "master-a"], peer("master-a"))));
     let (except, sent) = rt.sent.last().unwrap();
     assert_eq!(except.as_deref(), Some("master-a"));
     assert_eq!(sent[0].relays.iter().collect::<Vec<_>>(), ["master-b", "master-a"], "forwarded with its path");
@@ -207,7 +207,7 @@ fn a_peer_decision_waits_for_an_unrecorded_operator_change() {
     rt.faults.record = false;
     // A peer's live accept of the same key arrives before the retry is due.
     let accept = decision(Verdict::Accepted(key("mwIDAQAB")), NOW_MS + 900, "master-b", &[]);
-    a.on_batches(vec![(Arc::from("master-b"), vec![accept])], at(1_010), &mut rt);
+    a.on_batches(vec![(peer("master-b"), vec![accept])], at(1_010), &mut rt);
     assert!(rt.folders.get(crate::core::Folder::Accepted, "web01").is_none(), "the operator's delete stands");
     // Once the backoff allows, the delete is recorded, then the accept merged: both told.
     a.on_tick(at(10_000), &mut rt);
@@ -340,24 +340,24 @@ fn a_joiners_links_share_the_repair_and_bring_everything() {
         assert_eq!((n_newer, push.len()), (n, 0));
     }
     // Link a takes a chunk and keeps it in flight; link b gets other ids.
-    let first_a = c.repair_next("master-a").unwrap();
-    let first_b = c.repair_next("master-b").unwrap();
+    let first_a = c.repair_next(&peer("master-a")).unwrap();
+    let first_b = c.repair_next(&peer("master-b")).unwrap();
     assert_eq!(first_a.len(), FETCH_CHUNK);
     assert!(first_b.iter().all(|id| !first_a.contains(id)), "an id in flight on a was handed to b");
     // a's chunk applied; b's next chunks never ask for what a brought.
     let decisions = a.fetch(&first_a, &mut rt_a);
-    c.repair_fetched("master-a", &first_a, decisions, now(), &mut rt_c);
+    c.repair_fetched(&peer("master-a"), &first_a, decisions, now(), &mut rt_c);
     let mut fetched = vec![first_a.clone(), first_b.clone()];
     let decisions = b.fetch(&first_b, &mut rt_b);
-    c.repair_fetched("master-b", &first_b, decisions, now(), &mut rt_c);
-    while let Some(chunk) = c.repair_next("master-b") {
+    c.repair_fetched(&peer("master-b"), &first_b, decisions, now(), &mut rt_c);
+    while let Some(chunk) = c.repair_next(&peer("master-b")) {
         assert!(chunk.iter().all(|id| !first_a.contains(id)), "b fetched again what a brought");
         let decisions = b.fetch(&chunk, &mut rt_b);
-        c.repair_fetched("master-b", &chunk, decisions, now(), &mut rt_c);
+        c.repair_fetched(&peer("master-b"), &chunk, decisions, now(), &mut rt_c);
         fetched.push(chunk);
     }
     // b brought all the rest: a's plan has nothing left.
-    assert!(c.repair_next("master-a").is_none(), "a fetches again what b brought");
+    assert!(c.repair_next(&peer("master-a")).is_none(), "a fetches again what b brought");
     assert_eq!(fetched.iter().map(Vec::len).sum::<usize>(), n, "every id fetched exactly once");
     assert!(ids.iter().all(|id| c.entry(id).is_some_and(|e| e.version.node.as_ref() == "master-d")));
     assert_eq!(c.digests(), a.digests());
@@ -386,21 +386,22 @@ impl Node {
     /// [`Node::fetch`] a chunk at a time.
     pub(crate) fn repair_compare_ids(
         &mut self,
-        peer: &str,
+        name: &str,
         buckets: &[u32],
         summaries: Vec<Summaries>,
         rt: &mut impl Runtime,
     ) -> (usize, Vec<MinionId>) {
-        if self.repair_begin(peer, buckets).is_err() {
+        let link = peer(name);
+        if self.repair_begin(&link, buckets).is_err() {
             return (0, Vec::new());
         }
         for chunk in summaries {
-            if self.repair_chunk(peer, chunk, rt).is_err() {
-                self.repair_abort(peer);
+            if self.repair_chunk(&link, chunk, rt).is_err() {
+                self.repair_abort(&link);
                 return (0, Vec::new());
             }
         }
-        let compared = self.repair_end(peer).unwrap_or_default();
+        let compared = self.repair_end(&link).unwrap_or_default();
         (compared.n_newer_there, compared.newer_here)
     }
 }

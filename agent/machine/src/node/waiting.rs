@@ -12,7 +12,8 @@
 //! the next start unless the files changed since.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+
+use crate::PeerName;
 use std::time::Instant;
 
 use crate::core::merge::MergeOutcome;
@@ -242,7 +243,7 @@ impl Node {
     /// ones: nothing was written for it, so it is merged and judged by the
     /// guard afresh then (what held for it when it came may have changed). The
     /// same decision offered again meanwhile is kept once.
-    pub(super) fn wait_for_rescan(&mut self, from: Arc<str>, decision: Decision) {
+    pub(super) fn wait_for_rescan(&mut self, from: PeerName, decision: Decision) {
         if !self.waiting.deferred.iter().any(|(_, d)| d.id == decision.id && d.version == decision.version) {
             self.waiting.deferred.push((from, decision));
         }
@@ -285,7 +286,7 @@ impl Node {
                 Err(e) => self.trouble.failed(rt, now.mono, "state store journal", &e),
             }
         }
-        let from: Arc<str> = "journal".into();
+        let from = PeerName::journal();
         // Merged again (no clock check: it passed before the stop), so the
         // conflicts it brings are told as they would have been.
         let round = journal

@@ -87,7 +87,7 @@ pub struct View {
     pub journal: Vec<Decision>,
     pub clock: u64,
     pub initialized: bool,
-    pub untold: Vec<(Arc<str>, Conflict)>,
+    pub untold: Vec<(crate::PeerName, Conflict)>,
     pub held: Vec<HeldDelete>,
     pub last_contact_ms: Option<u64>,
     pub forgot: Vec<(Arc<str>, u64)>,

@@ -27,7 +27,7 @@ pub(crate) type Recorded = (Decision, Option<keysync_machine::node::testing::Sto
 /// of its writes, and whether it died on the way.
 #[derive(Debug, Default)]
 pub(crate) struct Outbox {
-    pub(crate) sends: Vec<(Option<String>, Vec<Decision>)>,
+    pub(crate) sends: Vec<(Option<keysync_machine::PeerName>, Vec<Decision>)>,
     /// The inotify events the node's own writes raise, in order.
     pub(crate) echoes: Vec<(Folder, String, FsChange)>,
     pub(crate) dfn_dropped: u32,
@@ -262,9 +262,9 @@ impl Runtime for SimRuntime<'_> {
         }
     }
 
-    fn send(&mut self, except: Option<&str>, decisions: Vec<Decision>) {
+    fn send(&mut self, except: Option<&keysync_machine::PeerName>, decisions: Vec<Decision>) {
         if !self.dead() {
-            self.out.sends.push((except.map(str::to_string), decisions));
+            self.out.sends.push((except.cloned(), decisions));
         }
     }
 }

@@ -195,7 +195,7 @@ pub(crate) struct SimNode {
     links: Vec<sessions::SimLink>,
     /// Peers' pushes arrived and not yet handed to the machine: handed
     /// together, as the agent's core hands it the requests queued.
-    inbox: Vec<(std::sync::Arc<str>, Vec<Decision>)>,
+    inbox: Vec<(keysync_machine::PeerName, Vec<Decision>)>,
     /// Percentage of write effects failing (0: the disk is fine).
     disk_full: u64,
     /// Ids the operator changed since the agent last decided them: only

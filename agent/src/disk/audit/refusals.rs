@@ -8,6 +8,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use keysync_machine::PeerName;
+
 use super::Record;
 use super::{Action, Outcome, Via};
 
@@ -69,6 +71,8 @@ impl PeerRefusals {
                 return true;
             }
             if window.more > 0 {
+                // The name of records this agent made with `Via::Peer`.
+                let peer = PeerName::trusted(peer.as_str());
                 summaries.push(Record {
                     reason: Some(format!(
                         "{} more refusals of what {peer} sent in {}s (the first {TOLD_PER_WINDOW} of a window are \
@@ -77,7 +81,7 @@ impl PeerRefusals {
                         WINDOW.as_secs(),
                         window.last_reason
                     )),
-                    ..Record::new(Action::Refuse, Via::Peer(peer), Outcome::Refused)
+                    ..Record::new(Action::Refuse, Via::Peer(&peer), Outcome::Refused)
                 });
             }
             false
@@ -99,7 +103,7 @@ mod tests {
     fn refusal(peer: &str, n: u32) -> Record {
         Record {
             reason: Some(format!("invalid {n}")),
-            ..Record::new(Action::Refuse, Via::Peer(peer), Outcome::Refused)
+            ..Record::new(Action::Refuse, Via::Peer(&keysync_machine::testkit::peer(peer)), Outcome::Refused)
         }
     }
 
@@ -132,7 +136,10 @@ mod tests {
         assert!(r.admit(&refusal("master-b", 0), t0), "master-b's first is told");
         assert!(r.admit(&Record::new(Action::Refuse, Via::Local, Outcome::Refused), t0));
         assert!(r.admit(&Record::new(Action::Refuse, Via::Network, Outcome::Refused), t0));
-        assert!(r.admit(&Record::new(Action::Accept, Via::Peer("master-c"), Outcome::Applied), t0));
+        assert!(r.admit(
+            &Record::new(Action::Accept, Via::Peer(&keysync_machine::testkit::peer("master-c")), Outcome::Applied),
+            t0
+        ));
         assert!(r.ended(t0, true).iter().all(|s| s.via == "master-c"), "master-b had nothing more");
     }
 }

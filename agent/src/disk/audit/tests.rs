@@ -48,7 +48,7 @@ fn chain_survives_reopening_and_modes_are_owner_only() {
     let log = AuditLog::open(&path, "a").unwrap();
     log.record(Record {
         minion: Some("web02".into()),
-        ..Record::new(Action::Reject, Via::Peer("b"), Outcome::Applied)
+        ..Record::new(Action::Reject, Via::Peer(&keysync_machine::testkit::peer("b")), Outcome::Applied)
     });
     let records = read_verified(&path).unwrap();
     assert_eq!(records.len(), 2);

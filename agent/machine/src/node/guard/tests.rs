@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::core::{Context, Relays, Verdict, Version};
+use crate::testkit::peer;
 
 fn delete(name: &str, origin: &str, ms: u64) -> Decision {
     Decision {
@@ -32,7 +33,7 @@ fn a_small_burst_waits_for_quiet_then_passes() {
     let mut g = guard();
     let t0 = Instant::now();
     for i in 0..10 {
-        g.offer("b".into(), delete(&format!("m{i}"), "b", 1), 300, t0 + Duration::from_millis(i * 10), 0);
+        g.offer(peer("b"), delete(&format!("m{i}"), "b", 1), 300, t0 + Duration::from_millis(i * 10), 0);
     }
     assert!(g.due(t0 + Duration::from_millis(500)).is_empty(), "the origin is not quiet yet");
     assert_eq!(g.next_due(t0), Some(t0 + Duration::from_millis(90) + Duration::from_secs(1)));
@@ -47,19 +48,19 @@ fn a_mass_delete_is_held_whole_and_its_origin_stays_held_for_a_window() {
     let mut g = guard();
     let t0 = Instant::now();
     for i in 0..300 {
-        g.offer("a".into(), delete(&format!("m{i}"), "a", 1), 300 - i as usize, t0 + Duration::from_millis(i), 7);
+        g.offer(peer("a"), delete(&format!("m{i}"), "a", 1), 300 - i as usize, t0 + Duration::from_millis(i), 7);
     }
     assert_eq!(g.held().count(), 300);
     let news = g.take_news();
     assert_eq!(news.fresh.len(), 300);
-    assert_eq!(news.tripped, vec![Tripped { via: Arc::from("a"), forwarded: false, n: 51, limit: 50 }]);
+    assert_eq!(news.tripped, vec![Tripped { via: peer("a"), forwarded: false, n: 51, limit: 50 }]);
     assert!(g.due(t0 + Duration::from_secs(5)).is_empty(), "nothing is let through");
-    g.offer("a".into(), delete("late", "a", 2), 10, t0 + Duration::from_secs(30), 7);
+    g.offer(peer("a"), delete("late", "a", 2), 10, t0 + Duration::from_secs(30), 7);
     assert!(g.is_held(&MinionId::parse("late").unwrap()), "still held half a window later");
     assert!(g.due(t0 + Duration::from_secs(91)).is_empty());
-    assert_eq!(g.take_news().ended, vec![(Arc::from("a"), 301)]);
+    assert_eq!(g.take_news().ended, vec![(peer("a"), 301)]);
     // A new burst from the same origin is judged afresh.
-    g.offer("a".into(), delete("next", "a", 3), 10, t0 + Duration::from_secs(100), 7);
+    g.offer(peer("a"), delete("next", "a", 3), 10, t0 + Duration::from_secs(100), 7);
     assert_eq!(g.due(t0 + Duration::from_secs(102)).len(), 1);
 }
 
@@ -72,7 +73,7 @@ fn bursts_within_the_window_count_together() {
     for round in 0..3u64 {
         for i in 0..20u64 {
             let at = t0 + Duration::from_secs(round * 5) + Duration::from_millis(i);
-            g.offer("b".into(), delete(&format!("r{round}m{i}"), "b", 1), 1000, at, 0);
+            g.offer(peer("b"), delete(&format!("r{round}m{i}"), "b", 1), 1000, at, 0);
         }
         g.due(t0 + Duration::from_secs(round * 5 + 2));
     }
@@ -86,7 +87,7 @@ fn a_delete_offered_again_counts_once() {
     let mut g = guard();
     let t0 = Instant::now();
     for _ in 0..100 {
-        g.offer("b".into(), delete("m0", "b", 1), 300, t0, 0);
+        g.offer(peer("b"), delete("m0", "b", 1), 300, t0, 0);
     }
     assert_eq!(g.due(t0 + Duration::from_secs(2)).len(), 1);
 }
@@ -98,14 +99,14 @@ fn a_delete_offered_again_counts_once() {
 fn an_older_gathered_delete_never_replaces_a_newer_held_one() {
     let mut g = guard();
     let t0 = Instant::now();
-    g.offer("b".into(), delete("x", "b", 5), 300, t0, 0);
+    g.offer(peer("b"), delete("x", "b", 5), 300, t0, 0);
     for i in 0..60 {
-        g.offer("c".into(), delete(&format!("c{i}"), "c", 9), 300, t0, 0);
+        g.offer(peer("c"), delete(&format!("c{i}"), "c", 9), 300, t0, 0);
     }
-    g.offer("c".into(), delete("x", "c", 9), 300, t0, 0);
+    g.offer(peer("c"), delete("x", "c", 9), 300, t0, 0);
     assert_eq!(g.held.get(&MinionId::parse("x").unwrap()).unwrap().origin().as_ref(), "c");
     for i in 0..60 {
-        g.offer("b".into(), delete(&format!("b{i}"), "b", 5), 300, t0, 0);
+        g.offer(peer("b"), delete(&format!("b{i}"), "b", 5), 300, t0, 0);
     }
     let x = g.held.get(&MinionId::parse("x").unwrap()).unwrap();
     assert_eq!((x.origin().as_ref(), x.decision.version.hlc), ("c", 9 << 16), "the newer one stands");
@@ -118,7 +119,7 @@ fn deletes_naming_many_origins_count_by_their_link() {
     let mut g = guard();
     let t0 = Instant::now();
     for i in 0..60 {
-        g.offer("c".into(), delete(&format!("m{i}"), &format!("m{i}.example"), 1), 300, t0, 0);
+        g.offer(peer("c"), delete(&format!("m{i}"), &format!("m{i}.example"), 1), 300, t0, 0);
     }
     assert_eq!(g.held().count(), 60, "held whole");
     assert!(g.due(t0 + Duration::from_secs(5)).is_empty());
@@ -136,9 +137,9 @@ fn forged_deletes_in_anothers_name_never_hold_its_own() {
     let t0 = Instant::now();
     for i in 0..200u64 {
         let at = t0 + Duration::from_millis(i * 10);
-        g.offer("c".into(), delete(&format!("forged{i}"), "a", 1), 1000, at, 0);
+        g.offer(peer("c"), delete(&format!("forged{i}"), "a", 1), 1000, at, 0);
         if i % 50 == 0 {
-            g.offer("a".into(), delete(&format!("real{i}"), "a", 2), 1000, at, 0);
+            g.offer(peer("a"), delete(&format!("real{i}"), "a", 2), 1000, at, 0);
         }
     }
     assert_eq!(g.held().filter(|h| &*h.from == "c").count(), 200);
@@ -156,13 +157,13 @@ fn the_origins_own_copy_takes_a_forwarded_delete_back() {
     let mut g = guard();
     let t0 = Instant::now();
     // c floods, forwarding a's real delete first.
-    g.offer("c".into(), delete("real", "a", 2), 1000, t0, 0);
+    g.offer(peer("c"), delete("real", "a", 2), 1000, t0, 0);
     for i in 0..60 {
-        g.offer("c".into(), delete(&format!("forged{i}"), "a", 1), 1000, t0, 0);
+        g.offer(peer("c"), delete(&format!("forged{i}"), "a", 1), 1000, t0, 0);
     }
     assert!(g.is_held(&MinionId::parse("real").unwrap()), "held with c's burst");
     g.take_news();
-    g.offer("a".into(), delete("real", "a", 2), 1000, t0 + Duration::from_millis(5), 0);
+    g.offer(peer("a"), delete("real", "a", 2), 1000, t0 + Duration::from_millis(5), 0);
     assert!(!g.is_held(&MinionId::parse("real").unwrap()), "taken back");
     let news = g.take_news();
     assert_eq!(news.rejudged.len(), 1);
@@ -171,8 +172,8 @@ fn the_origins_own_copy_takes_a_forwarded_delete_back() {
     assert_eq!(due.len(), 1);
     assert_eq!((&*due[0].0, due[0].1.id.as_str()), ("a", "real"));
     // Waiting rather than held: the same.
-    g.offer("b".into(), delete("late", "a", 3), 1000, t0 + Duration::from_secs(3), 0);
-    g.offer("a".into(), delete("late", "a", 3), 1000, t0 + Duration::from_secs(3), 0);
+    g.offer(peer("b"), delete("late", "a", 3), 1000, t0 + Duration::from_secs(3), 0);
+    g.offer(peer("a"), delete("late", "a", 3), 1000, t0 + Duration::from_secs(3), 0);
     let due = g.due(t0 + Duration::from_secs(5));
     assert_eq!(due.iter().map(|(from, _)| &**from).collect::<Vec<_>>(), ["a"], "once, as a's");
 }
@@ -186,9 +187,9 @@ fn forwarded_deletes_count_against_the_whole_masters_budget() {
     // 40 straight from a, 40 more of a's forwarded by b, 40 by c: each
     // link under 50, all of them together not.
     for i in 0..40 {
-        g.offer("a".into(), delete(&format!("a{i}"), "a", 1), 1000, t0, 0);
-        g.offer("b".into(), delete(&format!("b{i}"), "a", 1), 1000, t0, 0);
-        g.offer("c".into(), delete(&format!("c{i}"), "a", 1), 1000, t0, 0);
+        g.offer(peer("a"), delete(&format!("a{i}"), "a", 1), 1000, t0, 0);
+        g.offer(peer("b"), delete(&format!("b{i}"), "a", 1), 1000, t0, 0);
+        g.offer(peer("c"), delete(&format!("c{i}"), "a", 1), 1000, t0, 0);
     }
     let held_from = |g: &Guard, link: &str| g.held().filter(|h| &*h.from == link).count();
     assert_eq!(held_from(&g, "a"), 0, "firsthand deletes are judged by their link alone");

@@ -23,11 +23,11 @@ fn rounds(asker: (&str, &mut Node, &mut Recorder), answerer: (&str, &mut Node, &
         let (buckets, summaries) = answerer.diff(&asker.digests().unwrap(), rt_answerer);
         let (_, pushed) = asker.repair_compare(answerer_name, &buckets, summaries, rt_asker);
         if !pushed.is_empty() {
-            answerer.on_batches(vec![(Arc::from(asker_name), pushed)], now(), rt_answerer);
+            answerer.on_batches(vec![(peer(asker_name), pushed)], now(), rt_answerer);
         }
-        while let Some(ids) = asker.repair_next(answerer_name) {
+        while let Some(ids) = asker.repair_next(&peer(answerer_name)) {
             let fetched = answerer.fetch(&ids, rt_answerer);
-            asker.repair_fetched(answerer_name, &ids, fetched, now(), rt_asker);
+            asker.repair_fetched(&peer(answerer_name), &ids, fetched, now(), rt_asker);
         }
     }
 }
@@ -158,7 +158,7 @@ fn nothing_is_taken_back_without_a_start_afresh_or_long_after_it() {
     let later = Now { mono: Instant::now(), wall_ms: NOW_MS + TTL.as_millis() as u64 + 1 };
     let loaded = Loaded { initialized: true, afresh: NOW_MS << 16, ..Loaded::default() };
     let mut a = node_at("master-a", plain(), loaded, later, &mut rt);
-    assert_eq!(a.on_batches(vec![(Arc::from("master-b"), vec![old])], later, &mut rt), vec![0]);
+    assert_eq!(a.on_batches(vec![(peer("master-b"), vec![old])], later, &mut rt), vec![0]);
     assert_eq!(not_ours(&rt), 1, "{:#?}", rt.events);
 }
 
@@ -184,7 +184,7 @@ fn deletes_taken_back_are_judged_by_the_guard() {
             on(name, Verdict::Deleted, NOW_MS - 1_000 - i as u64, "master-a", &[claim])
         })
         .collect();
-    a.on_batches(vec![(Arc::from("master-b"), forged)], now(), &mut rt_a);
+    a.on_batches(vec![(peer("master-b"), forged)], now(), &mut rt_a);
     a.on_tick(Now { mono: now().mono + Duration::from_secs(5), wall_ms: NOW_MS + 5_000 }, &mut rt_a);
     let accepted = rt_a.folders.files.keys().filter(|(folder, _)| *folder == Folder::Accepted).count();
     assert_eq!(accepted, N, "every key kept");

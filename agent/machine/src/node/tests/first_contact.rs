@@ -32,11 +32,11 @@ fn round(a: &mut Master, b: &mut Master) {
     let (buckets, summaries) = b.node.diff(&a.node.digests().unwrap(), &mut b.rt);
     let (_, push) = a.node.repair_compare(b.name, &buckets, summaries, &mut a.rt);
     if !push.is_empty() {
-        b.node.on_batches(vec![(Arc::from(a.name), push)], now(), &mut b.rt);
+        b.node.on_batches(vec![(peer(a.name), push)], now(), &mut b.rt);
     }
-    while let Some(ids) = a.node.repair_next(b.name) {
+    while let Some(ids) = a.node.repair_next(&peer(b.name)) {
         let decisions = b.node.fetch(&ids, &mut b.rt);
-        a.node.repair_fetched(b.name, &ids, decisions, now(), &mut a.rt);
+        a.node.repair_fetched(&peer(b.name), &ids, decisions, now(), &mut a.rt);
     }
 }
 
@@ -297,7 +297,7 @@ fn a_joiner_takes_an_old_delete_of_a_claimed_key_with_the_claim() {
             Decision { id, ..decision(Verdict::Deleted, NOW_MS - ttl_ms - 10_000, "master-c", &[claim]) }
         })
         .collect();
-    b.node.on_batches(vec![(Arc::from("master-c"), deletes)], now(), &mut b.rt);
+    b.node.on_batches(vec![(peer("master-c"), deletes)], now(), &mut b.rt);
     assert!(b.rt.folders.files.is_empty());
     let mut rt = Recorder::default();
     let node = node_with("master-a", GuardSettings::default(), Loaded::default(), &mut rt);

@@ -73,7 +73,7 @@ pub(super) fn delete_each(
 pub(super) fn one_a_second(node: &mut Node, rt: &mut Recorder, deletes: &[Decision], base: Instant, start: f64) {
     for (i, delete) in deletes.iter().enumerate() {
         let t = start + i as f64 * 1.1;
-        node.on_batches(vec![("master-a".into(), vec![delete.clone()])], at(base, t), rt);
+        node.on_batches(vec![(peer("master-a"), vec![delete.clone()])], at(base, t), rt);
         node.on_tick(at(base, t + 1.05), rt);
     }
 }
@@ -91,7 +91,7 @@ fn a_mass_delete_is_held_whole_and_released_by_an_operator() {
     assert_eq!(count(&rt_a, |e| matches!(e, Event::MassDeleteHere { n: 300, limit: 50 })), 1, "the origin warns");
     // The first pieces are no more than a single delete would be.
     for (i, piece) in deletes.chunks(7).enumerate() {
-        b.on_batches(vec![("master-a".into(), piece.to_vec())], at(base, 6.0 + i as f64 * 0.01), &mut rt_b);
+        b.on_batches(vec![(peer("master-a"), piece.to_vec())], at(base, 6.0 + i as f64 * 0.01), &mut rt_b);
     }
     b.on_tick(at(base, 30.0), &mut rt_b);
     assert_eq!(accepted(&rt_b), N_KEYS, "every key kept");
@@ -103,14 +103,14 @@ fn a_mass_delete_is_held_whole_and_released_by_an_operator() {
     let mut reject = deletes[0].clone();
     reject.id = MinionId::parse("intruder").unwrap();
     reject.verdict = crate::core::Verdict::Rejected(key("mwIDAQAC"));
-    b.on_batches(vec![("master-a".into(), vec![reject])], at(base, 31.0), &mut rt_b);
+    b.on_batches(vec![(peer("master-a"), vec![reject])], at(base, 31.0), &mut rt_b);
     assert!(rt_b.folders.get(Folder::Rejected, "intruder").is_some(), "rejections are never held");
 
     // A restart keeps them held, and anti-entropy's offers change nothing.
     let mut b = node_with("master-b", GuardSettings::default(), rt_b.store.loaded(), &mut rt_b);
     assert_eq!(b.held().count(), N_KEYS);
     assert_eq!(count(&rt_b, |e| matches!(e, Event::StillHeld { n: 300, .. })), 1);
-    b.on_batches(vec![("master-c".into(), deletes.clone())], at(base, 40.0), &mut rt_b);
+    b.on_batches(vec![(peer("master-c"), deletes.clone())], at(base, 40.0), &mut rt_b);
     b.on_tick(at(base, 200.0), &mut rt_b);
     assert_eq!(accepted(&rt_b), N_KEYS, "still every key");
 
@@ -133,9 +133,9 @@ fn a_mass_delete_is_held_whole_and_released_by_an_operator() {
     // sends: b's release is b's mass delete there, held in its turn, until
     // c's own operator releases it.
     let (mut c, mut rt_c) = master("master-c", N_KEYS);
-    c.on_batches(vec![("master-a".into(), deletes.clone())], at(base, 6.0), &mut rt_c);
+    c.on_batches(vec![(peer("master-a"), deletes.clone())], at(base, 6.0), &mut rt_c);
     assert_eq!(c.held().count(), N_KEYS);
-    c.on_batches(vec![("master-b".into(), sent)], at(base, 202.0), &mut rt_c);
+    c.on_batches(vec![(peer("master-b"), sent)], at(base, 202.0), &mut rt_c);
     c.on_tick(at(base, 210.0), &mut rt_c);
     assert_eq!(accepted(&rt_c), N_KEYS, "a peer's release releases nothing here");
     assert_eq!(c.held().count(), N_KEYS);
@@ -155,7 +155,7 @@ fn a_peer_naming_held_deletes_in_its_context_releases_nothing() {
     let (mut a, mut rt_a) = master("master-a", N_KEYS);
     let (mut b, mut rt_b) = master("master-b", N_KEYS);
     let deletes = delete_on(&mut a, &mut rt_a, &ids(60), base, 0.0);
-    b.on_batches(vec![("master-a".into(), deletes.clone())], at(base, 6.0), &mut rt_b);
+    b.on_batches(vec![(peer("master-a"), deletes.clone())], at(base, 6.0), &mut rt_b);
     assert_eq!(b.held().count(), 60);
     // The hostile peer (master-c's certificate) re-issues each delete, newer,
     // knowing the held one, in master-a's name and in its own.
@@ -169,7 +169,7 @@ fn a_peer_naming_held_deletes_in_its_context_releases_nothing() {
             f
         })
         .collect();
-    b.on_batches(vec![("master-c".into(), forged)], at(base, 7.0), &mut rt_b);
+    b.on_batches(vec![(peer("master-c"), forged)], at(base, 7.0), &mut rt_b);
     b.on_tick(at(base, 20.0), &mut rt_b);
     assert_eq!(accepted(&rt_b), N_KEYS, "nothing applied");
     assert_eq!(b.held().count(), 60);
@@ -191,8 +191,8 @@ fn forged_deletes_never_hold_the_named_masters_own() {
             f
         })
         .collect();
-    b.on_batches(vec![("master-c".into(), forged)], at(base, 6.0), &mut rt_b);
-    b.on_batches(vec![("master-a".into(), real)], at(base, 6.1), &mut rt_b);
+    b.on_batches(vec![(peer("master-c"), forged)], at(base, 6.0), &mut rt_b);
+    b.on_batches(vec![(peer("master-a"), real)], at(base, 6.1), &mut rt_b);
     b.on_tick(at(base, 8.0), &mut rt_b);
     for id in ids(3) {
         assert!(rt_b.folders.get(Folder::Accepted, &id).is_none(), "{id}: master-a's own delete applied");
@@ -216,7 +216,7 @@ fn made_up_origins_are_refused_once_per_arrival() {
         f.version = Version::new(f.version.hlc, *origin);
         arrival.push(f);
     }
-    b.on_batches(vec![("master-c".into(), arrival)], at(base, 6.0), &mut rt_b);
+    b.on_batches(vec![(peer("master-c"), arrival)], at(base, 6.0), &mut rt_b);
     b.on_tick(at(base, 8.0), &mut rt_b);
     assert_eq!(accepted(&rt_b), N_KEYS - 1, "only master-a's delete applied");
     let refused: Vec<&Event> = rt_b.events.iter().filter(|e| matches!(e, Event::UnknownOrigins { .. })).collect();
@@ -238,18 +238,18 @@ fn a_revert_restores_the_keys_on_the_origin() {
     for id in ids(N_KEYS) {
         rt_a.folders.put(Folder::Pending, &id, PUB.as_bytes());
     }
-    b.on_batches(vec![("master-a".into(), deletes.clone())], at(base, 6.0), &mut rt_b);
-    c.on_batches(vec![("master-a".into(), deletes)], at(base, 6.0), &mut rt_c);
+    b.on_batches(vec![(peer("master-a"), deletes.clone())], at(base, 6.0), &mut rt_b);
+    c.on_batches(vec![(peer("master-a"), deletes)], at(base, 6.0), &mut rt_c);
     rt_b.sent.clear();
     let reverted = b.revert_held(None, &[], "alice", at(base, 10.0), &mut rt_b).unwrap();
     assert_eq!(reverted.done.len(), N_KEYS);
     assert_eq!(accepted(&rt_b), N_KEYS, "nothing to write here: the keys are still accepted");
     let sent: Vec<Decision> = rt_b.sent.iter().flat_map(|(_, d)| d.clone()).collect();
     assert!(sent.iter().all(|d| d.verdict.kind() == VerdictKind::Accepted));
-    a.on_batches(vec![("master-b".into(), sent.clone())], at(base, 11.0), &mut rt_a);
+    a.on_batches(vec![(peer("master-b"), sent.clone())], at(base, 11.0), &mut rt_a);
     assert_eq!(accepted(&rt_a), N_KEYS, "back on the origin");
     assert_eq!(rt_a.folders.files.keys().filter(|(f, _)| *f == Folder::Pending).count(), 0, "adopted");
-    c.on_batches(vec![("master-b".into(), sent)], at(base, 11.0), &mut rt_c);
+    c.on_batches(vec![(peer("master-b"), sent)], at(base, 11.0), &mut rt_c);
     assert_eq!((c.held().count(), accepted(&rt_c)), (0, N_KEYS));
     let told = |e: &Event| matches!(e, Event::Operator { action: OperatorAction::Revert, by, .. } if by == "alice");
     assert_eq!(count(&rt_b, told), N_KEYS);
@@ -264,7 +264,7 @@ fn a_few_deletes_wait_for_quiet_then_apply() {
     let (mut a, mut rt_a) = master("master-a", N_KEYS);
     let (mut b, mut rt_b) = master("master-b", N_KEYS);
     let deletes = delete_on(&mut a, &mut rt_a, &ids(10), base, 0.0);
-    b.on_batches(vec![("master-a".into(), deletes)], at(base, 6.0), &mut rt_b);
+    b.on_batches(vec![(peer("master-a"), deletes)], at(base, 6.0), &mut rt_b);
     assert_eq!(accepted(&rt_b), N_KEYS, "waiting for the origin to go quiet");
     assert!(!b.is_quiet());
     let due = b.poll_at().unwrap();
@@ -284,7 +284,7 @@ fn a_newer_decision_settles_a_held_delete() {
     let (mut a, mut rt_a) = master("master-a", N_KEYS);
     let (mut b, mut rt_b) = master("master-b", N_KEYS);
     let deletes = delete_on(&mut a, &mut rt_a, &ids(N_KEYS), base, 0.0);
-    b.on_batches(vec![("master-a".into(), deletes)], at(base, 6.0), &mut rt_b);
+    b.on_batches(vec![(peer("master-a"), deletes)], at(base, 6.0), &mut rt_b);
     assert_eq!(b.held().count(), N_KEYS);
     rt_a.folders.put(Folder::Accepted, "m007", PUB.as_bytes());
     rt_a.sent.clear();
@@ -292,7 +292,7 @@ fn a_newer_decision_settles_a_held_delete() {
     a.on_tick(at(base, 26.0), &mut rt_a);
     let accept: Vec<Decision> = rt_a.sent.iter().flat_map(|(_, d)| d.clone()).collect();
     assert_eq!(accept.len(), 1);
-    b.on_batches(vec![("master-a".into(), accept)], at(base, 27.0), &mut rt_b);
+    b.on_batches(vec![(peer("master-a"), accept)], at(base, 27.0), &mut rt_b);
     assert_eq!(b.held().count(), N_KEYS - 1);
     assert!(!rt_b.store.held.contains_key(&MinionId::parse("m007").unwrap()));
     assert_eq!(count(&rt_b, |e| matches!(e, Event::HeldSettled { .. })), 1);
@@ -326,7 +326,7 @@ fn a_mass_delete_at_one_key_a_second_is_held_whole() {
     b.on_tick(at(base, start + 300.0), &mut rt_b);
     assert_eq!((b.held().count(), accepted(&rt_b)), (N, N));
     // Anti-entropy offering the deletes again changes nothing.
-    b.on_batches(vec![("master-a".into(), deletes.clone())], at(base, start + 301.0), &mut rt_b);
+    b.on_batches(vec![(peer("master-a"), deletes.clone())], at(base, start + 301.0), &mut rt_b);
     b.on_tick(at(base, start + 400.0), &mut rt_b);
     assert_eq!((b.held().count(), accepted(&rt_b)), (N, N));
     // One revert covers the whole burst: every key accepted again on the origin.
@@ -334,7 +334,7 @@ fn a_mass_delete_at_one_key_a_second_is_held_whole() {
     let reverted = b.revert_held(Some("master-a"), &[], "root", at(base, start + 401.0), &mut rt_b).unwrap();
     assert_eq!(reverted.done.len(), N, "{reverted:?}");
     let sent: Vec<Decision> = rt_b.sent.iter().flat_map(|(_, d)| d.clone()).collect();
-    a.on_batches(vec![("master-b".into(), sent)], at(base, start + 402.0), &mut rt_a);
+    a.on_batches(vec![(peer("master-b"), sent)], at(base, start + 402.0), &mut rt_a);
     assert_eq!(accepted(&rt_a), N, "back on the origin");
 }
 
@@ -418,11 +418,11 @@ fn a_delete_given_back_leaves_the_store_after_a_failed_write() {
     let (mut a, mut rt_a) = master("master-a", N);
     let (mut b, mut rt_b) = master("master-b", N);
     let deletes = delete_on(&mut a, &mut rt_a, &ids(N), base, 0.0);
-    b.on_batches(vec![("master-c".into(), deletes.clone())], at(base, 10.0), &mut rt_b);
+    b.on_batches(vec![(peer("master-c"), deletes.clone())], at(base, 10.0), &mut rt_b);
     assert_eq!((b.held().count(), rt_b.store.held.len()), (N, N), "forwarded past the limit: held");
     let id = deletes[0].id.clone();
     rt_b.faults.record = true;
-    b.on_batches(vec![("master-a".into(), vec![deletes[0].clone()])], at(base, 11.0), &mut rt_b);
+    b.on_batches(vec![(peer("master-a"), vec![deletes[0].clone()])], at(base, 11.0), &mut rt_b);
     let given_back =
         |e: &Event| matches!(e, Event::HeldSettled { held, how: Settled::Rejudged } if held.decision.id == id);
     assert_eq!(count(&rt_b, given_back), 1);

@@ -33,16 +33,16 @@ fn a_huge_answer_plans_at_most_max_planned_and_says_so() {
     let n = MAX_PLANNED + 5_000;
     let mut rows: Vec<(MinionId, Summary)> = (0..n).map(|i| summary(&format!("m{i:07}"), NOW_MS - 1000)).collect();
     rows.sort_by(|a, b| a.0.cmp(&b.0));
-    c.repair_begin("master-a", &all_buckets()).unwrap();
+    c.repair_begin(&peer("master-a"), &all_buckets()).unwrap();
     for chunk in rows.chunks(2_000) {
-        c.repair_chunk("master-a", chunk.to_vec(), &mut rt).unwrap();
+        c.repair_chunk(&peer("master-a"), chunk.to_vec(), &mut rt).unwrap();
     }
-    let compared = c.repair_end("master-a").unwrap();
+    let compared = c.repair_end(&peer("master-a")).unwrap();
     assert_eq!(compared.n_newer_there, MAX_PLANNED);
     assert!(compared.full, "the next round follows soon");
     assert!(compared.newer_here.is_empty());
     let mut planned = 0;
-    while let Some(ids) = c.repair_next("master-a") {
+    while let Some(ids) = c.repair_next(&peer("master-a")) {
         planned += ids.len();
     }
     assert_eq!(planned, MAX_PLANNED);
@@ -55,14 +55,17 @@ fn a_huge_answer_plans_at_most_max_planned_and_says_so() {
 fn an_answer_no_agent_would_send_is_refused() {
     let mut rt = Recorder::default();
     let mut c = node("master-c", &mut rt);
-    assert_eq!(c.repair_begin("master-a", &[1024]), Err(BadAnswer::NoSuchBucket(1024)));
-    assert_eq!(c.repair_begin("master-a", &[3, 7, 3]), Err(BadAnswer::BucketTwice(3)));
+    assert_eq!(c.repair_begin(&peer("master-a"), &[1024]), Err(BadAnswer::NoSuchBucket(1024)));
+    assert_eq!(c.repair_begin(&peer("master-a"), &[3, 7, 3]), Err(BadAnswer::BucketTwice(3)));
     let row = summary("web01", NOW_MS - 1000);
     let bucket = bucket_of(&row.0) as u32;
     let other = (bucket + 1) % 1024;
-    c.repair_begin("master-a", &[other]).unwrap();
-    assert!(matches!(c.repair_chunk("master-a", vec![row.clone()], &mut rt), Err(BadAnswer::OutsideBuckets(..))));
-    assert_eq!(c.repair_end("master-a"), Err(BadAnswer::NotComparing), "the refused comparison is dropped");
+    c.repair_begin(&peer("master-a"), &[other]).unwrap();
+    assert!(matches!(
+        c.repair_chunk(&peer("master-a"), vec![row.clone()], &mut rt),
+        Err(BadAnswer::OutsideBuckets(..))
+    ));
+    assert_eq!(c.repair_end(&peer("master-a")), Err(BadAnswer::NotComparing), "the refused comparison is dropped");
     // An id held here, given endless rows.
     push(
         &mut c,
@@ -73,9 +76,9 @@ fn an_answer_no_agent_would_send_is_refused() {
     let held = MinionId::parse("web01").unwrap();
     let rows: Vec<(MinionId, Summary)> =
         (0..=MAX_ROWS_PER_ID as u64).map(|i| (held.clone(), summary("web01", NOW_MS - 4000 + i).1)).collect();
-    c.repair_begin("master-a", &[bucket]).unwrap();
-    assert_eq!(c.repair_chunk("master-a", rows, &mut rt), Err(BadAnswer::TooManyRows(held)));
-    assert_eq!(c.repair_chunk("master-a", Vec::new(), &mut rt), Err(BadAnswer::NotComparing));
+    c.repair_begin(&peer("master-a"), &[bucket]).unwrap();
+    assert_eq!(c.repair_chunk(&peer("master-a"), rows, &mut rt), Err(BadAnswer::TooManyRows(held)));
+    assert_eq!(c.repair_chunk(&peer("master-a"), Vec::new(), &mut rt), Err(BadAnswer::NotComparing));
 }
 
 /// Comparing in chunks finds what comparing the whole answer finds, even
@@ -97,11 +100,11 @@ fn chunks_compare_as_the_whole_answer() {
     }
     let (buckets, summaries) = a.diff(&b.digests().unwrap(), &mut rt_a);
     let whole = b.repair_compare_ids("master-a", &buckets, vec![summaries.clone()], &mut rt_b);
-    b.link_down("master-a");
+    b.link_down(&peer("master-a"));
     for size in [1, 7, 64] {
         let chunks: Vec<Summaries> = summaries.chunks(size).map(<[_]>::to_vec).collect();
         assert_eq!(b.repair_compare_ids("master-a", &buckets, chunks, &mut rt_b), whole, "chunks of {size}");
-        b.link_down("master-a");
+        b.link_down(&peer("master-a"));
     }
     assert!(whole.0 > 0 && !whole.1.is_empty(), "something to fetch and to push: {whole:?}");
 }

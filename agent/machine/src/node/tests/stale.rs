@@ -29,17 +29,17 @@ fn web01() -> MinionId {
 fn round(asker: (&mut Node, &mut Recorder), answerer: (&mut Node, &mut Recorder), when: Now) {
     let ((asker, rt_asker), (answerer, rt_answerer)) = (asker, answerer);
     let (asker_name, answerer_name) = (asker.name().to_string(), answerer.name().to_string());
-    answerer.on_peer_forgot(&asker_name, asker.forgot_through(&answerer_name), when, rt_answerer);
-    asker.on_peer_forgot(&answerer_name, answerer.forgot_through(&asker_name), when, rt_asker);
+    answerer.on_peer_forgot(&peer(&asker_name), asker.forgot_through(&peer(&answerer_name)), when, rt_answerer);
+    asker.on_peer_forgot(&peer(&answerer_name), answerer.forgot_through(&peer(&asker_name)), when, rt_asker);
     let Some(digests) = asker.digests() else { return };
     let (buckets, summaries) = answerer.diff(&digests, rt_answerer);
     let (_, pushed) = asker.repair_compare(&answerer_name, &buckets, summaries, rt_asker);
     if !pushed.is_empty() {
-        answerer.on_batches(vec![(asker_name.as_str().into(), pushed)], when, rt_answerer);
+        answerer.on_batches(vec![(peer(&asker_name), pushed)], when, rt_answerer);
     }
-    while let Some(ids) = asker.repair_next(&answerer_name) {
+    while let Some(ids) = asker.repair_next(&peer(&answerer_name)) {
         let fetched = answerer.fetch(&ids, rt_answerer);
-        asker.repair_fetched(&answerer_name, &ids, fetched, when, rt_asker);
+        asker.repair_fetched(&peer(&answerer_name), &ids, fetched, when, rt_asker);
     }
     asker.on_contact(when, rt_asker);
 }
@@ -67,15 +67,15 @@ fn a_master_back_after_the_ttl_offers_nothing_and_the_deleted_key_stays_deleted(
     let mut a = node_at("master-a", plain(), rt_a.store.loaded(), later, &mut rt_a);
     a.on_tick(later, &mut rt_a);
     assert_eq!(a.counts(), (0, 0, 0), "the tombstone is compacted");
-    assert_eq!(a.forgot_through("master-c"), NOW_MS + 1_000);
-    assert_eq!(a.forgot_through("master-b"), 0, "master-b knows its own deletes");
+    assert_eq!(a.forgot_through(&peer("master-c")), NOW_MS + 1_000);
+    assert_eq!(a.forgot_through(&peer("master-b")), 0, "master-b knows its own deletes");
     assert_eq!(rt_a.store.loaded().forgot, vec![(Arc::from("master-b"), NOW_MS + 1_000)], "what it forgot is kept");
 
     // master-c comes back with its folders and store as they were.
     let mut c = node_at("master-c", plain(), rt_c.store.loaded(), later, &mut rt_c);
     round((&mut a, &mut rt_a), (&mut c, &mut rt_c), later);
     let stale = c.stale().expect("stale: master-a forgot a delete newer than its last contact").clone();
-    assert_eq!(stale, Stale { last_contact_ms: NOW_MS, peer: "master-a".into(), peer_forgot_ms: NOW_MS + 1_000 });
+    assert_eq!(stale, Stale { last_contact_ms: NOW_MS, peer: peer("master-a"), peer_forgot_ms: NOW_MS + 1_000 });
     assert_eq!(rt_c.events.iter().filter(|e| matches!(e, Event::Stale { .. })).count(), 1);
     round((&mut c, &mut rt_c), (&mut a, &mut rt_a), later);
     assert!(a.stale().is_none(), "master-a ran all along");
@@ -97,7 +97,7 @@ fn a_master_back_after_the_ttl_offers_nothing_and_the_deleted_key_stays_deleted(
     c.on_contact(later, &mut rt_c);
     assert_eq!(rt_c.store.last_contact_ms, Some(NOW_MS));
     let mut c = node_at("master-c", plain(), rt_c.store.loaded(), at(later.wall_ms + 1), &mut rt_c);
-    c.on_peer_forgot("master-a", a.forgot_through("master-c"), later, &mut rt_c);
+    c.on_peer_forgot(&peer("master-a"), a.forgot_through(&peer("master-c")), later, &mut rt_c);
     assert!(c.stale().is_some());
 }
 
@@ -123,7 +123,7 @@ fn a_master_that_ran_alone_or_heard_everything_is_not_stale() {
     let gone = decision(Verdict::Deleted, NOW_MS + 90_000_000, "master-c", std::slice::from_ref(&web.version));
     push(&mut a, &mut rt_a, "master-c", vec![web.clone()]);
     let when = at(NOW_MS + 90_000_000);
-    a.on_batches(vec![(Arc::from("master-c"), vec![gone.clone()])], when, &mut rt_a);
+    a.on_batches(vec![(peer("master-c"), vec![gone.clone()])], when, &mut rt_a);
     // 40 days on, both compact what they knew.
     let later = at(NOW_MS + 40 * DAY_MS);
     let mut a = node_at("master-a", plain(), rt_a.store.loaded(), later, &mut rt_a);
@@ -134,7 +134,10 @@ fn a_master_that_ran_alone_or_heard_everything_is_not_stale() {
     let mut c = node_at("master-c", plain(), rt_c.store.loaded(), later, &mut rt_c);
     c.on_tick(later, &mut rt_c);
     // master-a forgot master-c's own delete: nothing master-c missed.
-    assert_eq!((a.forgot_through("master-c"), c.forgot_through("master-a")), (NOW_MS - 60, NOW_MS + 90_000_000));
+    assert_eq!(
+        (a.forgot_through(&peer("master-c")), c.forgot_through(&peer("master-a"))),
+        (NOW_MS - 60, NOW_MS + 90_000_000)
+    );
     round((&mut c, &mut rt_c), (&mut a, &mut rt_a), later);
     round((&mut a, &mut rt_a), (&mut c, &mut rt_c), later);
     assert!(a.stale().is_none() && c.stale().is_none(), "{:?} {:?}", a.stale(), c.stale());
@@ -147,7 +150,7 @@ fn a_master_that_ran_alone_or_heard_everything_is_not_stale() {
     // A master never in contact (a first start, an earlier release's store) has nothing to go by.
     let mut rt = Recorder::default();
     let mut fresh = node_with("master-d", plain(), Loaded::default(), &mut rt);
-    fresh.on_peer_forgot("master-a", u64::MAX, later, &mut rt);
+    fresh.on_peer_forgot(&peer("master-a"), u64::MAX, later, &mut rt);
     assert!(fresh.stale().is_none());
 }
 
@@ -170,7 +173,7 @@ fn a_master_that_heard_a_delete_just_before_it_stopped_is_not_stale_when_a_peer_
 
     let deleted_ms = NOW_MS + 1_800_000;
     let delete = decision(Verdict::Deleted, deleted_ms, "master-b", std::slice::from_ref(&accept.version));
-    let from_b = || vec![(Arc::from("master-b"), vec![delete.clone()])];
+    let from_b = || vec![(peer("master-b"), vec![delete.clone()])];
     assert_eq!(a.on_batches(from_b(), at(deleted_ms), &mut rt_a), vec![1]);
     assert_eq!(c.on_batches(from_b(), at(deleted_ms), &mut rt_c), vec![0], "the guard holds it a second");
     assert_eq!(rt_c.store.last_contact_ms, Some(deleted_ms), "a contact that brought a delete is kept at once");
@@ -186,7 +189,7 @@ fn a_master_that_heard_a_delete_just_before_it_stopped_is_not_stale_when_a_peer_
     let later = at(deleted_ms + TTL.as_millis() as u64 + 60_000);
     let mut a = node_at("master-a", plain(), rt_a.store.loaded(), later, &mut rt_a);
     a.on_tick(later, &mut rt_a);
-    assert_eq!(a.forgot_through("master-c"), deleted_ms, "the delete is compacted");
+    assert_eq!(a.forgot_through(&peer("master-c")), deleted_ms, "the delete is compacted");
     let mut c = node_at("master-c", GuardSettings::default(), rt_c.store.loaded(), later, &mut rt_c);
     round((&mut a, &mut rt_a), (&mut c, &mut rt_c), later);
     round((&mut c, &mut rt_c), (&mut a, &mut rt_a), later);

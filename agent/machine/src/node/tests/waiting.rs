@@ -26,7 +26,7 @@ fn held_deletes_the_store_could_not_keep_are_not_quiet() {
     let (mut b, mut rt_b) = master("master-b", N);
     let deletes = delete_on(&mut a, &mut rt_a, &ids(N), base, 0.0);
     rt_b.faults.record = true;
-    b.on_batches(vec![("master-a".into(), deletes)], at(base, 6.0), &mut rt_b);
+    b.on_batches(vec![(peer("master-a"), deletes)], at(base, 6.0), &mut rt_b);
     assert_eq!((b.held().count(), rt_b.store.held.len()), (N, 0), "held, not kept in the store");
     assert!(!b.is_quiet(), "a write waits: {:?}", b.waits().collect::<Vec<_>>());
     rt_b.faults.record = false;
@@ -55,12 +55,12 @@ fn a_decision_deferred_for_a_rescan_is_merged_when_another_arrival_rescanned() {
     rt.faults.record = false;
     // A peer's accept of web01 waits for the delete to be recorded.
     let accept = decision(Verdict::Accepted(key("mwIDAQAB")), NOW_MS + 900, "master-b", &[]);
-    a.on_batches(vec![("master-b".into(), vec![accept])], at(base, 1.01), &mut rt);
+    a.on_batches(vec![(peer("master-b"), vec![accept])], at(base, 1.01), &mut rt);
     assert!(!a.is_quiet());
     // Another peer's decision, about another id, after the backoff and before a tick.
     let mut other = decision(Verdict::Accepted(key("mwIDAQAC")), NOW_MS + 1_500, "master-c", &[]);
     other.id = MinionId::parse("db01").unwrap();
-    a.on_batches(vec![("master-c".into(), vec![other])], at(base, 2.0), &mut rt);
+    a.on_batches(vec![(peer("master-c"), vec![other])], at(base, 2.0), &mut rt);
     assert!(rt.folders.get(Folder::Accepted, "db01").is_some(), "applied, after the rescan recorded the delete");
     tick_until(&mut a, &mut rt, base, 60.0);
     assert!(
@@ -90,7 +90,7 @@ fn keys_put_back_are_written_once_another_write_ended_the_backoff() {
     // A peer's accept of a new key is written.
     let mut accept = decision(Verdict::Accepted(key("mwIDAQAC")), NOW_MS + 312_000, "master-c", &[]);
     accept.id = MinionId::parse("new01").unwrap();
-    b.on_batches(vec![("master-c".into(), vec![accept])], at(base, start + 13.0), &mut rt_b);
+    b.on_batches(vec![(peer("master-c"), vec![accept])], at(base, start + 13.0), &mut rt_b);
     assert!(rt_b.folders.get(Folder::Accepted, "new01").is_some());
     let due = b.poll_at().unwrap();
     assert!(due <= base + Duration::from_secs_f64(start + 13.0), "due now: {:?}", b.waits().collect::<Vec<_>>());

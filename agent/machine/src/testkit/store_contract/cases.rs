@@ -7,6 +7,8 @@ use super::*;
 use crate::core::merge::Conflict;
 use crate::core::version::LOGICAL_BITS;
 use crate::core::{Context, Relays, Verdict};
+use crate::testkit::peer;
+use crate::PeerName;
 
 const NOW_MS: u64 = 1_700_000_000_000;
 
@@ -111,9 +113,9 @@ pub fn a_decision_keeps_a_context_longer_than_255_versions<S: ContractStore>() {
     let seen = vec![other.seen()];
     let kept_with = [kept(&web01, seen.clone(), None)];
     let conflict = Conflict { id: web01.clone(), winner: other.seen(), loser: held.seen() };
-    let conflicts = [(Arc::from("c"), conflict)];
+    let conflicts = [(peer("c"), conflict)];
     let delete = Decision { context, ..deleted(&web02, 1_001, "c") };
-    let held_delete = HeldDelete { decision: delete, from: "c".into(), since_ms: NOW_MS };
+    let held_delete = HeldDelete { decision: delete, from: peer("c"), since_ms: NOW_MS };
     let write = StoreWrite {
         decisions: std::slice::from_ref(&held),
         kept: &kept_with,
@@ -328,7 +330,7 @@ pub fn compaction_forgets_old_plain_tombstones_only<S: ContractStore>() {
         accept.clone(),
     ]);
     let kept_with = [kept(&claimed.id, vec![claim(&claimed.id, false, &key(2)).seen()], None)];
-    let holding = [HeldDelete { decision: held.clone(), from: "c".into(), since_ms: NOW_MS }];
+    let holding = [HeldDelete { decision: held.clone(), from: peer("c"), since_ms: NOW_MS }];
     record(&mut store, StoreWrite { decisions: &decisions, kept: &kept_with, held: &holding, ..StoreWrite::default() });
     store.journal(std::slice::from_ref(&journalled)).expect("journal");
     let n_cold = view(&mut store).n_cold();
@@ -404,10 +406,10 @@ pub fn compaction_notes_per_origin_the_newest_delete_forgotten<S: ContractStore>
 pub fn held_deletes_are_kept_until_settled<S: ContractStore>() {
     let mut store = S::create(NOW_MS);
     let (web01, web02, web03) = (id("web01"), id("web02"), id("web03"));
-    let h1 = HeldDelete { decision: deleted(&web01, 10, "c"), from: "c".into(), since_ms: NOW_MS };
+    let h1 = HeldDelete { decision: deleted(&web01, 10, "c"), from: peer("c"), since_ms: NOW_MS };
     let h2 = HeldDelete {
         decision: Decision { relays: Relays::new(["d".into()]), ..deleted(&web02, 11, "c") },
-        from: "d".into(),
+        from: peer("d"),
         since_ms: NOW_MS + 1,
     };
     record(&mut store, StoreWrite { held: &[h1.clone(), h2.clone()], ..StoreWrite::default() });
@@ -416,12 +418,12 @@ pub fn held_deletes_are_kept_until_settled<S: ContractStore>() {
         assert_eq!(view.held, vec![h1.clone(), h2.clone()]);
         assert!(view.entries.is_empty() && view.n_cold() == 0, "held is not applied: {view:?}");
     });
-    let newer = HeldDelete { decision: deleted(&web01, 12, "c"), from: "b".into(), since_ms: NOW_MS + 2 };
+    let newer = HeldDelete { decision: deleted(&web01, 12, "c"), from: peer("b"), since_ms: NOW_MS + 2 };
     let unheld = [web02.clone(), web03.clone()];
     record(&mut store, StoreWrite { held: std::slice::from_ref(&newer), unheld: &unheld, ..StoreWrite::default() });
     now_and_after_reopening(&mut store, |store| assert_eq!(view(store).held, vec![newer.clone()]));
     // Held and settled in one commit (held as it came, given back to be judged again).
-    let h3 = HeldDelete { decision: deleted(&web03, 13, "c"), from: "d".into(), since_ms: NOW_MS + 3 };
+    let h3 = HeldDelete { decision: deleted(&web03, 13, "c"), from: peer("d"), since_ms: NOW_MS + 3 };
     let unheld = [web03.clone()];
     record(&mut store, StoreWrite { held: std::slice::from_ref(&h3), unheld: &unheld, ..StoreWrite::default() });
     now_and_after_reopening(&mut store, |store| assert_eq!(view(store).held, vec![newer.clone()]));
@@ -440,15 +442,15 @@ pub fn conflicts_are_kept_until_told<S: ContractStore>() {
         loser: Decision { context: Context::new([at(1, "a")]), ..accepted(id, &key(2), ms - 1, "c") }.seen(),
     };
     let (c1, c2, c3) = (conflict(&web01, 10), conflict(&web02, 20), conflict(&web01, 30));
-    let first: Vec<(Arc<str>, Conflict)> = vec![("b".into(), c1.clone()), ("c".into(), c2.clone())];
+    let first: Vec<(PeerName, Conflict)> = vec![(peer("b"), c1.clone()), (peer("c"), c2.clone())];
     record(&mut store, StoreWrite { conflicts: &first, ..StoreWrite::default() });
     now_and_after_reopening(&mut store, |store| assert_eq!(view(store).untold, first));
     // The same conflict again (told by another peer too): kept once.
-    let again: Vec<(Arc<str>, Conflict)> = vec![("b".into(), c1.clone())];
+    let again: Vec<(PeerName, Conflict)> = vec![(peer("b"), c1.clone())];
     record(&mut store, StoreWrite { conflicts: &again, ..StoreWrite::default() });
     now_and_after_reopening(&mut store, |store| assert_eq!(view(store).untold, first));
     // All told: forgotten, but those of the same commit.
-    let later: Vec<(Arc<str>, Conflict)> = vec![("d".into(), c3.clone())];
+    let later: Vec<(PeerName, Conflict)> = vec![(peer("d"), c3.clone())];
     record(&mut store, StoreWrite { conflicts: &later, conflicts_told: true, ..StoreWrite::default() });
     now_and_after_reopening(&mut store, |store| assert_eq!(view(store).untold, later));
     record(&mut store, StoreWrite { conflicts_told: true, ..StoreWrite::default() });

@@ -135,7 +135,7 @@ pub(crate) struct Holds {
 }
 
 /// One hold: the delete, the peer it came from, since when.
-type Hold = (MinionId, Version, std::sync::Arc<str>, u64);
+type Hold = (MinionId, Version, keysync_machine::PeerName, u64);
 
 fn hold(held: &node::HeldDelete) -> Hold {
     (held.decision.id.clone(), held.decision.version.clone(), held.from.clone(), held.since_ms)

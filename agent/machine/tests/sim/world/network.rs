@@ -27,7 +27,7 @@ impl Sim {
             self.stats.lost += 1;
             return;
         }
-        let peer: std::sync::Arc<str> = self.nodes[from].name.as_str().into();
+        let peer = keysync_machine::testkit::peer(&self.nodes[from].name);
         if let Msg::FetchResp { decisions, .. } = &msg {
             self.note_delivered(to, decisions);
         }

@@ -12,6 +12,7 @@ use std::rc::Rc;
 use keysync_machine::core::Decision;
 use keysync_machine::link::{Answer, Call, Input, Link, LinkSettings, Out};
 use keysync_machine::node::Summaries;
+use keysync_machine::testkit::peer as named;
 
 use super::*;
 
@@ -156,7 +157,12 @@ impl Sim {
     }
 
     /// What a node sent its peers, handed to its links (pushed when they run next).
-    pub(crate) fn outgoing(&mut self, node: usize, except: Option<String>, decisions: Vec<Decision>) {
+    pub(crate) fn outgoing(
+        &mut self,
+        node: usize,
+        except: Option<keysync_machine::PeerName>,
+        decisions: Vec<Decision>,
+    ) {
         let batch: Batch = Rc::new(decisions);
         for peer in 0..self.nodes.len() {
             if peer == node || !self.nodes[node].links[peer].machine.is_up() {
@@ -271,7 +277,7 @@ impl Sim {
     /// Hello, both ways: each tells the other when the newest delete it
     /// forgot (not of the other's making) was made.
     fn hello(&mut self, node: usize, peer: usize) {
-        let (name, peer_name) = (self.nodes[node].name.clone(), self.nodes[peer].name.clone());
+        let (name, peer_name) = (named(&self.nodes[node].name), named(&self.nodes[peer].name));
         let Some(theirs) = self.nodes[peer].machine.as_ref().map(|m| m.forgot_through(&name)) else { return };
         let Some(mine) = self.nodes[node].machine.as_ref().map(|m| m.forgot_through(&peer_name)) else { return };
         self.input(peer, |machine, rt, now| machine.on_peer_forgot(&name, mine, now, rt));
@@ -280,8 +286,8 @@ impl Sim {
 
     /// Runs a call on the node's machine; `None` when the node died in it.
     fn call(&mut self, node: usize, peer: usize, call: Call) -> Option<Option<Answer>> {
-        let peer_name = self.nodes[peer].name.clone();
-        let p = peer_name.as_str();
+        let peer_name = named(&self.nodes[peer].name);
+        let p = &peer_name;
         let answer = self.input(node, |machine, rt, now| match call {
             Call::Digests => Some(Answer::Digests(machine.digests())),
             Call::Begin(buckets) => Some(Answer::Checked(machine.repair_begin(p, &buckets))),
