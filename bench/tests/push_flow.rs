@@ -39,7 +39,7 @@ fn a_burst_of_accepts_reaches_a_slow_peer_in_a_few_batches() {
     let slow = Arc::new(SlowPeer { released, diffs: AtomicUsize::new(0), batches: Mutex::new(Vec::new()) });
     let shutdown = CancellationToken::new();
     let opts = ServeOptions {
-        allowed_peers: vec!["master-a".into()],
+        allowed_peers: vec![PeerName::new("master-a").expect("a peer name")],
         max_message_bytes: MAX_MESSAGE_BYTES,
         ..ServeOptions::default()
     };

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keysync_machine::link::{Answer, Call, Input, LinkSettings, Out, Round};
+use keysync_machine::PeerName;
 use keysync_proto::v1::{self, key_sync_client::KeySyncClient};
 use keysync_proto::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
 use keysync_server::TlsSetup;
@@ -211,9 +212,9 @@ impl PeerLink {
                         // the peer is busy making the last batch durable, a burst
                         // (salt-key -A) accumulates here and is sent as one batch
                         // rather than as many small ones, each costing it its fsyncs.
-                        self.take(link, out);
+                        take(link, &self.peer.name, out);
                         while let Ok(more) = outgoing.try_recv() {
-                            self.take(link, more);
+                            take(link, &self.peer.name, more);
                         }
                     }
                     Err(broadcast::error::RecvError::Lagged(n)) => {
@@ -236,12 +237,6 @@ impl PeerLink {
                 }
             }
         }
-    }
-
-    /// Hands the link a batch the node sent its peers.
-    fn take(&self, link: &mut Link, out: Arc<crate::node::Outgoing>) {
-        let from_peer = out.from.as_deref() == Some(self.peer.name.as_str());
-        link.handle(Input::Outgoing { from_peer, n: out.decisions.len(), batch: out }, false);
     }
 
     /// Carries out one thing the link asks for, and hands it the answer.
@@ -518,7 +513,7 @@ async fn during<F: std::future::Future>(
     fut: F,
     link: &mut Link,
     outgoing: &mut broadcast::Receiver<Arc<crate::node::Outgoing>>,
-    peer: &str,
+    peer: &PeerName,
 ) -> F::Output {
     tokio::pin!(fut);
     let mut open = true;
@@ -526,15 +521,18 @@ async fn during<F: std::future::Future>(
         tokio::select! {
             result = &mut fut => return result,
             out = outgoing.recv(), if open => match out {
-                Ok(out) => {
-                    let from_peer = out.from.as_deref() == Some(peer);
-                    link.handle(Input::Outgoing { from_peer, n: out.decisions.len(), batch: out }, false);
-                }
+                Ok(out) => take(link, peer, out),
                 Err(broadcast::error::RecvError::Lagged(_)) => link.handle(Input::Lagged, false),
                 Err(broadcast::error::RecvError::Closed) => open = false,
             },
         }
     }
+}
+
+/// Hands the link a batch the node sent its peers.
+fn take(link: &mut Link, peer: &PeerName, out: Arc<crate::node::Outgoing>) {
+    let from_peer = out.from.as_ref() == Some(peer);
+    link.handle(Input::Outgoing { from_peer, n: out.decisions.len(), batch: out }, false);
 }
 
 /// The decisions of `batches`, in order (a list of references: an iterator
