@@ -78,6 +78,25 @@ pub(super) fn one_a_second(node: &mut Node, rt: &mut Recorder, deletes: &[Decisi
     }
 }
 
+/// Master-b, holding `n` keys, is sent master-a's deletes of all of them
+/// one a second from `start` (a slow `salt-key -D`) and its disk fills as
+/// the eleventh arrives: the burst is held, and the ten let through before
+/// must be put back, but their files cannot be written yet. Returns
+/// master-b with its disk writable again.
+pub(super) fn burst_held_on_a_full_disk(n: usize, base: Instant, start: f64) -> (Node, Recorder) {
+    let (mut a, mut rt_a) = master("master-a", n);
+    let (mut b, mut rt_b) = master("master-b", n);
+    let deletes = delete_each(&mut a, &mut rt_a, &ids(n), base, 0.0);
+    one_a_second(&mut b, &mut rt_b, &deletes[..10], base, start);
+    rt_b.faults.apply = true;
+    one_a_second(&mut b, &mut rt_b, &deletes[10..11], base, start + 11.0);
+    assert_eq!(b.held().count(), 11, "the burst is held, the ten let through too");
+    assert_eq!(accepted(&rt_b), n - 10, "their files could not be written yet");
+    assert_eq!(rt_b.store.putting_back.len(), 10, "the store lists them");
+    rt_b.faults.apply = false;
+    (b, rt_b)
+}
+
 /// `salt-key -D` on one master: the other keeps every key and drops no
 /// `.dfn`, whatever pieces the deletes arrive in; a restart keeps them held;
 /// rejections keep flowing; a release then deletes them here.
@@ -344,17 +363,9 @@ fn a_mass_delete_at_one_key_a_second_is_held_whole() {
 #[test]
 fn keys_put_back_are_written_after_a_full_disk_and_a_restart() {
     const N: usize = 20;
-    let base = Instant::now();
-    let (mut a, mut rt_a) = master("master-a", N);
-    let (mut b, mut rt_b) = master("master-b", N);
-    let deletes = delete_each(&mut a, &mut rt_a, &ids(N), base, 0.0);
-    let start = 300.0;
-    one_a_second(&mut b, &mut rt_b, &deletes[..10], base, start);
+    let (base, start) = (Instant::now(), 300.0);
+    let (mut b, mut rt_b) = burst_held_on_a_full_disk(N, base, start);
     rt_b.faults.apply = true;
-    one_a_second(&mut b, &mut rt_b, &deletes[10..11], base, start + 11.0);
-    assert_eq!(b.held().count(), 11, "the burst is held, the ten let through too");
-    assert_eq!(accepted(&rt_b), N - 10, "their files could not be written yet");
-    assert_eq!(rt_b.store.putting_back.len(), 10, "the store lists them");
     rt_b.sent.clear();
     b.on_lost("overflow", at(base, start + 20.0), &mut rt_b);
     b.on_tick(at(base, start + 30.0), &mut rt_b);

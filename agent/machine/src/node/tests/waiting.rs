@@ -2,7 +2,7 @@
 //! by [`Node::poll_at`] and keeps the node from being quiet; the periodic
 //! rescan and compaction are always due and never do.
 
-use super::guard::{accepted, at, delete_each, delete_on, ids, master, one_a_second};
+use super::guard::{accepted, at, burst_held_on_a_full_disk, delete_on, ids, master};
 use super::*;
 use crate::core::Folder;
 
@@ -77,16 +77,8 @@ fn a_decision_deferred_for_a_rescan_is_merged_when_another_arrival_rescanned() {
 #[test]
 fn keys_put_back_are_written_once_another_write_ended_the_backoff() {
     const N: usize = 20;
-    let base = Instant::now();
-    let (mut a, mut rt_a) = master("master-a", N);
-    let (mut b, mut rt_b) = master("master-b", N);
-    let deletes = delete_each(&mut a, &mut rt_a, &ids(N), base, 0.0);
-    let start = 300.0;
-    one_a_second(&mut b, &mut rt_b, &deletes[..10], base, start);
-    rt_b.faults.apply = true;
-    one_a_second(&mut b, &mut rt_b, &deletes[10..11], base, start + 11.0);
-    assert_eq!((b.held().count(), accepted(&rt_b)), (11, N - 10), "held, ten keys not put back yet");
-    rt_b.faults.apply = false;
+    let (base, start) = (Instant::now(), 300.0);
+    let (mut b, mut rt_b) = burst_held_on_a_full_disk(N, base, start);
     // A peer's accept of a new key is written.
     let mut accept = decision(Verdict::Accepted(key("mwIDAQAC")), NOW_MS + 312_000, "master-c", &[]);
     accept.id = MinionId::parse("new01").unwrap();
