@@ -66,8 +66,6 @@ pub fn run(settings: &Settings) -> anyhow::Result<HostileRow> {
     let tls_b = salt_keysync::setup::load_tls(&b)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     // The fake master-b listens where master-a's link looks for it.
-    let b_address = a.peers.iter().find(|p| p.name == "master-b").context("master-a lists master-b")?.address.clone();
-    let listener = runtime.block_on(tokio::net::TcpListener::bind(&b_address))?;
     let fake = Arc::new(FakePeer {
         diff_summaries: settings.hostile_diff,
         fetch_decisions: settings.hostile_fetch,
@@ -75,16 +73,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<HostileRow> {
         diffs: AtomicUsize::new(0),
         fetches: AtomicUsize::new(0),
     });
-    let shutdown = CancellationToken::new();
-    let opts = ServeOptions {
-        allowed_peers: vec![PeerName::new("master-a").expect("a peer name")],
-        max_message_bytes: MAX_MESSAGE_BYTES,
-        ..ServeOptions::default()
-    };
-    let serving = runtime.spawn({
-        let (fake, shutdown, tls_b) = (fake.clone(), shutdown.clone(), tls_b.clone());
-        async move { keysync_server::serve(listener, &tls_b, opts, fake, Arc::new(|_| {}), shutdown).await }
-    });
+    let (shutdown, serving) = serve_as_master_b(&runtime, &a, &tls_b, fake.clone())?;
 
     cluster.start(0)?;
     // master-a's link reads the fake answers first: once the attack fetches
@@ -158,6 +147,38 @@ async fn stall(
     Ok((held.len(), refused, held))
 }
 
+/// Serves `fake` where master-a's link looks for master-b, with master-b's
+/// certificate, until the token returned is cancelled.
+pub fn serve_as_master_b<H: Handler>(
+    runtime: &tokio::runtime::Runtime,
+    a: &Config,
+    tls_b: &keysync_server::TlsSetup,
+    fake: Arc<H>,
+) -> anyhow::Result<(CancellationToken, tokio::task::JoinHandle<Result<(), keysync_server::ServeError>>)> {
+    let b_address = a.peers.iter().find(|p| p.name == "master-b").context("master-a lists master-b")?.address.clone();
+    let listener = runtime.block_on(tokio::net::TcpListener::bind(&b_address))?;
+    let shutdown = CancellationToken::new();
+    let opts = ServeOptions {
+        allowed_peers: vec![PeerName::new("master-a").expect("a peer name")],
+        max_message_bytes: MAX_MESSAGE_BYTES,
+        ..ServeOptions::default()
+    };
+    let serving = runtime.spawn({
+        let (shutdown, tls_b) = (shutdown.clone(), tls_b.clone());
+        async move { keysync_server::serve(listener, &tls_b, opts, fake, Arc::new(|_| {}), shutdown).await }
+    });
+    Ok((shutdown, serving))
+}
+
+/// The Hello a fake master-b answers with: its name and protocol, nothing held.
+pub fn master_b_hello() -> v1::HelloResponse {
+    v1::HelloResponse {
+        node: "master-b".into(),
+        protocol_version: keysync_proto::PROTOCOL_VERSION,
+        ..Default::default()
+    }
+}
+
 /// master-b's agent as a compromised master runs it.
 struct FakePeer {
     diff_summaries: usize,
@@ -170,11 +191,7 @@ struct FakePeer {
 #[tonic::async_trait]
 impl Handler for FakePeer {
     async fn hello(&self, _: &PeerName, _: v1::HelloRequest) -> Result<v1::HelloResponse, Status> {
-        Ok(v1::HelloResponse {
-            node: "master-b".into(),
-            protocol_version: keysync_proto::PROTOCOL_VERSION,
-            ..Default::default()
-        })
+        Ok(master_b_hello())
     }
 
     async fn push(&self, _: &PeerName, batch: v1::DecisionBatch) -> Result<v1::PushAck, Status> {

@@ -15,11 +15,9 @@ use std::time::{Duration, Instant};
 
 use keysync_bench::cluster::{key_pool, write_key, BenchCluster};
 use keysync_proto::v1;
-use keysync_server::{Handler, Items, PeerName, ServeOptions};
+use keysync_server::{Handler, Items, PeerName};
 use salt_keysync::config::Config;
-use salt_keysync::net::peers::MAX_MESSAGE_BYTES;
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 /// Keys accepted on master-a while master-b holds its first acknowledgement.
@@ -33,20 +31,10 @@ fn a_burst_of_accepts_reaches_a_slow_peer_in_a_few_batches() {
     let b = Config::load(&cluster.files[1].config_path).expect("master-b's config");
     let tls_b = salt_keysync::setup::load_tls(&b).expect("master-b's TLS");
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let b_address = a.peers.iter().find(|p| p.name == "master-b").expect("master-a lists master-b").address.clone();
-    let listener = runtime.block_on(tokio::net::TcpListener::bind(&b_address)).expect("master-b's address");
     let (release, released) = watch::channel(false);
     let slow = Arc::new(SlowPeer { released, diffs: AtomicUsize::new(0), batches: Mutex::new(Vec::new()) });
-    let shutdown = CancellationToken::new();
-    let opts = ServeOptions {
-        allowed_peers: vec![PeerName::new("master-a").expect("a peer name")],
-        max_message_bytes: MAX_MESSAGE_BYTES,
-        ..ServeOptions::default()
-    };
-    let serving = runtime.spawn({
-        let (slow, shutdown) = (slow.clone(), shutdown.clone());
-        async move { keysync_server::serve(listener, &tls_b, opts, slow, Arc::new(|_| {}), shutdown).await }
-    });
+    let (shutdown, serving) =
+        keysync_bench::hostile::serve_as_master_b(&runtime, &a, &tls_b, slow.clone()).expect("a fake master-b");
 
     cluster.start(0).expect("master-a starts");
     wait(Duration::from_secs(60), "master-a's link ran its first round with master-b", || {
@@ -106,11 +94,7 @@ struct SlowPeer {
 #[tonic::async_trait]
 impl Handler for SlowPeer {
     async fn hello(&self, _: &PeerName, _: v1::HelloRequest) -> Result<v1::HelloResponse, Status> {
-        Ok(v1::HelloResponse {
-            node: "master-b".into(),
-            protocol_version: keysync_proto::PROTOCOL_VERSION,
-            ..Default::default()
-        })
+        Ok(keysync_bench::hostile::master_b_hello())
     }
 
     async fn push(&self, _: &PeerName, batch: v1::DecisionBatch) -> Result<v1::PushAck, Status> {
