@@ -57,7 +57,12 @@ impl Default for SettleTimings {
 #[derive(Debug)]
 struct Unsettled {
     due: Instant,
-    /// First event: bounds the total wait.
+    /// When the wait began, which bounds it (`max_hold`): the first event,
+    /// or the latest disappearance of a name seen only disappearing. A
+    /// name held since a recheck (lost events, a start) that a salt-key
+    /// run then removes is read after that run's rename, not cut short
+    /// by the cap of the earlier wait: read in between, it was in no
+    /// folder (a false delete).
     since: Instant,
     /// Open for writing somewhere (between IN_CREATE/IN_MODIFY and IN_CLOSE_WRITE).
     writing: HashSet<Folder>,
@@ -128,6 +133,9 @@ impl Settler {
             }
             FsChange::Gone => {
                 entry.writing.remove(&folder);
+                if entry.absent_only {
+                    entry.since = now;
+                }
                 entry.due = entry.due.max(now + timings.absent_grace);
             }
         }
@@ -146,6 +154,15 @@ impl Settler {
         recheck: impl IntoIterator<Item = &'a str>,
         now: Instant,
     ) {
+        // The listing is what the folders hold now: a temporary file that is
+        // not in it is gone, its disappearance perhaps among the events lost.
+        // Kept in flight, it would hold every disappearance until `max_hold`.
+        let listed_tmp: HashSet<(Folder, &str)> = listed
+            .iter()
+            .filter(|(_, name)| looks_like_salt_tmp(name))
+            .map(|(folder, name)| (*folder, name.as_str()))
+            .collect();
+        self.tmp_in_flight.retain(|(folder, name)| listed_tmp.contains(&(*folder, name.as_str())));
         for (folder, name) in listed.iter().filter(|(_, name)| looks_like_salt_tmp(name)) {
             self.on_event(*folder, name, FsChange::Written, now);
         }

@@ -129,6 +129,7 @@ mod cold;
 mod first_contact;
 mod guard;
 mod repair;
+mod settling;
 mod stale;
 mod waiting;
 
