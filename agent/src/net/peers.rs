@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keysync_machine::link::{Answer, Call, Input, LinkSettings, Out, Round};
+use keysync_machine::link::{pushes_to, Answer, Call, Input, LinkSettings, Out, Round};
 use keysync_machine::PeerName;
 use keysync_proto::v1::{self, key_sync_client::KeySyncClient};
 use keysync_proto::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
@@ -276,7 +276,7 @@ impl PeerLink {
                 Input::Fetched(decisions)
             }
             Out::Push(batches) => {
-                send_decisions(io, decisions_of(&batches)).await?;
+                send_decisions(io, decisions_of(&batches, &self.peer.name)).await?;
                 return Ok(());
             }
             Out::PushLoaded(decisions) => {
@@ -535,10 +535,11 @@ fn take(link: &mut Link, peer: &PeerName, out: Arc<crate::node::Outgoing>) {
     link.handle(Input::Outgoing { from_peer, n: out.decisions.len(), batch: out }, false);
 }
 
-/// The decisions of `batches`, in order (a list of references: an iterator
+/// The decisions of `batches` to push to `peer` (not its own, nor one that
+/// passed through it), in order (a list of references: an iterator
 /// chaining the batches could not be held across the pushes' awaits).
-fn decisions_of(batches: &[Arc<crate::node::Outgoing>]) -> Vec<&Decision> {
-    batches.iter().flat_map(|o| &o.decisions).collect()
+fn decisions_of<'a>(batches: &'a [Arc<crate::node::Outgoing>], peer: &PeerName) -> Vec<&'a Decision> {
+    batches.iter().flat_map(|o| &o.decisions).filter(|d| pushes_to(d, peer)).collect()
 }
 
 /// Pushes decisions in batches of at most [`PUSH_BATCH_BYTES`] (well under

@@ -284,3 +284,18 @@ fn what_wants_an_answer() {
     assert!(Out::<u32>::ReadDiff.wants_answer());
     assert!(!Out::<u32>::Push(vec![1]).wants_answer());
 }
+
+/// A decision the node sends its peers goes to every peer but the master
+/// that made it and those it passed through on its way here: a decision
+/// master-c made, relayed by master-d, reached this node from master-e.
+#[test]
+fn a_decision_is_never_pushed_to_its_origin_or_back_along_its_path() {
+    use crate::core::Relays;
+    use crate::testkit::peer;
+    let mine = Decision { version: Version::new(1 << 50, "master-a"), ..decision(1) };
+    assert!(pushes_to(&mine, &peer("master-c")), "this node's own decision goes to every peer");
+    let relayed = Decision { relays: Relays::new(["master-d".into(), "master-e".into()]), ..decision(2) };
+    for (to, pushed) in [("master-c", false), ("master-d", false), ("master-e", false), ("master-f", true)] {
+        assert_eq!(pushes_to(&relayed, &peer(to)), pushed, "to {to}");
+    }
+}

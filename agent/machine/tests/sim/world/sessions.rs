@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 
 use keysync_machine::core::Decision;
-use keysync_machine::link::{Answer, Call, Input, Link, LinkSettings, Out};
+use keysync_machine::link::{pushes_to, Answer, Call, Input, Link, LinkSettings, Out};
 use keysync_machine::node::Summaries;
 use keysync_machine::testkit::peer as named;
 
@@ -230,8 +230,13 @@ impl Sim {
                     self.send(node, peer, Msg::FetchReq { req, ids });
                 }
                 Out::Push(batches) => {
-                    let decisions: Vec<Decision> = batches.iter().flat_map(|b| b.iter().cloned()).collect();
-                    self.send(node, peer, Msg::Push(decisions));
+                    let to = named(&self.nodes[peer].name);
+                    let all = batches.iter().flat_map(|b| b.iter());
+                    let decisions: Vec<Decision> = all.filter(|d| pushes_to(d, &to)).cloned().collect();
+                    self.stats.pushed += decisions.len() as u64;
+                    if !decisions.is_empty() {
+                        self.send(node, peer, Msg::Push(decisions));
+                    }
                 }
                 Out::PushLoaded(decisions) => self.send(node, peer, Msg::Push(decisions)),
                 Out::Up => {}
