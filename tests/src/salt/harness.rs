@@ -77,8 +77,16 @@ impl SaltCluster {
         for master in &mut masters {
             master.start();
         }
-        // Minions start before the masters are ready: both are seconds of
-        // Python start-up, and a multi-master minion retries its connections.
+        for master in &mut masters {
+            master.wait_ready();
+        }
+        // Minions start once the masters are ready. A minion started before
+        // sent authentications a starting master queued, and its retries
+        // after their timeouts reached the master with them: two of the
+        // master's workers, one writing the new pending key, the other
+        // comparing it half-written ("the public key in pending did not
+        // match"), and the minion, told it was rejected, exited (Salt
+        // 3006.28 on a loaded machine, CI at 3e5efd2).
         let minions: BTreeMap<String, SaltMinion> = minion_ids
             .iter()
             .map(|id| {
@@ -87,9 +95,6 @@ impl SaltCluster {
                 (id.to_string(), minion)
             })
             .collect();
-        for master in &mut masters {
-            master.wait_ready();
-        }
 
         let agent_configs = write_agent_configs(&dir, &masters);
         let mut cluster = SaltCluster {

@@ -20,6 +20,9 @@ pub struct Ports {
 /// the AES key when it finds `.dfn`. Low, so revocation is quick to observe.
 pub const LOOP_INTERVAL_SECS: u64 = 1;
 
+/// The master's request workers (MWorkers).
+const WORKER_THREADS: usize = 2;
+
 pub struct SaltMaster {
     pub version: String,
     /// The master's Salt `id`, also its agent's node name and what Salt 3008
@@ -32,6 +35,8 @@ pub struct SaltMaster {
     pub pki: PathBuf,
     pub cachedir: PathBuf,
     daemon: Option<Daemon>,
+    /// The length of its log when it was last started.
+    log_at_start: usize,
 }
 
 impl SaltMaster {
@@ -61,7 +66,7 @@ impl SaltMaster {
              log_level_logfile: info\n\
              key_logfile: {d}/key.log\n\
              user: root\n\
-             worker_threads: 2\n\
+             worker_threads: {WORKER_THREADS}\n\
              loop_interval: {LOOP_INTERVAL_SECS}\n\
              timeout: 5\n\
              gather_job_timeout: 5\n",
@@ -73,19 +78,35 @@ impl SaltMaster {
         // them as they are, 3008 moves them to <id>.pem/.pub and links them.
         write_file(&pki.join("master.pem"), master_key.private.as_bytes(), 0o400);
         write_file(&pki.join("master.pub"), master_key.public.as_bytes(), 0o644);
-        SaltMaster { version: version.into(), id: id.into(), ip, ports, dir, pki, cachedir, daemon: None }
+        SaltMaster {
+            version: version.into(),
+            id: id.into(),
+            ip,
+            ports,
+            dir,
+            pki,
+            cachedir,
+            daemon: None,
+            log_at_start: 0,
+        }
     }
 
     pub fn start(&mut self) {
         assert!(self.daemon.is_none(), "{} already runs", self.id);
         let _ = std::fs::remove_file(self.dir.join("master.pid"));
+        self.log_at_start = self.log().len();
         let mut command = Command::new(tool(&self.version, "salt-master"));
         command.arg("-c").arg(&self.dir).args(["-l", "quiet"]);
         self.daemon = Some(Daemon::spawn(&format!("salt-master {}", self.id), command, self.dir.join("master.out")));
     }
 
-    /// Waits until the master accepts connections on its return port.
+    /// Waits until the master accepts connections on its return port and
+    /// its request workers are up. The port opens first (seconds before the
+    /// workers on a loaded machine): what a minion sends meanwhile is queued,
+    /// and answered together with its retries.
     pub fn wait_ready(&mut self) {
+        let log = self.dir.join("master.log");
+        let log_at_start = self.log_at_start;
         let addr = (self.ip, self.ports.ret).into();
         let sock = self.dir.join("sock/master_event_pub.ipc");
         let id = self.id.clone();
@@ -95,10 +116,14 @@ impl SaltMaster {
                 panic!("salt-master {id} exited: {}", std::fs::read_to_string(&daemon.out).unwrap_or_default());
             }
             let up = sock.exists() && TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok();
-            if up {
-                Ok(())
-            } else {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let workers = text.get(log_at_start..).unwrap_or_default().matches("Worker binding to socket").count();
+            if !up {
                 Err("return port closed".into())
+            } else if workers < WORKER_THREADS {
+                Err(format!("{workers} of {WORKER_THREADS} request workers up"))
+            } else {
+                Ok(())
             }
         });
     }
