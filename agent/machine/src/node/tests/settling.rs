@@ -56,6 +56,18 @@ fn accept_ends(node: &mut Node, rt: &mut Recorder, t0: Instant, at: u64, id: &st
     fs(node, Folder::Accepted, id, FsChange::MovedIn, ms(t0, at + 1));
 }
 
+/// A slow accept of web01 from `from` ms, past the 5 s cap of a wait begun
+/// at `t0`: nothing is decided mid-way (5.5 s), and once renamed into
+/// place (5.6 s) it is read as the accept it is.
+fn slow_accept_is_read_after_its_rename(node: &mut Node, rt: &mut Recorder, t0: Instant, from: u64) {
+    accept_begins(node, rt, t0, from, "web01", "tmpzlv7ir2y");
+    tick_until(node, rt, t0, 5_500);
+    assert_eq!(decided(rt, "web01"), [], "web01 is mid-way: {:?}", rt.events);
+    accept_ends(node, rt, t0, 5_600, "web01", "tmpzlv7ir2y");
+    tick_until(node, rt, t0, 12_000);
+    assert_eq!(decided(rt, "web01"), [Verdict::Accepted(key("mwIDAQAB"))]);
+}
+
 /// An inotify overflow lost the end of a Salt 3008 reject (its temporary
 /// file's rename over the id): the folders are read once settled, and the
 /// temporary file, gone by then, holds nothing. It held every name for
@@ -80,12 +92,7 @@ fn a_temporary_file_whose_end_was_lost_holds_no_later_salt_key_run_to_the_cap() 
     tick_until(&mut a, &mut rt, t0, 200);
     assert_eq!(decided(&rt, "web02"), [Verdict::Rejected(key("mwIDAQAC"))], "read once settled, not 5 s later");
     // Four seconds on, another operator accepts web01, slowly.
-    accept_begins(&mut a, &mut rt, t0, 4_000, "web01", "tmpzlv7ir2y");
-    tick_until(&mut a, &mut rt, t0, 5_500);
-    assert_eq!(decided(&rt, "web01"), [], "web01 is mid-way: {:?}", rt.events);
-    accept_ends(&mut a, &mut rt, t0, 5_600, "web01", "tmpzlv7ir2y");
-    tick_until(&mut a, &mut rt, t0, 12_000);
-    assert_eq!(decided(&rt, "web01"), [Verdict::Accepted(key("mwIDAQAB"))]);
+    slow_accept_is_read_after_its_rename(&mut a, &mut rt, t0, 4_000);
 }
 
 /// A temporary file a crashed salt-key left behind holds every name the
@@ -101,10 +108,5 @@ fn a_salt_key_run_begun_while_names_are_held_is_read_after_its_rename() {
     let t0 = Instant::now();
     a.on_lost("inotify queue overflow", ms(t0, 0), &mut rt);
     tick_until(&mut a, &mut rt, t0, 4_500);
-    accept_begins(&mut a, &mut rt, t0, 4_500, "web01", "tmpzlv7ir2y");
-    tick_until(&mut a, &mut rt, t0, 5_500);
-    assert_eq!(decided(&rt, "web01"), [], "web01 is mid-way: {:?}", rt.events);
-    accept_ends(&mut a, &mut rt, t0, 5_600, "web01", "tmpzlv7ir2y");
-    tick_until(&mut a, &mut rt, t0, 12_000);
-    assert_eq!(decided(&rt, "web01"), [Verdict::Accepted(key("mwIDAQAB"))]);
+    slow_accept_is_read_after_its_rename(&mut a, &mut rt, t0, 4_500);
 }
