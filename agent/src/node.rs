@@ -8,6 +8,7 @@
 //! metrics is `tell.rs`.
 
 mod effects;
+mod outgoing;
 mod tell;
 mod thread;
 
@@ -18,7 +19,7 @@ use keysync_machine::node::{
     BadAnswer, Compared, FsEvent, HeldDelete, Node, Now, OperatorAction, Outcome, Runtime, Settings, Summaries,
 };
 use keysync_machine::PeerName;
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -32,13 +33,7 @@ use crate::disk::watcher::{FolderWatch, WatchEvent};
 pub use effects::Effects;
 pub use thread::{CoreStopped, CoreThread};
 
-/// Decisions leaving this node for its peers. `from`: the peer they came
-/// from, which need not get them back.
-#[derive(Debug)]
-pub struct Outgoing {
-    pub from: Option<PeerName>,
-    pub decisions: Vec<Decision>,
-}
+pub use outgoing::{Following, Outgoing};
 
 /// Requests the rest of the agent makes of the core task.
 pub enum Request {
@@ -112,7 +107,7 @@ pub enum Request {
 #[derive(Clone)]
 pub struct CoreHandle {
     requests: mpsc::Sender<Request>,
-    outgoing: broadcast::Sender<Arc<Outgoing>>,
+    outgoing: outgoing::Channel,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -131,8 +126,9 @@ impl CoreHandle {
         self.requests.send(request).await.map_err(|_| CoreGone)
     }
 
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Outgoing>> {
-        self.outgoing.subscribe()
+    /// Follows what the node sends its peers, for `peer`'s link.
+    pub fn follow(&self, peer: &PeerName) -> Following {
+        self.outgoing.follow(peer)
     }
 }
 
@@ -455,7 +451,7 @@ pub struct CoreParts {
 /// with the store, and returns the core ready to run with its handle.
 pub fn start(parts: CoreParts) -> Result<(Core, CoreHandle, mpsc::Receiver<Request>), crate::disk::store::StoreError> {
     let loaded = parts.store.load()?;
-    let (outgoing, _) = broadcast::channel(OUTGOING_QUEUE);
+    let outgoing = outgoing::Channel::new(OUTGOING_QUEUE);
     let (tx, rx) = mpsc::channel(REQUEST_QUEUE);
     let settings = Settings {
         node: parts.settings.node.as_str().into(),

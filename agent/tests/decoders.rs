@@ -86,6 +86,7 @@ fn wire_decision() -> impl Strategy<Value = v1::Decision> {
                 supersedes: known.clone(),
                 context: known.into_iter().collect(),
                 relays: Vec::new(),
+                reached: Default::default(),
             }
         },
     )

@@ -392,6 +392,7 @@ mod tests {
             version: Version::new(1 << 40, "master-b"),
             context: Context::default(),
             relays: Relays::default(),
+            reached: Default::default(),
         };
         let applied = Event::Applied {
             decision: decision.clone(),

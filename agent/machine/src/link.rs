@@ -4,19 +4,24 @@
 //! node).
 //!
 //! A session: [`Input::Connected`], the Hello exchange, then a round of
-//! anti-entropy, then live pushes until the round timer fires
-//! ([`Input::Due`]: Hello again, another round) or the node's stream of
-//! outgoing decisions fell behind ([`Input::Lagged`]: a round at once).
+//! anti-entropy, then live pushes; the round timer ([`Input::Due`]: Hello
+//! again, another round) and the node's stream of outgoing decisions
+//! falling behind ([`Input::Lagged`]: a round at once) start more rounds,
+//! beside the live pushes.
 //!
 //! A round: the node's digests out, the peer's Diff answer read chunk by
 //! chunk and compared by the node [`LinkSettings::compare_chunk`]
 //! summaries at a time, what is newer here loaded and pushed a chunk at a
 //! time, then what the node plans to fetch, fetched and applied a chunk
-//! at a time. While a round runs, what the node sends its peers is held
-//! back and pushed once the round is over; past
-//! [`LinkSettings::max_held_back`] decisions (or a lag) it is dropped and
-//! another round follows, which finds by digest whatever it would have
-//! brought.
+//! at a time. What the node sends its peers meanwhile is pushed at once,
+//! from the session's first Hello on (a driver awaiting an answer sends it
+//! with [`Link::poll_push`]): a round never holds a live decision back,
+//! and a live decision the peer's round planned to fetch from here is cut
+//! from its plan by the node. (Rounds once held pushes back until they
+//! were over; with each decision pushed once, by its origin, that delay
+//! was the peer's whole delay.) When the node's outgoing stream falls
+//! behind during a round, another round follows it, which finds by digest
+//! whatever was dropped.
 //!
 //! Leaving a round to the peer: when the peer is fetching from this node
 //! in a round of its own (a joining master), that round brings it what this
@@ -36,13 +41,10 @@ use crate::core::{Decision, MinionId};
 use crate::node::{BadAnswer, Compared, Summaries, FETCH_CHUNK};
 
 mod forward;
-mod held_back;
 #[cfg(test)]
 mod tests;
 
-pub use forward::pushes_to;
-use held_back::HeldBack;
-pub use held_back::MAX_HELD_BACK;
+pub use forward::{pushes_to, reached};
 
 /// How a link paces and bounds its rounds.
 #[derive(Clone, Debug)]
@@ -54,8 +56,6 @@ pub struct LinkSettings {
     pub again: Duration,
     /// Summaries of a Diff answer handed to the node at once.
     pub compare_chunk: usize,
-    /// Most decisions held back for the peer while a round runs.
-    pub max_held_back: usize,
     /// Ids loaded and pushed at once when the node holds them newer.
     pub push_chunk: usize,
 }
@@ -67,13 +67,7 @@ impl LinkSettings {
     /// The agent's bounds, with its round interval and the time a peer
     /// counts as fetching after its last fetch.
     pub fn new(interval: Duration, fetching: Duration) -> LinkSettings {
-        LinkSettings {
-            interval,
-            again: fetching.min(interval),
-            compare_chunk: COMPARE_CHUNK,
-            max_held_back: MAX_HELD_BACK,
-            push_chunk: FETCH_CHUNK,
-        }
+        LinkSettings { interval, again: fetching.min(interval), compare_chunk: COMPARE_CHUNK, push_chunk: FETCH_CHUNK }
     }
 }
 
@@ -218,7 +212,9 @@ pub struct Round {
 pub struct Link<B> {
     settings: LinkSettings,
     phase: Phase,
-    held: HeldBack<B>,
+    /// The node's outgoing stream fell behind during a round: another
+    /// follows it.
+    lagged: bool,
     /// The timer fired during a round: another follows it.
     due: bool,
     out: VecDeque<Out<B>>,
@@ -315,12 +311,24 @@ impl<B> Input<B> {
 
 impl<B> Link<B> {
     pub fn new(settings: LinkSettings) -> Link<B> {
-        Link { settings, phase: Phase::Down, held: HeldBack::default(), due: false, out: VecDeque::new() }
+        Link { settings, phase: Phase::Down, lagged: false, due: false, out: VecDeque::new() }
     }
 
     /// The next thing to do, if any.
     pub fn poll(&mut self) -> Option<Out<B>> {
         self.out.pop_front()
+    }
+
+    /// The next thing to do if it is a live push: what a driver awaiting
+    /// an answer sends meanwhile (nothing else is queued then but pushes).
+    pub fn poll_push(&mut self) -> Option<Vec<B>> {
+        match self.out.front() {
+            Some(Out::Push(_)) => match self.out.pop_front() {
+                Some(Out::Push(batches)) => Some(batches),
+                _ => None,
+            },
+            _ => None,
+        }
     }
 
     /// Whether a session is running.
@@ -338,27 +346,26 @@ impl<B> Link<B> {
     pub fn handle(&mut self, input: Input<B>, peer_fetching: bool) {
         match input {
             Input::Connected => {
-                self.held = HeldBack::default();
+                self.lagged = false;
                 self.due = false;
                 self.phase = Phase::Hello { first: true };
                 self.out.push_back(Out::Hello);
             }
             Input::Failed => self.down(),
             Input::Outgoing { from_peer: true, .. } => {}
-            Input::Outgoing { from_peer: false, n, batch } => match self.phase {
+            Input::Outgoing { from_peer: false, batch, .. } => match &self.phase {
                 Phase::Down => {}
-                Phase::Live => match self.out.back_mut() {
+                Phase::Live | Phase::Hello { .. } | Phase::Round(_) => match self.out.back_mut() {
                     // Everything queued goes in one push.
                     Some(Out::Push(batches)) => batches.push(batch),
                     _ => self.out.push_back(Out::Push(vec![batch])),
                 },
-                Phase::Hello { .. } | Phase::Round(_) => self.held.take(n, batch, self.settings.max_held_back),
             },
             Input::Lagged => match self.phase {
                 Phase::Down => {}
                 // Not left to the peer: its round cannot know what was dropped here.
                 Phase::Live => self.start_round(false, false, false, peer_fetching),
-                Phase::Hello { .. } | Phase::Round(_) => self.held.drop_all(),
+                Phase::Hello { .. } | Phase::Round(_) => self.lagged = true,
             },
             Input::Due => match self.phase {
                 Phase::Down => {}
@@ -392,7 +399,7 @@ impl<B> Link<B> {
             return;
         }
         self.phase = Phase::Down;
-        self.held = HeldBack::default();
+        self.lagged = false;
         self.due = false;
         self.out.clear();
         self.out.push_back(Out::Call(Call::LinkDown));
@@ -404,7 +411,8 @@ impl<B> Link<B> {
     }
 
     fn start_round(&mut self, may_leave: bool, timed: bool, first: bool, peer_fetching: bool) {
-        self.held = HeldBack::default();
+        // What was dropped before this round's digests is found by them.
+        self.lagged = false;
         self.phase =
             Phase::Round(RoundState { may_leave, timed, first, step: Step::Digests, report: Round::default() });
         if may_leave && peer_fetching {
@@ -421,17 +429,13 @@ impl<B> Link<B> {
         if let Some(report) = report {
             self.out.push_back(Out::Report(report));
         }
-        let held = std::mem::take(&mut self.held);
-        if held.dropped {
+        if std::mem::take(&mut self.lagged) {
             // What was dropped is found by comparing digests again, in a
             // round the peer's cannot stand in for.
             self.phase =
                 Phase::Round(RoundState { may_leave: false, step: Step::Digests, report: Round::default(), ..round });
             self.out.push_back(Out::Call(Call::Digests));
             return;
-        }
-        if !held.batches.is_empty() {
-            self.out.push_back(Out::Push(held.batches));
         }
         if round.first {
             self.out.push_back(Out::Up);

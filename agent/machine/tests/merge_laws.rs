@@ -66,7 +66,14 @@ fn decision() -> impl Strategy<Value = Decision> {
             let knew = knew.into_iter().map(|(at, node, choice)| self::version(at, node, &self::verdict(choice)));
             Context::new(knew.filter(|v| *v < version))
         };
-        Decision { id: MinionId::parse(IDS[id]).unwrap(), verdict, version, context, relays: Default::default() }
+        Decision {
+            id: MinionId::parse(IDS[id]).unwrap(),
+            verdict,
+            version,
+            context,
+            relays: Default::default(),
+            reached: Default::default(),
+        }
     })
 }
 

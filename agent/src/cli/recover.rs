@@ -228,6 +228,7 @@ mod tests {
             version: Version::new(ms << 16, "master-a"),
             context: Context::default(),
             relays: Relays::default(),
+            reached: Default::default(),
         };
         let now = 1_800_000_000_000;
         assert_eq!(afresh_ms(&[now], &[], u64::MAX), now + 1);

@@ -124,6 +124,7 @@ pub fn rejoin(config: &Config, force: bool, confirm: impl FnOnce(&Preview) -> bo
             version: crate::core::Version::new(now_ms << 16, config.node.as_str()),
             context: Default::default(),
             relays: Default::default(),
+            reached: Default::default(),
         };
         pki.apply(&delete).with_context(|| format!("cannot remove {id}'s key (its copy is in {})", aside.display()))?;
     }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keysync_machine::link::{pushes_to, Answer, Call, Input, LinkSettings, Out, Round};
+use keysync_machine::link::{pushes_to, reached, Answer, Call, Input, LinkSettings, Out, Round};
 use keysync_machine::PeerName;
 use keysync_proto::v1::{self, key_sync_client::KeySyncClient};
 use keysync_proto::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
@@ -182,14 +182,12 @@ impl PeerLink {
                 .await?;
         // Followed before the first round, so nothing decided meanwhile is
         // missed: what comes during a round is held back for after it.
-        let outgoing = self.core.subscribe();
+        let outgoing = self.core.follow(&self.peer.name);
         let (push_tx, push_rx) = mpsc::channel::<v1::DecisionBatch>(PUSHES_IN_FLIGHT);
         let mut acks = client.push(ReceiverStream::new(push_rx)).await?.into_inner();
         let mut io = SessionIo {
             client,
-            push_tx,
-            unacked: 0,
-            outgoing,
+            push: PushIo { tx: push_tx, unacked: 0, outgoing },
             timer: Box::pin(tokio::time::sleep(self.anti_entropy_interval)),
             timer_armed: false,
             diff: None,
@@ -203,17 +201,17 @@ impl PeerLink {
             while let Some(out) = link.poll() {
                 self.execute(out, link, &mut io).await?;
             }
-            let SessionIo { outgoing, timer, timer_armed, unacked, .. } = &mut io;
+            let SessionIo { push: PushIo { outgoing, unacked, .. }, timer, timer_armed, .. } = &mut io;
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
-                out = outgoing.recv(), if *unacked < PUSHES_IN_FLIGHT => match out {
+                out = outgoing.receiver.recv(), if *unacked < PUSHES_IN_FLIGHT => match out {
                     Ok(out) => {
                         // Everything else already queued goes in the same push: while
                         // the peer is busy making the last batch durable, a burst
                         // (salt-key -A) accumulates here and is sent as one batch
                         // rather than as many small ones, each costing it its fsyncs.
                         take(link, &self.peer.name, out);
-                        while let Ok(more) = outgoing.try_recv() {
+                        while let Ok(more) = outgoing.receiver.try_recv() {
                             take(link, &self.peer.name, more);
                         }
                     }
@@ -248,13 +246,13 @@ impl PeerLink {
     ) -> Result<(), SessionError> {
         let input = match out {
             Out::Hello => {
-                let hello = during(self.hello(&mut io.client), link, &mut io.outgoing, &self.peer.name).await?;
+                let hello = during(self.hello(&mut io.client), link, &mut io.push, &self.peer.name).await??;
                 io.n_decisions = hello.n_decisions;
                 Input::HelloDone
             }
             Out::Call(call) => {
                 let ask = self.call(call);
-                match during(ask, link, &mut io.outgoing, &self.peer.name).await? {
+                match during(ask, link, &mut io.push, &self.peer.name).await?? {
                     Some(answer) => Input::Answer(answer),
                     None => return Ok(()),
                 }
@@ -262,25 +260,25 @@ impl PeerLink {
             Out::Diff(digests) => {
                 let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests };
                 io.run = AntiEntropyRun { bytes_sent: request.encoded_len(), ..AntiEntropyRun::default() };
-                let stream =
-                    during(io.client.diff(request), link, &mut io.outgoing, &self.peer.name).await?.into_inner();
+                let stream = during(io.client.diff(request), link, &mut io.push, &self.peer.name).await??.into_inner();
                 io.diff = Some(stream);
                 self.read_diff(link, io).await?
             }
             Out::ReadDiff => self.read_diff(link, io).await?,
             Out::Fetch(ids) => {
-                let fetched = during(self.fetch(&mut io.client, &ids), link, &mut io.outgoing, &self.peer.name).await?;
+                let fetched = during(self.fetch(&mut io.client, &ids), link, &mut io.push, &self.peer.name).await??;
                 let (decisions, sent, received) = fetched;
                 io.run.bytes_sent += sent;
                 io.run.bytes_received += received;
                 Input::Fetched(decisions)
             }
             Out::Push(batches) => {
-                send_decisions(io, decisions_of(&batches, &self.peer.name)).await?;
+                send_decisions(&mut io.push, decisions_of(&batches, &self.peer.name)).await?;
                 return Ok(());
             }
             Out::PushLoaded(decisions) => {
-                io.run.bytes_sent += send_decisions(io, &decisions).await?;
+                let decisions: Vec<(&Decision, &[PeerName])> = decisions.iter().map(|d| (d, NO_ONE)).collect();
+                io.run.bytes_sent += send_decisions(&mut io.push, decisions).await?;
                 return Ok(());
             }
             Out::Up => {
@@ -314,7 +312,7 @@ impl PeerLink {
         let Some(stream) = io.diff.as_mut() else {
             return Ok(Input::DiffEnd);
         };
-        let Some(chunk) = during(stream.message(), link, &mut io.outgoing, &self.peer.name).await? else {
+        let Some(chunk) = during(stream.message(), link, &mut io.push, &self.peer.name).await?? else {
             io.diff = None;
             return Ok(Input::DiffEnd);
         };
@@ -489,11 +487,7 @@ type Link = keysync_machine::link::Link<Arc<crate::node::Outgoing>>;
 /// What one session carries its link's asks over.
 struct SessionIo {
     client: KeySyncClient<Channel>,
-    push_tx: mpsc::Sender<v1::DecisionBatch>,
-    /// Push batches sent and not yet acknowledged (acknowledgements come
-    /// one per batch, in order).
-    unacked: usize,
-    outgoing: broadcast::Receiver<Arc<crate::node::Outgoing>>,
+    push: PushIo,
     /// The round timer, while armed (the link sets it).
     timer: std::pin::Pin<Box<tokio::time::Sleep>>,
     timer_armed: bool,
@@ -506,25 +500,40 @@ struct SessionIo {
     connected: mpsc::Sender<()>,
 }
 
+/// The session's live pushes: what the node sends, and the push stream.
+struct PushIo {
+    outgoing: crate::node::Following,
+    tx: mpsc::Sender<v1::DecisionBatch>,
+    /// Push batches sent and not yet acknowledged (acknowledgements come
+    /// one per batch, in order).
+    unacked: usize,
+}
+
 /// Awaits `fut` while handing the link what the node sends its peers
-/// meanwhile (held back during a round and pushed after it), so a burst
-/// during a long round never piles up in the node's outgoing channel.
+/// meanwhile, and pushing what the link pushes at once (all but the
+/// session's first round), so a round never holds a live push back and a
+/// burst during a long round never piles up in the node's outgoing
+/// channel. (The acknowledgements are read after: a round's pushes are not
+/// held to the push window.)
 async fn during<F: std::future::Future>(
     fut: F,
     link: &mut Link,
-    outgoing: &mut broadcast::Receiver<Arc<crate::node::Outgoing>>,
+    push: &mut PushIo,
     peer: &PeerName,
-) -> F::Output {
+) -> Result<F::Output, SessionError> {
     tokio::pin!(fut);
     let mut open = true;
     loop {
         tokio::select! {
-            result = &mut fut => return result,
-            out = outgoing.recv(), if open => match out {
+            result = &mut fut => return Ok(result),
+            out = push.outgoing.receiver.recv(), if open => match out {
                 Ok(out) => take(link, peer, out),
                 Err(broadcast::error::RecvError::Lagged(_)) => link.handle(Input::Lagged, false),
                 Err(broadcast::error::RecvError::Closed) => open = false,
             },
+        }
+        while let Some(batches) = link.poll_push() {
+            send_decisions(push, decisions_of(&batches, peer)).await?;
         }
     }
 }
@@ -536,31 +545,39 @@ fn take(link: &mut Link, peer: &PeerName, out: Arc<crate::node::Outgoing>) {
 }
 
 /// The decisions of `batches` to push to `peer` (not its own, nor one that
-/// passed through it), in order (a list of references: an iterator
-/// chaining the batches could not be held across the pushes' awaits).
-fn decisions_of<'a>(batches: &'a [Arc<crate::node::Outgoing>], peer: &PeerName) -> Vec<&'a Decision> {
-    batches.iter().flat_map(|o| &o.decisions).filter(|d| pushes_to(d, peer)).collect()
+/// passed through it or was pushed to it already), each with the peers the
+/// node pushes it to, in order (a list of references: an iterator chaining
+/// the batches could not be held across the pushes' awaits).
+fn decisions_of<'a>(batches: &'a [Arc<crate::node::Outgoing>], peer: &PeerName) -> Vec<(&'a Decision, &'a [PeerName])> {
+    let all = batches.iter().flat_map(|o| o.decisions.iter().map(|d| (d, &*o.pushing)));
+    all.filter(|(d, _)| pushes_to(d, peer)).collect()
 }
+
+/// No peer: a round's pushes name none in `reached` (the peer lacked them
+/// by its own summaries; nobody else is told to leave it out).
+const NO_ONE: &[PeerName] = &[];
 
 /// Pushes decisions in batches of at most [`PUSH_BATCH_BYTES`] (well under
 /// the message cap) and [`PUSH_BATCH_DECISIONS`]: the peer makes each batch
 /// durable with one syncfs and one store commit, so a burst (salt-key -A)
 /// costs a few of those, not one per thousand keys. Returns the bytes sent.
 async fn send_decisions<'a>(
-    io: &mut SessionIo,
-    decisions: impl IntoIterator<Item = &'a Decision>,
+    io: &mut PushIo,
+    decisions: impl IntoIterator<Item = (&'a Decision, &'a [PeerName])>,
 ) -> Result<usize, SessionError> {
     let mut n_bytes = 0;
     let mut batch = v1::DecisionBatch::default();
     let mut batch_bytes = 0;
-    for decision in decisions {
-        let wire = decision_to_wire(decision);
-        let len = wire_size(decision);
+    for (decision, pushing) in decisions {
+        let mut wire = decision_to_wire(decision);
+        wire.reached = reached(decision, pushing).iter().map(str::to_string).collect();
+        // Its size in the batch: the message and its field's tag and length.
+        let len = wire.encoded_len() + 8;
         if !batch.decisions.is_empty()
             && (batch_bytes + len > PUSH_BATCH_BYTES || batch.decisions.len() >= PUSH_BATCH_DECISIONS)
         {
             n_bytes += batch.encoded_len();
-            io.push_tx.send(std::mem::take(&mut batch)).await.map_err(|_| SessionError::PushClosed)?;
+            io.tx.send(std::mem::take(&mut batch)).await.map_err(|_| SessionError::PushClosed)?;
             io.unacked += 1;
             batch_bytes = 0;
         }
@@ -569,18 +586,10 @@ async fn send_decisions<'a>(
     }
     if !batch.decisions.is_empty() {
         n_bytes += batch.encoded_len();
-        io.push_tx.send(batch).await.map_err(|_| SessionError::PushClosed)?;
+        io.tx.send(batch).await.map_err(|_| SessionError::PushClosed)?;
         io.unacked += 1;
     }
     Ok(n_bytes)
-}
-
-/// An upper bound of a decision's encoded size: its key, id and two
-/// versions, plus generous room for tags and lengths.
-fn wire_size(decision: &Decision) -> usize {
-    let key = decision.verdict.key().map_or(0, |key| key.bytes().len());
-    let versions = decision.version.node.len() + decision.context.iter().map(|v| v.node.len() + 12).sum::<usize>();
-    key + decision.id.as_str().len() + versions + 64
 }
 
 #[cfg(test)]

@@ -30,7 +30,7 @@ pub enum WireError {
     KnowsTheFuture { id: String, known: String },
     #[error("decision for {0:?} lists more than {MAX_CONTEXT} versions it knew")]
     ContextTooLarge(String),
-    #[error("decision for {0:?} lists more than {max} relays", max = crate::core::decision::MAX_RELAYS)]
+    #[error("decision for {0:?} lists more than {max} relays or agents reached", max = crate::core::decision::MAX_RELAYS)]
     TooManyRelays(String),
 }
 
@@ -89,14 +89,23 @@ pub fn decision_from_wire(msg: v1::Decision) -> Result<Decision, WireError> {
         Ok(v1::Verdict::Deleted) => return Err(WireError::KeyOnDelete(raw_id())),
         Ok(v1::Verdict::Unspecified) | Err(_) => return Err(WireError::NoVerdict(raw_id())),
     };
-    if msg.relays.len() > crate::core::decision::MAX_RELAYS {
-        return Err(WireError::TooManyRelays(raw_id()));
+    let relays = names_from_wire(&msg.relays, &msg.minion)?;
+    let reached = names_from_wire(&msg.reached, &msg.minion)?;
+    Ok(Decision { id, verdict, version, context, relays, reached })
+}
+
+/// A decision's `relays` or `reached`: at most [`MAX_RELAYS`] node names.
+///
+/// [`MAX_RELAYS`]: crate::core::decision::MAX_RELAYS
+fn names_from_wire(names: &[String], id: &str) -> Result<Relays, WireError> {
+    if names.len() > crate::core::decision::MAX_RELAYS {
+        return Err(WireError::TooManyRelays(id.into()));
     }
-    let mut relays = Vec::with_capacity(msg.relays.len());
-    for name in &msg.relays {
-        relays.push(version_from_wire(v1::Version { hlc: 0, node: name.clone() }, &msg.minion)?.node);
+    let mut checked = Vec::with_capacity(names.len());
+    for name in names {
+        checked.push(version_from_wire(v1::Version { hlc: 0, node: name.clone() }, id)?.node);
     }
-    Ok(Decision { id, verdict, version, context, relays: Relays::new(relays) })
+    Ok(Relays::new(checked))
 }
 
 pub fn version_from_wire(msg: v1::Version, id: &str) -> Result<Version, WireError> {
@@ -127,6 +136,7 @@ pub fn decision_to_wire(decision: &Decision) -> v1::Decision {
         supersedes: decision.context.highest().map(version_to_wire),
         context: decision.context.iter().map(version_to_wire).collect(),
         relays: decision.relays.iter().map(str::to_string).collect(),
+        reached: decision.reached.iter().map(str::to_string).collect(),
     }
 }
 
@@ -343,6 +353,7 @@ mod tests {
             supersedes: None,
             context: Vec::new(),
             relays: Vec::new(),
+            reached: Default::default(),
         }
     }
 
@@ -359,6 +370,15 @@ mod tests {
         assert_eq!(decision.context.len(), 2);
         // Protocol-1 peers read the highest known version as `supersedes`.
         assert_eq!(decision_to_wire(&decision), v1::Decision { supersedes: Some(version(4, "master-c")), ..known });
+        // The agents it passed through and those it was pushed to.
+        let routed = v1::Decision {
+            relays: vec!["master-b".into()],
+            reached: vec!["master-c".into(), "master-d".into()],
+            ..accepted("web01")
+        };
+        let decision = decision_from_wire(routed.clone()).unwrap();
+        assert_eq!(decision.reached.iter().collect::<Vec<_>>(), ["master-c", "master-d"]);
+        assert_eq!(decision_to_wire(&decision), routed);
     }
 
     /// A protocol-1 peer's `supersedes` is its decision's whole context.
@@ -411,6 +431,9 @@ mod tests {
             (v1::Decision { context: vec![version(5, "master-b")], ..accepted("web01") }, "not older than"),
             (v1::Decision { supersedes: Some(version(9, "master-b")), ..accepted("web01") }, "not older than"),
             (v1::Decision { context: vec![version(1, "x"); MAX_CONTEXT + 1], ..accepted("web01") }, "more than"),
+            (v1::Decision { relays: vec!["x".into(); 17], ..accepted("web01") }, "more than 16 relays"),
+            (v1::Decision { reached: vec!["x".into(); 17], ..accepted("web01") }, "or agents reached"),
+            (v1::Decision { reached: vec!["../x".into()], ..accepted("web01") }, "invalid node name"),
         ];
         for (msg, want) in cases {
             let err = decision_from_wire(msg.clone()).unwrap_err().to_string();

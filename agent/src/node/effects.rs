@@ -6,9 +6,7 @@ use std::sync::Arc;
 
 use keysync_machine::core::merge::Conflict;
 use keysync_machine::node::{Applied, Event, Failure, Runtime, StoreWrite};
-use tokio::sync::broadcast;
 
-use super::Outgoing;
 use crate::core::{Decision, Entry, Folder, MinionId, Slots, Version};
 use crate::disk::audit::{AuditLog, Record};
 use crate::disk::pki::{drop_dfn, Owner, Pki};
@@ -27,7 +25,7 @@ pub struct Effects {
     pub(super) master_id: String,
     pub(super) audit: Arc<AuditLog>,
     pub(super) metrics: Arc<Metrics>,
-    pub(super) outgoing: broadcast::Sender<Arc<Outgoing>>,
+    pub(super) outgoing: super::outgoing::Channel,
     /// Records told and not written yet: written together at the end of
     /// each input (or every [`AUDIT_BATCH`]), not one `write()` each.
     pub(super) buffered: Vec<Record>,
@@ -148,7 +146,6 @@ impl Runtime for Effects {
         if decisions.is_empty() {
             return;
         }
-        // No receiver just means no peer is connected right now.
-        let _ = self.outgoing.send(Arc::new(Outgoing { from: except.cloned(), decisions }));
+        self.outgoing.send(except.cloned(), decisions);
     }
 }

@@ -210,6 +210,7 @@ mod tests {
             version: Version::new(1 << 41, "master-a"),
             context: Context::default(),
             relays: Relays::default(),
+            reached: Default::default(),
         };
         log_and_count(&Event::NotOurs { decision: forged, from: keysync_machine::testkit::peer("master-b") }, &metrics);
         assert!(metrics.encode().contains("keysync_decisions_refused_total 1"), "{}", metrics.encode());

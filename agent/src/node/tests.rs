@@ -44,6 +44,7 @@ fn accept(id: &str, at: u64, node: &str) -> Decision {
         version: Version::new(at << 16, node),
         context: Default::default(),
         relays: Default::default(),
+        reached: Default::default(),
     }
 }
 
@@ -61,7 +62,8 @@ fn reject(id: &str, at: u64, node: &str) -> Decision {
 fn queued_pushes_are_applied_together_and_answered_each() {
     let dir = tempfile::tempdir().unwrap();
     let (mut core, handle, mut queue) = core_in(dir.path());
-    let mut outgoing = handle.subscribe();
+    // The link to "d" follows what the node sends: every batch names it.
+    let mut outgoing = handle.follow(&keysync_machine::testkit::peer("d"));
     let now = wall_ms();
     let pushes = [
         ("c", vec![reject("web01", now - 10, "c"), accept("web03", now, "c")]),
@@ -91,7 +93,8 @@ fn queued_pushes_are_applied_together_and_answered_each() {
     let audit = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
     assert_eq!(audit.matches(r#""action":"conflict""#).count(), 1, "{audit}");
     let mut sent = Vec::new();
-    while let Ok(out) = outgoing.try_recv() {
+    while let Ok(out) = outgoing.receiver.try_recv() {
+        assert_eq!(out.pushing.iter().map(|p| p.as_str()).collect::<Vec<_>>(), ["d"]);
         let ids: Vec<String> = out.decisions.iter().map(|d| d.id.to_string()).collect();
         sent.push((out.from.clone().unwrap(), ids));
     }

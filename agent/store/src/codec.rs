@@ -117,7 +117,7 @@ pub fn decode_record(id: &str, bytes: &[u8]) -> Option<Record> {
         _ => return None,
     };
     let verdict = verdict_of(kind, rest)?;
-    let decision = Decision { id, verdict, version, context, relays: Relays::new(relays) };
+    let decision = Decision { id, verdict, version, context, relays: Relays::new(relays), reached: Relays::default() };
     Some(Record { decision, seen, mine })
 }
 
@@ -133,7 +133,7 @@ fn decode_layout_1(id: MinionId, bytes: &[u8]) -> Option<Decision> {
         rest = after;
     }
     let verdict = verdict_of(kind, rest)?;
-    Some(Decision { id, verdict, version, context, relays: Default::default() })
+    Some(Decision { id, verdict, version, context, relays: Default::default(), reached: Default::default() })
 }
 
 /// An untold conflict: the peer it came from, the id, winner and loser.
@@ -309,6 +309,7 @@ mod tests {
             version: Version::new(hlc, "a"),
             context: Context::new(context.iter().map(|&(h, n)| Version::new(h, n))),
             relays: Default::default(),
+            reached: Default::default(),
         }
     }
 
@@ -321,6 +322,7 @@ mod tests {
         let key = PublicKey::new(PUB.as_bytes());
         let held = Decision {
             relays: Relays::new(["master-b".into(), "master-c".into()]),
+            reached: Default::default(),
             ..decision(Verdict::Accepted(key.clone()), 9, &[(3, "b"), (4, "c")])
         };
         let seen =

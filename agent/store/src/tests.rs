@@ -16,6 +16,7 @@ fn decision(id: &str, verdict: Verdict, hlc: u64, knew: Option<Version>) -> Deci
         version: Version::new(hlc, "a"),
         context: Context::new(knew),
         relays: Default::default(),
+        reached: Default::default(),
     }
 }
 

@@ -162,6 +162,7 @@ fn wire_delete(minion: &str, hlc: u64, origin: &str, knew: Option<v1::Version>) 
         supersedes: None,
         context: knew.into_iter().collect(),
         relays: Vec::new(),
+        reached: Default::default(),
     }
 }
 

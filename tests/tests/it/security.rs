@@ -250,6 +250,7 @@ pub(crate) fn wire_accept(minion: &str, key: &str, hlc: u64) -> v1::Decision {
         supersedes: None,
         context: Vec::new(),
         relays: Vec::new(),
+        reached: Default::default(),
     }
 }
 

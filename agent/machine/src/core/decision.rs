@@ -129,12 +129,17 @@ pub struct Decision {
     /// excluded (as each forwarder reported it; only the last hop, the
     /// peer it came from, is authenticated here). Not part of the decision.
     pub relays: Relays,
+    /// The agents it has been pushed to on its way here, as the peer it
+    /// came from reported them: this node forwards it to none of them
+    /// (`link::pushes_to`). Not part of the decision, and not stored.
+    pub reached: Relays,
 }
 
 /// Most relays a decision lists (a path longer than any site).
 pub const MAX_RELAYS: usize = 16;
 
-/// The agents a decision passed through: provenance for the audit log.
+/// Names of agents a decision passed through (provenance for the audit
+/// log) or was pushed to (for forwarding), at most [`MAX_RELAYS`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Relays(Box<[Arc<str>]>);
 

@@ -100,6 +100,7 @@ mod tests {
             version: live(hlc, node),
             context: Context::new(knew.iter().map(|&(h, n)| live(h, n))),
             relays: Default::default(),
+            reached: Default::default(),
         }
     }
 

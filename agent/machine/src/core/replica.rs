@@ -250,7 +250,14 @@ impl Replica {
                 (Version::new(self.clock.tick(wall_ms), self.node.clone()), held.map(Entry::known).unwrap_or_default())
             }
         };
-        Some(Decision { id: id.clone(), verdict, version, context, relays: Default::default() })
+        Some(Decision {
+            id: id.clone(),
+            verdict,
+            version,
+            context,
+            relays: Default::default(),
+            reached: Default::default(),
+        })
     }
 
     /// A fresh version from this node, above every version seen (for an
@@ -480,6 +487,7 @@ mod tests {
             version: Version::new(Hlc::default().tick(now_ms + 2_000), "b"),
             context: Default::default(),
             relays: Default::default(),
+            reached: Default::default(),
         };
         let mut replica = Replica::new("a", Hlc::resume(0));
         replica.load(id(), peer.entry());
@@ -513,6 +521,7 @@ mod tests {
             version: Version::new(crate::core::version::CLAIM_CEILING + (9), "b"),
             context: Default::default(),
             relays: Default::default(),
+            reached: Default::default(),
         };
         let older = Decision {
             id: id(),
@@ -520,6 +529,7 @@ mod tests {
             version: Version::new(crate::core::version::CLAIM_CEILING + (5), "c"),
             context: Default::default(),
             relays: Default::default(),
+            reached: Default::default(),
         };
         replica.commit(&newer);
         let digests = replica.digests().clone();
@@ -566,6 +576,7 @@ mod tests {
             version: Version::new(crate::core::version::CLAIM_CEILING + (5 << 16), "b"),
             context: Default::default(),
             relays: Default::default(),
+            reached: Default::default(),
         };
         let from_c = Decision {
             id: id(),
@@ -573,6 +584,7 @@ mod tests {
             version: Version::new(crate::core::version::CLAIM_CEILING + (4 << 16), "c"),
             context: Default::default(),
             relays: Default::default(),
+            reached: Default::default(),
         };
         replica.commit(&from_b);
         replica.commit(&from_c);

@@ -9,7 +9,7 @@ const INTERVAL: Duration = Duration::from_secs(60);
 const AGAIN: Duration = Duration::from_secs(5);
 
 fn settings() -> LinkSettings {
-    LinkSettings { compare_chunk: 3, max_held_back: 10, push_chunk: 2, ..LinkSettings::new(INTERVAL, AGAIN) }
+    LinkSettings { compare_chunk: 3, push_chunk: 2, ..LinkSettings::new(INTERVAL, AGAIN) }
 }
 
 fn id(i: usize) -> MinionId {
@@ -27,6 +27,7 @@ fn decision(i: usize) -> Decision {
         version: Version::new(1 << 50, "master-c"),
         context: Default::default(),
         relays: Default::default(),
+        reached: Default::default(),
     }
 }
 
@@ -167,40 +168,69 @@ fn a_round_is_left_to_a_peer_fetching_from_this_node() {
     assert_eq!(names(&drain(&mut link)), ["Digests"]);
 }
 
+/// A round never holds a live push back, the session's first included:
+/// what the node sends during a Hello or while the link waits for an
+/// answer is pushed at once (a driver awaiting the answer takes it with
+/// `poll_push`), however much. Before, a round held it back until it was
+/// over, which with each decision pushed once, by its origin, was the
+/// peer's whole delay.
 #[test]
-fn what_the_node_sends_during_a_round_is_pushed_after_it_up_to_a_bound() {
+fn what_the_node_sends_during_a_round_is_pushed_at_once() {
+    let mut link = TestLink::new(settings());
+    assert_eq!(feed(&mut link, Input::Connected), ["Hello"]);
+    link.handle(Input::Outgoing { from_peer: false, n: 1, batch: 1 }, false);
+    assert_eq!(names(&drain(&mut link)), ["Push[1]"], "during the first Hello");
+    assert_eq!(feed(&mut link, Input::HelloDone), ["Digests"]);
+    assert_eq!(feed(&mut link, Input::Answer(Answer::Digests(Some(vec![1])))), ["Diff"]);
+    // Awaiting the Diff answer: pushed one at a time or queued together,
+    // never the peer's own.
+    link.handle(Input::Outgoing { from_peer: false, n: 1, batch: 2 }, false);
+    assert_eq!(link.poll_push(), Some(vec![2]));
+    assert_eq!(link.poll_push(), None);
+    link.handle(Input::Outgoing { from_peer: false, n: 5_000, batch: 3 }, false);
+    link.handle(Input::Outgoing { from_peer: true, n: 1, batch: 4 }, false);
+    link.handle(Input::Outgoing { from_peer: false, n: 1, batch: 5 }, false);
+    assert_eq!(link.poll_push(), Some(vec![3, 5]));
+    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![] };
+    assert_eq!(feed(&mut link, empty), ["Contact", "Agreed", "Report(0,0,0,0)", "Up", "Rearm60s"]);
+    // A later round, the timer's: the same.
+    assert_eq!(feed(&mut link, Input::Due), ["Hello"]);
+    link.handle(Input::Outgoing { from_peer: false, n: 1, batch: 6 }, false);
+    assert_eq!(link.poll_push(), Some(vec![6]));
+    assert_eq!(feed(&mut link, Input::HelloDone), ["Digests"]);
+    assert_eq!(feed(&mut link, Input::Answer(Answer::Digests(Some(vec![1])))), ["Diff"]);
+    link.handle(Input::Outgoing { from_peer: false, n: 1, batch: 7 }, false);
+    assert_eq!(link.poll_push(), Some(vec![7]));
+}
+
+/// When the node's outgoing stream falls behind during a round, what was
+/// dropped after the round's digests is found by another round, which
+/// follows at once and is never left to the peer; before the digests, the
+/// round itself finds it.
+#[test]
+fn a_lag_during_a_round_brings_another_after_it() {
     let mut link = TestLink::new(settings());
     to_diff(&mut link);
-    for (batch, n) in [(1, 3), (2, 4), (3, 3)] {
-        link.handle(Input::Outgoing { from_peer: false, n, batch }, false);
-    }
-    link.handle(Input::Outgoing { from_peer: true, n: 50, batch: 4 }, false);
-    assert_eq!(drain(&mut link).len(), 0, "held back");
+    link.handle(Input::Lagged, true);
+    let first = Input::DiffChunk { buckets: vec![4], summaries: summaries(0..1) };
+    assert_eq!(feed(&mut link, first), ["Begin[4]"]);
+    assert_eq!(feed(&mut link, Input::Answer(Answer::Checked(Ok(())))), ["ReadDiff"]);
+    assert_eq!(feed(&mut link, Input::DiffEnd), ["Compare1"]);
+    assert_eq!(feed(&mut link, Input::Answer(Answer::Checked(Ok(())))), ["Contact", "End"]);
+    let compared = Compared { n_newer_there: 0, newer_here: vec![], full: false };
+    assert_eq!(feed(&mut link, Input::Answer(Answer::Compared(Ok(compared)))), ["Next"]);
+    assert_eq!(feed(&mut link, Input::Answer(Answer::Next(None))), ["Report(1,0,0,0)", "Digests"]);
+    assert_eq!(feed(&mut link, Input::Answer(Answer::Digests(Some(vec![])))), ["Diff"]);
     let empty = Input::DiffChunk { buckets: vec![], summaries: vec![] };
-    assert_eq!(feed(&mut link, empty), ["Contact", "Agreed", "Report(0,0,0,0)", "Push[1, 2, 3]", "Up", "Rearm60s"]);
+    assert_eq!(feed(&mut link, empty), ["Contact", "Agreed", "Report(0,0,0,0)", "Up", "Rearm60s"]);
 
-    // Past max_held_back (10), nothing is kept: another round, not to be left.
-    feed(&mut link, Input::Due);
-    feed(&mut link, Input::HelloDone);
-    link.handle(Input::Outgoing { from_peer: false, n: 6, batch: 5 }, false);
-    link.handle(Input::Outgoing { from_peer: false, n: 6, batch: 6 }, false);
-    link.handle(Input::Answer(Answer::Digests(Some(vec![]))), true);
-    let out = drain(&mut link);
-    assert_eq!(names(&out), ["Diff"]);
-    link.handle(Input::DiffChunk { buckets: vec![], summaries: vec![] }, true);
-    assert_eq!(names(&drain(&mut link)), ["Contact", "Agreed", "Report(0,0,0,0)", "Digests"]);
+    // During the Hello, before the digests: the round that follows finds it.
+    assert_eq!(feed(&mut link, Input::Due), ["Hello"]);
+    link.handle(Input::Lagged, false);
+    assert_eq!(feed(&mut link, Input::HelloDone), ["Digests"]);
     assert_eq!(feed(&mut link, Input::Answer(Answer::Digests(Some(vec![])))), ["Diff"]);
     let empty = Input::DiffChunk { buckets: vec![], summaries: vec![] };
     assert_eq!(feed(&mut link, empty), ["Contact", "Agreed", "Report(0,0,0,0)", "Rearm60s"]);
-
-    // A lag during a round drops what was held, too.
-    feed(&mut link, Input::Due);
-    feed(&mut link, Input::HelloDone);
-    link.handle(Input::Outgoing { from_peer: false, n: 1, batch: 7 }, false);
-    link.handle(Input::Lagged, false);
-    feed(&mut link, Input::Answer(Answer::Digests(Some(vec![]))));
-    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![] };
-    assert_eq!(feed(&mut link, empty), ["Contact", "Agreed", "Report(0,0,0,0)", "Digests"]);
 }
 
 #[test]
@@ -298,4 +328,32 @@ fn a_decision_is_never_pushed_to_its_origin_or_back_along_its_path() {
     for (to, pushed) in [("master-c", false), ("master-d", false), ("master-e", false), ("master-f", true)] {
         assert_eq!(pushes_to(&relayed, &peer(to)), pushed, "to {to}");
     }
+}
+
+/// Each decision crosses each link once. Its origin names every peer it
+/// pushes to in `reached`; a receiver forwards it only to peers outside
+/// that list, its origin and its relays: in a full mesh, to none. In a
+/// partial mesh it goes on, each hop naming the peers it adds. A decision
+/// from an older agent names none: its receiver forwards it as before.
+#[test]
+fn a_decision_reaches_each_peer_once() {
+    use crate::core::Relays;
+    use crate::testkit::peer;
+    let names = |r: &Relays| r.iter().map(str::to_string).collect::<Vec<_>>();
+    let (b, c, d) = (peer("master-b"), peer("master-c"), peer("master-d"));
+    // master-a made it; its links to b, c and d follow its outgoing decisions.
+    let made = Decision { version: Version::new(1 << 50, "master-a"), ..decision(1) };
+    let sent = Decision { reached: reached(&made, &[b.clone(), c.clone(), d.clone()]), ..made.clone() };
+    assert_eq!(names(&sent.reached), ["master-b", "master-c", "master-d"]);
+    // At master-b (it came from a, its origin): forwarded to nobody.
+    for to in [&c, &d] {
+        assert!(!pushes_to(&sent, to), "b pushes it to {to:?}");
+    }
+    // A partial mesh: a reached only b; b forwards to c and d, naming them.
+    let sent = Decision { reached: reached(&made, std::slice::from_ref(&b)), ..made.clone() };
+    assert!(pushes_to(&sent, &c) && pushes_to(&sent, &d));
+    let onward = reached(&sent, &[peer("master-a"), c.clone(), d.clone()]);
+    assert_eq!(names(&onward), ["master-b", "master-c", "master-d"], "not its origin, named apart");
+    // From an agent that names no one: forwarded to every peer but its origin.
+    assert!(pushes_to(&made, &c) && pushes_to(&made, &d) && !pushes_to(&made, &peer("master-a")));
 }

@@ -320,7 +320,8 @@ impl Node {
         context.join(&held.decision.context);
         context.add(&held.decision.version);
         let version = self.replica.next_version(now.wall_ms);
-        let decision = Decision { id, verdict, version, context, relays: Default::default() };
+        let decision =
+            Decision { id, verdict, version, context, relays: Default::default(), reached: Default::default() };
         Merged {
             decision,
             holds: true,

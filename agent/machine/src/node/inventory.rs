@@ -106,6 +106,7 @@ mod tests {
             version,
             context: Context::default(),
             relays: Default::default(),
+            reached: Default::default(),
         }
     }
 

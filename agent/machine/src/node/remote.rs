@@ -532,6 +532,7 @@ impl Node {
                 version: decision.version.clone(),
                 context: decision.context.clone(),
                 relays: Default::default(),
+                reached: Default::default(),
             }),
             Some(shows) if !unsure && before.as_ref().is_some_and(|b| b.agrees_with(shows)) => None,
             Some(shows) => Some(self.materialize(decision, shows, rt)),
@@ -571,6 +572,7 @@ impl Node {
             version: shows.version.clone(),
             context: shows.context.clone(),
             relays: Default::default(),
+            reached: Default::default(),
         }
     }
 

@@ -458,14 +458,24 @@ impl Node {
 
     /// Applies what a fetch of `ids` from `peer` brought, and releases the
     /// ids' claims; returns how many were applied.
+    ///
+    /// What a round brings is not forwarded: the other peers hold it, or
+    /// their own rounds find it. (Forwarded, a joining master would push
+    /// its whole catch-up from one peer to every other, which holds it.)
+    /// Each decision counts as having reached the whole site.
     pub fn repair_fetched(
         &mut self,
         peer: &PeerName,
         ids: &[MinionId],
-        decisions: Vec<Decision>,
+        mut decisions: Vec<Decision>,
         now: Now,
         rt: &mut impl Runtime,
     ) -> u32 {
+        let site = &self.settings.masters;
+        let everyone = crate::core::Relays::new(site.iter().chain(Some(&self.settings.node)).cloned());
+        for decision in &mut decisions {
+            decision.reached = everyone.clone();
+        }
         let n_applied = self.on_batches(vec![(peer.clone(), decisions)], now, rt).first().copied().unwrap_or(0);
         self.release(peer, ids);
         n_applied

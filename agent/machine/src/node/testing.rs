@@ -142,6 +142,12 @@ impl Stored {
     }
 }
 
+/// A decision as a store keeps it: without the agents it was pushed to on
+/// its way (`reached`), which only its forwarding needed.
+fn unrouted(decision: &Decision) -> Decision {
+    Decision { reached: Default::default(), ..decision.clone() }
+}
+
 impl MemoryStore {
     /// A new store made at wall-clock `now_ms` (it starts afresh then, as
     /// the agent's store does; [`MemoryStore::default`] says nothing, as a
@@ -153,7 +159,7 @@ impl MemoryStore {
     /// Notes decisions about to be applied.
     pub fn journal(&mut self, decisions: &[Decision]) {
         for d in decisions {
-            self.journal.insert(d.id.clone(), d.clone());
+            self.journal.insert(d.id.clone(), unrouted(d));
         }
     }
 
@@ -162,7 +168,7 @@ impl MemoryStore {
         let kept = |id: &MinionId| write.kept.iter().find(|k| k.id == *id);
         for d in write.decisions {
             let (seen, mine) = kept(&d.id).map(|k| (k.seen.clone(), k.mine.clone())).unwrap_or_default();
-            let old = self.decisions.insert(d.id.clone(), Stored { held: d.clone(), seen, mine });
+            let old = self.decisions.insert(d.id.clone(), Stored { held: unrouted(d), seen, mine });
             // A claim no longer held is still known.
             if let Some(old) = old.filter(|old| old.held.version.is_claim() && old.held.version != d.version) {
                 self.claims.insert((d.id.clone(), old.held.version.clone()), old.held);
@@ -170,7 +176,7 @@ impl MemoryStore {
             self.claims.remove(&(d.id.clone(), d.version.clone()));
         }
         for claim in write.claims {
-            self.claims.insert((claim.id.clone(), claim.version.clone()), claim.clone());
+            self.claims.insert((claim.id.clone(), claim.version.clone()), unrouted(claim));
         }
         for k in write.kept {
             if let Some(stored) = self.decisions.get_mut(&k.id) {
@@ -200,7 +206,8 @@ impl MemoryStore {
         // commit is not held (the machine settles only what its guard no
         // longer holds).
         for held in write.held {
-            self.held.insert(held.decision.id.clone(), held.clone());
+            let held = super::HeldDelete { decision: unrouted(&held.decision), ..held.clone() };
+            self.held.insert(held.decision.id.clone(), held);
         }
         for id in write.unheld {
             self.held.remove(id);

@@ -58,6 +58,7 @@ fn decision(verdict: Verdict, ms: u64, origin: &str, knew: &[Version]) -> Decisi
         version: Version::new(ms << 16, origin),
         context: Context::new(knew.iter().cloned()),
         relays: Relays::default(),
+        reached: Default::default(),
     }
 }
 
@@ -122,6 +123,27 @@ fn a_forwarded_decision_names_the_peers_it_came_through() {
     let (except, sent) = rt.sent.last().unwrap();
     assert_eq!(except.as_deref(), Some("master-a"));
     assert_eq!(sent[0].relays.iter().collect::<Vec<_>>(), ["master-b", "master-a"], "forwarded with its path");
+}
+
+/// What a round brings is applied and not forwarded: it counts as having
+/// reached the whole site, whose masters hold it or find it by their own
+/// rounds. (Forwarded, a joining master pushed its whole catch-up from one
+/// peer to every other.) What a peer pushes is forwarded.
+#[test]
+fn what_a_round_brings_is_not_forwarded() {
+    let mut rt = Recorder::default();
+    let mut c = node("master-c", &mut rt);
+    let fetched = decision(Verdict::Accepted(key("mwIDAQAB")), NOW_MS - 10, "master-d", &[]);
+    let ids = [fetched.id.clone()];
+    assert_eq!(c.repair_fetched(&peer("master-a"), &ids, vec![fetched], now(), &mut rt), 1);
+    let (_, sent) = rt.sent.last().expect("handed to the links");
+    for to in ["master-a", "master-b", "master-d", "master-x"] {
+        assert!(!crate::link::pushes_to(&sent[0], &peer(to)), "pushed to {to}");
+    }
+    let pushed = decision(Verdict::Rejected(key("mwIDAQAB")), NOW_MS - 5, "master-d", &[]);
+    assert_eq!(push(&mut c, &mut rt, "master-a", vec![pushed]), 1);
+    let (_, sent) = rt.sent.last().unwrap();
+    assert!(crate::link::pushes_to(&sent[0], &peer("master-b")), "a push goes on");
 }
 
 mod afresh;
@@ -325,6 +347,7 @@ fn a_joiners_links_share_the_repair_and_bring_everything() {
         version: Version::new(ms << 16, "master-d"),
         context: Context::default(),
         relays: Relays::default(),
+        reached: Default::default(),
     };
     // Two peers holding the same n decisions, made on a fourth master.
     let (mut rt_a, mut rt_b, mut rt_c) = (Recorder::default(), Recorder::default(), Recorder::default());

@@ -200,7 +200,14 @@ pub fn at(t: u64, node: &str) -> Version {
 }
 
 pub fn decision(id: &MinionId, verdict: Verdict, version: Version) -> Decision {
-    Decision { id: id.clone(), verdict, version, context: Context::default(), relays: Relays::default() }
+    Decision {
+        id: id.clone(),
+        verdict,
+        version,
+        context: Context::default(),
+        relays: Relays::default(),
+        reached: Relays::default(),
+    }
 }
 
 pub fn accepted(id: &MinionId, key: &PublicKey, t: u64, node: &str) -> Decision {

@@ -159,7 +159,7 @@ fn masters_converge_under_chaos() {
          lost 0, stale 0, resurrected 0, never applied 0; {} conflicts told, 0 missed, 0 duplicated; \
          audit records: {} conflicts and {} held deletes' ends recorded once, 0 unaudited; \
          propagation p50 {} ms, p99 {} ms, max {} ms (virtual); \
-         {} messages dropped, {} duplicated, {} lost to a down or partitioned node, {} link timeouts, {} rounds, {} lags, {} grouped arrivals, {} decisions pushed live; \
+         {} messages dropped, {} duplicated, {} lost to a down or partitioned node, {} link timeouts, {} rounds, {} lags, {} grouped arrivals, {} decisions pushed live, {} partial meshes; \
          {} kills between inputs, {} inside one, {} full disks, {} partitions, {} inotify overflows; {} .dfn drops; \
          guard: {} mass deletes, {} bursts held, {} held deletes released and {} reverted by operators, \
          {} settled otherwise, 0 lost or applied unreleased; \
@@ -183,6 +183,7 @@ fn masters_converge_under_chaos() {
         t.lagged,
         t.grouped,
         t.pushed,
+        t.partial_meshes,
         t.crashes,
         t.kills_mid_input,
         t.full_disks,
@@ -218,6 +219,8 @@ pub(crate) struct Stats {
     grouped: u64,
     /// Decisions in the links' live pushes (not a round's).
     pub(crate) pushed: u64,
+    /// Seeds whose masters were not all peers of each other.
+    pub(crate) partial_meshes: u64,
     crashes: u64,
     kills_mid_input: u64,
     full_disks: u64,
@@ -251,6 +254,7 @@ impl Stats {
         self.lagged += o.lagged;
         self.grouped += o.grouped;
         self.pushed += o.pushed;
+        self.partial_meshes += o.partial_meshes;
         self.crashes += o.crashes;
         self.kills_mid_input += o.kills_mid_input;
         self.full_disks += o.full_disks;

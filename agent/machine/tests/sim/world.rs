@@ -105,6 +105,12 @@ pub(crate) enum Event {
         peer: usize,
         session: u64,
     },
+    /// A link's push was lost: its stream, and the session, failed.
+    PushLost {
+        node: usize,
+        peer: usize,
+        session: u64,
+    },
     Timeout {
         node: usize,
         peer: usize,
@@ -248,6 +254,10 @@ pub(crate) struct Sim {
     reliable: bool,
     /// The active partition: its number and each node's side.
     partition: Option<(u64, Vec<bool>)>,
+    /// Which masters have each other as peers: all of them, or for some
+    /// seeds a connected partial mesh (a ring and some chords), where a
+    /// decision reaches most masters by forwarding.
+    linked: Vec<Vec<bool>>,
     n_partitions: u64,
     final_at: Option<u64>,
     /// Every decision made durable on its origin, per id.
@@ -322,6 +332,7 @@ impl Sim {
         }
         // Sometimes the highest-named master joins late with the folders it had at the start.
         let joiner = (n_nodes >= 4 && rng.percent(50)).then_some(n_nodes - 1);
+        let linked = mesh(&mut rng, n_nodes);
         let mut sim = Sim {
             rng,
             now: 0,
@@ -333,6 +344,7 @@ impl Sim {
             chaos: true,
             reliable: false,
             partition: None,
+            linked,
             n_partitions: 0,
             final_at: None,
             made: BTreeMap::new(),
@@ -350,6 +362,10 @@ impl Sim {
             sim.schedule(at, Event::Join { node });
         }
         trace!(sim, "seed {seed}: {n_nodes} masters {:?}", sim.nodes.iter().map(|n| n.salt).collect::<Vec<_>>());
+        if sim.linked.iter().flatten().filter(|&&peers| !peers).count() > n_nodes {
+            sim.stats.partial_meshes += 1;
+            trace!(sim, "partial mesh: {:?}", sim.linked);
+        }
         sim.schedule(100, Event::Operator);
         sim.schedule(1_000, Event::Fault);
         sim.schedule(CHAOS_MS, Event::Calm);
@@ -432,6 +448,7 @@ impl Sim {
             Event::Due { node, peer, timer } => self.due(node, peer, timer),
             Event::Pump { node, peer } => self.scheduled_pump(node, peer),
             Event::Broken { node, peer, session } => self.broken(node, peer, session),
+            Event::PushLost { node, peer, session } => self.push_lost(node, peer, session),
             Event::Timeout { node, peer, req } => self.timeout(node, peer, req),
             Event::Arrive { node, epoch } => self.arrive(node, epoch),
             Event::Fault => self.fault(),
@@ -606,6 +623,7 @@ fn event_kind(event: &Event) -> (u8, usize, usize) {
         Event::Pump { node, peer } => (23, *node, *peer),
         Event::Broken { node, peer, .. } => (24, *node, *peer),
         Event::Arrive { node, .. } => (25, *node, 0),
+        Event::PushLost { node, peer, .. } => (26, *node, *peer),
         Event::Fault => (12, 0, 0),
         Event::Restart { node, .. } => (13, *node, 0),
         Event::Join { node } => (14, *node, 0),
@@ -638,4 +656,20 @@ fn runtime_of<'a>(n: &'a mut SimNode, rng: &'a mut crate::model::Rng) -> SimRunt
         rng,
         in_flight: &n.in_flight,
     }
+}
+
+/// Which masters are peers of which: a full mesh, or for a third of the
+/// seeds of four masters or more a ring with each chord kept at even odds.
+fn mesh(rng: &mut Rng, n: usize) -> Vec<Vec<bool>> {
+    let partial = n >= 4 && rng.percent(33);
+    let mut linked = vec![vec![!partial; n]; n];
+    if partial {
+        let pairs = (0..n).flat_map(|a| (a + 1..n).map(move |b| (a, b)));
+        for (a, b) in pairs {
+            let ring = b == a + 1 || (a == 0 && b == n - 1);
+            let kept = ring || rng.percent(50);
+            (linked[a][b], linked[b][a]) = (kept, kept);
+        }
+    }
+    linked
 }

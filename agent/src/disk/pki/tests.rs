@@ -32,6 +32,7 @@ fn decision(verdict: Verdict) -> Decision {
         version: Version::new(1, "a"),
         context: Default::default(),
         relays: Default::default(),
+        reached: Default::default(),
     }
 }
 
@@ -182,6 +183,7 @@ fn a_large_batch_is_written_by_several_writers_in_order() {
             version: Version::new(1, "a"),
             context: Default::default(),
             relays: Default::default(),
+            reached: Default::default(),
         })
         .collect();
     // One of them finds a different key pending: reported at its own place.
@@ -412,6 +414,7 @@ fn a_changed_key_mode_applies_to_the_next_writes() {
         version: crate::core::Version::new(1 << 50, "a"),
         context: Default::default(),
         relays: Default::default(),
+        reached: Default::default(),
     };
     pki.apply(&decision).unwrap();
     let mode = std::fs::metadata(dir.path().join("minions/web01")).unwrap().permissions().mode();

@@ -11,6 +11,7 @@ fn delete(name: &str, origin: &str, ms: u64) -> Decision {
         version: Version::new(ms << 16, origin),
         context: Context::default(),
         relays: Relays::default(),
+        reached: Default::default(),
     }
 }
 

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// How long after a lost push its session fails.
+const PUSH_LOST_MS: u64 = 2_000;
+
 impl Sim {
     pub(crate) fn send(&mut self, from: usize, to: usize, msg: Msg) {
         if self.partition.as_ref().is_some_and(|(_, side)| side[from] != side[to]) {
@@ -11,6 +14,13 @@ impl Sim {
         }
         if !self.reliable && self.rng.percent(DROP_PCT) {
             self.stats.dropped += 1;
+            if matches!(msg, Msg::Push(_)) {
+                // A push is never lost alone: its stream breaks, and the
+                // session fails (at the keep-alive's timeout), as the
+                // agent's would over a broken connection.
+                let session = self.nodes[from].links[to].session();
+                self.schedule(self.now + PUSH_LOST_MS, Event::PushLost { node: from, peer: to, session });
+            }
             return;
         }
         let at = self.now + self.rng.between(1, 30);

@@ -10,9 +10,10 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 
 use keysync_machine::core::Decision;
-use keysync_machine::link::{pushes_to, Answer, Call, Input, Link, LinkSettings, Out};
+use keysync_machine::link::{pushes_to, reached, Answer, Call, Input, Link, LinkSettings, Out};
 use keysync_machine::node::Summaries;
 use keysync_machine::testkit::peer as named;
+use keysync_machine::PeerName;
 
 use super::*;
 
@@ -25,8 +26,10 @@ const MAX_BACKOFF_MS: u64 = 2_000;
 /// Batches a link misses because the node's outgoing channel overflowed.
 const LAG_PCT: u64 = 2;
 
-/// A batch of a node's outgoing decisions, as its links hold it.
-pub(crate) type Batch = Rc<Vec<Decision>>;
+/// A batch of a node's outgoing decisions, as its links hold it, with the
+/// peers whose links followed them when they were sent (as the agent's
+/// `node/outgoing.rs` lists them).
+pub(crate) type Batch = Rc<(Vec<Decision>, Vec<PeerName>)>;
 
 pub(crate) struct SimLink {
     machine: Link<Batch>,
@@ -52,7 +55,6 @@ impl SimLink {
         let interval = Duration::from_millis(rng.between(4_000, 8_000));
         let settings = LinkSettings {
             compare_chunk: rng.between(1, 10) as usize,
-            max_held_back: rng.between(2, 40) as usize,
             push_chunk: rng.between(1, 10) as usize,
             ..LinkSettings::new(interval, Duration::from_millis(FETCHING_MS))
         };
@@ -80,7 +82,7 @@ impl SimLink {
 impl Sim {
     fn reachable(&self, a: usize, b: usize) -> bool {
         let same_side = self.partition.as_ref().is_none_or(|(_, side)| side[a] == side[b]);
-        self.nodes[a].up() && self.nodes[b].up() && same_side
+        self.linked[a][b] && self.nodes[a].up() && self.nodes[b].up() && same_side
     }
 
     /// Whether `peer` fetched from `node` lately (in a round of its own).
@@ -95,7 +97,7 @@ impl Sim {
 
     /// A connection attempt of `node`'s link to `peer`.
     pub(crate) fn connect(&mut self, node: usize, peer: usize, session: u64) {
-        if !self.nodes[node].up() || self.nodes[node].links[peer].session != session {
+        if !self.nodes[node].up() || self.nodes[node].links[peer].session != session || !self.linked[node][peer] {
             return;
         }
         let reachable = self.reachable(node, peer);
@@ -136,6 +138,13 @@ impl Sim {
         }
     }
 
+    /// A push of this session was lost: the session fails.
+    pub(crate) fn push_lost(&mut self, node: usize, peer: usize, session: u64) {
+        if self.nodes[node].links[peer].session == session {
+            self.fail_link(node, peer);
+        }
+    }
+
     /// Every link of `node` whose session runs starts a round now.
     pub(crate) fn anti_entropy(&mut self, node: usize) {
         if !self.nodes[node].up() {
@@ -163,18 +172,21 @@ impl Sim {
         except: Option<keysync_machine::PeerName>,
         decisions: Vec<Decision>,
     ) {
-        let batch: Batch = Rc::new(decisions);
-        for peer in 0..self.nodes.len() {
-            if peer == node || !self.nodes[node].links[peer].machine.is_up() {
-                continue;
-            }
+        // Every link whose session runs gets the batch (or lags, and runs a
+        // round), as every link following the agent's channel does.
+        let following: Vec<usize> = (0..self.nodes.len())
+            .filter(|&peer| peer != node && self.nodes[node].links[peer].machine.is_up())
+            .collect();
+        let pushing = following.iter().map(|&peer| named(&self.nodes[peer].name)).collect();
+        let batch: Batch = Rc::new((decisions, pushing));
+        for peer in following {
             let from_peer = except.as_deref() == Some(self.nodes[peer].name.as_str());
             if !self.reliable && self.rng.percent(LAG_PCT) {
                 // The node's outgoing channel overflowed before the link read it.
                 self.stats.lagged += 1;
                 self.handle_link(node, peer, Input::Lagged);
             } else {
-                self.handle_link(node, peer, Input::Outgoing { from_peer, n: batch.len(), batch: batch.clone() });
+                self.handle_link(node, peer, Input::Outgoing { from_peer, n: batch.0.len(), batch: batch.clone() });
             }
             let link = &mut self.nodes[node].links[peer];
             if !link.pump_scheduled {
@@ -231,8 +243,11 @@ impl Sim {
                 }
                 Out::Push(batches) => {
                     let to = named(&self.nodes[peer].name);
-                    let all = batches.iter().flat_map(|b| b.iter());
-                    let decisions: Vec<Decision> = all.filter(|d| pushes_to(d, &to)).cloned().collect();
+                    let all = batches.iter().flat_map(|b| b.0.iter().map(move |d| (d, &b.1)));
+                    let decisions: Vec<Decision> = all
+                        .filter(|(d, _)| pushes_to(d, &to))
+                        .map(|(d, pushing)| Decision { reached: reached(d, pushing), ..d.clone() })
+                        .collect();
                     self.stats.pushed += decisions.len() as u64;
                     if !decisions.is_empty() {
                         self.send(node, peer, Msg::Push(decisions));
