@@ -77,6 +77,13 @@ pub struct Settler {
     unsettled: HashMap<String, Unsettled>,
     /// `tmpXXXXXXXX` files created and not yet gone: a 3008 salt-key is mid-way.
     tmp_in_flight: HashSet<(Folder, String)>,
+    /// Since a recheck (events lost, or not heard before a start-up) and
+    /// until it settles, every name counts as unsettled, as a disappearance
+    /// does: a salt-key run whose removal of an id was among the events
+    /// lost may be working on an id that no folder lists and the node does
+    /// not hold (a pending key). Nothing names that id to the recheck, yet
+    /// a peer's decision for it must not be written mid-run.
+    unheard: Option<Unsettled>,
 }
 
 /// Salt 3008 writes keys through `tempfile.mkstemp(dir=folder)`: "tmp" and
@@ -147,25 +154,23 @@ impl Settler {
     /// progress: each `tmpXXXXXXXX` file `listed` counts as one in flight
     /// (its events may be among those lost). Reading at once could catch a
     /// Salt 3008 run between removing an id from every folder and renaming
-    /// its key into place: a false delete.
+    /// its key into place: a false delete. Until the recheck has settled,
+    /// every other name counts as unsettled too ([`Settler::is_unsettled`]):
+    /// the run may be on an id nothing named here.
     pub fn recheck<'a>(
         &mut self,
         listed: &[(Folder, String)],
         recheck: impl IntoIterator<Item = &'a str>,
         now: Instant,
     ) {
-        // The listing is what the folders hold now: a temporary file that is
-        // not in it is gone, its disappearance perhaps among the events lost.
-        // Kept in flight, it would hold every disappearance until `max_hold`.
-        let listed_tmp: HashSet<(Folder, &str)> = listed
-            .iter()
-            .filter(|(_, name)| looks_like_salt_tmp(name))
-            .map(|(folder, name)| (*folder, name.as_str()))
-            .collect();
-        self.tmp_in_flight.retain(|(folder, name)| listed_tmp.contains(&(*folder, name.as_str())));
-        for (folder, name) in listed.iter().filter(|(_, name)| looks_like_salt_tmp(name)) {
-            self.on_event(*folder, name, FsChange::Written, now);
-        }
+        self.note_listed(listed, now);
+        let unheard = self.unheard.get_or_insert_with(|| Unsettled {
+            due: now,
+            since: now,
+            writing: HashSet::new(),
+            absent_only: true,
+        });
+        unheard.due = unheard.due.max(now + self.timings.absent_grace);
         for name in recheck {
             if !name.starts_with('.') && !looks_like_salt_tmp(name) {
                 // No folder: only its disappearance grace and the tmp files matter.
@@ -180,6 +185,24 @@ impl Settler {
         }
     }
 
+    /// A listing of the folders: each `tmpXXXXXXXX` file in it counts as a
+    /// salt-key run in flight, and no other (their events may have been
+    /// lost, or not heard before a start-up).
+    pub fn note_listed(&mut self, listed: &[(Folder, String)], now: Instant) {
+        // The listing is what the folders hold now: a temporary file that is
+        // not in it is gone, its disappearance perhaps among the events lost.
+        // Kept in flight, it would hold every disappearance until `max_hold`.
+        let listed_tmp: HashSet<(Folder, &str)> = listed
+            .iter()
+            .filter(|(_, name)| looks_like_salt_tmp(name))
+            .map(|(folder, name)| (*folder, name.as_str()))
+            .collect();
+        self.tmp_in_flight.retain(|(folder, name)| listed_tmp.contains(&(*folder, name.as_str())));
+        for (folder, name) in listed.iter().filter(|(_, name)| looks_like_salt_tmp(name)) {
+            self.on_event(*folder, name, FsChange::Written, now);
+        }
+    }
+
     /// Whether a salt-key run (a `tmpXXXXXXXX` file) is known to be in progress.
     pub fn tmp_in_flight(&self) -> bool {
         !self.tmp_in_flight.is_empty()
@@ -187,7 +210,7 @@ impl Settler {
 
     /// When the next name may become ready, for the driver's timer.
     pub fn next_due(&self) -> Option<Instant> {
-        self.unsettled.values().map(|u| self.effective_due(u)).min()
+        self.unsettled.values().chain(&self.unheard).map(|u| self.effective_due(u)).min()
     }
 
     fn effective_due(&self, unsettled: &Unsettled) -> Instant {
@@ -207,7 +230,12 @@ impl Settler {
         for name in &due {
             self.unsettled.remove(name);
         }
-        if self.unsettled.is_empty() {
+        if self.unheard.as_ref().is_some_and(|u| self.effective_due(u) <= now) {
+            // Nothing of its own to read: the names it stood for are read
+            // as their own events or the recheck's names settle.
+            self.unheard = None;
+        }
+        if self.is_idle() {
             // A temporary file that was never seen going must not hold
             // future deletes back forever.
             self.tmp_in_flight.clear();
@@ -220,13 +248,15 @@ impl Settler {
         due
     }
 
-    /// Whether events for `name` are still being collected (a rescan leaves it alone).
+    /// Whether events for `name` are still being collected (a rescan leaves
+    /// it alone, a peer's decision for it waits), or a recheck has not
+    /// settled yet, which holds every name.
     pub fn is_unsettled(&self, name: &str) -> bool {
-        self.unsettled.contains_key(name)
+        self.unheard.is_some() || self.unsettled.contains_key(name)
     }
 
     pub fn is_idle(&self) -> bool {
-        self.unsettled.is_empty()
+        self.unsettled.is_empty() && self.unheard.is_none()
     }
 }
 
@@ -312,6 +342,33 @@ mod tests {
     #[test]
     fn agent_staging_files_are_ignored() {
         assert!(check(&[(0, Accepted, ".web01.keysync", Written)], 100).is_empty());
+    }
+
+    /// After lost events an id nothing named (a pending key whose removal
+    /// was lost) counts as unsettled until the recheck has settled: after
+    /// the disappearance grace, or once the salt-key run seen meanwhile is
+    /// over.
+    #[test]
+    fn a_recheck_holds_every_name_until_it_settles() {
+        let start = Instant::now();
+        let at = |t: u64| start + ms(t);
+        let mut quiet = Settler::new(SettleTimings::default());
+        quiet.recheck(&[], std::iter::empty(), at(0));
+        assert!(quiet.is_unsettled("web01") && !quiet.is_idle());
+        assert_eq!(quiet.next_due(), Some(at(40)));
+        assert!(quiet.take_due(at(39)).is_empty() && quiet.is_unsettled("web01"));
+        assert!(quiet.take_due(at(40)).is_empty(), "nothing of its own to read");
+        assert!(!quiet.is_unsettled("web01") && quiet.is_idle());
+
+        let mut run = Settler::new(SettleTimings::default());
+        run.recheck(&[], std::iter::empty(), at(0));
+        run.on_event(Accepted, "tmpq0x8lbn2", Written, at(1));
+        run.on_event(Accepted, "tmpq0x8lbn2", Closed, at(300));
+        assert!(run.take_due(at(600)).is_empty() && run.is_unsettled("web01"), "the run is in flight");
+        run.on_event(Accepted, "tmpq0x8lbn2", Gone, at(601));
+        run.on_event(Accepted, "web01", MovedIn, at(601));
+        assert_eq!(run.take_due(at(601)), ["web01"]);
+        assert!(!run.is_unsettled("web02"));
     }
 
     #[test]

@@ -62,7 +62,8 @@ pub enum Event {
     /// the first few; `first`: one id).
     UnknownOrigins { from: PeerName, n: usize, n_origins: usize, origins: Vec<Arc<str>>, first: MinionId },
     /// A peer's decision for an id whose own events are still settling (a
-    /// salt-key run in progress here): merged once they have settled.
+    /// salt-key run in progress here), or for any id while the folders are
+    /// read again after lost events: merged once they have settled.
     Deferred { id: MinionId, from: PeerName },
     /// A peer's decision older than the one held.
     Superseded { decision: Decision, from: PeerName, held: Version },

@@ -214,7 +214,7 @@ impl Node {
         let mode = if self.start == Start::FirstUnrecorded { ObserveMode::FirstStart } else { ObserveMode::Live };
         // A salt-key run's temporary file is read once settled, never now.
         if listed.iter().any(|(_, name)| looks_like_salt_tmp(name) && !self.settler.is_unsettled(name)) {
-            self.settler.recheck(&listed, std::iter::empty(), now.mono);
+            self.settler.note_listed(&listed, now.mono);
         }
         let names: Vec<String> = names.into_iter().filter(|name| !self.settler.is_unsettled(name)).collect();
         let decisions: Vec<Decision> = names.iter().filter_map(|name| self.observe_name(name, mode, now, rt)).collect();

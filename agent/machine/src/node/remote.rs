@@ -198,7 +198,8 @@ impl Node {
                     continue;
                 }
                 if self.settler.is_unsettled(decision.id.as_str()) {
-                    // A salt-key run on this id is in progress here: writing now would
+                    // A salt-key run on this id is in progress here (or may be: events
+                    // were lost, and the recheck has not settled): writing now would
                     // mix with it. Merged once its events have settled (apply_deferred).
                     rt.audit(Event::Deferred { id: decision.id.clone(), from: from.clone() });
                     if source == Source::Retry {

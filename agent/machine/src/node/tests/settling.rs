@@ -110,3 +110,70 @@ fn a_salt_key_run_begun_while_names_are_held_is_read_after_its_rename() {
     tick_until(&mut a, &mut rt, t0, 4_500);
     slow_accept_is_read_after_its_rename(&mut a, &mut rt, t0, 4_500);
 }
+
+/// An inotify overflow lost a Salt 3008 accept's removal of a pending key,
+/// which the node does not hold (pending keys are no decision): no folder
+/// lists it and nothing held names it, so the recheck did not either. A
+/// peer's first-contact claim for the id arriving mid-run was written at
+/// once, into the folder the run was about to rename its key into (found
+/// by the simulation, seed 7114). It waits until the recheck has settled
+/// (here, until the run is over), then meets the operator's accept, which
+/// it does not beat.
+#[test]
+fn a_peers_decision_waits_for_a_recheck_after_lost_events() {
+    let mut rt = Recorder::default();
+    rt.folders.put(Folder::Pending, "web01", key("mwIDAQAB").bytes());
+    let mut a = node("master-a", &mut rt);
+    // master-b holds another key for web01 in minions/ at its first start: a claim.
+    let mut rt_b = Recorder::default();
+    rt_b.folders.put(Folder::Accepted, "web01", key("mwIDAQAC").bytes());
+    let b = node("master-b", &mut rt_b);
+    let claim = b.fetch(&[MinionId::parse("web01").unwrap()], &mut rt_b);
+    assert!(claim.len() == 1 && claim[0].version.is_claim(), "{claim:?}");
+    let t0 = Instant::now();
+    // The operator accepts web01; the removal of its pending key is lost.
+    rt.folders.remove(Folder::Pending, "web01");
+    a.on_lost("inotify queue overflow", ms(t0, 0), &mut rt);
+    rt.folders.put(Folder::Accepted, "tmpq0x8lbn2", b"");
+    fs(&mut a, Folder::Accepted, "tmpq0x8lbn2", FsChange::Written, ms(t0, 1));
+    a.on_batches(vec![(peer("master-b"), claim)], ms(t0, 2), &mut rt);
+    tick_until(&mut a, &mut rt, t0, 400);
+    assert!(rt.folders.get(Folder::Accepted, "web01").is_none(), "written mid-run: {:?}", rt.events);
+    rt.folders.put(Folder::Accepted, "tmpq0x8lbn2", key("mwIDAQAB").bytes());
+    fs(&mut a, Folder::Accepted, "tmpq0x8lbn2", FsChange::Written, ms(t0, 400));
+    tick_until(&mut a, &mut rt, t0, 550);
+    assert!(rt.folders.get(Folder::Accepted, "web01").is_none(), "written mid-run: {:?}", rt.events);
+    accept_ends(&mut a, &mut rt, t0, 600, "web01", "tmpq0x8lbn2");
+    tick_until(&mut a, &mut rt, t0, 12_000);
+    assert_eq!(decided(&rt, "web01"), [Verdict::Accepted(key("mwIDAQAB"))]);
+    assert_eq!(rt.folders.get(Folder::Accepted, "web01"), Some(&key("mwIDAQAB").bytes().to_vec()));
+    let id = MinionId::parse("web01").unwrap();
+    assert_eq!(&*a.entry(&id).unwrap().version.node, "master-a", "the operator's accept holds");
+    assert!(a.is_quiet(), "the claim was merged: {:?}", a.waits().collect::<Vec<_>>());
+}
+
+/// The same at a start-up that finds a Salt 3008 run half-way (its
+/// temporary file listed): the pending key it removed while the agent was
+/// stopped is in no folder and not held, and a peer's claim for it waits
+/// until the run is over.
+#[test]
+fn a_peers_decision_waits_for_a_run_found_half_way_at_start_up() {
+    let mut rt = Recorder::default();
+    rt.folders.put(Folder::Accepted, "tmpq0x8lbn2", b"");
+    let mut a = node("master-a", &mut rt);
+    let t0 = Instant::now();
+    let mut rt_b = Recorder::default();
+    rt_b.folders.put(Folder::Accepted, "web01", key("mwIDAQAC").bytes());
+    let b = node("master-b", &mut rt_b);
+    let claim = b.fetch(&[MinionId::parse("web01").unwrap()], &mut rt_b);
+    a.on_batches(vec![(peer("master-b"), claim)], ms(t0, 2), &mut rt);
+    tick_until(&mut a, &mut rt, t0, 400);
+    assert!(rt.folders.get(Folder::Accepted, "web01").is_none(), "written mid-run: {:?}", rt.events);
+    rt.folders.put(Folder::Accepted, "tmpq0x8lbn2", key("mwIDAQAB").bytes());
+    fs(&mut a, Folder::Accepted, "tmpq0x8lbn2", FsChange::Written, ms(t0, 400));
+    accept_ends(&mut a, &mut rt, t0, 600, "web01", "tmpq0x8lbn2");
+    tick_until(&mut a, &mut rt, t0, 12_000);
+    assert_eq!(decided(&rt, "web01"), [Verdict::Accepted(key("mwIDAQAB"))]);
+    assert_eq!(rt.folders.get(Folder::Accepted, "web01"), Some(&key("mwIDAQAB").bytes().to_vec()));
+    assert!(a.is_quiet(), "the claim was merged: {:?}", a.waits().collect::<Vec<_>>());
+}
