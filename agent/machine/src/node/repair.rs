@@ -8,11 +8,11 @@
 //! [`Node::repair_chunk`] and [`Node::repair_end`] compare the answer chunk
 //! by chunk, say what to push (decisions newer here) and plan what to
 //! fetch; [`Node::repair_next`] hands out the next chunk of ids to fetch
-//! and [`Node::repair_fetched`] applies what came back. In a large
-//! repair (a joining master) every chunk is first cut to the ids still newer
-//! on that peer and not being fetched by another link right now, so a
-//! joining master's links share the work instead of each fetching
-//! everything.
+//! and [`Node::repair_fetched`] applies what came back. Every chunk is
+//! first cut to the ids still newer on that peer and not being fetched by
+//! another link right now, so a master's links share a repair (a join, or
+//! the few hundred decisions missed during an outage) instead of each
+//! fetching everything.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, RandomState};
@@ -58,7 +58,7 @@ pub(super) struct Repairs {
     plans: HashMap<PeerName, Plan>,
     /// Per link, the comparison of a peer's Diff answer in progress.
     comparing: HashMap<PeerName, Comparing>,
-    /// Id → the link fetching it now (large repairs only).
+    /// Id → the link fetching it now.
     in_flight: HashMap<MinionId, PeerName>,
     /// Keys the [`Tag`]s of this process's plans.
     tags: RandomState,
@@ -77,8 +77,6 @@ struct Plan {
     /// Ids newer on the peer, with the peer's summary as a [`Tag`], not
     /// fetched yet.
     todo: VecDeque<(MinionId, Tag)>,
-    /// Larger than one fetch: chunks are cut and claimed (see the module doc).
-    large: bool,
 }
 
 /// A peer's Diff answer being compared, a chunk at a time: nothing of it is
@@ -403,7 +401,7 @@ impl Node {
         let n_newer_there = todo.len();
         // The ids new here are held once fetched: room for them now.
         self.replica.reserve(todo.iter().filter(|(id, _)| !self.replica.holds(id.as_str())).count());
-        self.repairs.plans.insert(peer.clone(), Plan { large: todo.len() > FETCH_CHUNK, todo });
+        self.repairs.plans.insert(peer.clone(), Plan { todo });
         Ok(Compared { n_newer_there, newer_here, full })
     }
 
@@ -420,8 +418,8 @@ impl Node {
     }
 
     /// The next ids to fetch from `peer` (at most [`FETCH_CHUNK`]); `None`
-    /// when the plan is done. In a large repair the ids are claimed for this
-    /// link until [`Node::repair_fetched`] (or the link goes down).
+    /// when the plan is done. The ids are claimed for this link until
+    /// [`Node::repair_fetched`] (or the link goes down).
     pub fn repair_next(&mut self, peer: &PeerName) -> Option<Vec<MinionId>> {
         let plan = self.repairs.plans.get_mut(peer)?;
         let link = peer.clone();
@@ -432,22 +430,18 @@ impl Node {
                 // A joining master's plans shrink as its map of held ids grows.
                 plan.todo.shrink_to_fit();
             }
-            let ids: Vec<MinionId> = if plan.large {
-                let (in_flight, keys) = (&mut self.repairs.in_flight, &self.repairs.tags);
-                chunk
-                    .into_iter()
-                    .filter(|(id, theirs)| theirs.still_newer(keys, self.replica.entry(id)))
-                    .filter_map(|(id, _)| match in_flight.entry(id.clone()) {
-                        std::collections::hash_map::Entry::Occupied(_) => None,
-                        std::collections::hash_map::Entry::Vacant(slot) => {
-                            slot.insert(link.clone());
-                            Some(id)
-                        }
-                    })
-                    .collect()
-            } else {
-                chunk.into_iter().map(|(id, _)| id).collect()
-            };
+            let (in_flight, keys) = (&mut self.repairs.in_flight, &self.repairs.tags);
+            let ids: Vec<MinionId> = chunk
+                .into_iter()
+                .filter(|(id, theirs)| theirs.still_newer(keys, self.replica.entry(id)))
+                .filter_map(|(id, _)| match in_flight.entry(id.clone()) {
+                    std::collections::hash_map::Entry::Occupied(_) => None,
+                    std::collections::hash_map::Entry::Vacant(slot) => {
+                        slot.insert(link.clone());
+                        Some(id)
+                    }
+                })
+                .collect();
             if !ids.is_empty() {
                 return Some(ids);
             }

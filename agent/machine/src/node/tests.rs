@@ -340,6 +340,61 @@ fn a_retried_write_waits_for_a_salt_key_run_still_the_agents_own() {
 #[test]
 fn a_joiners_links_share_the_repair_and_bring_everything() {
     let n = 3 * FETCH_CHUNK + 17;
+    let Joiner { ids, a, mut rt_a, b, mut rt_b, mut c, mut rt_c } = joiner(n);
+    // Link a takes a chunk and keeps it in flight; link b gets other ids.
+    let first_a = c.repair_next(&peer("master-a")).unwrap();
+    let first_b = c.repair_next(&peer("master-b")).unwrap();
+    assert_eq!(first_a.len(), FETCH_CHUNK);
+    assert!(first_b.iter().all(|id| !first_a.contains(id)), "an id in flight on a was handed to b");
+    // a's chunk applied; b's next chunks never ask for what a brought.
+    let decisions = a.fetch(&first_a, &mut rt_a);
+    c.repair_fetched(&peer("master-a"), &first_a, decisions, now(), &mut rt_c);
+    let mut fetched = vec![first_a.clone(), first_b.clone()];
+    let decisions = b.fetch(&first_b, &mut rt_b);
+    c.repair_fetched(&peer("master-b"), &first_b, decisions, now(), &mut rt_c);
+    while let Some(chunk) = c.repair_next(&peer("master-b")) {
+        assert!(chunk.iter().all(|id| !first_a.contains(id)), "b fetched again what a brought");
+        let decisions = b.fetch(&chunk, &mut rt_b);
+        c.repair_fetched(&peer("master-b"), &chunk, decisions, now(), &mut rt_c);
+        fetched.push(chunk);
+    }
+    // b brought all the rest: a's plan has nothing left.
+    assert!(c.repair_next(&peer("master-a")).is_none(), "a fetches again what b brought");
+    assert_eq!(fetched.iter().map(Vec::len).sum::<usize>(), n, "every id fetched exactly once");
+    assert!(ids.iter().all(|id| c.entry(id).is_some_and(|e| e.version.node.as_ref() == "master-d")));
+    assert_eq!(c.digests(), a.digests());
+}
+
+/// A small catch-up (a master that missed a few hundred decisions during
+/// an outage) is shared between its links as a join is: the ids one link
+/// is fetching are not fetched on the other too. Before, a plan of one
+/// fetch or less claimed nothing, and each link fetched every id.
+#[test]
+fn a_small_catch_up_is_fetched_once_across_links() {
+    let n = 1500;
+    let Joiner { ids, a, mut rt_a, b: _, rt_b: _, mut c, mut rt_c } = joiner(n);
+    let on_a = c.repair_next(&peer("master-a")).unwrap();
+    assert_eq!(on_a.len(), n);
+    assert_eq!(c.repair_next(&peer("master-b")), None, "b fetches what a is fetching");
+    let decisions = a.fetch(&on_a, &mut rt_a);
+    c.repair_fetched(&peer("master-a"), &on_a, decisions, now(), &mut rt_c);
+    assert!(ids.iter().all(|id| c.entry(id).is_some_and(|e| e.version.node.as_ref() == "master-d")));
+    assert_eq!(c.digests(), a.digests());
+}
+
+/// Two peers, a and b, holding the same `n` decisions made on a fourth
+/// master, and an empty c that compared both peers' Diff answers.
+struct Joiner {
+    ids: Vec<MinionId>,
+    a: Node,
+    rt_a: Recorder,
+    b: Node,
+    rt_b: Recorder,
+    c: Node,
+    rt_c: Recorder,
+}
+
+fn joiner(n: usize) -> Joiner {
     let ids: Vec<MinionId> = (0..n).map(|i| MinionId::parse(&format!("m{i:05}")).unwrap()).collect();
     let accept = |id: &MinionId, ms: u64| Decision {
         id: id.clone(),
@@ -363,28 +418,7 @@ fn a_joiners_links_share_the_repair_and_bring_everything() {
         let (n_newer, push) = c.repair_compare(name, &buckets, summaries, &mut rt_c);
         assert_eq!((n_newer, push.len()), (n, 0));
     }
-    // Link a takes a chunk and keeps it in flight; link b gets other ids.
-    let first_a = c.repair_next(&peer("master-a")).unwrap();
-    let first_b = c.repair_next(&peer("master-b")).unwrap();
-    assert_eq!(first_a.len(), FETCH_CHUNK);
-    assert!(first_b.iter().all(|id| !first_a.contains(id)), "an id in flight on a was handed to b");
-    // a's chunk applied; b's next chunks never ask for what a brought.
-    let decisions = a.fetch(&first_a, &mut rt_a);
-    c.repair_fetched(&peer("master-a"), &first_a, decisions, now(), &mut rt_c);
-    let mut fetched = vec![first_a.clone(), first_b.clone()];
-    let decisions = b.fetch(&first_b, &mut rt_b);
-    c.repair_fetched(&peer("master-b"), &first_b, decisions, now(), &mut rt_c);
-    while let Some(chunk) = c.repair_next(&peer("master-b")) {
-        assert!(chunk.iter().all(|id| !first_a.contains(id)), "b fetched again what a brought");
-        let decisions = b.fetch(&chunk, &mut rt_b);
-        c.repair_fetched(&peer("master-b"), &chunk, decisions, now(), &mut rt_c);
-        fetched.push(chunk);
-    }
-    // b brought all the rest: a's plan has nothing left.
-    assert!(c.repair_next(&peer("master-a")).is_none(), "a fetches again what b brought");
-    assert_eq!(fetched.iter().map(Vec::len).sum::<usize>(), n, "every id fetched exactly once");
-    assert!(ids.iter().all(|id| c.entry(id).is_some_and(|e| e.version.node.as_ref() == "master-d")));
-    assert_eq!(c.digests(), a.digests());
+    Joiner { ids, a, rt_a, b, rt_b, c, rt_c }
 }
 
 /// A whole comparison in one call, for tests (the links compare chunk by
