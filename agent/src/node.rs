@@ -346,6 +346,9 @@ impl Core {
         if arrivals.is_empty() {
             return;
         }
+        for (from, decisions, _) in &arrivals {
+            self.effects.metrics.received(from.as_str(), "push", decisions.len());
+        }
         let (batches, replies): (Vec<_>, Vec<_>) =
             arrivals.into_iter().map(|(from, decisions, reply)| ((from, decisions), reply)).unzip();
         let n_applied = self.node.on_batches(batches, now(), &mut self.effects);
@@ -381,6 +384,7 @@ impl Core {
                 let _ = reply.send(self.node.repair_next(&peer));
             }
             Request::RepairFetched { peer, ids, decisions, reply } => {
+                self.effects.metrics.received(peer.as_str(), "fetch", decisions.len());
                 let _ = reply.send(self.node.repair_fetched(&peer, &ids, decisions, now(), &mut self.effects));
             }
             Request::Release { peer, ids: Some(ids) } => self.node.release(&peer, &ids),

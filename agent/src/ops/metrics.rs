@@ -31,6 +31,13 @@ pub struct BytesLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReceivedLabel {
+    pub peer: String,
+    /// `push` (the peer pushed them) or `fetch` (this master fetched them in a round).
+    pub how: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SettingLabel {
     pub peer: String,
     pub setting: String,
@@ -69,6 +76,8 @@ pub struct Metrics {
     pub decisions_applied: Counter,
     pub decisions_refused: Counter,
     pub decisions_conflicted: Counter,
+    /// Decisions that came from a peer, newer or not, per peer and way.
+    pub decisions_received: Family<ReceivedLabel, Counter>,
     pub propagation_latency: Histogram,
     pub peer_up: Family<PeerLabel, Gauge>,
     /// Unix time of the last message from the peer.
@@ -108,6 +117,9 @@ impl Metrics {
         self.peer_up.remove(&label);
         self.peer_last_contact.remove(&label);
         self.anti_entropy_runs.remove(&label);
+        for how in ["push", "fetch"] {
+            self.decisions_received.remove(&ReceivedLabel { peer: peer.to_string(), how });
+        }
         self.master_key_mismatch.remove(&label);
         for direction in ["sent", "received"] {
             self.anti_entropy_bytes.remove(&BytesLabel { peer: peer.to_string(), direction });
@@ -136,6 +148,7 @@ impl Metrics {
         let decisions_applied = Counter::default();
         let decisions_refused = Counter::default();
         let decisions_conflicted = Counter::default();
+        let decisions_received = Family::default();
         // 0.5 ms .. ~16 s: the targets are milliseconds, a partition is seconds.
         let propagation_latency = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         let peer_up = Family::default();
@@ -164,6 +177,11 @@ impl Metrics {
             "decisions_conflicted",
             "Concurrent decisions for one minion detected here (the later one won)",
             decisions_conflicted.clone(),
+        );
+        registry.register(
+            "decisions_received",
+            "Decisions that came from the peer, pushed by it or fetched from it, whether they were newer or not",
+            decisions_received.clone(),
         );
         registry.register(
             "propagation_latency_seconds",
@@ -227,6 +245,7 @@ impl Metrics {
             decisions_applied,
             decisions_refused,
             decisions_conflicted,
+            decisions_received,
             propagation_latency,
             peer_up,
             peer_last_contact,
@@ -278,6 +297,11 @@ impl Metrics {
             // A peer's clock slightly ahead would give a negative latency.
             self.propagation_latency.observe(now_ms.saturating_sub(origin_ms) as f64 / 1000.0);
         }
+    }
+
+    /// `n` decisions came from `peer`, `how`: `push` or `fetch`.
+    pub fn received(&self, peer: &str, how: &'static str, n: usize) {
+        self.decisions_received.get_or_create(&ReceivedLabel { peer: peer.into(), how }).inc_by(n as u64);
     }
 
     pub fn anti_entropy_bytes(&self, peer: &str, direction: &'static str, n_bytes: usize) {
@@ -341,12 +365,16 @@ mod tests {
         metrics.applied(0, 5_000);
         metrics.peer_up.get_or_create(&PeerLabel { peer: "master-b".into() }).set(1);
         metrics.anti_entropy_bytes("master-b", "sent", 8200);
+        metrics.received("master-b", "push", 3);
+        metrics.received("master-b", "fetch", 2);
         let text = metrics.encode();
         for want in [
             "keysync_decisions_applied_total 2",
             "keysync_propagation_latency_seconds_count 1",
             "keysync_peer_up{peer=\"master-b\"} 1",
             "keysync_anti_entropy_bytes_total{peer=\"master-b\",direction=\"sent\"} 8200",
+            "keysync_decisions_received_total{peer=\"master-b\",how=\"push\"} 3",
+            "keysync_decisions_received_total{peer=\"master-b\",how=\"fetch\"} 2",
             format!(
                 "keysync_build_info{{node=\"master-a\",version=\"{}\",protocol_version=\"{}\"}} 1",
                 env!("CARGO_PKG_VERSION"),
