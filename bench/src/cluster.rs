@@ -47,12 +47,16 @@ impl Layout {
     }
 }
 
-/// Three agents' files; each agent started when the benchmark says so.
+/// Three agents' files (or any number, see [`BenchCluster::from_files`]);
+/// each agent started when the benchmark says so.
 pub struct BenchCluster {
     pub files: Vec<AgentFiles>,
     agents: Vec<Option<AgentProcess>>,
     log_filter: String,
     layout: Layout,
+    /// Per agent, the command it is started under instead of the layout's
+    /// (the WAN benchmark's `ip netns exec NAME`); empty: the layout's.
+    wrappers: Vec<Vec<OsString>>,
     _root: Option<tempfile::TempDir>,
 }
 
@@ -86,13 +90,30 @@ impl BenchCluster {
                 settings.layout
             );
         }
-        Ok(BenchCluster {
+        Ok(BenchCluster::from_files(files, &settings.log_filter, settings.layout, root))
+    }
+
+    /// A cluster of agents whose files the caller wrote (under `root`, kept
+    /// as long as the cluster if given).
+    pub fn from_files(
+        files: Vec<AgentFiles>,
+        log_filter: &str,
+        layout: Layout,
+        root: Option<tempfile::TempDir>,
+    ) -> BenchCluster {
+        BenchCluster {
+            agents: files.iter().map(|_| None).collect(),
+            wrappers: vec![Vec::new(); files.len()],
             files,
-            agents: vec![None, None, None],
-            log_filter: settings.log_filter.clone(),
-            layout: settings.layout,
+            log_filter: log_filter.to_string(),
+            layout,
             _root: root,
-        })
+        }
+    }
+
+    /// Starts agent `idx` as `wrapper... <agent> run --config ...` from now on.
+    pub fn wrap(&mut self, idx: usize, wrapper: Vec<OsString>) {
+        self.wrappers[idx] = wrapper;
     }
 
     pub fn pki(&self, idx: usize) -> &Path {
@@ -113,7 +134,10 @@ impl BenchCluster {
     /// Starts agent `idx`'s process and returns at once.
     pub fn spawn(&mut self, idx: usize) {
         let f = &self.files[idx];
-        let wrapper = self.layout.wrapper(f);
+        let wrapper = match &self.wrappers[idx] {
+            wrapper if !wrapper.is_empty() => wrapper.clone(),
+            _ => self.layout.wrapper(f),
+        };
         let agent = AgentProcess::start_wrapped(&f.config_path, f.dir.join("agent.log"), &self.log_filter, &wrapper);
         self.agents[idx] = Some(agent);
     }
@@ -167,7 +191,7 @@ impl BenchCluster {
 
 /// Drops the harness's short test timings, so the agents run with the
 /// defaults an operator gets (anti-entropy every 60 s, rescan every 300 s).
-fn use_default_timings(config: &Path, guard: bool) -> anyhow::Result<()> {
+pub(crate) fn use_default_timings(config: &Path, guard: bool) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(config)?;
     let kept: Vec<&str> = text
         .lines()
@@ -184,7 +208,7 @@ fn use_default_timings(config: &Path, guard: bool) -> anyhow::Result<()> {
 }
 
 /// 0700 for every folder, 0600 for every file under `dir`.
-fn make_private(dir: &Path) -> anyhow::Result<()> {
+pub(crate) fn make_private(dir: &Path) -> anyhow::Result<()> {
     let meta = std::fs::symlink_metadata(dir)?;
     let mode = if meta.is_dir() { 0o700 } else { 0o600 };
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))

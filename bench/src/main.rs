@@ -10,7 +10,7 @@ use clap::Parser;
 #[command(
     name = "keysync-bench",
     about = "Benchmark salt-keysync: three real agents, Salt-style key operations, join versus rsync, first contact on agreeing masters",
-    after_help = "Examples:\n  scripts/bench.sh                      # full run, a few minutes\n  scripts/bench.sh --quick --json out.json\n  target/release/keysync-bench --ops 200 --bulk 2000 --join 20000 --idle 10\n  target/release/keysync-bench --ops 0 --bulk 10000 --join 0 --adopt 0 --idle 0 --layout unit\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 100000\n  target/release/keysync-bench --ops 20 --bulk 0 --join 0 --adopt 0 --idle 0 --guard\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 0 --flood 25000 --flood-pushes 20\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 0 --flood 0 --hostile 5000\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 0 --flood 0 --hostile 0 --serve-join 100000\n\nThe agent binary is looked up next to this program (SALT_KEYSYNC_BIN overrides)."
+    after_help = "Examples:\n  scripts/bench.sh                      # full run, a few minutes\n  scripts/bench.sh --quick --json out.json\n  target/release/keysync-bench --ops 200 --bulk 2000 --join 20000 --idle 10\n  target/release/keysync-bench --ops 0 --bulk 10000 --join 0 --adopt 0 --idle 0 --layout unit\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 100000\n  target/release/keysync-bench --ops 20 --bulk 0 --join 0 --adopt 0 --idle 0 --guard\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 0 --flood 25000 --flood-pushes 20\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 0 --flood 0 --hostile 5000\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 0 --flood 0 --hostile 0 --serve-join 100000\n  target/release/keysync-bench --wan                # as root: 3/5/7 masters at 10/80/300 ms RTT, 0 and 2 % loss\n  target/release/keysync-bench --wan --wan-masters 3 --wan-rtt 80 --wan-loss 0 --wan-join 1500\n\nThe agent binary is looked up next to this program (SALT_KEYSYNC_BIN overrides)."
 )]
 struct Args {
     /// Small counts: seconds instead of minutes (what CI runs).
@@ -69,10 +69,42 @@ struct Args {
     /// timed on B, A and B serving C's Diffs and Fetches (0: skip).
     #[arg(long, value_name = "KEYS")]
     serve_join: Option<usize>,
+    /// The WAN benchmark instead of the others (root only): each master in a
+    /// network namespace of its own, linked by a user-space delay line.
+    #[arg(long)]
+    wan: bool,
+    /// WAN: masters in the full mesh, a configuration each.
+    #[arg(long, value_name = "N,...", value_delimiter = ',', default_values_t = [3, 5, 7])]
+    wan_masters: Vec<usize>,
+    /// WAN: round-trip times in milliseconds, a configuration each.
+    #[arg(long, value_name = "MS,...", value_delimiter = ',', default_values_t = [10, 80, 300])]
+    wan_rtt: Vec<u64>,
+    /// WAN: packet loss in percent on every link, a configuration each.
+    #[arg(long, value_name = "PCT,...", value_delimiter = ',', default_values_t = [0.0, 2.0])]
+    wan_loss: Vec<f64>,
+    /// WAN: accepts timed per configuration.
+    #[arg(long, value_name = "N", default_value_t = 60)]
+    wan_decisions: usize,
+    /// WAN: least milliseconds from one accept's start to the next's.
+    #[arg(long, value_name = "MS", default_value_t = 200)]
+    wan_pace: u64,
+    /// WAN: agreed keys every master holds while the accepts are timed.
+    #[arg(long, value_name = "KEYS", default_value_t = 2000)]
+    wan_seed: usize,
+    /// WAN: keys the peers hold when an empty master joins, a join each (0: none).
+    #[arg(long, value_name = "KEYS,...", value_delimiter = ',', default_values_t = [1500, 20_000])]
+    wan_join: Vec<usize>,
+    /// WAN: the agents' anti-entropy interval in seconds (60: production),
+    /// short so rounds run while the accepts are timed.
+    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    wan_anti_entropy: f64,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.wan {
+        return wan(args);
+    }
     let mut settings = if args.quick { keysync_bench::Settings::quick() } else { keysync_bench::Settings::full() };
     settings.n_ops = args.ops.unwrap_or(settings.n_ops);
     settings.n_bulk = args.bulk.unwrap_or(settings.n_bulk);
@@ -89,6 +121,31 @@ fn main() -> anyhow::Result<()> {
     settings.n_serve_join = args.serve_join.unwrap_or(settings.n_serve_join);
     settings.log_filter = args.log.unwrap_or(settings.log_filter);
     let report = keysync_bench::run(&settings)?;
+    println!("{}", report.table());
+    let json = report.to_json();
+    println!("{json}");
+    if let Some(path) = args.json {
+        std::fs::write(&path, json + "\n").map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `--wan`: the WAN benchmark alone.
+fn wan(args: Args) -> anyhow::Result<()> {
+    let defaults = keysync_bench::wan::WanSettings::full();
+    let settings = keysync_bench::wan::WanSettings {
+        masters: args.wan_masters,
+        rtts: args.wan_rtt.into_iter().map(Duration::from_millis).collect(),
+        losses_pct: args.wan_loss,
+        decisions: args.wan_decisions,
+        pace: Duration::from_millis(args.wan_pace),
+        seed: args.wan_seed,
+        joins: args.wan_join.into_iter().filter(|&k| k > 0).collect(),
+        anti_entropy: (args.wan_anti_entropy != 60.0).then(|| Duration::from_secs_f64(args.wan_anti_entropy)),
+        log_filter: args.log.unwrap_or(defaults.log_filter),
+        keep: args.keep,
+    };
+    let report = keysync_bench::wan::run(&settings)?;
     println!("{}", report.table());
     let json = report.to_json();
     println!("{json}");

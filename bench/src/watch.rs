@@ -82,6 +82,19 @@ impl PeerWatch {
         while self.rx.try_recv().is_ok() {}
     }
 
+    /// Waits for the first event on a key file on any peer; returns when it
+    /// was read (`None`: none within `timeout`). The event is consumed: a
+    /// [`PeerWatch::wait_all`] after this looks at its id at a quiet moment.
+    pub fn wait_first_event(&self, timeout: Duration) -> Option<Instant> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            if let Seen { at, name: Some(_), .. } = self.rx.recv_timeout(left).ok()? {
+                return Some(at);
+            }
+        }
+    }
+
     /// Waits until every peer's folders say `want` about `id`; returns, per
     /// peer, the time from `t0` to the last event on `id` before its state
     /// was seen final (`None`: not final within `timeout`).
