@@ -63,18 +63,7 @@ pub struct BenchCluster {
 impl BenchCluster {
     /// Writes three agents' files under a fresh folder (or `settings.keep`/`name`).
     pub fn new(settings: &Settings, name: &str) -> anyhow::Result<BenchCluster> {
-        let (root, path) = match &settings.keep {
-            Some(keep) => {
-                let path = keep.join(name);
-                std::fs::create_dir_all(&path).with_context(|| format!("cannot create {}", path.display()))?;
-                (None, path)
-            }
-            None => {
-                let dir = tempfile::Builder::new().prefix("keysync-bench-").tempdir()?;
-                let path = dir.path().to_path_buf();
-                (Some(dir), path)
-            }
-        };
+        let (root, path) = bench_folder(settings.keep.as_deref(), name, "keysync-bench-")?;
         let files = ProcessCluster::write_files(&path, 3);
         for f in &files {
             use_default_timings(&f.config_path, settings.guard)?;
@@ -187,6 +176,27 @@ impl BenchCluster {
         }
         Ok(())
     }
+}
+
+/// The folder of one part of the benchmark: `keep/name` if the folders are
+/// kept, else a fresh temporary folder (`prefix...`) deleted with the guard.
+pub(crate) fn bench_folder(
+    keep: Option<&Path>,
+    name: &str,
+    prefix: &str,
+) -> anyhow::Result<(Option<tempfile::TempDir>, PathBuf)> {
+    Ok(match keep {
+        Some(keep) => {
+            let path = keep.join(name);
+            std::fs::create_dir_all(&path).with_context(|| format!("cannot create {}", path.display()))?;
+            (None, path)
+        }
+        None => {
+            let dir = tempfile::Builder::new().prefix(prefix).tempdir()?;
+            let path = dir.path().to_path_buf();
+            (Some(dir), path)
+        }
+    })
 }
 
 /// Drops the harness's short test timings, so the agents run with the

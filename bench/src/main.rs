@@ -121,13 +121,7 @@ fn main() -> anyhow::Result<()> {
     settings.n_serve_join = args.serve_join.unwrap_or(settings.n_serve_join);
     settings.log_filter = args.log.unwrap_or(settings.log_filter);
     let report = keysync_bench::run(&settings)?;
-    println!("{}", report.table());
-    let json = report.to_json();
-    println!("{json}");
-    if let Some(path) = args.json {
-        std::fs::write(&path, json + "\n").map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
-    }
-    Ok(())
+    print(&report.table(), report.to_json(), args.json)
 }
 
 /// `--wan`: the WAN benchmark alone.
@@ -146,10 +140,14 @@ fn wan(args: Args) -> anyhow::Result<()> {
         keep: args.keep,
     };
     let report = keysync_bench::wan::run(&settings)?;
-    println!("{}", report.table());
-    let json = report.to_json();
+    print(&report.table(), report.to_json(), args.json)
+}
+
+/// Prints the table and the JSON summary, and writes the JSON to `path` if given.
+fn print(table: &str, json: String, path: Option<PathBuf>) -> anyhow::Result<()> {
+    println!("{table}");
     println!("{json}");
-    if let Some(path) = args.json {
+    if let Some(path) = path {
         std::fs::write(&path, json + "\n").map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
     }
     Ok(())

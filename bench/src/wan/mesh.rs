@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use keysync_tests::cluster::{write_agent_files, AgentFiles};
 
-use crate::cluster::{make_private, use_default_timings, BenchCluster, Layout};
+use crate::cluster::{bench_folder, make_private, use_default_timings, BenchCluster, Layout};
 use crate::wan::netns::{address, Namespaces};
 use crate::wan::WanSettings;
 
@@ -38,18 +38,7 @@ impl<'a> Mesh<'a> {
     /// Writes the files of `n` agents (one per namespace of `ns`) under a
     /// fresh folder, or `settings.keep/label`.
     pub fn new(settings: &WanSettings, ns: &'a Namespaces, n: usize, label: &str) -> anyhow::Result<Mesh<'a>> {
-        let (root, path) = match &settings.keep {
-            Some(keep) => {
-                let path = keep.join(label);
-                std::fs::create_dir_all(&path).with_context(|| format!("cannot create {}", path.display()))?;
-                (None, path)
-            }
-            None => {
-                let dir = tempfile::Builder::new().prefix("keysync-bench-wan-").tempdir()?;
-                let path = dir.path().to_path_buf();
-                (Some(dir), path)
-            }
-        };
+        let (root, path) = bench_folder(settings.keep.as_deref(), label, "keysync-bench-wan-")?;
         let ca = keysync_server::CertAuthority::new("keysync-bench WAN CA")?;
         let listen = |i: usize| SocketAddr::from((address(i), PORT));
         let mut files: Vec<AgentFiles> = Vec::new();
