@@ -177,3 +177,51 @@ fn a_peers_decision_waits_for_a_run_found_half_way_at_start_up() {
     assert_eq!(rt.folders.get(Folder::Accepted, "web01"), Some(&key("mwIDAQAB").bytes().to_vec()));
     assert!(a.is_quiet(), "the claim was merged: {:?}", a.waits().collect::<Vec<_>>());
 }
+
+/// A delete made while the agent was stopped, which its start-up found but
+/// could not record (syncfs failed: a full disk), is decided at the first
+/// reading of the id that succeeds: also when that reading is the new
+/// pending key of the minion asking again. The accepted key is gone, and
+/// that is the operator's delete, not a misread pending key. (The
+/// simulation's checker once took it for one: seed 3993 with every node
+/// flooding its peers, `tests/sim/world/operators.rs`.)
+#[test]
+fn a_delete_made_while_stopped_and_unrecorded_is_decided_at_a_new_pending_keys_reading() {
+    let mut rt = Recorder::default();
+    rt.folders.put(Folder::Accepted, "web01", key("mwIDAQAB").bytes());
+    let web01 = MinionId::parse("web01").unwrap();
+    let claim = node("master-a", &mut rt).entry(&web01).unwrap().version.clone();
+    assert!(claim.is_claim());
+    // Stopped, the operator deletes web01; the restart cannot sync the folders.
+    rt.folders.remove(Folder::Accepted, "web01");
+    rt.faults.sync = true;
+    let t0 = Instant::now();
+    let guard = GuardSettings { enabled: false, ..GuardSettings::default() };
+    let mut a = node_at("master-a", guard, rt.store.loaded(), ms(t0, 0), &mut rt);
+    // The retry after the first backoff (250 ms) fails too.
+    tick_until(&mut a, &mut rt, t0, 300);
+    let made = |rt: &Recorder| -> Vec<(Verdict, Option<Found>, bool)> {
+        let made = rt.events.iter().filter_map(|e| match e {
+            Event::Decided { decision, found } if decision.id == web01 => {
+                Some((decision.verdict.clone(), *found, decision.context.knows(&claim)))
+            }
+            _ => None,
+        });
+        made.collect()
+    };
+    assert_eq!(made(&rt), [], "nothing recorded yet");
+    assert_eq!(a.entry(&web01).unwrap().version, claim);
+    // The disk has room again; before the next retry (750 ms) the minion
+    // authenticates again and the master writes its new pending key.
+    rt.faults.sync = false;
+    rt.folders.put(Folder::Pending, "web01", b"");
+    fs(&mut a, Folder::Pending, "web01", FsChange::Written, ms(t0, 310));
+    rt.folders.put(Folder::Pending, "web01", key("mwIDAQAC").bytes());
+    fs(&mut a, Folder::Pending, "web01", FsChange::Written, ms(t0, 315));
+    fs(&mut a, Folder::Pending, "web01", FsChange::Closed, ms(t0, 318));
+    tick_until(&mut a, &mut rt, t0, 5_000);
+    assert_eq!(made(&rt), [(Verdict::Deleted, None, true)], "the delete, once, knowing the accept it ends");
+    assert_eq!(rt.folders.get(Folder::Pending, "web01").map(Vec::as_slice), Some(key("mwIDAQAC").bytes()));
+    assert!(rt.folders.get(Folder::Accepted, "web01").is_none(), "nothing written back");
+    assert!(a.is_quiet(), "{:?}", a.waits().collect::<Vec<_>>());
+}

@@ -2,6 +2,7 @@
 //! them, system call by system call, on a running agent or a stopped one.
 
 use super::*;
+use keysync_machine::core::Verdict;
 
 impl Sim {
     pub(super) fn operator(&mut self) {
@@ -56,6 +57,14 @@ impl Sim {
             n.undecided_changes.insert(id);
             return;
         }
+        // An earlier change the agent has not decided yet (made while it was
+        // down, and its start-up could not record it: a full disk) is decided
+        // at this run's reading too. Before a new pending key that can only
+        // be a delete: the master writes none for an accepted or rejected id.
+        let expect = match expect {
+            Expect::Nothing if n.undecided_changes.contains(&id) => Expect::AtMost(Verdict::Deleted),
+            expect => expect,
+        };
         n.in_flight.insert(id.clone());
         n.undecided_changes.insert(id.clone());
         n.touched.insert(id.clone(), expect);
