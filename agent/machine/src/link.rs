@@ -23,8 +23,8 @@
 //! behind during a round, another round follows it, which finds by digest
 //! whatever was dropped.
 //!
-//! Leaving a round to the peer: when the peer is fetching from this node
-//! in a round of its own (a joining master), that round brings it what this
+//! Leaving a round to the peer: when the peer compares or fetches (its own
+//! round against this node, e.g. a joining master's), that round brings it what this
 //! node holds newer and pushes what it holds newer itself. A round that may
 //! be left (one the timer or the connection started) is then left, wholly
 //! or its push, and the next round comes [`LinkSettings::again`] later.
@@ -58,6 +58,11 @@ pub struct LinkSettings {
     pub compare_chunk: usize,
     /// Ids loaded and pushed at once when the node holds them newer.
     pub push_chunk: usize,
+    /// Added to `interval / 2` for the wait after a session's first round,
+    /// below `interval`: the links of an agent connect together at its
+    /// start, and the agents of a site after a network outage, so without
+    /// it their rounds stay aligned and every link pauses at once.
+    pub phase: Duration,
 }
 
 /// Summaries of a peer's Diff answer handed to the node at once (a few MiB).
@@ -67,7 +72,25 @@ impl LinkSettings {
     /// The agent's bounds, with its round interval and the time a peer
     /// counts as fetching after its last fetch.
     pub fn new(interval: Duration, fetching: Duration) -> LinkSettings {
-        LinkSettings { interval, again: fetching.min(interval), compare_chunk: COMPARE_CHUNK, push_chunk: FETCH_CHUNK }
+        LinkSettings {
+            interval,
+            again: fetching.min(interval),
+            compare_chunk: COMPARE_CHUNK,
+            push_chunk: FETCH_CHUNK,
+            phase: interval / 2,
+        }
+    }
+
+    /// These settings with the phase `random` picks (any value, drawn at
+    /// random by the driver) in `[0, interval)`.
+    pub fn with_phase(self, random: u64) -> LinkSettings {
+        let interval_ms = self.interval.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
+        LinkSettings { phase: Duration::from_millis(random % interval_ms), ..self }
+    }
+
+    /// The wait after a session's first round: `interval / 2 + phase`.
+    fn after_first(&self) -> Duration {
+        self.interval / 2 + self.phase.min(self.interval)
     }
 }
 
@@ -265,7 +288,6 @@ enum Step {
     /// Loading what the node holds newer, to push.
     Pushing {
         rest: Vec<MinionId>,
-        n_lacked: usize,
     },
     NextIds,
     Fetching(Vec<MinionId>),
@@ -441,7 +463,11 @@ impl<B> Link<B> {
             self.out.push_back(Out::Up);
         }
         if round.timed {
-            let next = if left { self.settings.again.min(self.settings.interval) } else { self.settings.interval };
+            let next = match (left, round.first) {
+                (true, _) => self.settings.again.min(self.settings.interval),
+                (false, true) => self.settings.after_first(),
+                (false, false) => self.settings.interval,
+            };
             self.out.push_back(Out::Rearm(next));
         }
         if std::mem::take(&mut self.due) {
@@ -522,17 +548,16 @@ impl<B> Link<B> {
                     round.report =
                         Round { differing_buckets: n_buckets, we_lacked: n_newer_there, full, ..Round::default() };
                     round.report.peer_lacked = newer_here.len();
-                    let n_lacked = newer_here.len();
                     // Pushed in order, a chunk at a time: taken from the back.
                     let mut rest = newer_here;
                     rest.reverse();
-                    round.step = Step::Pushing { rest, n_lacked };
+                    round.step = Step::Pushing { rest };
                     self.push_next(peer_fetching);
                 }
             },
-            (Step::Pushing { rest, n_lacked }, Input::Answer(Answer::Loaded(decisions))) => {
+            (Step::Pushing { rest }, Input::Answer(Answer::Loaded(decisions))) => {
                 round.report.pushed += decisions.len();
-                round.step = Step::Pushing { rest, n_lacked };
+                round.step = Step::Pushing { rest };
                 if !decisions.is_empty() {
                     self.out.push_back(Out::PushLoaded(decisions));
                 }
@@ -578,14 +603,16 @@ impl<B> Link<B> {
         self.out.push_back(Out::Call(Call::End));
     }
 
-    /// Loads the next chunk to push, or asks what to fetch. A large push
-    /// is left to the peer once it fetches from this node (both rounds
-    /// began at once): its round brings it what differs.
+    /// Loads the next chunk to push, or asks what to fetch. The push is
+    /// left to the peer once it compares or fetches in a round of its own
+    /// against this node (both rounds began at once): its round fetches
+    /// what differs, and pushing it too sent it every key twice (a joiner
+    /// of 1,500 keys got each from the push of each peer and its fetch).
     fn push_next(&mut self, peer_fetching: bool) {
         let push_chunk = self.settings.push_chunk;
         let Phase::Round(round) = &mut self.phase else { return };
-        let Step::Pushing { rest, n_lacked } = &mut round.step else { return };
-        let leave = *n_lacked > push_chunk && round.may_leave && peer_fetching;
+        let Step::Pushing { rest } = &mut round.step else { return };
+        let leave = round.may_leave && peer_fetching;
         if leave && !rest.is_empty() {
             round.report.left = true;
             rest.clear();

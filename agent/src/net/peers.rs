@@ -3,6 +3,7 @@
 //! connect and periodically (pulling what the peer holds newer, pushing what
 //! this node holds newer).
 
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -85,7 +86,11 @@ impl PeerLink {
             let mut refused_name: Option<String> = None;
             // Audited once per distinct refusal, not at every reconnect.
             let mut last_refusal: Option<String> = None;
-            let settings = LinkSettings::new(self.anti_entropy_interval, crate::ops::board::FETCHING);
+            // A phase of its own: this agent's links and its peers' run their
+            // rounds at different times (see `LinkSettings::phase`).
+            let random = std::collections::hash_map::RandomState::new().hash_one(self.peer.name.as_str());
+            let settings =
+                LinkSettings::new(self.anti_entropy_interval, crate::ops::board::FETCHING).with_phase(random);
             let mut link = Link::new(settings);
             loop {
                 let (connected_tx, mut connected_rx) = mpsc::channel(1);

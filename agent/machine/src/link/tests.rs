@@ -150,8 +150,8 @@ fn a_round_is_left_to_a_peer_fetching_from_this_node() {
     feed(&mut link, Input::Connected);
     link.handle(Input::HelloDone, true);
     assert_eq!(names(&drain(&mut link)), ["Up", "Rearm5s"], "left whole: no digests sent");
-    // A large push is left once the peer fetches (both rounds began at once):
-    // the fetches still run.
+    // A push is left once the peer fetches (both rounds began at once): the
+    // fetches still run.
     feed(&mut link, Input::Due);
     feed(&mut link, Input::HelloDone);
     feed(&mut link, Input::Answer(Answer::Digests(Some(vec![]))));
@@ -163,6 +163,19 @@ fn a_round_is_left_to_a_peer_fetching_from_this_node() {
     link.handle(Input::Answer(Answer::Loaded(vec![decision(0), decision(1)])), true);
     assert_eq!(names(&drain(&mut link)), ["PushLoaded2", "Next"]);
     assert_eq!(feed(&mut link, Input::Answer(Answer::Next(None))), ["Report(1,1,5,0)", "Rearm5s"]);
+    // A small push too, when the peer compares (its Diff found buckets
+    // differing) by then: its round fetches it. Pushed as well, a joiner
+    // got each key twice.
+    feed(&mut link, Input::Due);
+    feed(&mut link, Input::HelloDone);
+    feed(&mut link, Input::Answer(Answer::Digests(Some(vec![]))));
+    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![] });
+    feed(&mut link, Input::Answer(Answer::Checked(Ok(()))));
+    feed(&mut link, Input::DiffEnd);
+    let compared = Compared { n_newer_there: 0, newer_here: ids(0..1), full: false };
+    link.handle(Input::Answer(Answer::Compared(Ok(compared))), true);
+    assert_eq!(names(&drain(&mut link)), ["Next"]);
+    assert_eq!(feed(&mut link, Input::Answer(Answer::Next(None))), ["Report(1,0,1,0)", "Rearm5s"]);
     // A round that follows a lag is never left: the peer's cannot know what was dropped here.
     link.handle(Input::Lagged, true);
     assert_eq!(names(&drain(&mut link)), ["Digests"]);
@@ -356,4 +369,23 @@ fn a_decision_reaches_each_peer_once() {
     assert_eq!(names(&onward), ["master-b", "master-c", "master-d"], "not its origin, named apart");
     // From an agent that names no one: forwarded to every peer but its origin.
     assert!(pushes_to(&made, &c) && pushes_to(&made, &d) && !pushes_to(&made, &peer("master-a")));
+}
+
+/// The wait after a session's first round is `interval / 2` plus the
+/// link's phase, drawn at random in `[0, interval)` by its driver; the
+/// rounds after it come every `interval`. Links that connect together (an
+/// agent's start, a site after an outage) thus run their rounds apart.
+#[test]
+fn a_links_rounds_keep_the_phase_its_driver_drew() {
+    for (random, first) in [(0, 30), (45_000, 75), (60_000 * 7 + 10_000, 40)] {
+        let mut link = TestLink::new(settings().with_phase(random));
+        to_diff(&mut link);
+        let empty = || Input::DiffChunk { buckets: vec![], summaries: vec![] };
+        let outs = feed(&mut link, empty());
+        assert_eq!(outs.last().map(String::as_str), Some(format!("Rearm{first}s").as_str()), "{random}");
+        feed(&mut link, Input::Due);
+        feed(&mut link, Input::HelloDone);
+        feed(&mut link, Input::Answer(Answer::Digests(Some(vec![]))));
+        assert_eq!(feed(&mut link, empty()).last().map(String::as_str), Some("Rearm60s"));
+    }
 }

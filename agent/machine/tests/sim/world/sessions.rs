@@ -56,7 +56,7 @@ impl SimLink {
         let settings = LinkSettings {
             compare_chunk: rng.between(1, 10) as usize,
             push_chunk: rng.between(1, 10) as usize,
-            ..LinkSettings::new(interval, Duration::from_millis(FETCHING_MS))
+            ..LinkSettings::new(interval, Duration::from_millis(FETCHING_MS)).with_phase(rng.between(0, 1 << 40))
         };
         SimLink {
             machine: Link::new(settings),
