@@ -44,15 +44,23 @@ const DEFAULT_SEEDS: u64 = 200;
 /// held by a temporary file whose end an inotify overflow lost
 /// (`core/settle.rs`); 7114 (once repair plans of any size were shared
 /// between links) a peer's claim written into a Salt 3008 run whose
-/// removal of a pending key (an id not held) an inotify overflow lost.
+/// removal of a pending key (an id not held) an inotify overflow lost;
+/// 11981 was reported telling a conflict twice: the delete that won it
+/// compacted on a master that then took the older accept back from masters
+/// whose guard held that delete past tombstone_ttl, and met the delete
+/// again once it was let through (a checker gap: `world/checker.rs`; the
+/// machine's side is `node/tests/cold.rs`). Not reproduced at the commit
+/// that listed it: its schedule there no longer runs into the gap.
 /// Not listed: 3993 found a checker gap (a delete made while the agent was
 /// down, which its start-up found but could not record on a full disk,
 /// decided at the reading of the minion's new pending key and taken for a
 /// misread pending key: `world/operators.rs`) only with every node flooding
 /// its peers (`reached` disabled); with the shipped forwarding no seed
 /// below 50,000 has that schedule.
-const FOUND_BUGS: [u64; 20] =
-    [46, 195, 541, 701, 773, 780, 833, 1482, 1577, 1993, 2636, 2935, 3245, 3534, 5138, 5602, 7061, 7114, 9562, 9742];
+const FOUND_BUGS: [u64; 21] = [
+    46, 195, 541, 701, 773, 780, 833, 1482, 1577, 1993, 2636, 2935, 3245, 3534, 5138, 5602, 7061, 7114, 9562, 9742,
+    11981,
+];
 const N_IDS: usize = 30;
 /// Ids 0..N_PREEXISTING already have key files when the masters first start.
 const N_PREEXISTING: usize = 8;

@@ -184,3 +184,52 @@ fn knowing_a_compacted_delete_of_this_master_is_not_doubted() {
     assert_eq!(push(&mut a, &mut rt, "master-b", vec![accept]), 1);
     assert!(rt.events.iter().any(|e| matches!(e, Event::Doubted { .. })), "a recent one still is");
 }
+
+/// A conflict a plain tombstone won is forgotten with it after
+/// `tombstone_ttl`: when both decisions come back (a peer whose guard held
+/// the delete past that time still holds the older accept and offers it,
+/// then lets the delete through), the node meets them as new and tells the
+/// conflict again. This is what docs/operations.md says of deletes held
+/// longer than `tombstone_ttl` ("the origin then takes the keys back from
+/// the masters still holding them"), and what the simulation's checker
+/// allows (`world/checker.rs`; what seed 11981 was reported to fail on).
+#[test]
+fn a_conflict_forgotten_with_its_tombstone_is_told_again_when_both_come_back() {
+    let mut rt = Recorder::default();
+    let mut a = node("master-a", &mut rt);
+    // master-c accepts web01; master-b deletes it, not knowing that accept.
+    let accept = decision(Verdict::Accepted(key("mwIDAQAB")), NOW_MS - 17, "master-c", &[]);
+    let delete = decision(Verdict::Deleted, NOW_MS, "master-b", &[]);
+    assert_eq!(push(&mut a, &mut rt, "master-c", vec![accept.clone()]), 1);
+    assert_eq!(push(&mut a, &mut rt, "master-b", vec![delete.clone()]), 1);
+    let told = |rt: &Recorder| {
+        rt.events
+            .iter()
+            .filter(|e| {
+                matches!(e, Event::Conflict { conflict, .. }
+                    if conflict.winner.version == delete.version && conflict.loser.version == accept.version)
+            })
+            .count()
+    };
+    assert_eq!(told(&rt), 1);
+    assert_eq!((a.len(), a.counts().2), (0, 1), "a plain tombstone, in the store only");
+    // Restarted past tombstone_ttl: the first tick compacts it, and the pair with it.
+    let ttl_ms = TTL.as_millis() as u64;
+    let at = Now { mono: Instant::now(), wall_ms: NOW_MS + ttl_ms + 1000 };
+    let mut a = node_at(
+        "master-a",
+        GuardSettings { enabled: false, ..GuardSettings::default() },
+        rt.store.loaded(),
+        at,
+        &mut rt,
+    );
+    a.on_tick(at, &mut rt);
+    assert!(rt.store.decisions.is_empty(), "compacted: {:?}", rt.store.decisions.keys().collect::<Vec<_>>());
+    // A peer still holding the older accept offers it: taken back, as documented.
+    assert_eq!(a.on_batches(vec![(peer("master-c"), vec![accept.clone()])], at, &mut rt), vec![1]);
+    assert_eq!(told(&rt), 1);
+    // The delete comes again (let through by that peer's guard): it wins
+    // again, and the conflict, forgotten, is told again.
+    assert_eq!(a.on_batches(vec![(peer("master-d"), vec![delete.clone()])], at, &mut rt), vec![1]);
+    assert_eq!(told(&rt), 2);
+}

@@ -24,12 +24,13 @@ const HOLD_ENDS: [(Action, Outcome); 4] = [
 ];
 
 impl Sim {
-    /// `n`'s records tell each conflict pair of `expected` once, and none
-    /// but those or the `forgotten` ones (compacted since).
+    /// `n`'s records tell each conflict pair of `expected` once (once more
+    /// for each time it was compacted and met again), and none but those or
+    /// the `forgotten` ones (compacted since, counted per compaction).
     pub(crate) fn check_conflict_records(
         n: &SimNode,
         expected: &BTreeSet<(MinionId, Version, Version)>,
-        forgotten: &BTreeSet<(MinionId, Version, Version)>,
+        forgotten: &BTreeMap<(MinionId, Version, Version), u64>,
         verdicts: &mut Verdicts,
         problems: &mut Vec<String>,
     ) {
@@ -37,7 +38,7 @@ impl Sim {
             (id.to_string(), winner.to_string(), loser.to_string())
         };
         let expected: BTreeSet<Named> = expected.iter().map(named).collect();
-        let forgotten: BTreeSet<Named> = forgotten.iter().map(named).collect();
+        let forgotten: BTreeMap<Named, u64> = forgotten.iter().map(|(pair, &k)| (named(pair), k)).collect();
         let mut told: BTreeMap<Named, u64> = BTreeMap::new();
         for record in n.records.iter().filter(|r| r.action == Action::Conflict.as_str()) {
             let (Some(minion), Some(version), Some(other)) = (&record.minion, &record.version, &record.other_version)
