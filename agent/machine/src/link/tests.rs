@@ -144,6 +144,16 @@ fn a_full_plan_brings_the_next_round_sooner() {
     assert_eq!(feed(&mut link, Input::Answer(Answer::Next(None))), ["Report(1,9,0,0)", "Up", "Rearm5s"]);
 }
 
+/// The timer's round, up to the end of a Diff answer naming one bucket.
+fn timed_round_to_its_end(link: &mut TestLink) {
+    feed(link, Input::Due);
+    feed(link, Input::HelloDone);
+    feed(link, Input::Answer(Answer::Digests(Some(vec![]))));
+    feed(link, Input::DiffChunk { buckets: vec![1], summaries: vec![] });
+    feed(link, Input::Answer(Answer::Checked(Ok(()))));
+    feed(link, Input::DiffEnd);
+}
+
 #[test]
 fn a_round_is_left_to_a_peer_fetching_from_this_node() {
     let mut link = TestLink::new(settings());
@@ -152,12 +162,7 @@ fn a_round_is_left_to_a_peer_fetching_from_this_node() {
     assert_eq!(names(&drain(&mut link)), ["Up", "Rearm5s"], "left whole: no digests sent");
     // A push is left once the peer fetches (both rounds began at once): the
     // fetches still run.
-    feed(&mut link, Input::Due);
-    feed(&mut link, Input::HelloDone);
-    feed(&mut link, Input::Answer(Answer::Digests(Some(vec![]))));
-    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![] });
-    feed(&mut link, Input::Answer(Answer::Checked(Ok(()))));
-    feed(&mut link, Input::DiffEnd);
+    timed_round_to_its_end(&mut link);
     let compared = Compared { n_newer_there: 1, newer_here: ids(0..5), full: false };
     assert_eq!(feed(&mut link, Input::Answer(Answer::Compared(Ok(compared)))), ["Load2"]);
     link.handle(Input::Answer(Answer::Loaded(vec![decision(0), decision(1)])), true);
@@ -166,12 +171,7 @@ fn a_round_is_left_to_a_peer_fetching_from_this_node() {
     // A small push too, when the peer compares (its Diff found buckets
     // differing) by then: its round fetches it. Pushed as well, a joiner
     // got each key twice.
-    feed(&mut link, Input::Due);
-    feed(&mut link, Input::HelloDone);
-    feed(&mut link, Input::Answer(Answer::Digests(Some(vec![]))));
-    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![] });
-    feed(&mut link, Input::Answer(Answer::Checked(Ok(()))));
-    feed(&mut link, Input::DiffEnd);
+    timed_round_to_its_end(&mut link);
     let compared = Compared { n_newer_there: 0, newer_here: ids(0..1), full: false };
     link.handle(Input::Answer(Answer::Compared(Ok(compared))), true);
     assert_eq!(names(&drain(&mut link)), ["Next"]);
