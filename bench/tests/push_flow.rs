@@ -7,7 +7,10 @@
 //! acknowledgement.
 //!
 //! A fake master-b holds its first acknowledgement until master-a's agent
-//! has audited every accept, then counts the batches it was pushed.
+//! has audited every accept, then counts the batches it was pushed. The
+//! same holds while a round runs (the fake holds its Diff answer too): the
+//! link pushes during rounds, to the same window.
+//! An earlier build pushed each decision of a round as its own batch.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,6 +28,17 @@ const N_KEYS: usize = 300;
 
 #[test]
 fn a_burst_of_accepts_reaches_a_slow_peer_in_a_few_batches() {
+    burst_to_a_slow_peer(false);
+}
+
+#[test]
+fn a_burst_during_a_round_reaches_a_slow_peer_in_a_few_batches() {
+    burst_to_a_slow_peer(true);
+}
+
+/// `in_round`: master-b holds its Diff answer as well, so the burst comes
+/// while master-a's link waits in its first round.
+fn burst_to_a_slow_peer(in_round: bool) {
     let settings = keysync_bench::Settings::quick();
     let mut cluster = BenchCluster::new(&settings, "push-flow").expect("the agents' files");
     let a = Config::load(&cluster.files[0].config_path).expect("master-a's config");
@@ -32,12 +46,12 @@ fn a_burst_of_accepts_reaches_a_slow_peer_in_a_few_batches() {
     let tls_b = salt_keysync::setup::load_tls(&b).expect("master-b's TLS");
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let (release, released) = watch::channel(false);
-    let slow = Arc::new(SlowPeer { released, diffs: AtomicUsize::new(0), batches: Mutex::new(Vec::new()) });
+    let slow = Arc::new(SlowPeer { released, in_round, diffs: AtomicUsize::new(0), batches: Mutex::new(Vec::new()) });
     let (shutdown, serving) =
         keysync_bench::hostile::serve_as_master_b(&runtime, &a, &tls_b, slow.clone()).expect("a fake master-b");
 
     cluster.start(0).expect("master-a starts");
-    wait(Duration::from_secs(60), "master-a's link ran its first round with master-b", || {
+    wait(Duration::from_secs(60), "master-a's link began its first round with master-b", || {
         slow.diffs.load(Ordering::SeqCst) > 0
     });
     // Accepts as salt-key makes them: each key renamed into minions/.
@@ -86,6 +100,8 @@ fn wait(timeout: Duration, what: &str, mut done: impl FnMut() -> bool) {
 /// master-b's agent, slow to make its first push durable.
 struct SlowPeer {
     released: watch::Receiver<bool>,
+    /// Its Diff answer waits for the release too.
+    in_round: bool,
     diffs: AtomicUsize,
     /// The ids of each batch pushed, in order.
     batches: Mutex<Vec<Vec<String>>>,
@@ -106,9 +122,15 @@ impl Handler for SlowPeer {
         Ok(v1::PushAck { n_received, n_applied: n_received })
     }
 
-    /// Holds nothing: every bucket differs, with no entries.
+    /// Holds nothing: every bucket differs, with no entries (in a round
+    /// held until the release: nothing differs).
     async fn diff(&self, _: &PeerName, _: v1::DiffRequest) -> Result<Items<v1::DiffChunk>, Status> {
         self.diffs.fetch_add(1, Ordering::SeqCst);
+        if self.in_round {
+            // Then nothing differs: the round pushes nothing of its own.
+            let _ = self.released.clone().wait_for(|r| *r).await;
+            return Ok(Box::new(std::iter::once(v1::DiffChunk::default())));
+        }
         let all = v1::DiffChunk { buckets: (0..1024).collect(), entries: Vec::new() };
         Ok(Box::new(std::iter::once(all)))
     }

@@ -186,13 +186,21 @@ impl PeerLink {
             keysync_server::connect(&self.peer.address, &self.peer.name, &tls, MAX_MESSAGE_BYTES, CONNECT_TIMEOUT)
                 .await?;
         // Followed before the first round, so nothing decided meanwhile is
-        // missed: what comes during a round is held back for after it.
+        // missed: it is pushed at once, rounds or not.
         let outgoing = self.core.follow(&self.peer.name);
         let (push_tx, push_rx) = mpsc::channel::<v1::DecisionBatch>(PUSHES_IN_FLIGHT);
-        let mut acks = client.push(ReceiverStream::new(push_rx)).await?.into_inner();
+        let acks = client.push(ReceiverStream::new(push_rx)).await?.into_inner();
         let mut io = SessionIo {
             client,
-            push: PushIo { tx: push_tx, unacked: 0, outgoing },
+            push: PushIo {
+                tx: push_tx,
+                unacked: 0,
+                acks,
+                waiting: Vec::new(),
+                outgoing,
+                board: self.board.clone(),
+                peer: self.peer.name.clone(),
+            },
             timer: Box::pin(tokio::time::sleep(self.anti_entropy_interval)),
             timer_armed: false,
             diff: None,
@@ -206,7 +214,8 @@ impl PeerLink {
             while let Some(out) = link.poll() {
                 self.execute(out, link, &mut io).await?;
             }
-            let SessionIo { push: PushIo { outgoing, unacked, .. }, timer, timer_armed, .. } = &mut io;
+            let SessionIo { push, timer, timer_armed, .. } = &mut io;
+            let PushIo { outgoing, unacked, acks, .. } = push;
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
                 out = outgoing.receiver.recv(), if *unacked < PUSHES_IN_FLIGHT => match out {
@@ -226,14 +235,10 @@ impl PeerLink {
                     }
                     Err(broadcast::error::RecvError::Closed) => return Ok(()),
                 },
-                ack = acks.message() => match ack? {
-                    Some(ack) => {
-                        *unacked = unacked.saturating_sub(1);
-                        self.board.contact(&self.peer.name);
-                        tracing::trace!(n_received = ack.n_received, n_applied = ack.n_applied, "push acknowledged");
-                    }
-                    None => return Err(SessionError::PushClosed),
-                },
+                ack = acks.message() => {
+                    push.acknowledged(ack)?;
+                    push.flush().await?;
+                }
                 () = timer.as_mut(), if *timer_armed => {
                     *timer_armed = false;
                     link.handle(Input::Due, self.board.peer_fetching(&self.peer.name));
@@ -278,7 +283,8 @@ impl PeerLink {
                 Input::Fetched(decisions)
             }
             Out::Push(batches) => {
-                send_decisions(&mut io.push, decisions_of(&batches, &self.peer.name)).await?;
+                io.push.waiting.extend(batches);
+                io.push.flush().await?;
                 return Ok(());
             }
             Out::PushLoaded(decisions) => {
@@ -512,14 +518,41 @@ struct PushIo {
     /// Push batches sent and not yet acknowledged (acknowledgements come
     /// one per batch, in order).
     unacked: usize,
+    acks: tonic::Streaming<v1::PushAck>,
+    /// What the link pushes while two batches are unacknowledged: sent
+    /// together at the next acknowledgement.
+    waiting: Vec<Arc<crate::node::Outgoing>>,
+    board: Arc<Board>,
+    peer: PeerName,
+}
+
+impl PushIo {
+    fn acknowledged(&mut self, ack: Result<Option<v1::PushAck>, tonic::Status>) -> Result<(), SessionError> {
+        let Some(ack) = ack? else { return Err(SessionError::PushClosed) };
+        self.unacked = self.unacked.saturating_sub(1);
+        self.board.contact(&self.peer);
+        tracing::trace!(n_received = ack.n_received, n_applied = ack.n_applied, "push acknowledged");
+        Ok(())
+    }
+
+    /// Sends what waits, as one push (split under the message cap), if
+    /// fewer than [`PUSHES_IN_FLIGHT`] batches are unacknowledged.
+    async fn flush(&mut self) -> Result<(), SessionError> {
+        if self.unacked >= PUSHES_IN_FLIGHT || self.waiting.is_empty() {
+            return Ok(());
+        }
+        let batches = std::mem::take(&mut self.waiting);
+        let peer = self.peer.clone();
+        send_decisions(self, decisions_of(&batches, &peer)).await?;
+        Ok(())
+    }
 }
 
 /// Awaits `fut` while handing the link what the node sends its peers
-/// meanwhile, and pushing what the link pushes at once (all but the
-/// session's first round), so a round never holds a live push back and a
-/// burst during a long round never piles up in the node's outgoing
-/// channel. (The acknowledgements are read after: a round's pushes are not
-/// held to the push window.)
+/// meanwhile, and pushing what the link pushes, so a round never holds a
+/// live push back. Pushes keep to the push window, as between rounds: what
+/// the node sends while two batches are unacknowledged waits in its
+/// outgoing channel and goes as one batch at the next acknowledgement.
 async fn during<F: std::future::Future>(
     fut: F,
     link: &mut Link,
@@ -531,15 +564,23 @@ async fn during<F: std::future::Future>(
     loop {
         tokio::select! {
             result = &mut fut => return Ok(result),
-            out = push.outgoing.receiver.recv(), if open => match out {
-                Ok(out) => take(link, peer, out),
+            out = push.outgoing.receiver.recv(), if open && push.unacked < PUSHES_IN_FLIGHT => match out {
+                Ok(out) => {
+                    // Everything else already queued goes in the same push.
+                    take(link, peer, out);
+                    while let Ok(more) = push.outgoing.receiver.try_recv() {
+                        take(link, peer, more);
+                    }
+                }
                 Err(broadcast::error::RecvError::Lagged(_)) => link.handle(Input::Lagged, false),
                 Err(broadcast::error::RecvError::Closed) => open = false,
             },
+            ack = push.acks.message(), if push.unacked > 0 => push.acknowledged(ack)?,
         }
         while let Some(batches) = link.poll_push() {
-            send_decisions(push, decisions_of(&batches, peer)).await?;
+            push.waiting.extend(batches);
         }
+        push.flush().await?;
     }
 }
 
