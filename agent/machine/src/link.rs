@@ -41,6 +41,7 @@ use crate::core::{Decision, MinionId};
 use crate::node::{BadAnswer, Compared, Summaries, FETCH_CHUNK};
 
 mod forward;
+mod names;
 #[cfg(test)]
 mod tests;
 
@@ -292,43 +293,6 @@ enum Step {
     NextIds,
     Fetching(Vec<MinionId>),
     Applying,
-}
-
-impl Step {
-    fn name(&self) -> &'static str {
-        match self {
-            Step::Digests => "waiting for the digests",
-            Step::Reading { .. } => "reading the Diff answer",
-            Step::Checking { .. } => "comparing",
-            Step::Ending { .. } => "ending the comparison",
-            Step::Pushing { .. } => "loading decisions to push",
-            Step::NextIds => "waiting for the ids to fetch",
-            Step::Fetching(_) => "fetching",
-            Step::Applying => "applying",
-        }
-    }
-}
-
-impl<B> Input<B> {
-    fn name(&self) -> &'static str {
-        match self {
-            Input::Connected => "Connected",
-            Input::HelloDone => "HelloDone",
-            Input::Due => "Due",
-            Input::Outgoing { .. } => "Outgoing",
-            Input::Lagged => "Lagged",
-            Input::Answer(Answer::Digests(_)) => "the digests",
-            Input::Answer(Answer::Checked(_)) => "a check",
-            Input::Answer(Answer::Compared(_)) => "a comparison",
-            Input::Answer(Answer::Loaded(_)) => "loaded decisions",
-            Input::Answer(Answer::Next(_)) => "ids to fetch",
-            Input::Answer(Answer::Applied(_)) => "an apply's count",
-            Input::DiffChunk { .. } => "a Diff chunk",
-            Input::DiffEnd => "the Diff's end",
-            Input::Fetched(_) => "fetched decisions",
-            Input::Failed => "Failed",
-        }
-    }
 }
 
 impl<B> Link<B> {

@@ -1,0 +1,158 @@
+//! A session's live pushes: what the node sends its peers, carried to the
+//! peer's push stream in batches under the push window, during rounds and
+//! between them (see `peers.rs`).
+
+use std::sync::Arc;
+
+use keysync_machine::link::{pushes_to, reached, Input};
+use keysync_machine::PeerName;
+use keysync_proto::v1;
+use prost::Message;
+use tokio::sync::{broadcast, mpsc};
+
+use super::{Link, SessionError, MAX_MESSAGE_BYTES};
+use crate::core::Decision;
+use crate::net::wire::decision_to_wire;
+use crate::ops::board::Board;
+
+/// Encoded bytes per pushed batch: half the message cap.
+pub(super) const PUSH_BATCH_BYTES: usize = MAX_MESSAGE_BYTES / 2;
+/// Decisions per pushed batch (10,000 keys of ~450 bytes is ~5 MiB).
+pub(super) const PUSH_BATCH_DECISIONS: usize = 10_000;
+/// Push batches the peer has not acknowledged yet, at most. While that many
+/// are unacknowledged, what the node sends meanwhile waits in its outgoing
+/// channel and goes out as one batch at the next acknowledgement: the peer
+/// makes each batch durable (a syncfs, a store commit), so a burst of
+/// single decisions (Salt 3008's `salt-key -A` writes one key at a time)
+/// must not reach it as thousands of one-decision batches.
+pub(super) const PUSHES_IN_FLIGHT: usize = 2;
+
+/// The session's live pushes: what the node sends, and the push stream.
+pub(super) struct PushIo {
+    pub(super) outgoing: crate::node::Following,
+    pub(super) tx: mpsc::Sender<v1::DecisionBatch>,
+    /// Push batches sent and not yet acknowledged (acknowledgements come
+    /// one per batch, in order).
+    pub(super) unacked: usize,
+    pub(super) acks: tonic::Streaming<v1::PushAck>,
+    /// What the link pushes while two batches are unacknowledged: sent
+    /// together at the next acknowledgement.
+    pub(super) waiting: Vec<Arc<crate::node::Outgoing>>,
+    pub(super) board: Arc<Board>,
+    pub(super) peer: PeerName,
+}
+
+impl PushIo {
+    pub(super) fn acknowledged(&mut self, ack: Result<Option<v1::PushAck>, tonic::Status>) -> Result<(), SessionError> {
+        let Some(ack) = ack? else { return Err(SessionError::PushClosed) };
+        self.unacked = self.unacked.saturating_sub(1);
+        self.board.contact(&self.peer);
+        tracing::trace!(n_received = ack.n_received, n_applied = ack.n_applied, "push acknowledged");
+        Ok(())
+    }
+
+    /// Sends what waits, as one push (split under the message cap), if
+    /// fewer than [`PUSHES_IN_FLIGHT`] batches are unacknowledged.
+    pub(super) async fn flush(&mut self) -> Result<(), SessionError> {
+        if self.unacked >= PUSHES_IN_FLIGHT || self.waiting.is_empty() {
+            return Ok(());
+        }
+        let batches = std::mem::take(&mut self.waiting);
+        let peer = self.peer.clone();
+        send_decisions(self, decisions_of(&batches, &peer)).await?;
+        Ok(())
+    }
+}
+
+/// Awaits `fut` while handing the link what the node sends its peers
+/// meanwhile, and pushing what the link pushes, so a round never holds a
+/// live push back. Pushes keep to the push window, as between rounds: what
+/// the node sends while two batches are unacknowledged waits in its
+/// outgoing channel and goes as one batch at the next acknowledgement.
+pub(super) async fn during<F: std::future::Future>(
+    fut: F,
+    link: &mut Link,
+    push: &mut PushIo,
+    peer: &PeerName,
+) -> Result<F::Output, SessionError> {
+    tokio::pin!(fut);
+    let mut open = true;
+    loop {
+        tokio::select! {
+            result = &mut fut => return Ok(result),
+            out = push.outgoing.receiver.recv(), if open && push.unacked < PUSHES_IN_FLIGHT => match out {
+                Ok(out) => {
+                    // Everything else already queued goes in the same push.
+                    take(link, peer, out);
+                    while let Ok(more) = push.outgoing.receiver.try_recv() {
+                        take(link, peer, more);
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => link.handle(Input::Lagged, false),
+                Err(broadcast::error::RecvError::Closed) => open = false,
+            },
+            ack = push.acks.message(), if push.unacked > 0 => push.acknowledged(ack)?,
+        }
+        while let Some(batches) = link.poll_push() {
+            push.waiting.extend(batches);
+        }
+        push.flush().await?;
+    }
+}
+
+/// Hands the link a batch the node sent its peers.
+pub(super) fn take(link: &mut Link, peer: &PeerName, out: Arc<crate::node::Outgoing>) {
+    let from_peer = out.from.as_ref() == Some(peer);
+    link.handle(Input::Outgoing { from_peer, n: out.decisions.len(), batch: out }, false);
+}
+
+/// The decisions of `batches` to push to `peer` (not its own, nor one that
+/// passed through it or was pushed to it already), each with the peers the
+/// node pushes it to, in order (a list of references: an iterator chaining
+/// the batches could not be held across the pushes' awaits).
+pub(super) fn decisions_of<'a>(
+    batches: &'a [Arc<crate::node::Outgoing>],
+    peer: &PeerName,
+) -> Vec<(&'a Decision, &'a [PeerName])> {
+    let all = batches.iter().flat_map(|o| o.decisions.iter().map(|d| (d, &*o.pushing)));
+    all.filter(|(d, _)| pushes_to(d, peer)).collect()
+}
+
+/// No peer: a round's pushes name none in `reached` (the peer lacked them
+/// by its own summaries; nobody else is told to leave it out).
+pub(super) const NO_ONE: &[PeerName] = &[];
+
+/// Pushes decisions in batches of at most [`PUSH_BATCH_BYTES`] (well under
+/// the message cap) and [`PUSH_BATCH_DECISIONS`]: the peer makes each batch
+/// durable with one syncfs and one store commit, so a burst (salt-key -A)
+/// costs a few of those, not one per thousand keys. Returns the bytes sent.
+pub(super) async fn send_decisions<'a>(
+    io: &mut PushIo,
+    decisions: impl IntoIterator<Item = (&'a Decision, &'a [PeerName])>,
+) -> Result<usize, SessionError> {
+    let mut n_bytes = 0;
+    let mut batch = v1::DecisionBatch::default();
+    let mut batch_bytes = 0;
+    for (decision, pushing) in decisions {
+        let mut wire = decision_to_wire(decision);
+        wire.reached = reached(decision, pushing).iter().map(str::to_string).collect();
+        // Its size in the batch: the message and its field's tag and length.
+        let len = wire.encoded_len() + 8;
+        if !batch.decisions.is_empty()
+            && (batch_bytes + len > PUSH_BATCH_BYTES || batch.decisions.len() >= PUSH_BATCH_DECISIONS)
+        {
+            n_bytes += batch.encoded_len();
+            io.tx.send(std::mem::take(&mut batch)).await.map_err(|_| SessionError::PushClosed)?;
+            io.unacked += 1;
+            batch_bytes = 0;
+        }
+        batch_bytes += len;
+        batch.decisions.push(wire);
+    }
+    if !batch.decisions.is_empty() {
+        n_bytes += batch.encoded_len();
+        io.tx.send(batch).await.map_err(|_| SessionError::PushClosed)?;
+        io.unacked += 1;
+    }
+    Ok(n_bytes)
+}
