@@ -23,8 +23,8 @@
 //! behind during a round, another round follows it, which finds by digest
 //! whatever was dropped.
 //!
-//! Leaving a round to the peer: when the peer compares or fetches (its own
-//! round against this node, e.g. a joining master's), that round brings it what this
+//! Leaving a round to the peer: when the peer is fetching from this node
+//! in a round of its own (a joining master), that round brings it what this
 //! node holds newer and pushes what it holds newer itself. A round that may
 //! be left (one the timer or the connection started) is then left, wholly
 //! or its push, and the next round comes [`LinkSettings::again`] later.
@@ -289,6 +289,7 @@ enum Step {
     /// Loading what the node holds newer, to push.
     Pushing {
         rest: Vec<MinionId>,
+        n_lacked: usize,
     },
     NextIds,
     Fetching(Vec<MinionId>),
@@ -512,16 +513,17 @@ impl<B> Link<B> {
                     round.report =
                         Round { differing_buckets: n_buckets, we_lacked: n_newer_there, full, ..Round::default() };
                     round.report.peer_lacked = newer_here.len();
+                    let n_lacked = newer_here.len();
                     // Pushed in order, a chunk at a time: taken from the back.
                     let mut rest = newer_here;
                     rest.reverse();
-                    round.step = Step::Pushing { rest };
+                    round.step = Step::Pushing { rest, n_lacked };
                     self.push_next(peer_fetching);
                 }
             },
-            (Step::Pushing { rest }, Input::Answer(Answer::Loaded(decisions))) => {
+            (Step::Pushing { rest, n_lacked }, Input::Answer(Answer::Loaded(decisions))) => {
                 round.report.pushed += decisions.len();
-                round.step = Step::Pushing { rest };
+                round.step = Step::Pushing { rest, n_lacked };
                 if !decisions.is_empty() {
                     self.out.push_back(Out::PushLoaded(decisions));
                 }
@@ -567,16 +569,14 @@ impl<B> Link<B> {
         self.out.push_back(Out::Call(Call::End));
     }
 
-    /// Loads the next chunk to push, or asks what to fetch. The push is
-    /// left to the peer once it compares or fetches in a round of its own
-    /// against this node (both rounds began at once): its round fetches
-    /// what differs, and pushing it too sent it every key twice (a joiner
-    /// of 1,500 keys got each from the push of each peer and its fetch).
+    /// Loads the next chunk to push, or asks what to fetch. A large push
+    /// is left to the peer once it fetches from this node (both rounds
+    /// began at once): its round brings it what differs.
     fn push_next(&mut self, peer_fetching: bool) {
         let push_chunk = self.settings.push_chunk;
         let Phase::Round(round) = &mut self.phase else { return };
-        let Step::Pushing { rest } = &mut round.step else { return };
-        let leave = round.may_leave && peer_fetching;
+        let Step::Pushing { rest, n_lacked } = &mut round.step else { return };
+        let leave = *n_lacked > push_chunk && round.may_leave && peer_fetching;
         if leave && !rest.is_empty() {
             round.report.left = true;
             rest.clear();

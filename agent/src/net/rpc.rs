@@ -95,12 +95,6 @@ impl Handler for RpcHandler {
         }
         let theirs = req.digests;
         let (buckets, summaries) = self.core.ask(|reply| Request::Diff { theirs, reply }).await.map_err(core_gone)?;
-        if !buckets.is_empty() {
-            // Its round will fetch what differs: this master's round
-            // against it leaves its push to it (a joiner got every key
-            // twice, pushed and fetched).
-            self.board.peer_fetched(peer);
-        }
         // Made one chunk at a time as the stream sends them; the first (there
         // is always one) names the buckets.
         let mut buckets = Some(buckets);

@@ -283,9 +283,8 @@ impl Board {
         }
     }
 
-    /// The peer fetched from this master, or asked for a Diff that found
-    /// buckets differing: an anti-entropy round of its own against this
-    /// master is under way, and will fetch what this master holds newer.
+    /// The peer fetched from this master: an anti-entropy round of its own
+    /// against this master is under way.
     pub fn peer_fetched(&self, peer: &PeerName) {
         self.peer_fetched_at(peer, std::time::Instant::now());
     }
@@ -298,7 +297,7 @@ impl Board {
     }
 
     /// Whether the peer is fetching from this master in a round of its
-    /// own: it fetched or compared within the last [`FETCHING`]. That round brings it
+    /// own: it fetched within the last [`FETCHING`]. That round brings it
     /// whatever this master holds newer and pushes what it holds newer
     /// itself, so this master's round against it is left to it (see
     /// `net/peers.rs`).

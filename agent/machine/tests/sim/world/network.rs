@@ -53,10 +53,6 @@ impl Sim {
             }
             Msg::DiffReq { req, digests } => {
                 if let Some((buckets, summaries)) = self.input(to, |machine, rt, _| machine.diff(&digests, rt)) {
-                    if !buckets.is_empty() {
-                        // A round of the peer's own: it will fetch (the agent's `rpc.rs`).
-                        self.fetched_at.insert((to, from), self.now);
-                    }
                     self.send(to, from, Msg::DiffResp { req, buckets, summaries });
                 }
             }
