@@ -147,7 +147,6 @@ pub enum Input<B> {
     /// this link's peer (never pushed back to it).
     Outgoing {
         from_peer: bool,
-        n: usize,
         batch: B,
     },
     /// The node's outgoing decisions were dropped before the link read them.
@@ -340,7 +339,7 @@ impl<B> Link<B> {
             }
             Input::Failed => self.down(),
             Input::Outgoing { from_peer: true, .. } => {}
-            Input::Outgoing { from_peer: false, batch, .. } => match &self.phase {
+            Input::Outgoing { from_peer: false, batch } => match &self.phase {
                 Phase::Down => {}
                 Phase::Live | Phase::Hello { .. } | Phase::Round(_) => match self.out.back_mut() {
                     // Everything queued goes in one push.

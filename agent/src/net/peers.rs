@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tracing::Instrument;
 
-use push::{during, send_decisions, take, PushIo, NO_ONE, PUSHES_IN_FLIGHT};
+use push::{during, send_decisions, PushIo, NO_ONE, PUSHES_IN_FLIGHT};
 
 use crate::config::Peer;
 use crate::core::digest::N_BUCKETS;
@@ -208,16 +208,7 @@ impl PeerLink {
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
                 out = outgoing.receiver.recv(), if *unacked < PUSHES_IN_FLIGHT => match out {
-                    Ok(out) => {
-                        // Everything else already queued goes in the same push: while
-                        // the peer is busy making the last batch durable, a burst
-                        // (salt-key -A) accumulates here and is sent as one batch
-                        // rather than as many small ones, each costing it its fsyncs.
-                        take(link, &self.peer.name, out);
-                        while let Ok(more) = outgoing.receiver.try_recv() {
-                            take(link, &self.peer.name, more);
-                        }
-                    }
+                    Ok(out) => push.take(link, out),
                     Err(broadcast::error::RecvError::Lagged(n)) => {
                         tracing::warn!(n_batches = n, "fell behind; repairing by anti-entropy");
                         link.handle(Input::Lagged, self.board.peer_fetching(&self.peer.name));
@@ -245,13 +236,13 @@ impl PeerLink {
     ) -> Result<(), SessionError> {
         let input = match out {
             Out::Hello => {
-                let hello = during(self.hello(&mut io.client), link, &mut io.push, &self.peer.name).await??;
+                let hello = during(self.hello(&mut io.client), link, &mut io.push).await??;
                 io.n_decisions = hello.n_decisions;
                 Input::HelloDone
             }
             Out::Call(call) => {
                 let ask = self.call(call);
-                match during(ask, link, &mut io.push, &self.peer.name).await?? {
+                match during(ask, link, &mut io.push).await?? {
                     Some(answer) => Input::Answer(answer),
                     None => return Ok(()),
                 }
@@ -259,13 +250,13 @@ impl PeerLink {
             Out::Diff(digests) => {
                 let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests };
                 io.run = AntiEntropyRun { bytes_sent: request.encoded_len(), ..AntiEntropyRun::default() };
-                let stream = during(io.client.diff(request), link, &mut io.push, &self.peer.name).await??.into_inner();
+                let stream = during(io.client.diff(request), link, &mut io.push).await??.into_inner();
                 io.diff = Some(stream);
                 self.read_diff(link, io).await?
             }
             Out::ReadDiff => self.read_diff(link, io).await?,
             Out::Fetch(ids) => {
-                let fetched = during(self.fetch(&mut io.client, &ids), link, &mut io.push, &self.peer.name).await??;
+                let fetched = during(self.fetch(&mut io.client, &ids), link, &mut io.push).await??;
                 let (decisions, sent, received) = fetched;
                 io.run.bytes_sent += sent;
                 io.run.bytes_received += received;
@@ -312,7 +303,7 @@ impl PeerLink {
         let Some(stream) = io.diff.as_mut() else {
             return Ok(Input::DiffEnd);
         };
-        let Some(chunk) = during(stream.message(), link, &mut io.push, &self.peer.name).await?? else {
+        let Some(chunk) = during(stream.message(), link, &mut io.push).await?? else {
             io.diff = None;
             return Ok(Input::DiffEnd);
         };

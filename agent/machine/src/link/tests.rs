@@ -90,9 +90,9 @@ fn a_session_with_nothing_differing_is_up_and_sets_its_timer() {
     assert_eq!(feed(&mut link, empty), ["Contact", "Agreed", "Report(0,0,0,0)", "Up", "Rearm60s"]);
     // Live: what the node sends is pushed, queued batches in one push; the
     // peer's own decisions are not pushed back to it.
-    link.handle(Input::Outgoing { from_peer: false, n: 1, batch: 1 }, false);
-    link.handle(Input::Outgoing { from_peer: true, n: 1, batch: 2 }, false);
-    link.handle(Input::Outgoing { from_peer: false, n: 1, batch: 3 }, false);
+    link.handle(Input::Outgoing { from_peer: false, batch: 1 }, false);
+    link.handle(Input::Outgoing { from_peer: true, batch: 2 }, false);
+    link.handle(Input::Outgoing { from_peer: false, batch: 3 }, false);
     assert_eq!(names(&drain(&mut link)), ["Push[1, 3]"]);
     // The timer: Hello again, then a round.
     assert_eq!(feed(&mut link, Input::Due), ["Hello"]);
@@ -192,28 +192,28 @@ fn a_round_is_left_to_a_peer_fetching_from_this_node() {
 fn what_the_node_sends_during_a_round_is_pushed_at_once() {
     let mut link = TestLink::new(settings());
     assert_eq!(feed(&mut link, Input::Connected), ["Hello"]);
-    link.handle(Input::Outgoing { from_peer: false, n: 1, batch: 1 }, false);
+    link.handle(Input::Outgoing { from_peer: false, batch: 1 }, false);
     assert_eq!(names(&drain(&mut link)), ["Push[1]"], "during the first Hello");
     assert_eq!(feed(&mut link, Input::HelloDone), ["Digests"]);
     assert_eq!(feed(&mut link, Input::Answer(Answer::Digests(Some(vec![1])))), ["Diff"]);
     // Awaiting the Diff answer: pushed one at a time or queued together,
     // never the peer's own.
-    link.handle(Input::Outgoing { from_peer: false, n: 1, batch: 2 }, false);
+    link.handle(Input::Outgoing { from_peer: false, batch: 2 }, false);
     assert_eq!(link.poll_push(), Some(vec![2]));
     assert_eq!(link.poll_push(), None);
-    link.handle(Input::Outgoing { from_peer: false, n: 5_000, batch: 3 }, false);
-    link.handle(Input::Outgoing { from_peer: true, n: 1, batch: 4 }, false);
-    link.handle(Input::Outgoing { from_peer: false, n: 1, batch: 5 }, false);
+    link.handle(Input::Outgoing { from_peer: false, batch: 3 }, false);
+    link.handle(Input::Outgoing { from_peer: true, batch: 4 }, false);
+    link.handle(Input::Outgoing { from_peer: false, batch: 5 }, false);
     assert_eq!(link.poll_push(), Some(vec![3, 5]));
     let empty = Input::DiffChunk { buckets: vec![], summaries: vec![] };
     assert_eq!(feed(&mut link, empty), ["Contact", "Agreed", "Report(0,0,0,0)", "Up", "Rearm60s"]);
     // A later round, the timer's: the same.
     assert_eq!(feed(&mut link, Input::Due), ["Hello"]);
-    link.handle(Input::Outgoing { from_peer: false, n: 1, batch: 6 }, false);
+    link.handle(Input::Outgoing { from_peer: false, batch: 6 }, false);
     assert_eq!(link.poll_push(), Some(vec![6]));
     assert_eq!(feed(&mut link, Input::HelloDone), ["Digests"]);
     assert_eq!(feed(&mut link, Input::Answer(Answer::Digests(Some(vec![1])))), ["Diff"]);
-    link.handle(Input::Outgoing { from_peer: false, n: 1, batch: 7 }, false);
+    link.handle(Input::Outgoing { from_peer: false, batch: 7 }, false);
     assert_eq!(link.poll_push(), Some(vec![7]));
 }
 
@@ -277,7 +277,7 @@ fn a_bad_answer_or_a_failure_ends_the_session_and_releases_its_claims() {
     );
     assert!(!link.is_up());
     // Down, nothing more is asked: outgoing decisions, the timer, stale answers are ignored.
-    link.handle(Input::Outgoing { from_peer: false, n: 1, batch: 1 }, false);
+    link.handle(Input::Outgoing { from_peer: false, batch: 1 }, false);
     link.handle(Input::Due, false);
     link.handle(Input::Fetched(vec![]), false);
     link.handle(Input::Failed, false);

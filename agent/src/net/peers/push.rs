@@ -51,6 +51,20 @@ impl PushIo {
         Ok(())
     }
 
+    /// Hands the link a batch the node sent its peers, and every other
+    /// already queued: while the peer is busy making the last batch
+    /// durable, a burst (salt-key -A) accumulates in the channel and goes
+    /// out as one push rather than as many small ones, each costing the
+    /// peer its fsyncs.
+    pub(super) fn take(&mut self, link: &mut Link, first: Arc<crate::node::Outgoing>) {
+        let mut out = Some(first);
+        while let Some(batch) = out {
+            let from_peer = batch.from.as_ref() == Some(&self.peer);
+            link.handle(Input::Outgoing { from_peer, batch }, false);
+            out = self.outgoing.receiver.try_recv().ok();
+        }
+    }
+
     /// Sends what waits, as one push (split under the message cap), if
     /// fewer than [`PUSHES_IN_FLIGHT`] batches are unacknowledged.
     pub(super) async fn flush(&mut self) -> Result<(), SessionError> {
@@ -73,7 +87,6 @@ pub(super) async fn during<F: std::future::Future>(
     fut: F,
     link: &mut Link,
     push: &mut PushIo,
-    peer: &PeerName,
 ) -> Result<F::Output, SessionError> {
     tokio::pin!(fut);
     let mut open = true;
@@ -81,13 +94,7 @@ pub(super) async fn during<F: std::future::Future>(
         tokio::select! {
             result = &mut fut => return Ok(result),
             out = push.outgoing.receiver.recv(), if open && push.unacked < PUSHES_IN_FLIGHT => match out {
-                Ok(out) => {
-                    // Everything else already queued goes in the same push.
-                    take(link, peer, out);
-                    while let Ok(more) = push.outgoing.receiver.try_recv() {
-                        take(link, peer, more);
-                    }
-                }
+                Ok(out) => push.take(link, out),
                 Err(broadcast::error::RecvError::Lagged(_)) => link.handle(Input::Lagged, false),
                 Err(broadcast::error::RecvError::Closed) => open = false,
             },
@@ -98,12 +105,6 @@ pub(super) async fn during<F: std::future::Future>(
         }
         push.flush().await?;
     }
-}
-
-/// Hands the link a batch the node sent its peers.
-pub(super) fn take(link: &mut Link, peer: &PeerName, out: Arc<crate::node::Outgoing>) {
-    let from_peer = out.from.as_ref() == Some(peer);
-    link.handle(Input::Outgoing { from_peer, n: out.decisions.len(), batch: out }, false);
 }
 
 /// The decisions of `batches` to push to `peer` (not its own, nor one that

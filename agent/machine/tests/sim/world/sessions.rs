@@ -186,7 +186,7 @@ impl Sim {
                 self.stats.lagged += 1;
                 self.handle_link(node, peer, Input::Lagged);
             } else {
-                self.handle_link(node, peer, Input::Outgoing { from_peer, n: batch.0.len(), batch: batch.clone() });
+                self.handle_link(node, peer, Input::Outgoing { from_peer, batch: batch.clone() });
             }
             let link = &mut self.nodes[node].links[peer];
             if !link.pump_scheduled {
