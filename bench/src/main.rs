@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use keysync_bench::wan::WanSettings;
 
 #[derive(Parser)]
 #[command(
@@ -74,29 +75,29 @@ struct Args {
     #[arg(long)]
     wan: bool,
     /// WAN: masters in the full mesh, a configuration each.
-    #[arg(long, value_name = "N,...", value_delimiter = ',', default_values_t = [3, 5, 7])]
+    #[arg(long, value_name = "N,...", value_delimiter = ',', default_values_t = WanSettings::full().masters)]
     wan_masters: Vec<usize>,
     /// WAN: round-trip times in milliseconds, a configuration each.
-    #[arg(long, value_name = "MS,...", value_delimiter = ',', default_values_t = [10, 80, 300])]
+    #[arg(long, value_name = "MS,...", value_delimiter = ',', default_values_t = WanSettings::full().rtts.iter().map(|rtt| rtt.as_millis() as u64))]
     wan_rtt: Vec<u64>,
     /// WAN: packet loss in percent on every link, a configuration each.
-    #[arg(long, value_name = "PCT,...", value_delimiter = ',', default_values_t = [0.0, 2.0])]
+    #[arg(long, value_name = "PCT,...", value_delimiter = ',', default_values_t = WanSettings::full().losses_pct)]
     wan_loss: Vec<f64>,
     /// WAN: accepts timed per configuration.
-    #[arg(long, value_name = "N", default_value_t = 60)]
+    #[arg(long, value_name = "N", default_value_t = WanSettings::full().decisions)]
     wan_decisions: usize,
     /// WAN: least milliseconds from one accept's start to the next's.
-    #[arg(long, value_name = "MS", default_value_t = 200)]
+    #[arg(long, value_name = "MS", default_value_t = WanSettings::full().pace.as_millis() as u64)]
     wan_pace: u64,
     /// WAN: agreed keys every master holds while the accepts are timed.
-    #[arg(long, value_name = "KEYS", default_value_t = 2000)]
+    #[arg(long, value_name = "KEYS", default_value_t = WanSettings::full().seed)]
     wan_seed: usize,
     /// WAN: keys the peers hold when an empty master joins, a join each (0: none).
-    #[arg(long, value_name = "KEYS,...", value_delimiter = ',', default_values_t = [1500, 20_000])]
+    #[arg(long, value_name = "KEYS,...", value_delimiter = ',', default_values_t = WanSettings::full().joins)]
     wan_join: Vec<usize>,
     /// WAN: the agents' anti-entropy interval in seconds (60: production),
     /// short so rounds run while the accepts are timed.
-    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    #[arg(long, value_name = "SECS", default_value_t = WanSettings::full().anti_entropy.map_or(60.0, |every| every.as_secs_f64()))]
     wan_anti_entropy: f64,
 }
 
@@ -126,8 +127,8 @@ fn main() -> anyhow::Result<()> {
 
 /// `--wan`: the WAN benchmark alone.
 fn wan(args: Args) -> anyhow::Result<()> {
-    let defaults = keysync_bench::wan::WanSettings::full();
-    let settings = keysync_bench::wan::WanSettings {
+    let defaults = WanSettings::full();
+    let settings = WanSettings {
         masters: args.wan_masters,
         rtts: args.wan_rtt.into_iter().map(Duration::from_millis).collect(),
         losses_pct: args.wan_loss,
