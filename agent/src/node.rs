@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use keysync_machine::node::{
-    BadAnswer, Compared, FsEvent, HeldDelete, Node, Now, OperatorAction, Outcome, Runtime, Settings, Summaries,
+    Asking, BadAnswer, Compared, Fetch, FsEvent, HeldDelete, Node, Now, OperatorAction, Outcome, Runtime, Settings,
+    Summaries, Whole,
 };
 use keysync_machine::PeerName;
 use tokio::sync::{mpsc, oneshot};
@@ -40,14 +41,18 @@ pub enum Request {
     /// Decisions pushed by `from` (already validated); replies with how
     /// many were newer and applied.
     Remote { from: PeerName, decisions: Vec<Decision>, reply: oneshot::Sender<u32> },
-    /// A peer's bucket digests; replies with the differing buckets and this
-    /// node's summaries in them.
-    Diff { theirs: Vec<u64>, reply: oneshot::Sender<(Vec<u32>, Summaries)> },
+    /// A peer's bucket digests and the buckets it holds nothing in; replies
+    /// with the differing buckets, this node's summaries in them, and those
+    /// of the empty ones it sends whole, with their sizes.
+    Diff { theirs: Vec<u64>, empty: Vec<u32>, reply: oneshot::Sender<(Vec<u32>, Summaries, Vec<Whole>)> },
     /// Full decisions for ids.
     Fetch { ids: Vec<MinionId>, reply: oneshot::Sender<Vec<Decision>> },
-    /// This node's digests, for its own anti-entropy round.
+    /// Full decisions for ids and for every id in whole buckets; `None`
+    /// when the buckets hold too many ids together.
+    FetchWhole { ids: Vec<MinionId>, buckets: Vec<u32>, reply: oneshot::Sender<Option<Vec<Decision>>> },
+    /// What this node's own anti-entropy round asks (its digests).
     /// `None`: the node runs no round (stale).
-    Digests { reply: oneshot::Sender<Option<Vec<u64>>> },
+    Digests { reply: oneshot::Sender<Option<Asking>> },
     /// A link finished comparing digests with its peer.
     Contact,
     /// A peer told (in `Hello`) when the newest delete it forgot was made.
@@ -58,7 +63,7 @@ pub enum Request {
     Clock { reply: oneshot::Sender<u64> },
     /// On the link to `peer`, the first chunk of the peer's Diff answer named
     /// the differing buckets: a comparison begins.
-    RepairBegin { peer: PeerName, buckets: Vec<u32>, reply: oneshot::Sender<Result<(), BadAnswer>> },
+    RepairBegin { peer: PeerName, buckets: Vec<u32>, whole: Vec<Whole>, reply: oneshot::Sender<Result<(), BadAnswer>> },
     /// One chunk of the peer's Diff answer, compared as it comes.
     RepairChunk { peer: PeerName, summaries: Summaries, reply: oneshot::Sender<Result<(), BadAnswer>> },
     /// The Diff answer was read whole: how many ids the peer holds newer
@@ -70,12 +75,12 @@ pub enum Request {
     RepairAbort { peer: PeerName },
     /// The Diff answer named no bucket: `peer` holds what this node holds.
     RepairAgreed { peer: PeerName },
-    /// The next ids to fetch from `peer`, `None` when its plan is done.
-    RepairNext { peer: PeerName, reply: oneshot::Sender<Option<Vec<MinionId>>> },
-    /// What a fetch of `ids` from `peer` brought; replies with how many were applied.
-    RepairFetched { peer: PeerName, ids: Vec<MinionId>, decisions: Vec<Decision>, reply: oneshot::Sender<u32> },
-    /// A fetch of `ids` from `peer` failed, or the link to it went down (`ids` None).
-    Release { peer: PeerName, ids: Option<Vec<MinionId>> },
+    /// The next ids and whole buckets to fetch from `peer`, `None` when its plan is done.
+    RepairNext { peer: PeerName, reply: oneshot::Sender<Option<Fetch>> },
+    /// What `fetch` from `peer` brought; replies with how many were applied.
+    RepairFetched { peer: PeerName, fetch: Fetch, decisions: Vec<Decision>, reply: oneshot::Sender<u32> },
+    /// The link to `peer` went down: its plan and claims are dropped.
+    LinkDown { peer: PeerName },
     /// Number of decisions held.
     Count { reply: oneshot::Sender<usize> },
     /// Decisions held per verdict: (accepted, rejected, deleted), for `status`.
@@ -360,17 +365,24 @@ impl Core {
     fn on_request(&mut self, request: Request) {
         match request {
             Request::Remote { from, decisions, reply } => self.apply_queued(vec![(from, decisions, reply)]),
-            Request::Diff { theirs, reply } => {
-                let _ = reply.send(self.node.diff(&theirs, &mut self.effects));
+            Request::Diff { theirs, empty, reply } => {
+                let _ = reply.send(self.node.diff_whole(&theirs, &empty, &mut self.effects));
             }
             Request::Fetch { ids, reply } => {
                 let _ = reply.send(self.node.fetch(&ids, &mut self.effects));
             }
-            Request::Digests { reply } => {
-                let _ = reply.send(self.node.digests());
+            Request::FetchWhole { ids, buckets, reply } => {
+                let answer = self.node.fetch_whole(&buckets, &mut self.effects).map(|mut decisions| {
+                    decisions.extend(self.node.fetch(&ids, &mut self.effects));
+                    decisions
+                });
+                let _ = reply.send(answer);
             }
-            Request::RepairBegin { peer, buckets, reply } => {
-                let _ = reply.send(self.node.repair_begin(&peer, &buckets));
+            Request::Digests { reply } => {
+                let _ = reply.send(self.node.asking());
+            }
+            Request::RepairBegin { peer, buckets, whole, reply } => {
+                let _ = reply.send(self.node.repair_begin(&peer, &buckets, &whole));
             }
             Request::RepairChunk { peer, summaries, reply } => {
                 let _ = reply.send(self.node.repair_chunk(&peer, summaries, &mut self.effects));
@@ -383,12 +395,11 @@ impl Core {
             Request::RepairNext { peer, reply } => {
                 let _ = reply.send(self.node.repair_next(&peer));
             }
-            Request::RepairFetched { peer, ids, decisions, reply } => {
+            Request::RepairFetched { peer, fetch, decisions, reply } => {
                 self.effects.metrics.received(peer.as_str(), "fetch", decisions.len());
-                let _ = reply.send(self.node.repair_fetched(&peer, &ids, decisions, now(), &mut self.effects));
+                let _ = reply.send(self.node.repair_fetched(&peer, &fetch, decisions, now(), &mut self.effects));
             }
-            Request::Release { peer, ids: Some(ids) } => self.node.release(&peer, &ids),
-            Request::Release { peer, ids: None } => self.node.link_down(&peer),
+            Request::LinkDown { peer } => self.node.link_down(&peer),
             Request::Count { reply } => {
                 let _ = reply.send(self.node.len());
             }

@@ -237,6 +237,15 @@ pub fn key_pool(n: usize) -> Vec<String> {
     (0..n).map(|_| keysync_tests::salt_ops::new_public_key()).collect()
 }
 
+/// Real RSA 2048 public keys, as Salt makes minion keys (451 bytes each,
+/// made with `openssl genrsa 2048 | openssl rsa -pubout`): for figures
+/// relative to the key material, such as the bytes of a join.
+pub fn rsa_key_pool() -> Vec<String> {
+    const END: &str = "-----END PUBLIC KEY-----\n";
+    let all = include_str!("../data/rsa2048-public-keys.pem");
+    all.split_inclusive(END).map(str::to_string).collect()
+}
+
 /// Writes a decided key file the way Salt leaves one (mode 0644).
 pub fn write_key(path: &Path, key: &str) -> anyhow::Result<()> {
     std::fs::write(path, key).with_context(|| format!("cannot write {}", path.display()))?;

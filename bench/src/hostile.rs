@@ -137,7 +137,7 @@ async fn stall(
     for _ in 0..CONNECTIONS {
         let client = crate::flood::connect_as_master_b(listen, setup).await?;
         for _ in 0..STREAMS_PER_CONNECTION {
-            let request = v1::FetchRequest { minions: ids.to_vec() };
+            let request = v1::FetchRequest { minions: ids.to_vec(), ..Default::default() };
             match client.clone().fetch(request).await {
                 Ok(answer) => held.push(answer.into_inner()),
                 Err(_) => refused += 1,
@@ -214,7 +214,7 @@ impl Handler for FakePeer {
                     fingerprint: vec![7; 32],
                 })
                 .collect();
-            v1::DiffChunk { buckets, entries }
+            v1::DiffChunk { buckets, entries, ..Default::default() }
         })))
     }
 

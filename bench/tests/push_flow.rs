@@ -131,7 +131,7 @@ impl Handler for SlowPeer {
             let _ = self.released.clone().wait_for(|r| *r).await;
             return Ok(Box::new(std::iter::once(v1::DiffChunk::default())));
         }
-        let all = v1::DiffChunk { buckets: (0..1024).collect(), entries: Vec::new() };
+        let all = v1::DiffChunk { buckets: (0..1024).collect(), ..Default::default() };
         Ok(Box::new(std::iter::once(all)))
     }
 

@@ -38,70 +38,25 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::core::{Decision, MinionId};
-use crate::node::{BadAnswer, Compared, Summaries, FETCH_CHUNK};
+use crate::node::{Asking, BadAnswer, Compared, Fetch, Summaries, Whole};
 
 mod forward;
 mod names;
+mod settings;
 #[cfg(test)]
 mod tests;
 
 pub use forward::{pushes_to, reached};
-
-/// How a link paces and bounds its rounds.
-#[derive(Clone, Debug)]
-pub struct LinkSettings {
-    /// Between two rounds.
-    pub interval: Duration,
-    /// A round left to the peer, or whose plan was full, is followed by
-    /// the next this much later (or after `interval`, if sooner).
-    pub again: Duration,
-    /// Summaries of a Diff answer handed to the node at once.
-    pub compare_chunk: usize,
-    /// Ids loaded and pushed at once when the node holds them newer.
-    pub push_chunk: usize,
-    /// Added to `interval / 2` for the wait after a session's first round,
-    /// below `interval`: the links of an agent connect together at its
-    /// start, and the agents of a site after a network outage, so without
-    /// it their rounds stay aligned and every link pauses at once.
-    pub phase: Duration,
-}
-
-/// Summaries of a peer's Diff answer handed to the node at once (a few MiB).
-pub const COMPARE_CHUNK: usize = 20_000;
-
-impl LinkSettings {
-    /// The agent's bounds, with its round interval and the time a peer
-    /// counts as fetching after its last fetch.
-    pub fn new(interval: Duration, fetching: Duration) -> LinkSettings {
-        LinkSettings {
-            interval,
-            again: fetching.min(interval),
-            compare_chunk: COMPARE_CHUNK,
-            push_chunk: FETCH_CHUNK,
-            phase: interval / 2,
-        }
-    }
-
-    /// These settings with the phase `random` picks (any value, drawn at
-    /// random by the driver) in `[0, interval)`.
-    pub fn with_phase(self, random: u64) -> LinkSettings {
-        let interval_ms = self.interval.as_millis().clamp(1, u128::from(u64::MAX)) as u64;
-        LinkSettings { phase: Duration::from_millis(random % interval_ms), ..self }
-    }
-
-    /// The wait after a session's first round: `interval / 2 + phase`.
-    fn after_first(&self) -> Duration {
-        self.interval / 2 + self.phase.min(self.interval)
-    }
-}
+pub use settings::{LinkSettings, COMPARE_CHUNK};
 
 /// What the link asks of its node.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Call {
-    /// [`Node::digests`](crate::node::Node::digests): [`Answer::Digests`].
+    /// [`Node::asking`](crate::node::Node::asking): [`Answer::Digests`].
     Digests,
-    /// `repair_begin` with the buckets the Diff answer names: [`Answer::Checked`].
-    Begin(Vec<u32>),
+    /// `repair_begin` with the buckets the Diff answer names, and those it
+    /// sends whole: [`Answer::Checked`].
+    Begin { buckets: Vec<u32>, whole: Vec<Whole> },
     /// `repair_chunk`: [`Answer::Checked`].
     Compare(Summaries),
     /// `repair_end`: [`Answer::Compared`].
@@ -115,7 +70,7 @@ pub enum Call {
     /// `repair_next`: [`Answer::Next`].
     Next,
     /// `repair_fetched`: [`Answer::Applied`].
-    Apply { ids: Vec<MinionId>, decisions: Vec<Decision> },
+    Apply { fetch: Fetch, decisions: Vec<Decision> },
     /// `link_down`: the session is over, its plan dropped and its claims
     /// released (no answer).
     LinkDown,
@@ -124,11 +79,11 @@ pub enum Call {
 /// The node's answer to a [`Call`].
 #[derive(Debug)]
 pub enum Answer {
-    Digests(Option<Vec<u64>>),
+    Digests(Option<Asking>),
     Checked(Result<(), BadAnswer>),
     Compared(Result<Compared, BadAnswer>),
     Loaded(Vec<Decision>),
-    Next(Option<Vec<MinionId>>),
+    Next(Option<Fetch>),
     Applied(u32),
 }
 
@@ -152,10 +107,12 @@ pub enum Input<B> {
     /// The node's outgoing decisions were dropped before the link read them.
     Lagged,
     Answer(Answer),
-    /// A chunk of the peer's Diff answer (only the first names buckets).
+    /// A chunk of the peer's Diff answer (only the first names buckets, and
+    /// those it sends whole).
     DiffChunk {
         buckets: Vec<u32>,
         summaries: Summaries,
+        whole: Vec<Whole>,
     },
     /// The peer's Diff answer is over.
     DiffEnd,
@@ -172,12 +129,13 @@ pub enum Out<B> {
     Hello,
     /// Ask the node (see [`Call`]).
     Call(Call),
-    /// Send a Diff with these digests, hand in its first chunk.
-    Diff(Vec<u64>),
+    /// Send a Diff with these digests, asking for the `empty` buckets (this
+    /// node holds nothing in them) whole; hand in its first chunk.
+    Diff { digests: Vec<u64>, empty: Vec<u32> },
     /// Hand in the next chunk of the Diff answer, or [`Input::DiffEnd`].
     ReadDiff,
-    /// Fetch these ids from the peer: [`Input::Fetched`].
-    Fetch(Vec<MinionId>),
+    /// Fetch these ids and whole buckets from the peer: [`Input::Fetched`].
+    Fetch(Fetch),
     /// Push these batches of the node's outgoing decisions, in order.
     Push(Vec<B>),
     /// Push these decisions the node holds newer than the peer.
@@ -198,7 +156,7 @@ impl<B> Out<B> {
     /// [`Input::Failed`].
     pub fn wants_answer(&self) -> bool {
         match self {
-            Out::Hello | Out::Diff(_) | Out::ReadDiff | Out::Fetch(_) => true,
+            Out::Hello | Out::Diff { .. } | Out::ReadDiff | Out::Fetch(_) => true,
             Out::Call(call) => !matches!(call, Call::Agreed | Call::Contact | Call::LinkDown),
             Out::Push(_) | Out::PushLoaded(_) | Out::Up | Out::Report(_) | Out::Rearm(_) | Out::Fault(_) => false,
         }
@@ -228,6 +186,10 @@ pub struct Round {
     pub full: bool,
     /// The round's push was left to the peer's own round.
     pub left: bool,
+    /// Buckets the peer sent whole: another round follows soon when they
+    /// brought something (what the peer decided meanwhile, or left to this
+    /// node's fetch, is compared then).
+    pub whole: usize,
 }
 
 /// One link's state.
@@ -285,13 +247,15 @@ enum Step {
     Ending {
         n_buckets: usize,
     },
-    /// Loading what the node holds newer, to push.
+    /// Loading what the node holds newer, to push (`empty`: in buckets
+    /// where the peer holds nothing, pushed last).
     Pushing {
         rest: Vec<MinionId>,
+        empty: Vec<MinionId>,
         n_lacked: usize,
     },
     NextIds,
-    Fetching(Vec<MinionId>),
+    Fetching(Fetch),
     Applying,
 }
 
@@ -456,22 +420,24 @@ impl<B> Link<B> {
                 // Stale: out of contact for longer than tombstone_ttl, this
                 // node offers nothing and asks for nothing until `rejoin`.
                 None => self.end_round(false, None),
-                Some(digests) => {
+                Some(Asking { digests, empty }) => {
                     round.step = Step::Reading { n_buckets: None, pending: Vec::new() };
-                    self.out.push_back(Out::Diff(digests));
+                    self.out.push_back(Out::Diff { digests, empty });
                 }
             },
-            (Step::Reading { n_buckets: None, .. }, Input::DiffChunk { buckets, summaries }) => {
-                if buckets.is_empty() {
+            (Step::Reading { n_buckets: None, .. }, Input::DiffChunk { buckets, summaries, whole }) => {
+                if buckets.is_empty() && whole.is_empty() {
                     // Nothing differs.
                     self.compared(0);
                 } else {
-                    let n_buckets = buckets.len();
+                    let n_buckets = buckets.len() + whole.len();
                     round.step = Step::Checking { n_buckets, pending: summaries, ended: false };
-                    self.out.push_back(Out::Call(Call::Begin(buckets)));
+                    self.out.push_back(Out::Call(Call::Begin { buckets, whole }));
                 }
             }
-            (Step::Reading { n_buckets: Some(_), .. }, Input::DiffChunk { buckets, .. }) if !buckets.is_empty() => {
+            (Step::Reading { n_buckets: Some(_), .. }, Input::DiffChunk { buckets, whole, .. })
+                if !buckets.is_empty() || !whole.is_empty() =>
+            {
                 self.fault(BadAnswer::BucketsLate.into());
             }
             (Step::Reading { n_buckets: Some(n_buckets), mut pending }, Input::DiffChunk { summaries, .. }) => {
@@ -508,39 +474,46 @@ impl<B> Link<B> {
             }
             (Step::Ending { n_buckets }, Input::Answer(Answer::Compared(compared))) => match compared {
                 Err(e) => self.fault(e.into()),
-                Ok(Compared { n_newer_there, newer_here, full }) => {
-                    round.report =
-                        Round { differing_buckets: n_buckets, we_lacked: n_newer_there, full, ..Round::default() };
-                    round.report.peer_lacked = newer_here.len();
-                    let n_lacked = newer_here.len();
+                Ok(Compared { n_newer_there, newer_here, newer_where_empty, full, whole }) => {
+                    round.report = Round {
+                        differing_buckets: n_buckets,
+                        we_lacked: n_newer_there,
+                        full,
+                        whole,
+                        ..Round::default()
+                    };
+                    let n_lacked = newer_here.len() + newer_where_empty.len();
+                    round.report.peer_lacked = n_lacked;
                     // Pushed in order, a chunk at a time: taken from the back.
-                    let mut rest = newer_here;
+                    let (mut rest, mut empty) = (newer_here, newer_where_empty);
                     rest.reverse();
-                    round.step = Step::Pushing { rest, n_lacked };
+                    empty.reverse();
+                    round.step = Step::Pushing { rest, empty, n_lacked };
                     self.push_next(peer_fetching);
                 }
             },
-            (Step::Pushing { rest, n_lacked }, Input::Answer(Answer::Loaded(decisions))) => {
+            (Step::Pushing { rest, empty, n_lacked }, Input::Answer(Answer::Loaded(decisions))) => {
                 round.report.pushed += decisions.len();
-                round.step = Step::Pushing { rest, n_lacked };
+                round.step = Step::Pushing { rest, empty, n_lacked };
                 if !decisions.is_empty() {
                     self.out.push_back(Out::PushLoaded(decisions));
                 }
                 self.push_next(peer_fetching);
             }
             (Step::NextIds, Input::Answer(Answer::Next(next))) => match next {
-                Some(ids) => {
-                    round.step = Step::Fetching(ids.clone());
-                    self.out.push_back(Out::Fetch(ids));
+                Some(fetch) => {
+                    round.step = Step::Fetching(fetch.clone());
+                    self.out.push_back(Out::Fetch(fetch));
                 }
                 None => {
                     let report = round.report.clone();
-                    self.end_round(report.left || report.full, Some(report));
+                    let soon = report.left || report.full || (report.whole > 0 && report.applied > 0);
+                    self.end_round(soon, Some(report));
                 }
             },
-            (Step::Fetching(ids), Input::Fetched(decisions)) => {
+            (Step::Fetching(fetch), Input::Fetched(decisions)) => {
                 round.step = Step::Applying;
-                self.out.push_back(Out::Call(Call::Apply { ids, decisions }));
+                self.out.push_back(Out::Call(Call::Apply { fetch, decisions }));
             }
             (Step::Applying, Input::Answer(Answer::Applied(n))) => {
                 round.report.applied = round.report.applied.saturating_add(n);
@@ -570,22 +543,30 @@ impl<B> Link<B> {
 
     /// Loads the next chunk to push, or asks what to fetch. A large push
     /// is left to the peer once it fetches from this node (both rounds
-    /// began at once): its round brings it what differs.
+    /// began at once): its round brings it what differs. So is, whatever
+    /// its size, the push of what it lacks in buckets where it holds
+    /// nothing: a peer that asks for such buckets whole counts as fetching
+    /// (a joining master), and its round fetches them from one peer.
     fn push_next(&mut self, peer_fetching: bool) {
         let push_chunk = self.settings.push_chunk;
         let Phase::Round(round) = &mut self.phase else { return };
-        let Step::Pushing { rest, n_lacked } = &mut round.step else { return };
-        let leave = *n_lacked > push_chunk && round.may_leave && peer_fetching;
-        if leave && !rest.is_empty() {
+        let Step::Pushing { rest, empty, n_lacked } = &mut round.step else { return };
+        let left = round.may_leave && peer_fetching;
+        if left && *n_lacked > push_chunk && !rest.is_empty() {
             round.report.left = true;
             rest.clear();
         }
-        if rest.is_empty() {
+        if left && !empty.is_empty() {
+            round.report.left = true;
+            empty.clear();
+        }
+        let next = if rest.is_empty() { empty } else { rest };
+        if next.is_empty() {
             round.step = Step::NextIds;
             self.out.push_back(Out::Call(Call::Next));
             return;
         }
-        let ids: Vec<MinionId> = rest.drain(rest.len().saturating_sub(push_chunk)..).rev().collect();
+        let ids: Vec<MinionId> = next.drain(next.len().saturating_sub(push_chunk)..).rev().collect();
         self.out.push_back(Out::Call(Call::Load(ids)));
     }
 }

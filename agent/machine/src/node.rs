@@ -43,7 +43,10 @@ pub use guard::{GuardSettings, HeldDelete};
 pub use held::{OperatorAction, Outcome};
 pub use inventory::Held;
 pub use plan::{Holding, PlanRow};
-pub use repair::{BadAnswer, Compared, Summaries, FETCH_CHUNK, MAX_FETCH, MAX_PLANNED, MAX_ROWS_PER_ID};
+pub use repair::{
+    Asking, BadAnswer, Compared, Fetch, Summaries, Whole, FETCH_CHUNK, FIRST_WHOLE, MAX_FETCH, MAX_PLANNED,
+    MAX_ROWS_PER_ID, MAX_WHOLE_PER_BUCKET,
+};
 pub use runtime::{Applied, Failure, Kept, Runtime, StoreWrite};
 pub use stale::Stale;
 pub use waiting::{Due, Kind, Wait, Waits};

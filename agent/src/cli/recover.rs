@@ -185,7 +185,7 @@ async fn fetch_all(
         bail!("peer answered Hello as {:?}", hello.node);
     }
     let clock_ms = crate::net::wire::clock_from_wire(hello.clock).map(|clock| clock.stamp_ms);
-    let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests: vec![0; N_BUCKETS] };
+    let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests: vec![0; N_BUCKETS], ..Default::default() };
     let mut stream = client.diff(request).await?.into_inner();
     let mut ids = Vec::new();
     while let Some(chunk) = stream.message().await? {
@@ -199,7 +199,8 @@ async fn fetch_all(
     ids.dedup();
     let mut decisions = Vec::with_capacity(ids.len());
     for chunk in ids.chunks(MAX_FETCH_IDS) {
-        let mut stream = client.fetch(v1::FetchRequest { minions: chunk.to_vec() }).await?.into_inner();
+        let mut stream =
+            client.fetch(v1::FetchRequest { minions: chunk.to_vec(), ..Default::default() }).await?.into_inner();
         while let Some(batch) = stream.message().await? {
             for msg in batch.decisions {
                 // The same checks as any peer's decision: a bad one is skipped and named.

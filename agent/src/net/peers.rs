@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keysync_machine::link::{Answer, Call, Input, LinkSettings, Out, Round};
+use keysync_machine::node::Fetch;
 use keysync_machine::PeerName;
 use keysync_proto::v1::{self, key_sync_client::KeySyncClient};
 use keysync_proto::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
@@ -22,7 +23,7 @@ use tracing::Instrument;
 use push::{during, send_decisions, PushIo, NO_ONE, PUSHES_IN_FLIGHT};
 
 use crate::config::Peer;
-use crate::core::digest::N_BUCKETS;
+use crate::core::digest::{bucket_of, N_BUCKETS};
 use crate::core::{Decision, MinionId};
 use crate::disk::audit::{Action, Outcome, Via};
 use crate::net::wire::{decision_from_wire, health_from_wire, health_to_wire, held_from_wire, held_to_wire};
@@ -51,6 +52,8 @@ enum SessionError {
     Fault(#[from] keysync_machine::link::Fault),
     #[error("refused the peer's Fetch answer: {0}")]
     BadFetch(String),
+    #[error("refused the peer's Diff answer: {0}")]
+    BadDiff(String),
 }
 
 pub struct PeerLink {
@@ -247,16 +250,17 @@ impl PeerLink {
                     None => return Ok(()),
                 }
             }
-            Out::Diff(digests) => {
-                let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests };
+            Out::Diff { digests, empty } => {
+                let empty = crate::net::wire::buckets::to_bitmap(empty);
+                let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests, empty };
                 io.run = AntiEntropyRun { bytes_sent: request.encoded_len(), ..AntiEntropyRun::default() };
                 let stream = during(io.client.diff(request), link, &mut io.push).await??.into_inner();
                 io.diff = Some(stream);
                 self.read_diff(link, io).await?
             }
             Out::ReadDiff => self.read_diff(link, io).await?,
-            Out::Fetch(ids) => {
-                let fetched = during(self.fetch(&mut io.client, &ids), link, &mut io.push).await??;
+            Out::Fetch(fetch) => {
+                let fetched = during(self.fetch(&mut io.client, &fetch), link, &mut io.push).await??;
                 let (decisions, sent, received) = fetched;
                 io.run.bytes_sent += sent;
                 io.run.bytes_received += received;
@@ -308,9 +312,16 @@ impl PeerLink {
             return Ok(Input::DiffEnd);
         };
         io.run.bytes_received += chunk.encoded_len();
+        let Some(whole) = crate::net::wire::buckets::whole_from_wire(&chunk.whole, &chunk.whole_counts) else {
+            return Err(SessionError::BadDiff(format!(
+                "{} bytes of whole buckets with {} sizes",
+                chunk.whole.len(),
+                chunk.whole_counts.len()
+            )));
+        };
         // A malformed summary only means that id is not fetched.
         let summaries = chunk.entries.into_iter().filter_map(crate::net::wire::summary_from_wire).collect();
-        Ok(Input::DiffChunk { buckets: chunk.buckets, summaries })
+        Ok(Input::DiffChunk { buckets: chunk.buckets, summaries, whole })
     }
 
     /// Asks the node what the link asks of it; `None` for calls that want no answer.
@@ -319,8 +330,8 @@ impl PeerLink {
         let core = &self.core;
         Ok(Some(match call {
             Call::Digests => Answer::Digests(core.ask(|reply| Request::Digests { reply }).await?),
-            Call::Begin(buckets) => {
-                Answer::Checked(core.ask(|reply| Request::RepairBegin { peer, buckets, reply }).await?)
+            Call::Begin { buckets, whole } => {
+                Answer::Checked(core.ask(|reply| Request::RepairBegin { peer, buckets, whole, reply }).await?)
             }
             Call::Compare(summaries) => {
                 Answer::Checked(core.ask(|reply| Request::RepairChunk { peer, summaries, reply }).await?)
@@ -328,8 +339,8 @@ impl PeerLink {
             Call::End => Answer::Compared(core.ask(|reply| Request::RepairEnd { peer, reply }).await?),
             Call::Load(ids) => Answer::Loaded(core.ask(|reply| Request::Fetch { ids, reply }).await?),
             Call::Next => Answer::Next(core.ask(|reply| Request::RepairNext { peer, reply }).await?),
-            Call::Apply { ids, decisions } => {
-                Answer::Applied(core.ask(|reply| Request::RepairFetched { peer, ids, decisions, reply }).await?)
+            Call::Apply { fetch, decisions } => {
+                Answer::Applied(core.ask(|reply| Request::RepairFetched { peer, fetch, decisions, reply }).await?)
             }
             Call::Agreed => {
                 core.tell(Request::RepairAgreed { peer }).await?;
@@ -342,7 +353,7 @@ impl PeerLink {
             }
             Call::LinkDown => {
                 // Whatever the session planned to fetch is dropped, its claims released.
-                core.tell(Request::Release { peer, ids: None }).await?;
+                core.tell(Request::LinkDown { peer }).await?;
                 return Ok(None);
             }
         }))
@@ -420,22 +431,33 @@ impl PeerLink {
 }
 
 impl PeerLink {
-    /// Fetches the decisions for `ids`; returns them with the bytes sent and
-    /// received. Invalid ones are audited and left out.
+    /// Fetches the decisions for `fetch`'s ids and whole buckets; returns
+    /// them with the bytes sent and received. Invalid ones are audited and
+    /// left out.
     async fn fetch(
         &self,
         client: &mut KeySyncClient<Channel>,
-        ids: &[MinionId],
+        fetch: &Fetch,
     ) -> Result<(Vec<Decision>, usize, usize), SessionError> {
-        let request = v1::FetchRequest { minions: ids.iter().map(ToString::to_string).collect() };
+        let ids = &fetch.ids;
+        let minions = ids.iter().map(ToString::to_string).collect();
+        let request = v1::FetchRequest { minions, buckets: fetch.buckets.clone() };
         let sent = request.encoded_len();
         let mut received = 0;
         let mut stream = client.fetch(request).await?.into_inner();
-        let mut decisions: Vec<Decision> = Vec::with_capacity(ids.len());
+        let mut decisions: Vec<Decision> = Vec::with_capacity(ids.len() + fetch.n_in_buckets);
         // Read as it comes, and refused as soon as it gives more than was
-        // asked: an id not asked for, or more rows than an id can have.
+        // asked: an id neither asked for nor in a bucket asked for, or more
+        // rows than the ids can have.
         let asked: std::collections::HashSet<&MinionId> = ids.iter().collect();
-        let most = ids.len() * keysync_machine::node::MAX_ROWS_PER_ID;
+        let mut in_buckets = [false; N_BUCKETS];
+        for &bucket in &fetch.buckets {
+            if let Some(slot) = in_buckets.get_mut(bucket as usize) {
+                *slot = true;
+            }
+        }
+        let asked_for = |id: &MinionId| asked.contains(id) || in_buckets[bucket_of(id)];
+        let most = fetch.most_rows();
         let mut n_rows = 0;
         while let Some(batch) = stream.message().await? {
             received += batch.encoded_len();
@@ -448,7 +470,7 @@ impl PeerLink {
             }
             for msg in batch.decisions {
                 match decision_from_wire(msg) {
-                    Ok(decision) if !asked.contains(&decision.id) => {
+                    Ok(decision) if !asked_for(&decision.id) => {
                         return Err(SessionError::BadFetch(format!("a decision for {:?}, not asked for", decision.id)));
                     }
                     Ok(decision) => decisions.push(decision),

@@ -93,19 +93,35 @@ impl Handler for RpcHandler {
                 req.digests.len()
             )));
         }
+        let Some(empty) = crate::net::wire::buckets::from_bitmap(&req.empty) else {
+            return Err(Status::invalid_argument(format!(
+                "expected {} bytes of empty buckets, got {}",
+                N_BUCKETS / 8,
+                req.empty.len()
+            )));
+        };
         let theirs = req.digests;
-        let (buckets, summaries) = self.core.ask(|reply| Request::Diff { theirs, reply }).await.map_err(core_gone)?;
+        let (buckets, summaries, whole) =
+            self.core.ask(|reply| Request::Diff { theirs, empty, reply }).await.map_err(core_gone)?;
+        if !whole.is_empty() {
+            // The peer fetches those buckets from this node (a joining
+            // master): this node's own round leaves them to it.
+            self.board.peer_fetched(peer);
+        }
         // Made one chunk at a time as the stream sends them; the first (there
-        // is always one) names the buckets.
-        let mut buckets = Some(buckets);
+        // is always one) names the buckets, and those sent whole.
+        let mut first = Some((buckets, whole));
         let mut summaries = summaries.into_iter().peekable();
         Ok(Box::new(std::iter::from_fn(move || {
-            if buckets.is_none() && summaries.peek().is_none() {
+            if first.is_none() && summaries.peek().is_none() {
                 return None;
             }
             let entries =
                 summaries.by_ref().take(SUMMARIES_PER_CHUNK).map(|(id, s)| summary_to_wire(&id, &s)).collect();
-            Some(v1::DiffChunk { buckets: buckets.take().unwrap_or_default(), entries })
+            let (buckets, whole) = first.take().unwrap_or_default();
+            let bitmap = crate::net::wire::buckets::to_bitmap(whole.iter().map(|&(b, _)| b));
+            let whole_counts = whole.iter().map(|&(_, n)| n).collect();
+            Some(v1::DiffChunk { buckets, entries, whole: bitmap, whole_counts })
         })))
     }
 
@@ -130,7 +146,19 @@ impl Handler for RpcHandler {
                 }
             }
         }
-        let decisions = self.core.ask(|reply| Request::Fetch { ids, reply }).await.map_err(core_gone)?;
+        let decisions = if req.buckets.is_empty() {
+            self.core.ask(|reply| Request::Fetch { ids, reply }).await.map_err(core_gone)?
+        } else {
+            let buckets = whole_buckets(&req.buckets)?;
+            self.core.ask(|reply| Request::FetchWhole { ids, buckets, reply }).await.map_err(core_gone)?.ok_or_else(
+                || {
+                    Status::invalid_argument(format!(
+                        "fetch of {} whole buckets holding more than {MAX_FETCH_IDS} ids: ask for fewer at once",
+                        req.buckets.len()
+                    ))
+                },
+            )?
+        };
         // Made one batch at a time as the stream sends them (the keys are
         // copied into each message).
         let mut decisions = decisions.into_iter().peekable();
@@ -149,6 +177,21 @@ impl Handler for RpcHandler {
         }
         crate::ops::site_plan::answer(&self.node, self.observe, &self.core, req.minions).await.map_err(core_gone)
     }
+}
+
+/// The buckets a Fetch asks for whole, checked: each one of the id space's,
+/// none twice.
+fn whole_buckets(buckets: &[u32]) -> Result<Vec<u32>, Status> {
+    let mut named = [false; N_BUCKETS];
+    for &bucket in buckets {
+        let Some(slot) = named.get_mut(bucket as usize) else {
+            return Err(Status::invalid_argument(format!("fetch of bucket {bucket}, of {N_BUCKETS}")));
+        };
+        if std::mem::replace(slot, true) {
+            return Err(Status::invalid_argument(format!("fetch of bucket {bucket} twice")));
+        }
+    }
+    Ok(buckets.to_vec())
 }
 
 /// Audits a decision from `peer` that failed validation.

@@ -11,6 +11,8 @@ use crate::disk::health::{KeyCounts, MasterHealth, SETTINGS, UNSET};
 use crate::disk::salt_version::is_version;
 use crate::ops::held::HeldCount;
 
+pub mod buckets;
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
     // Causes are in the messages, not `source()`s: `{:#}` would print them twice.

@@ -55,7 +55,7 @@ pub struct ConfigRow {
 #[derive(Debug, Serialize)]
 pub struct WanReport {
     pub settings: WanSettings,
-    /// The length of each key file (the benchmark's keys are P-256 public keys).
+    /// The length of each key file (RSA 2048 public keys, as Salt makes them).
     pub key_file_bytes: usize,
     pub rows: Vec<ConfigRow>,
     pub wall_secs: f64,

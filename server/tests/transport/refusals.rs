@@ -261,7 +261,7 @@ async fn oversized_messages_are_refused_and_reported() {
         let server = TestServer::start_with(&pki, "b", opts).await;
         let mut client =
             connect(&server.address(), "b", &pki.setup(&["a"]), MAX_MESSAGE, CONNECT_TIMEOUT).await.unwrap();
-        let big = FetchRequest { minions: vec!["m".repeat(100); 50] };
+        let big = FetchRequest { minions: vec!["m".repeat(100); 50], ..Default::default() };
         let status = client.fetch(big).await.map(drop).unwrap_err();
         assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
         server

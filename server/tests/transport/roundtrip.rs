@@ -37,7 +37,7 @@ async fn hello_push_diff_fetch_over_mutual_tls() {
         assert_eq!(received, [(1, 0), (4, 2), (10, 5)]);
 
         let chunks: Vec<_> = client
-            .diff(DiffRequest { n_buckets: 3, digests: vec![0; 3] })
+            .diff(DiffRequest { n_buckets: 3, digests: vec![0; 3], ..Default::default() })
             .await
             .expect("diff")
             .into_inner()
@@ -48,7 +48,7 @@ async fn hello_push_diff_fetch_over_mutual_tls() {
         assert_eq!(buckets, [0, 1, 2]);
 
         let fetched: Vec<_> = client
-            .fetch(FetchRequest { minions: vec!["x".into(), "y".into()] })
+            .fetch(FetchRequest { minions: vec!["x".into(), "y".into()], ..Default::default() })
             .await
             .expect("fetch")
             .into_inner()

@@ -104,7 +104,7 @@ impl Handler for EchoHandler {
 
     async fn diff(&self, peer: &PeerName, req: DiffRequest) -> Result<Items<DiffChunk>, Status> {
         self.saw("diff", peer);
-        Ok(Box::new((0..req.n_buckets).map(|bucket| DiffChunk { buckets: vec![bucket], entries: Vec::new() })))
+        Ok(Box::new((0..req.n_buckets).map(|bucket| DiffChunk { buckets: vec![bucket], ..Default::default() })))
     }
 
     async fn fetch(&self, peer: &PeerName, req: FetchRequest) -> Result<Items<DecisionBatch>, Status> {

@@ -376,6 +376,27 @@ impl Replica {
         digested(entry).into_iter().map(|part| Summary::of(&part))
     }
 
+    /// Buckets this node holds nothing in: no digested entry, no plain
+    /// tombstone in memory or in the store.
+    pub fn empty_buckets(&self) -> Vec<u32> {
+        let mut empty: Vec<bool> =
+            (0..N_BUCKETS).map(|b| self.digests.as_slice()[b] == 0 && self.cold[b] == 0).collect();
+        if empty.iter().any(|&e| e) {
+            // A plain tombstone held in memory is in no digest (every other
+            // entry is).
+            for (id, _) in self.entries.iter().filter(|(_, entry)| entry.is_plain_tombstone()) {
+                empty[bucket_of(id)] = false;
+            }
+        }
+        (0u32..).zip(empty).filter(|&(_, e)| e).map(|(b, _)| b).collect()
+    }
+
+    /// The entries in the given buckets but plain tombstones: what a peer
+    /// holding nothing there lacks.
+    pub fn live_in(&self, buckets: &[u32]) -> impl Iterator<Item = (&MinionId, &Entry)> {
+        self.in_buckets(buckets).filter(|(_, entry)| !entry.is_plain_tombstone())
+    }
+
     /// The entries in the given buckets.
     fn in_buckets(&self, buckets: &[u32]) -> impl Iterator<Item = (&MinionId, &Entry)> + Clone {
         let mut wanted = vec![false; self.digests.as_slice().len()];

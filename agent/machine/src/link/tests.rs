@@ -49,15 +49,15 @@ fn names(outs: &[Out<u32>]) -> Vec<String> {
         .map(|out| match out {
             Out::Hello => "Hello".into(),
             Out::Call(call) => match call {
-                Call::Begin(b) => format!("Begin{b:?}"),
+                Call::Begin { buckets: b, .. } => format!("Begin{b:?}"),
                 Call::Compare(s) => format!("Compare{}", s.len()),
                 Call::Load(ids) => format!("Load{}", ids.len()),
-                Call::Apply { ids, .. } => format!("Apply{}", ids.len()),
+                Call::Apply { fetch, .. } => format!("Apply{}", fetch.ids.len()),
                 call => format!("{call:?}"),
             },
-            Out::Diff(_) => "Diff".into(),
+            Out::Diff { .. } => "Diff".into(),
             Out::ReadDiff => "ReadDiff".into(),
-            Out::Fetch(ids) => format!("Fetch{}", ids.len()),
+            Out::Fetch(fetch) => format!("Fetch{}", fetch.ids.len()),
             Out::Push(batches) => format!("Push{batches:?}"),
             Out::PushLoaded(d) => format!("PushLoaded{}", d.len()),
             Out::Up => "Up".into(),
@@ -79,14 +79,17 @@ fn feed(link: &mut TestLink, input: Input<u32>) -> Vec<String> {
 fn to_diff(link: &mut TestLink) {
     assert_eq!(feed(link, Input::Connected), ["Hello"]);
     assert_eq!(feed(link, Input::HelloDone), ["Digests"]);
-    assert_eq!(feed(link, Input::Answer(Answer::Digests(Some(vec![1, 2])))), ["Diff"]);
+    assert_eq!(
+        feed(link, Input::Answer(Answer::Digests(Some(Asking { digests: vec![1, 2], empty: vec![] })))),
+        ["Diff"]
+    );
 }
 
 #[test]
 fn a_session_with_nothing_differing_is_up_and_sets_its_timer() {
     let mut link = TestLink::new(settings());
     to_diff(&mut link);
-    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![] };
+    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![] };
     assert_eq!(feed(&mut link, empty), ["Contact", "Agreed", "Report(0,0,0,0)", "Up", "Rearm60s"]);
     // Live: what the node sends is pushed, queued batches in one push; the
     // peer's own decisions are not pushed back to it.
@@ -104,19 +107,19 @@ fn a_round_compares_in_chunks_pushes_then_fetches() {
     let mut link = TestLink::new(settings());
     to_diff(&mut link);
     // The first chunk names the buckets: checked before its summaries are compared.
-    let first = Input::DiffChunk { buckets: vec![4, 9], summaries: summaries(0..2) };
+    let first = Input::DiffChunk { buckets: vec![4, 9], summaries: summaries(0..2), whole: vec![] };
     assert_eq!(feed(&mut link, first), ["Begin[4, 9]"]);
     assert_eq!(feed(&mut link, Input::Answer(Answer::Checked(Ok(())))), ["ReadDiff"]);
     // Compared compare_chunk (3) at a time, the rest at the end.
-    let second = Input::DiffChunk { buckets: vec![], summaries: summaries(2..4) };
+    let second = Input::DiffChunk { buckets: vec![], summaries: summaries(2..4), whole: vec![] };
     assert_eq!(feed(&mut link, second), ["Compare4"]);
     assert_eq!(feed(&mut link, Input::Answer(Answer::Checked(Ok(())))), ["ReadDiff"]);
-    let third = Input::DiffChunk { buckets: vec![], summaries: summaries(4..5) };
+    let third = Input::DiffChunk { buckets: vec![], summaries: summaries(4..5), whole: vec![] };
     assert_eq!(feed(&mut link, third), ["ReadDiff"]);
     assert_eq!(feed(&mut link, Input::DiffEnd), ["Compare1"]);
     assert_eq!(feed(&mut link, Input::Answer(Answer::Checked(Ok(())))), ["Contact", "End"]);
     // Three ids newer here: loaded and pushed push_chunk (2) at a time, in order.
-    let compared = Compared { n_newer_there: 4, newer_here: ids(10..13), full: false };
+    let compared = Compared { n_newer_there: 4, newer_here: ids(10..13), full: false, ..Compared::default() };
     link.handle(Input::Answer(Answer::Compared(Ok(compared))), false);
     let out = drain(&mut link);
     assert!(matches!(&out[..], [Out::Call(Call::Load(first))] if *first == ids(10..12)), "{out:?}");
@@ -126,7 +129,10 @@ fn a_round_compares_in_chunks_pushes_then_fetches() {
     assert!(matches!(&out[..], [Out::PushLoaded(_), Out::Call(Call::Load(rest))] if *rest == ids(12..13)), "{out:?}");
     assert_eq!(feed(&mut link, Input::Answer(Answer::Loaded(vec![decision(12)]))), ["PushLoaded1", "Next"]);
     // Then what the node plans to fetch, chunk by chunk, applied as it comes.
-    assert_eq!(feed(&mut link, Input::Answer(Answer::Next(Some(ids(0..2))))), ["Fetch2"]);
+    assert_eq!(
+        feed(&mut link, Input::Answer(Answer::Next(Some(Fetch { ids: ids(0..2), ..Fetch::default() })))),
+        ["Fetch2"]
+    );
     assert_eq!(feed(&mut link, Input::Fetched(vec![decision(0)])), ["Apply2"]);
     assert_eq!(feed(&mut link, Input::Answer(Answer::Applied(1))), ["Next"]);
     assert_eq!(feed(&mut link, Input::Answer(Answer::Next(None))), ["Report(2,4,3,1)", "Up", "Rearm60s"]);
@@ -136,10 +142,10 @@ fn a_round_compares_in_chunks_pushes_then_fetches() {
 fn a_full_plan_brings_the_next_round_sooner() {
     let mut link = TestLink::new(settings());
     to_diff(&mut link);
-    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![] });
+    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![] });
     feed(&mut link, Input::Answer(Answer::Checked(Ok(()))));
     feed(&mut link, Input::DiffEnd);
-    let compared = Compared { n_newer_there: 9, newer_here: vec![], full: true };
+    let compared = Compared { n_newer_there: 9, newer_here: vec![], full: true, ..Compared::default() };
     assert_eq!(feed(&mut link, Input::Answer(Answer::Compared(Ok(compared)))), ["Next"]);
     assert_eq!(feed(&mut link, Input::Answer(Answer::Next(None))), ["Report(1,9,0,0)", "Up", "Rearm5s"]);
 }
@@ -148,8 +154,8 @@ fn a_full_plan_brings_the_next_round_sooner() {
 fn timed_round_to_its_end(link: &mut TestLink) {
     feed(link, Input::Due);
     feed(link, Input::HelloDone);
-    feed(link, Input::Answer(Answer::Digests(Some(vec![]))));
-    feed(link, Input::DiffChunk { buckets: vec![1], summaries: vec![] });
+    feed(link, Input::Answer(Answer::Digests(Some(Asking { digests: vec![], empty: vec![] }))));
+    feed(link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![] });
     feed(link, Input::Answer(Answer::Checked(Ok(()))));
     feed(link, Input::DiffEnd);
 }
@@ -163,7 +169,7 @@ fn a_round_is_left_to_a_peer_fetching_from_this_node() {
     // A large push is left once the peer fetches (both rounds began at
     // once): the fetches still run.
     timed_round_to_its_end(&mut link);
-    let compared = Compared { n_newer_there: 1, newer_here: ids(0..5), full: false };
+    let compared = Compared { n_newer_there: 1, newer_here: ids(0..5), full: false, ..Compared::default() };
     assert_eq!(feed(&mut link, Input::Answer(Answer::Compared(Ok(compared)))), ["Load2"]);
     link.handle(Input::Answer(Answer::Loaded(vec![decision(0), decision(1)])), true);
     assert_eq!(names(&drain(&mut link)), ["PushLoaded2", "Next"]);
@@ -171,7 +177,7 @@ fn a_round_is_left_to_a_peer_fetching_from_this_node() {
     // A small push is not left: the peer's round may not fetch all this
     // node knows it lacks (an observer's claims did not reach the others).
     timed_round_to_its_end(&mut link);
-    let compared = Compared { n_newer_there: 0, newer_here: ids(0..1), full: false };
+    let compared = Compared { n_newer_there: 0, newer_here: ids(0..1), full: false, ..Compared::default() };
     link.handle(Input::Answer(Answer::Compared(Ok(compared))), true);
     assert_eq!(names(&drain(&mut link)), ["Load1"]);
     link.handle(Input::Answer(Answer::Loaded(vec![decision(0)])), true);
@@ -195,7 +201,10 @@ fn what_the_node_sends_during_a_round_is_pushed_at_once() {
     link.handle(Input::Outgoing { from_peer: false, batch: 1 }, false);
     assert_eq!(names(&drain(&mut link)), ["Push[1]"], "during the first Hello");
     assert_eq!(feed(&mut link, Input::HelloDone), ["Digests"]);
-    assert_eq!(feed(&mut link, Input::Answer(Answer::Digests(Some(vec![1])))), ["Diff"]);
+    assert_eq!(
+        feed(&mut link, Input::Answer(Answer::Digests(Some(Asking { digests: vec![1], empty: vec![] })))),
+        ["Diff"]
+    );
     // Awaiting the Diff answer: pushed one at a time or queued together,
     // never the peer's own.
     link.handle(Input::Outgoing { from_peer: false, batch: 2 }, false);
@@ -205,14 +214,17 @@ fn what_the_node_sends_during_a_round_is_pushed_at_once() {
     link.handle(Input::Outgoing { from_peer: true, batch: 4 }, false);
     link.handle(Input::Outgoing { from_peer: false, batch: 5 }, false);
     assert_eq!(link.poll_push(), Some(vec![3, 5]));
-    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![] };
+    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![] };
     assert_eq!(feed(&mut link, empty), ["Contact", "Agreed", "Report(0,0,0,0)", "Up", "Rearm60s"]);
     // A later round, the timer's: the same.
     assert_eq!(feed(&mut link, Input::Due), ["Hello"]);
     link.handle(Input::Outgoing { from_peer: false, batch: 6 }, false);
     assert_eq!(link.poll_push(), Some(vec![6]));
     assert_eq!(feed(&mut link, Input::HelloDone), ["Digests"]);
-    assert_eq!(feed(&mut link, Input::Answer(Answer::Digests(Some(vec![1])))), ["Diff"]);
+    assert_eq!(
+        feed(&mut link, Input::Answer(Answer::Digests(Some(Asking { digests: vec![1], empty: vec![] })))),
+        ["Diff"]
+    );
     link.handle(Input::Outgoing { from_peer: false, batch: 7 }, false);
     assert_eq!(link.poll_push(), Some(vec![7]));
 }
@@ -226,24 +238,30 @@ fn a_lag_during_a_round_brings_another_after_it() {
     let mut link = TestLink::new(settings());
     to_diff(&mut link);
     link.handle(Input::Lagged, true);
-    let first = Input::DiffChunk { buckets: vec![4], summaries: summaries(0..1) };
+    let first = Input::DiffChunk { buckets: vec![4], summaries: summaries(0..1), whole: vec![] };
     assert_eq!(feed(&mut link, first), ["Begin[4]"]);
     assert_eq!(feed(&mut link, Input::Answer(Answer::Checked(Ok(())))), ["ReadDiff"]);
     assert_eq!(feed(&mut link, Input::DiffEnd), ["Compare1"]);
     assert_eq!(feed(&mut link, Input::Answer(Answer::Checked(Ok(())))), ["Contact", "End"]);
-    let compared = Compared { n_newer_there: 0, newer_here: vec![], full: false };
+    let compared = Compared { n_newer_there: 0, newer_here: vec![], full: false, ..Compared::default() };
     assert_eq!(feed(&mut link, Input::Answer(Answer::Compared(Ok(compared)))), ["Next"]);
     assert_eq!(feed(&mut link, Input::Answer(Answer::Next(None))), ["Report(1,0,0,0)", "Digests"]);
-    assert_eq!(feed(&mut link, Input::Answer(Answer::Digests(Some(vec![])))), ["Diff"]);
-    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![] };
+    assert_eq!(
+        feed(&mut link, Input::Answer(Answer::Digests(Some(Asking { digests: vec![], empty: vec![] })))),
+        ["Diff"]
+    );
+    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![] };
     assert_eq!(feed(&mut link, empty), ["Contact", "Agreed", "Report(0,0,0,0)", "Up", "Rearm60s"]);
 
     // During the Hello, before the digests: the round that follows finds it.
     assert_eq!(feed(&mut link, Input::Due), ["Hello"]);
     link.handle(Input::Lagged, false);
     assert_eq!(feed(&mut link, Input::HelloDone), ["Digests"]);
-    assert_eq!(feed(&mut link, Input::Answer(Answer::Digests(Some(vec![])))), ["Diff"]);
-    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![] };
+    assert_eq!(
+        feed(&mut link, Input::Answer(Answer::Digests(Some(Asking { digests: vec![], empty: vec![] })))),
+        ["Diff"]
+    );
+    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![] };
     assert_eq!(feed(&mut link, empty), ["Contact", "Agreed", "Report(0,0,0,0)", "Rearm60s"]);
 }
 
@@ -252,7 +270,7 @@ fn the_timer_firing_during_a_round_starts_another_after_it() {
     let mut link = TestLink::new(settings());
     to_diff(&mut link);
     assert_eq!(feed(&mut link, Input::Due), Vec::<String>::new());
-    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![] };
+    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![] };
     assert_eq!(feed(&mut link, empty), ["Contact", "Agreed", "Report(0,0,0,0)", "Up", "Rearm60s", "Hello"]);
 }
 
@@ -268,9 +286,9 @@ fn a_stale_node_ends_its_round_at_once() {
 fn a_bad_answer_or_a_failure_ends_the_session_and_releases_its_claims() {
     let mut link = TestLink::new(settings());
     to_diff(&mut link);
-    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![] });
+    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![] });
     feed(&mut link, Input::Answer(Answer::Checked(Ok(()))));
-    let late = Input::DiffChunk { buckets: vec![2], summaries: vec![] };
+    let late = Input::DiffChunk { buckets: vec![2], summaries: vec![], whole: vec![] };
     assert_eq!(
         feed(&mut link, late),
         ["LinkDown", "Fault(refused the peer's answer: the Diff answer names buckets after its first chunk)"]
@@ -285,7 +303,7 @@ fn a_bad_answer_or_a_failure_ends_the_session_and_releases_its_claims() {
 
     // The node refusing a chunk.
     to_diff(&mut link);
-    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![] });
+    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![] });
     let refused = Input::Answer(Answer::Checked(Err(BadAnswer::BucketTwice(1))));
     assert_eq!(
         feed(&mut link, refused),
@@ -294,11 +312,14 @@ fn a_bad_answer_or_a_failure_ends_the_session_and_releases_its_claims() {
 
     // A fetch failing: the session's plan is dropped and its claims released.
     to_diff(&mut link);
-    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![] });
+    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![] });
     feed(&mut link, Input::Answer(Answer::Checked(Ok(()))));
     feed(&mut link, Input::DiffEnd);
     feed(&mut link, Input::Answer(Answer::Compared(Ok(Compared { n_newer_there: 1, ..Compared::default() }))));
-    assert_eq!(feed(&mut link, Input::Answer(Answer::Next(Some(ids(0..1))))), ["Fetch1"]);
+    assert_eq!(
+        feed(&mut link, Input::Answer(Answer::Next(Some(Fetch { ids: ids(0..1), ..Fetch::default() })))),
+        ["Fetch1"]
+    );
     assert_eq!(feed(&mut link, Input::Failed), ["LinkDown"]);
 
     // An answer the link did not ask for is its driver's bug: refused the same way.
@@ -314,10 +335,10 @@ fn a_bad_answer_or_a_failure_ends_the_session_and_releases_its_claims() {
 fn a_lag_between_rounds_runs_a_round_at_once_without_hello_or_timer() {
     let mut link = TestLink::new(settings());
     to_diff(&mut link);
-    feed(&mut link, Input::DiffChunk { buckets: vec![], summaries: vec![] });
+    feed(&mut link, Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![] });
     assert_eq!(feed(&mut link, Input::Lagged), ["Digests"]);
-    feed(&mut link, Input::Answer(Answer::Digests(Some(vec![]))));
-    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![] };
+    feed(&mut link, Input::Answer(Answer::Digests(Some(Asking { digests: vec![], empty: vec![] }))));
+    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![] };
     assert_eq!(feed(&mut link, empty), ["Contact", "Agreed", "Report(0,0,0,0)"], "the timer keeps its time");
 }
 
@@ -381,12 +402,67 @@ fn a_links_rounds_keep_the_phase_its_driver_drew() {
     for (random, first) in [(0, 30), (45_000, 75), (60_000 * 7 + 10_000, 40)] {
         let mut link = TestLink::new(settings().with_phase(random));
         to_diff(&mut link);
-        let empty = || Input::DiffChunk { buckets: vec![], summaries: vec![] };
+        let empty = || Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![] };
         let outs = feed(&mut link, empty());
         assert_eq!(outs.last().map(String::as_str), Some(format!("Rearm{first}s").as_str()), "{random}");
         feed(&mut link, Input::Due);
         feed(&mut link, Input::HelloDone);
-        feed(&mut link, Input::Answer(Answer::Digests(Some(vec![]))));
+        feed(&mut link, Input::Answer(Answer::Digests(Some(Asking { digests: vec![], empty: vec![] }))));
         assert_eq!(feed(&mut link, empty()).last().map(String::as_str), Some("Rearm60s"));
+    }
+}
+
+/// What the peer lacks in buckets where it holds nothing is pushed last,
+/// and left, whatever its size, to a peer that fetches from this node (a
+/// joining master asked for those buckets whole): one peer sends it each
+/// key, not every peer. To a peer not fetching it is pushed.
+#[test]
+fn what_a_peer_lacks_where_it_holds_nothing_is_left_to_its_fetch() {
+    let mut link = TestLink::new(settings());
+    feed(&mut link, Input::Connected);
+    feed(&mut link, Input::HelloDone);
+    feed(&mut link, Input::Answer(Answer::Digests(Some(Asking { digests: vec![], empty: vec![] }))));
+    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![] });
+    feed(&mut link, Input::Answer(Answer::Checked(Ok(()))));
+    feed(&mut link, Input::DiffEnd);
+    let compared = Compared { newer_here: ids(0..1), newer_where_empty: ids(1..2), ..Compared::default() };
+    link.handle(Input::Answer(Answer::Compared(Ok(compared))), true);
+    assert_eq!(names(&drain(&mut link)), ["Load1"], "what it holds older is pushed");
+    link.handle(Input::Answer(Answer::Loaded(vec![decision(0)])), true);
+    assert_eq!(names(&drain(&mut link)), ["PushLoaded1", "Next"], "what it lacks where it holds nothing is left");
+    assert_eq!(feed(&mut link, Input::Answer(Answer::Next(None))), ["Report(1,0,2,0)", "Up", "Rearm5s"]);
+    // Not fetching: pushed, after the rest.
+    timed_round_to_its_end(&mut link);
+    let compared = Compared { newer_here: ids(0..1), newer_where_empty: ids(1..2), ..Compared::default() };
+    assert_eq!(feed(&mut link, Input::Answer(Answer::Compared(Ok(compared)))), ["Load1"]);
+    assert_eq!(feed(&mut link, Input::Answer(Answer::Loaded(vec![decision(0)]))), ["PushLoaded1", "Load1"]);
+    assert_eq!(feed(&mut link, Input::Answer(Answer::Loaded(vec![decision(1)]))), ["PushLoaded1", "Next"]);
+    assert_eq!(feed(&mut link, Input::Answer(Answer::Next(None))), ["Report(1,0,2,0)", "Rearm60s"]);
+}
+
+/// A round that fetched whole buckets and applied something is followed by
+/// another soon: what the peer decided meanwhile, or left to this node's
+/// fetch after its answer, is compared then. One that applied nothing (all
+/// refused, or already held) waits the whole interval.
+#[test]
+fn a_round_that_fetched_whole_buckets_is_followed_soon() {
+    for (applied, rearm) in [(3, "Rearm5s"), (0, "Rearm60s")] {
+        let mut link = TestLink::new(settings());
+        feed(&mut link, Input::Connected);
+        feed(&mut link, Input::HelloDone);
+        let asking = Asking { digests: vec![0; 4], empty: vec![0, 1, 2, 3] };
+        assert_eq!(feed(&mut link, Input::Answer(Answer::Digests(Some(asking)))), ["Diff"]);
+        let chunk = Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![(2, 3)] };
+        assert_eq!(feed(&mut link, chunk), ["Begin[]"], "whole buckets alone are a difference");
+        feed(&mut link, Input::Answer(Answer::Checked(Ok(()))));
+        feed(&mut link, Input::DiffEnd);
+        let compared = Compared { n_newer_there: 3, whole: 1, ..Compared::default() };
+        assert_eq!(feed(&mut link, Input::Answer(Answer::Compared(Ok(compared)))), ["Next"]);
+        let fetch = Fetch { buckets: vec![2], n_in_buckets: 3, ..Fetch::default() };
+        assert_eq!(feed(&mut link, Input::Answer(Answer::Next(Some(fetch)))), ["Fetch0"]);
+        feed(&mut link, Input::Fetched(vec![]));
+        feed(&mut link, Input::Answer(Answer::Applied(applied)));
+        let end = feed(&mut link, Input::Answer(Answer::Next(None)));
+        assert_eq!(end.last().map(String::as_str), Some(rearm), "{applied} applied: {end:?}");
     }
 }

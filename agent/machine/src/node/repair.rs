@@ -24,6 +24,10 @@ use crate::core::replica::Summary;
 use crate::core::version::{Version, CLAIM_CEILING};
 use crate::core::{Decision, Entry, Fingerprint, MinionId};
 
+mod fetching;
+
+pub use fetching::{Fetch, FIRST_WHOLE};
+
 use super::event::Event;
 use super::runtime::Runtime;
 use super::{Node, Now};
@@ -52,6 +56,26 @@ pub const MAX_PLANNED: usize = 200_000;
 /// one id: a larger answer is refused.
 pub const MAX_ROWS_PER_ID: usize = 64;
 
+/// Most decisions a peer's Diff answer may say one bucket it sends whole
+/// holds (a site of 1,000,000 keys has about 1,000 per bucket).
+pub const MAX_WHOLE_PER_BUCKET: u32 = 1 << 16;
+
+/// A bucket a peer's Diff answer sends whole, and how many decisions it
+/// holds there (the one held for each id, and every claim).
+pub type Whole = (u32, u32);
+
+/// What this node's Diff asks a peer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Asking {
+    /// This node's bucket digests.
+    pub digests: Vec<u64>,
+    /// Buckets it holds nothing in, not even a plain tombstone (whose digest
+    /// is zero too): the peer sends what it holds there whole, without
+    /// summaries (see [`Node::diff_whole`]). None in observe mode, which
+    /// fetches nothing.
+    pub empty: Vec<u32>,
+}
+
 /// The fetches planned on each link, and the ids claimed by a link's fetch.
 #[derive(Debug, Default)]
 pub(super) struct Repairs {
@@ -60,6 +84,8 @@ pub(super) struct Repairs {
     comparing: HashMap<PeerName, Comparing>,
     /// Id → the link fetching it now.
     in_flight: HashMap<MinionId, PeerName>,
+    /// Bucket fetched whole → the link fetching it now.
+    buckets_in_flight: HashMap<u32, PeerName>,
     /// Keys the [`Tag`]s of this process's plans.
     tags: RandomState,
     /// Observe mode: per peer, what its latest Diff answer gave that this
@@ -77,6 +103,13 @@ struct Plan {
     /// Ids newer on the peer, with the peer's summary as a [`Tag`], not
     /// fetched yet.
     todo: VecDeque<(MinionId, Tag)>,
+    /// Buckets the peer sends whole, not fetched yet.
+    whole: VecDeque<Whole>,
+    /// Of those, buckets another link was fetching when this one came to
+    /// them: fetched here at the end if that link gave them back.
+    deferred: Vec<Whole>,
+    /// Ids the next fetch of whole buckets asks for at most.
+    whole_chunk: usize,
 }
 
 /// A peer's Diff answer being compared, a chunk at a time: nothing of it is
@@ -85,6 +118,10 @@ struct Plan {
 #[derive(Debug, Default)]
 struct Comparing {
     buckets: Vec<u32>,
+    /// Buckets the peer sends whole (this node held nothing in them).
+    whole: Vec<Whole>,
+    /// Per bucket: the peer's answer gave a row in it.
+    given: Vec<bool>,
     /// Per id held here that the peer named: how this node's rows fare.
     mine: HashMap<MinionId, HeldHere>,
     todo: Vec<(MinionId, Tag)>,
@@ -130,9 +167,14 @@ pub struct Compared {
     pub n_newer_there: usize,
     /// Ids whose decisions are newer here (or unknown there), sorted: to push.
     pub newer_here: Vec<MinionId>,
+    /// Ids newer here in buckets where the peer holds nothing, sorted: to
+    /// push unless the peer fetches such buckets whole from this node.
+    pub newer_where_empty: Vec<MinionId>,
     /// The plan is full: more differs than one round fetches; run the next
     /// round soon.
     pub full: bool,
+    /// Buckets the peer sends whole (planned for [`Node::repair_next`]).
+    pub whole: usize,
 }
 
 /// A peer's Diff answer that no agent would send.
@@ -150,6 +192,8 @@ pub enum BadAnswer {
     BucketsLate,
     #[error("no comparison is in progress on this link")]
     NotComparing,
+    #[error("the Diff answer says bucket {0} holds {1} ids, more than {MAX_WHOLE_PER_BUCKET}")]
+    WholeTooLarge(u32, u32),
 }
 
 /// A peer's summary of one id as a plan keeps it: a keyed hash of its
@@ -241,17 +285,65 @@ impl Node {
         (!self.is_stale()).then(|| self.replica.digests().as_slice().to_vec())
     }
 
+    /// What this node's own anti-entropy round asks: its digests and the
+    /// buckets it holds nothing in; `None` when it runs none (stale).
+    pub fn asking(&self) -> Option<Asking> {
+        let digests = self.digests()?;
+        let empty = if self.settings.observe { Vec::new() } else { self.replica.empty_buckets() };
+        Some(Asking { digests, empty })
+    }
+
     /// A peer's Diff: the buckets whose digests differ from `theirs`, and
     /// this node's summaries of the entries in them. Plain tombstones (in
     /// memory or in the store) are among them only in buckets where the
     /// peer holds something: where it holds nothing they delete nothing (a
     /// joining master is sent none).
     pub fn diff(&self, theirs: &[u64], rt: &mut impl Runtime) -> (Vec<u32>, Summaries) {
+        let (buckets, summaries, _) = self.answer_diff(theirs, &[], rt);
+        (buckets, summaries)
+    }
+
+    /// A peer's Diff that names the buckets it holds nothing in
+    /// ([`Asking::empty`]): [`Node::diff`], but the differing buckets among
+    /// them are named apart with how many decisions this node holds in each
+    /// (what [`Node::fetch_whole`] sends), and
+    /// not summarised: the peer fetches them whole ([`Node::fetch_whole`]).
+    /// A joining master so downloads no summaries (75 bytes per id from
+    /// every peer) before its first fetch.
+    pub fn diff_whole(
+        &self,
+        theirs: &[u64],
+        empty: &[u32],
+        rt: &mut impl Runtime,
+    ) -> (Vec<u32>, Summaries, Vec<Whole>) {
+        self.answer_diff(theirs, empty, rt)
+    }
+
+    fn answer_diff(&self, theirs: &[u64], empty: &[u32], rt: &mut impl Runtime) -> (Vec<u32>, Summaries, Vec<Whole>) {
         if self.is_stale() {
             // Offers nothing: to the peer this master holds what it holds.
-            return (Vec::new(), Vec::new());
+            return (Vec::new(), Vec::new(), Vec::new());
         }
-        let buckets = self.replica.digests().differing(theirs);
+        let mut buckets = self.replica.digests().differing(theirs);
+        let mut wholes = Vec::new();
+        if !empty.is_empty() && theirs.len() == crate::core::digest::N_BUCKETS {
+            let mut is_empty = vec![false; crate::core::digest::N_BUCKETS];
+            for &b in empty {
+                if let Some(slot) = is_empty.get_mut(b as usize) {
+                    *slot = true;
+                }
+            }
+            let (empty, rest): (Vec<u32>, Vec<u32>) =
+                buckets.into_iter().partition(|&b| is_empty[b as usize] && theirs[b as usize] == 0);
+            buckets = rest;
+            let mut counts = vec![0u32; crate::core::digest::N_BUCKETS];
+            for (id, entry) in self.replica.live_in(&empty) {
+                let rows = 1 + entry.seen().iter().filter(|s| s.version.is_claim()).count();
+                let count = &mut counts[crate::core::digest::bucket_of(id)];
+                *count = count.saturating_add(rows as u32);
+            }
+            wholes = empty.into_iter().map(|b| (b, counts[b as usize])).filter(|&(_, n)| n > 0).collect();
+        }
         let tombstones: Vec<u32> =
             buckets.iter().copied().filter(|&b| theirs.get(b as usize).is_some_and(|&d| d != 0)).collect();
         let cold_buckets = self.replica.cold_buckets(&tombstones);
@@ -265,7 +357,7 @@ impl Node {
             })
         };
         let summaries = self.replica.summaries_in(&buckets, &tombstones, cold);
-        (buckets, summaries)
+        (buckets, summaries, wholes)
     }
 
     /// A peer's Fetch: the full decisions known for `ids` (the one held and
@@ -283,18 +375,46 @@ impl Node {
         }
     }
 
+    /// A peer's Fetch of whole buckets: the full decisions known for every
+    /// id held in `buckets` but plain tombstones (the peer held nothing
+    /// there: they delete nothing). `None` when several buckets hold more
+    /// than [`MAX_FETCH`] ids together: the peer asks for fewer at once.
+    pub fn fetch_whole(&self, buckets: &[u32], rt: &mut impl Runtime) -> Option<Vec<Decision>> {
+        if self.is_stale() || buckets.is_empty() {
+            return Some(Vec::new());
+        }
+        let ids: Vec<MinionId> = self.replica.live_in(buckets).map(|(id, _)| id.clone()).collect();
+        if buckets.len() > 1 && ids.len() > MAX_FETCH {
+            return None;
+        }
+        Some(self.fetch(&ids, rt))
+    }
+
     /// On this node's link to `peer`, the first chunk of the peer's Diff
     /// answer named the differing `buckets`: a comparison begins (its
     /// chunks follow with [`Node::repair_chunk`], then [`Node::repair_end`]).
-    pub fn repair_begin(&mut self, peer: &PeerName, buckets: &[u32]) -> Result<(), BadAnswer> {
+    ///
+    /// `whole`: the buckets the peer sends whole, and how many ids it holds
+    /// in each (see [`Node::diff_whole`]); none from a peer asked for none,
+    /// or of an earlier release.
+    pub fn repair_begin(&mut self, peer: &PeerName, buckets: &[u32], whole: &[Whole]) -> Result<(), BadAnswer> {
         let mut named = vec![false; crate::core::digest::N_BUCKETS];
-        for &bucket in buckets {
+        for &bucket in buckets.iter().chain(whole.iter().map(|(b, _)| b)) {
             let slot = named.get_mut(bucket as usize).ok_or(BadAnswer::NoSuchBucket(bucket))?;
             if std::mem::replace(slot, true) {
                 return Err(BadAnswer::BucketTwice(bucket));
             }
         }
-        self.repairs.comparing.insert(peer.clone(), Comparing { buckets: buckets.to_vec(), ..Comparing::default() });
+        if let Some(&(bucket, n)) = whole.iter().find(|(_, n)| *n > MAX_WHOLE_PER_BUCKET) {
+            return Err(BadAnswer::WholeTooLarge(bucket, n));
+        }
+        let comparing = Comparing {
+            buckets: buckets.to_vec(),
+            whole: whole.to_vec(),
+            given: vec![false; crate::core::digest::N_BUCKETS],
+            ..Comparing::default()
+        };
+        self.repairs.comparing.insert(peer.clone(), comparing);
         Ok(())
     }
 
@@ -325,6 +445,9 @@ impl Node {
             let bucket = crate::core::digest::bucket_of(&id);
             if !comparing.buckets.contains(&(bucket as u32)) {
                 return Err(BadAnswer::OutsideBuckets(id, bucket));
+            }
+            if let Some(given) = comparing.given.get_mut(bucket) {
+                *given = true;
             }
             if let Some(entry) = self.replica.entry(&id) {
                 let held = comparing.mine.entry(id.clone()).or_insert_with(|| {
@@ -376,7 +499,7 @@ impl Node {
             self.repairs.heard.insert(peer.clone(), comparing.heard);
             return Ok(Compared::default());
         }
-        let Comparing { buckets, mine, todo, full, heard: _ } = comparing;
+        let Comparing { buckets, whole, given, mine, todo, full, heard: _ } = comparing;
         // Per row held here: pushed unless the peer holds it, or (for a
         // decision, not a claim) holds a row it does not beat.
         let mut newer_here: Vec<MinionId> = self
@@ -397,12 +520,25 @@ impl Node {
         newer_here.sort_unstable();
         newer_here.dedup();
         drop(mine);
+        // Where the peer's answer gave no row, it holds nothing.
+        let (newer_where_empty, newer_here): (Vec<MinionId>, Vec<MinionId>) = newer_here
+            .into_iter()
+            .partition(|id| !given.get(crate::core::digest::bucket_of(id)).copied().unwrap_or(true));
         let todo = VecDeque::from(todo);
         let n_newer_there = todo.len();
         // The ids new here are held once fetched: room for them now.
-        self.replica.reserve(todo.iter().filter(|(id, _)| !self.replica.holds(id.as_str())).count());
-        self.repairs.plans.insert(peer.clone(), Plan { todo });
-        Ok(Compared { n_newer_there, newer_here, full })
+        let n_whole: usize = whole.iter().map(|&(_, n)| n as usize).sum();
+        self.replica.reserve(n_whole + todo.iter().filter(|(id, _)| !self.replica.holds(id.as_str())).count());
+        let n_buckets_whole = whole.len();
+        let plan = Plan { todo, whole: VecDeque::from(whole), deferred: Vec::new(), whole_chunk: FIRST_WHOLE };
+        self.repairs.plans.insert(peer.clone(), plan);
+        Ok(Compared {
+            n_newer_there: n_newer_there + n_whole,
+            newer_here,
+            newer_where_empty,
+            full,
+            whole: n_buckets_whole,
+        })
     }
 
     /// The peer's Diff answer could not be read whole (or was refused): the
@@ -416,172 +552,7 @@ impl Node {
     pub fn repair_agreed(&mut self, peer: &PeerName) {
         self.repairs.heard.remove(peer);
     }
-
-    /// The next ids to fetch from `peer` (at most [`FETCH_CHUNK`]); `None`
-    /// when the plan is done. The ids are claimed for this link until
-    /// [`Node::repair_fetched`] (or the link goes down).
-    pub fn repair_next(&mut self, peer: &PeerName) -> Option<Vec<MinionId>> {
-        let plan = self.repairs.plans.get_mut(peer)?;
-        let link = peer.clone();
-        while !plan.todo.is_empty() {
-            let n = plan.todo.len().min(FETCH_CHUNK);
-            let chunk: Vec<(MinionId, Tag)> = plan.todo.drain(..n).collect();
-            if plan.todo.len() < plan.todo.capacity() / 2 {
-                // A joining master's plans shrink as its map of held ids grows.
-                plan.todo.shrink_to_fit();
-            }
-            let (in_flight, keys) = (&mut self.repairs.in_flight, &self.repairs.tags);
-            let ids: Vec<MinionId> = chunk
-                .into_iter()
-                .filter(|(id, theirs)| theirs.still_newer(keys, self.replica.entry(id)))
-                .filter_map(|(id, _)| match in_flight.entry(id.clone()) {
-                    std::collections::hash_map::Entry::Occupied(_) => None,
-                    std::collections::hash_map::Entry::Vacant(slot) => {
-                        slot.insert(link.clone());
-                        Some(id)
-                    }
-                })
-                .collect();
-            if !ids.is_empty() {
-                return Some(ids);
-            }
-        }
-        self.repairs.plans.remove(peer);
-        None
-    }
-
-    /// Applies what a fetch of `ids` from `peer` brought, and releases the
-    /// ids' claims; returns how many were applied.
-    ///
-    /// What a round brings is not forwarded: the other peers hold it, or
-    /// their own rounds find it. (Forwarded, a joining master would push
-    /// its whole catch-up from one peer to every other, which holds it.)
-    /// Each decision counts as having reached the whole site.
-    pub fn repair_fetched(
-        &mut self,
-        peer: &PeerName,
-        ids: &[MinionId],
-        mut decisions: Vec<Decision>,
-        now: Now,
-        rt: &mut impl Runtime,
-    ) -> u32 {
-        let site = &self.settings.masters;
-        let everyone = crate::core::Relays::new(site.iter().chain(Some(&self.settings.node)).cloned());
-        for decision in &mut decisions {
-            decision.reached = everyone.clone();
-        }
-        let n_applied = self.on_batches(vec![(peer.clone(), decisions)], now, rt).first().copied().unwrap_or(0);
-        self.release(peer, ids);
-        n_applied
-    }
-
-    /// A fetch from `peer` failed: its ids are released for other links (a
-    /// later round repairs what is still missing).
-    pub fn release(&mut self, peer: &PeerName, ids: &[MinionId]) {
-        for id in ids {
-            if self.repairs.in_flight.get(id).is_some_and(|link| link == peer) {
-                self.repairs.in_flight.remove(id);
-            }
-        }
-        if self.repairs.in_flight.is_empty() && self.repairs.in_flight.capacity() > 1024 {
-            self.repairs.in_flight.shrink_to_fit();
-        }
-    }
-
-    /// The link to `peer` is down: its plan is dropped and its claims released.
-    pub fn link_down(&mut self, peer: &PeerName) {
-        self.repairs.plans.remove(peer);
-        self.repairs.comparing.remove(peer);
-        self.repairs.in_flight.retain(|_, link| link != peer);
-    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::core::decision::VerdictKind;
-
-    fn seen(hlc: u64, node: &str, kind: VerdictKind, key: u8) -> Seen {
-        let fingerprint = (kind != VerdictKind::Deleted).then_some(Fingerprint([key; 32]));
-        Seen { version: Version::new(hlc, node), kind, fingerprint, context: Default::default() }
-    }
-
-    #[test]
-    fn a_tag_names_the_decision_its_summary_was_made_from_and_no_other() {
-        let keys = RandomState::new();
-        let accepted = seen(7, "a", VerdictKind::Accepted, 1);
-        let tag = Tag::of_summary(&keys, &Summary::of(&accepted));
-        assert!(tag.names(&keys, &accepted));
-        assert!(!tag.names(&keys, &seen(8, "a", VerdictKind::Accepted, 1)), "another version");
-        assert!(!tag.names(&keys, &seen(7, "b", VerdictKind::Accepted, 1)), "another origin");
-        assert!(!tag.names(&keys, &seen(7, "a", VerdictKind::Accepted, 2)), "another key");
-        assert!(!tag.names(&keys, &seen(7, "a", VerdictKind::Rejected, 1)), "another kind");
-        // A protocol 1 peer names versions only: matched on the version.
-        let bare = Tag::of_summary(&keys, &Summary { version: accepted.version.clone(), content: None });
-        assert!(bare.names(&keys, &accepted) && bare.names(&keys, &seen(7, "a", VerdictKind::Deleted, 0)));
-        assert!(!bare.names(&keys, &seen(9, "a", VerdictKind::Accepted, 1)));
-    }
-
-    /// Observe mode keeps of a peer's answer only the rows this node does not
-    /// hold itself, each as the peer named it, and no more per id than a
-    /// comparison allows.
-    #[test]
-    fn an_observer_hears_only_what_it_does_not_hold() {
-        let id = MinionId::parse("mail01").unwrap();
-        let claim = |kind, key| {
-            let rejected = kind == VerdictKind::Rejected;
-            Seen { version: Version::claim(rejected, &[key; 32]), ..seen(0, "", kind, key) }
-        };
-        let (mine, theirs) = (claim(VerdictKind::Accepted, 1), claim(VerdictKind::Accepted, 2));
-        let here = Entry::new(mine.kind, mine.fingerprint, mine.version.clone(), Default::default());
-        let mut heard = Heard::new();
-        hear(&mut heard, Some(&here), id.clone(), &Summary::of(&mine)).unwrap();
-        assert!(heard.is_empty(), "the very row held here");
-        hear(&mut heard, Some(&here), id.clone(), &Summary::of(&theirs)).unwrap();
-        assert_eq!(heard[&id], vec![theirs.clone()]);
-        let bare = Summary { version: theirs.version.clone(), content: None };
-        hear(&mut heard, None, MinionId::parse("web01").unwrap(), &bare).unwrap();
-        assert_eq!(heard.len(), 1, "a protocol 1 row names no content: not kept");
-        for key in 3..(MAX_ROWS_PER_ID as u8 + 4) {
-            let row = Summary::of(&claim(VerdictKind::Rejected, key));
-            if let Err(e) = hear(&mut heard, None, id.clone(), &row) {
-                assert_eq!(e, BadAnswer::TooManyRows(id.clone()));
-                return;
-            }
-        }
-        panic!("more than {MAX_ROWS_PER_ID} rows for one id were kept");
-    }
-
-    /// What the tag says when a chunk is cut is what the whole summary said.
-    #[test]
-    fn a_tag_is_still_newer_exactly_when_its_summary_is() {
-        let keys = RandomState::new();
-        let live = |ms: u64, node: &str, key: u8| seen(CLAIM_CEILING + (ms << 16), node, VerdictKind::Accepted, key);
-        let entry = |held: &Seen, seen: Vec<Seen>| {
-            Entry::new(held.kind, held.fingerprint, held.version.clone(), held.context.clone()).with_seen(seen)
-        };
-        let claim = seen(5, crate::core::version::CLAIM_ACCEPT, VerdictKind::Accepted, 3);
-        let mut replica = crate::core::replica::Replica::new("c", Default::default());
-        let id = MinionId::parse("web01").unwrap();
-        for (theirs, held) in [
-            (live(10, "a", 1), None),
-            (live(10, "a", 1), Some(entry(&live(10, "a", 1), vec![]))),
-            (live(10, "a", 1), Some(entry(&live(20, "b", 2), vec![live(10, "a", 1)]))),
-            (live(10, "a", 1), Some(entry(&live(20, "b", 2), vec![]))),
-            (live(20, "b", 2), Some(entry(&live(10, "a", 1), vec![]))),
-            (claim.clone(), Some(entry(&live(20, "b", 2), vec![]))),
-            (claim.clone(), Some(entry(&live(20, "b", 2), vec![claim.clone()]))),
-        ] {
-            if let Some(held) = &held {
-                replica.load(id.clone(), held.clone());
-            }
-            let summary = Summary::of(&theirs);
-            let tag = Tag::of_summary(&keys, &summary);
-            assert_eq!(
-                tag.still_newer(&keys, held.as_ref()),
-                held.is_none() || replica.is_newer_on_peer(&id, &summary),
-                "{theirs:?} against {held:?}"
-            );
-        }
-    }
-}
+mod tests;

@@ -134,8 +134,8 @@ fn what_a_round_brings_is_not_forwarded() {
     let mut rt = Recorder::default();
     let mut c = node("master-c", &mut rt);
     let fetched = decision(Verdict::Accepted(key("mwIDAQAB")), NOW_MS - 10, "master-d", &[]);
-    let ids = [fetched.id.clone()];
-    assert_eq!(c.repair_fetched(&peer("master-a"), &ids, vec![fetched], now(), &mut rt), 1);
+    let fetch = Fetch { ids: vec![fetched.id.clone()], ..Fetch::default() };
+    assert_eq!(c.repair_fetched(&peer("master-a"), &fetch, vec![fetched], now(), &mut rt), 1);
     let (_, sent) = rt.sent.last().expect("handed to the links");
     for to in ["master-a", "master-b", "master-d", "master-x"] {
         assert!(!crate::link::pushes_to(&sent[0], &peer(to)), "pushed to {to}");
@@ -154,6 +154,7 @@ mod repair;
 mod settling;
 mod stale;
 mod waiting;
+mod whole;
 
 /// A peer's decision written but not recorded (the store failed) waits for
 /// its retry; a newer decision meanwhile waits for that retry too, then must
@@ -344,19 +345,19 @@ fn a_joiners_links_share_the_repair_and_bring_everything() {
     // Link a takes a chunk and keeps it in flight; link b gets other ids.
     let first_a = c.repair_next(&peer("master-a")).unwrap();
     let first_b = c.repair_next(&peer("master-b")).unwrap();
-    assert_eq!(first_a.len(), FETCH_CHUNK);
-    assert!(first_b.iter().all(|id| !first_a.contains(id)), "an id in flight on a was handed to b");
+    assert_eq!(first_a.ids.len(), FETCH_CHUNK);
+    assert!(first_b.ids.iter().all(|id| !first_a.ids.contains(id)), "an id in flight on a was handed to b");
     // a's chunk applied; b's next chunks never ask for what a brought.
-    let decisions = a.fetch(&first_a, &mut rt_a);
+    let decisions = a.fetch(&first_a.ids, &mut rt_a);
     c.repair_fetched(&peer("master-a"), &first_a, decisions, now(), &mut rt_c);
-    let mut fetched = vec![first_a.clone(), first_b.clone()];
-    let decisions = b.fetch(&first_b, &mut rt_b);
+    let mut fetched = vec![first_a.ids.clone(), first_b.ids.clone()];
+    let decisions = b.fetch(&first_b.ids, &mut rt_b);
     c.repair_fetched(&peer("master-b"), &first_b, decisions, now(), &mut rt_c);
     while let Some(chunk) = c.repair_next(&peer("master-b")) {
-        assert!(chunk.iter().all(|id| !first_a.contains(id)), "b fetched again what a brought");
-        let decisions = b.fetch(&chunk, &mut rt_b);
+        assert!(chunk.ids.iter().all(|id| !first_a.ids.contains(id)), "b fetched again what a brought");
+        let decisions = b.fetch(&chunk.ids, &mut rt_b);
         c.repair_fetched(&peer("master-b"), &chunk, decisions, now(), &mut rt_c);
-        fetched.push(chunk);
+        fetched.push(chunk.ids);
     }
     // b brought all the rest: a's plan has nothing left.
     assert!(c.repair_next(&peer("master-a")).is_none(), "a fetches again what b brought");
@@ -374,9 +375,9 @@ fn a_small_catch_up_is_fetched_once_across_links() {
     let n = 1500;
     let Joiner { ids, a, mut rt_a, b: _, rt_b: _, mut c, mut rt_c } = joiner(n);
     let on_a = c.repair_next(&peer("master-a")).unwrap();
-    assert_eq!(on_a.len(), n);
+    assert_eq!(on_a.ids.len(), n);
     assert_eq!(c.repair_next(&peer("master-b")), None, "b fetches what a is fetching");
-    let decisions = a.fetch(&on_a, &mut rt_a);
+    let decisions = a.fetch(&on_a.ids, &mut rt_a);
     c.repair_fetched(&peer("master-a"), &on_a, decisions, now(), &mut rt_c);
     assert!(ids.iter().all(|id| c.entry(id).is_some_and(|e| e.version.node.as_ref() == "master-d")));
     assert_eq!(c.digests(), a.digests());
@@ -450,7 +451,7 @@ impl Node {
         rt: &mut impl Runtime,
     ) -> (usize, Vec<MinionId>) {
         let link = peer(name);
-        if self.repair_begin(&link, buckets).is_err() {
+        if self.repair_begin(&link, buckets, &[]).is_err() {
             return (0, Vec::new());
         }
         for chunk in summaries {

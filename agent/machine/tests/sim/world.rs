@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use keysync_machine::core::settle::{FsChange, SettleTimings};
 use keysync_machine::core::{Decision, Folder, MinionId, Version};
-use keysync_machine::node::{self, FsEvent, Loaded, Node, Now, Settings, Summaries};
+use keysync_machine::node::{self, Fetch, FsEvent, Loaded, Node, Now, Settings, Summaries, Whole};
 
 use crate::model::*;
 use crate::runtime::{Outbox, SimRuntime, Store};
@@ -41,15 +41,17 @@ pub(crate) enum Msg {
     DiffReq {
         req: u64,
         digests: Vec<u64>,
+        empty: Vec<u32>,
     },
     DiffResp {
         req: u64,
         buckets: Vec<u32>,
         summaries: Summaries,
+        whole: Vec<Whole>,
     },
     FetchReq {
         req: u64,
-        ids: Vec<MinionId>,
+        fetch: Fetch,
     },
     FetchResp {
         req: u64,
@@ -183,6 +185,8 @@ pub(crate) struct SimNode {
     /// The agent, while it runs.
     pub(crate) machine: Option<Node>,
     joined: bool,
+    /// Asks for and sends whole buckets (agents before 0.2 do neither).
+    whole: bool,
     /// Bumped on every kill and start: timers of an older life are ignored.
     epoch: u64,
     pub(crate) disk: Disk,
@@ -287,6 +291,8 @@ impl Sim {
         let mut nodes = Vec::new();
         for idx in 0..n_nodes {
             let salt = if rng.percent(50) { Salt::V3006 } else { Salt::V3008 };
+            // Some masters still run an earlier release (a rolling upgrade).
+            let whole = !rng.percent(15);
             let mut disk = Disk::default();
             // The highest-named master may join late (below): it rejected more,
             // so its rejections meet live accepts of the very same keys.
@@ -309,6 +315,7 @@ impl Sim {
                 clock_offset_ms: rng.between(0, 1500),
                 machine: None,
                 joined: false,
+                whole,
                 epoch: 0,
                 disk,
                 store: Store::default(),
@@ -362,6 +369,7 @@ impl Sim {
             sim.schedule(at, Event::Join { node });
         }
         trace!(sim, "seed {seed}: {n_nodes} masters {:?}", sim.nodes.iter().map(|n| n.salt).collect::<Vec<_>>());
+        sim.stats.earlier_release = sim.nodes.iter().filter(|n| !n.whole).count() as u64;
         if sim.linked.iter().flatten().filter(|&&peers| !peers).count() > n_nodes {
             sim.stats.partial_meshes += 1;
             trace!(sim, "partial mesh: {:?}", sim.linked);

@@ -25,9 +25,9 @@ fn rounds(asker: (&str, &mut Node, &mut Recorder), answerer: (&str, &mut Node, &
         if !pushed.is_empty() {
             answerer.on_batches(vec![(peer(asker_name), pushed)], now(), rt_answerer);
         }
-        while let Some(ids) = asker.repair_next(&peer(answerer_name)) {
-            let fetched = answerer.fetch(&ids, rt_answerer);
-            asker.repair_fetched(&peer(answerer_name), &ids, fetched, now(), rt_asker);
+        while let Some(fetch) = asker.repair_next(&peer(answerer_name)) {
+            let fetched = answerer.fetch(&fetch.ids, rt_answerer);
+            asker.repair_fetched(&peer(answerer_name), &fetch, fetched, now(), rt_asker);
         }
     }
 }

@@ -34,9 +34,9 @@ fn round(a: &mut Master, b: &mut Master) {
     if !push.is_empty() {
         b.node.on_batches(vec![(peer(a.name), push)], now(), &mut b.rt);
     }
-    while let Some(ids) = a.node.repair_next(&peer(b.name)) {
-        let decisions = b.node.fetch(&ids, &mut b.rt);
-        a.node.repair_fetched(&peer(b.name), &ids, decisions, now(), &mut a.rt);
+    while let Some(fetch) = a.node.repair_next(&peer(b.name)) {
+        let decisions = b.node.fetch(&fetch.ids, &mut b.rt);
+        a.node.repair_fetched(&peer(b.name), &fetch, decisions, now(), &mut a.rt);
     }
 }
 

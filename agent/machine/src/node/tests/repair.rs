@@ -33,7 +33,7 @@ fn a_huge_answer_plans_at_most_max_planned_and_says_so() {
     let n = MAX_PLANNED + 5_000;
     let mut rows: Vec<(MinionId, Summary)> = (0..n).map(|i| summary(&format!("m{i:07}"), NOW_MS - 1000)).collect();
     rows.sort_by(|a, b| a.0.cmp(&b.0));
-    c.repair_begin(&peer("master-a"), &all_buckets()).unwrap();
+    c.repair_begin(&peer("master-a"), &all_buckets(), &[]).unwrap();
     for chunk in rows.chunks(2_000) {
         c.repair_chunk(&peer("master-a"), chunk.to_vec(), &mut rt).unwrap();
     }
@@ -43,7 +43,7 @@ fn a_huge_answer_plans_at_most_max_planned_and_says_so() {
     assert!(compared.newer_here.is_empty());
     let mut planned = 0;
     while let Some(ids) = c.repair_next(&peer("master-a")) {
-        planned += ids.len();
+        planned += ids.ids.len();
     }
     assert_eq!(planned, MAX_PLANNED);
 }
@@ -55,12 +55,12 @@ fn a_huge_answer_plans_at_most_max_planned_and_says_so() {
 fn an_answer_no_agent_would_send_is_refused() {
     let mut rt = Recorder::default();
     let mut c = node("master-c", &mut rt);
-    assert_eq!(c.repair_begin(&peer("master-a"), &[1024]), Err(BadAnswer::NoSuchBucket(1024)));
-    assert_eq!(c.repair_begin(&peer("master-a"), &[3, 7, 3]), Err(BadAnswer::BucketTwice(3)));
+    assert_eq!(c.repair_begin(&peer("master-a"), &[1024], &[]), Err(BadAnswer::NoSuchBucket(1024)));
+    assert_eq!(c.repair_begin(&peer("master-a"), &[3, 7, 3], &[]), Err(BadAnswer::BucketTwice(3)));
     let row = summary("web01", NOW_MS - 1000);
     let bucket = bucket_of(&row.0) as u32;
     let other = (bucket + 1) % 1024;
-    c.repair_begin(&peer("master-a"), &[other]).unwrap();
+    c.repair_begin(&peer("master-a"), &[other], &[]).unwrap();
     assert!(matches!(
         c.repair_chunk(&peer("master-a"), vec![row.clone()], &mut rt),
         Err(BadAnswer::OutsideBuckets(..))
@@ -76,7 +76,7 @@ fn an_answer_no_agent_would_send_is_refused() {
     let held = MinionId::parse("web01").unwrap();
     let rows: Vec<(MinionId, Summary)> =
         (0..=MAX_ROWS_PER_ID as u64).map(|i| (held.clone(), summary("web01", NOW_MS - 4000 + i).1)).collect();
-    c.repair_begin(&peer("master-a"), &[bucket]).unwrap();
+    c.repair_begin(&peer("master-a"), &[bucket], &[]).unwrap();
     assert_eq!(c.repair_chunk(&peer("master-a"), rows, &mut rt), Err(BadAnswer::TooManyRows(held)));
     assert_eq!(c.repair_chunk(&peer("master-a"), Vec::new(), &mut rt), Err(BadAnswer::NotComparing));
 }

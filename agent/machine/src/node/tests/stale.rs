@@ -37,9 +37,9 @@ fn round(asker: (&mut Node, &mut Recorder), answerer: (&mut Node, &mut Recorder)
     if !pushed.is_empty() {
         answerer.on_batches(vec![(peer(&asker_name), pushed)], when, rt_answerer);
     }
-    while let Some(ids) = asker.repair_next(&peer(&answerer_name)) {
-        let fetched = answerer.fetch(&ids, rt_answerer);
-        asker.repair_fetched(&peer(&answerer_name), &ids, fetched, when, rt_asker);
+    while let Some(fetch) = asker.repair_next(&peer(&answerer_name)) {
+        let fetched = answerer.fetch(&fetch.ids, rt_answerer);
+        asker.repair_fetched(&peer(&answerer_name), &fetch, fetched, when, rt_asker);
     }
     asker.on_contact(when, rt_asker);
 }

@@ -51,19 +51,39 @@ impl Sim {
                 }
                 self.nodes[to].inbox.push((peer, decisions));
             }
-            Msg::DiffReq { req, digests } => {
-                if let Some((buckets, summaries)) = self.input(to, |machine, rt, _| machine.diff(&digests, rt)) {
-                    self.send(to, from, Msg::DiffResp { req, buckets, summaries });
+            Msg::DiffReq { req, digests, empty } => {
+                // An agent of an earlier release ignores the ask, and sends summaries.
+                let whole = self.nodes[to].whole;
+                let answer = self.input(to, |machine, rt, _| match whole {
+                    true => machine.diff_whole(&digests, &empty, rt),
+                    false => {
+                        let (buckets, summaries) = machine.diff(&digests, rt);
+                        (buckets, summaries, Vec::new())
+                    }
+                });
+                if let Some((buckets, summaries, whole)) = answer {
+                    if !whole.is_empty() {
+                        // The peer will fetch those buckets from this node, as the agent's Diff marks it.
+                        self.fetched_at.insert((to, from), self.now);
+                    }
+                    self.send(to, from, Msg::DiffResp { req, buckets, summaries, whole });
                 }
             }
-            Msg::FetchReq { req, ids } => {
+            Msg::FetchReq { req, fetch } => {
                 // The peer is fetching from this node: a round of its own.
                 self.fetched_at.insert((to, from), self.now);
-                if let Some(decisions) = self.input(to, |machine, rt, _| machine.fetch(&ids, rt)) {
+                self.stats.buckets_whole += fetch.buckets.len() as u64;
+                let answer = self.input(to, |machine, rt, _| {
+                    let mut decisions = machine.fetch(&fetch.ids, rt);
+                    // Never more than a few ids: never refused as too many at once.
+                    decisions.extend(machine.fetch_whole(&fetch.buckets, rt).unwrap_or_default());
+                    decisions
+                });
+                if let Some(decisions) = answer {
                     self.send(to, from, Msg::FetchResp { req, decisions });
                 }
             }
-            Msg::DiffResp { req, buckets, summaries } => self.on_diff(to, from, req, buckets, summaries),
+            Msg::DiffResp { req, buckets, summaries, whole } => self.on_diff(to, from, req, buckets, summaries, whole),
             Msg::FetchResp { req, decisions } => self.on_fetched(to, from, req, decisions),
         }
     }

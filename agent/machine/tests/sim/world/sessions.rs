@@ -226,20 +226,24 @@ impl Sim {
                         self.handle_link(node, peer, Input::Answer(answer));
                     }
                 }
-                Out::Diff(digests) => {
+                Out::Diff { digests, mut empty } => {
+                    if !self.nodes[node].whole {
+                        // An agent of an earlier release asks for no bucket whole.
+                        empty.clear();
+                    }
                     let req = self.request(node, peer);
-                    self.send(node, peer, Msg::DiffReq { req, digests });
+                    self.send(node, peer, Msg::DiffReq { req, digests, empty });
                 }
                 Out::ReadDiff => {
                     let input = match self.nodes[node].links[peer].diff_rest.pop_front() {
-                        Some((buckets, summaries)) => Input::DiffChunk { buckets, summaries },
+                        Some((buckets, summaries)) => Input::DiffChunk { buckets, summaries, whole: Vec::new() },
                         None => Input::DiffEnd,
                     };
                     self.handle_link(node, peer, input);
                 }
-                Out::Fetch(ids) => {
+                Out::Fetch(fetch) => {
                     let req = self.request(node, peer);
-                    self.send(node, peer, Msg::FetchReq { req, ids });
+                    self.send(node, peer, Msg::FetchReq { req, fetch });
                 }
                 Out::Push(batches) => {
                     let to = named(&self.nodes[peer].name);
@@ -309,8 +313,8 @@ impl Sim {
         let peer_name = named(&self.nodes[peer].name);
         let p = &peer_name;
         let answer = self.input(node, |machine, rt, now| match call {
-            Call::Digests => Some(Answer::Digests(machine.digests())),
-            Call::Begin(buckets) => Some(Answer::Checked(machine.repair_begin(p, &buckets))),
+            Call::Digests => Some(Answer::Digests(machine.asking())),
+            Call::Begin { buckets, whole } => Some(Answer::Checked(machine.repair_begin(p, &buckets, &whole))),
             Call::Compare(summaries) => Some(Answer::Checked(machine.repair_chunk(p, summaries, rt))),
             Call::End => Some(Answer::Compared(machine.repair_end(p))),
             Call::Agreed => {
@@ -323,8 +327,8 @@ impl Sim {
             }
             Call::Load(ids) => Some(Answer::Loaded(machine.fetch(&ids, rt))),
             Call::Next => Some(Answer::Next(machine.repair_next(p))),
-            Call::Apply { ids, decisions } => {
-                Some(Answer::Applied(machine.repair_fetched(p, &ids, decisions, now, rt)))
+            Call::Apply { fetch, decisions } => {
+                Some(Answer::Applied(machine.repair_fetched(p, &fetch, decisions, now, rt)))
             }
             Call::LinkDown => {
                 machine.link_down(p);
@@ -335,7 +339,15 @@ impl Sim {
     }
 
     /// The peer's Diff answer, read by the link a chunk of a few summaries at a time.
-    pub(crate) fn on_diff(&mut self, node: usize, peer: usize, req: u64, buckets: Vec<u32>, summaries: Summaries) {
+    pub(crate) fn on_diff(
+        &mut self,
+        node: usize,
+        peer: usize,
+        req: u64,
+        buckets: Vec<u32>,
+        summaries: Summaries,
+        whole: Vec<Whole>,
+    ) {
         if !self.answered(node, peer, req) {
             return;
         }
@@ -348,7 +360,7 @@ impl Sim {
         }
         let (buckets, summaries) = chunks.pop_front().unwrap_or_default();
         self.nodes[node].links[peer].diff_rest = chunks;
-        self.handle_link(node, peer, Input::DiffChunk { buckets, summaries });
+        self.handle_link(node, peer, Input::DiffChunk { buckets, summaries, whole });
         self.pump(node, peer);
     }
 
