@@ -181,7 +181,18 @@ impl PeerLink {
         // missed: it is pushed at once, rounds or not.
         let outgoing = self.core.follow(&self.peer.name);
         let (push_tx, push_rx) = mpsc::channel::<v1::DecisionBatch>(PUSHES_IN_FLIGHT);
-        let acks = client.push(ReceiverStream::new(push_rx)).await?.into_inner();
+        // The session's first Hello goes with the opening of its push
+        // stream: one round trip, not two (a joining master's first key
+        // came a round trip later). What the node sends meanwhile waits in
+        // the link, which pushes it once the Hello is done.
+        link.handle(Input::Connected, false);
+        let first = link.poll();
+        debug_assert!(matches!(first, Some(Out::Hello)), "a session begins with Hello");
+        let mut push_client = client.clone();
+        let open_push = async { Ok::<_, SessionError>(push_client.push(ReceiverStream::new(push_rx)).await?) };
+        let first_diff = self.first_diff(client.clone());
+        let (acks, hello, first_diff) = tokio::try_join!(open_push, self.hello(&mut client), first_diff)?;
+        let acks = acks.into_inner();
         let mut io = SessionIo {
             client,
             push: PushIo {
@@ -196,11 +207,12 @@ impl PeerLink {
             timer: Box::pin(tokio::time::sleep(self.anti_entropy_interval)),
             timer_armed: false,
             diff: None,
+            first_diff,
             run: AntiEntropyRun::default(),
-            n_decisions: 0,
+            n_decisions: hello.n_decisions,
             connected,
         };
-        link.handle(Input::Connected, false);
+        link.handle(Input::HelloDone, self.board.peer_fetching(&self.peer.name));
         loop {
             // What the link asks for, until it waits for something from outside.
             while let Some(out) = link.poll() {
@@ -251,10 +263,17 @@ impl PeerLink {
                 }
             }
             Out::Diff { digests, empty } => {
-                let empty = crate::net::wire::buckets::to_bitmap(empty);
-                let request = v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests, empty };
-                io.run = AntiEntropyRun { bytes_sent: request.encoded_len(), ..AntiEntropyRun::default() };
-                let stream = during(io.client.diff(request), link, &mut io.push).await??.into_inner();
+                let stream = match io.first_diff.take() {
+                    Some((stream, bytes_sent)) => {
+                        io.run = AntiEntropyRun { bytes_sent, ..AntiEntropyRun::default() };
+                        stream
+                    }
+                    None => {
+                        let request = diff_request(digests, empty);
+                        io.run = AntiEntropyRun { bytes_sent: request.encoded_len(), ..AntiEntropyRun::default() };
+                        during(io.client.diff(request), link, &mut io.push).await??.into_inner()
+                    }
+                };
                 io.diff = Some(stream);
                 self.read_diff(link, io).await?
             }
@@ -277,12 +296,14 @@ impl PeerLink {
                 return Ok(());
             }
             Out::Up => {
+                io.first_diff = None;
                 let _ = io.connected.try_send(());
                 self.board.set_state(&self.peer.name, LinkState::Up, None);
                 tracing::info!(n_decisions = io.n_decisions, "connected");
                 return Ok(());
             }
             Out::Report(round) => {
+                io.first_diff = None;
                 self.report(round, std::mem::take(&mut io.run));
                 return Ok(());
             }
@@ -295,6 +316,33 @@ impl PeerLink {
         };
         link.handle(input, self.board.peer_fetching(&self.peer.name));
         Ok(())
+    }
+
+    /// The session's first round's Diff, sent with its first Hello when this
+    /// node holds nothing in some buckets: a round trip sooner (a joining
+    /// master's first key comes four round trips after its connection, not
+    /// five). Only when this node forgot no
+    /// delete the peer may not know of: its Hello could then make the peer
+    /// stale, and the peer might answer the Diff before reading the Hello.
+    /// The Hello may make this node stale too: its round then runs no Diff,
+    /// and the answer is dropped unread. Any failure leaves it to the round.
+    async fn first_diff(
+        &self,
+        mut client: KeySyncClient<Channel>,
+    ) -> Result<Option<(tonic::Streaming<v1::DiffChunk>, usize)>, SessionError> {
+        let peer = self.peer.name.clone();
+        if self.core.ask(|reply| Request::ForgotThrough { peer, reply }).await? != 0 {
+            return Ok(None);
+        }
+        let Some(asking) = self.core.ask(|reply| Request::Digests { reply }).await? else { return Ok(None) };
+        if asking.empty.is_empty() {
+            // Nothing to fetch whole: its round may well be left to the
+            // peer's, and its digests (8 KiB) are not sent at all then.
+            return Ok(None);
+        }
+        let request = diff_request(asking.digests, asking.empty);
+        let sent = request.encoded_len();
+        Ok(client.diff(request).await.ok().map(|answer| (answer.into_inner(), sent)))
     }
 
     /// The next chunk of the peer's Diff answer, for the link. Read as it
@@ -384,6 +432,12 @@ impl PeerLink {
         self.board.anti_entropy(&self.peer.name, run);
     }
 
+    /// Whether this node holds anything (a decision, a delete) in some bucket.
+    async fn holds_something(&self) -> Result<bool, SessionError> {
+        let asking = self.core.ask(|reply| Request::Digests { reply }).await?;
+        Ok(asking.is_some_and(|asking| asking.empty.len() < N_BUCKETS))
+    }
+
     /// Names this node and its master's health; records the peer's.
     async fn hello(&self, client: &mut KeySyncClient<Channel>) -> Result<v1::HelloResponse, SessionError> {
         let health = Some(health_to_wire(&self.board.hello_health(&self.core).await));
@@ -426,6 +480,13 @@ impl PeerLink {
         self.board.peer_clock(&self.peer.name, crate::net::wire::clock_from_wire(hello.clock), hlc);
         let (peer, forgot_ms) = (self.peer.name.clone(), hello.forgot_through_ms);
         self.core.tell(Request::PeerForgot { peer, forgot_ms }).await?;
+        if hello.joining && self.holds_something().await? {
+            // Its own rounds fetch all this node holds whole: this link's
+            // round is left to them, and no digests are sent. (Between two
+            // masters holding nothing, rounds run: there is nothing to
+            // leave, and `status` shows them.)
+            self.board.peer_fetched(&self.peer.name);
+        }
         Ok(hello)
     }
 }
@@ -482,6 +543,12 @@ impl PeerLink {
     }
 }
 
+/// A Diff asking for `empty` buckets whole.
+fn diff_request(digests: Vec<u64>, empty: Vec<u32>) -> v1::DiffRequest {
+    let empty = crate::net::wire::buckets::to_bitmap(empty);
+    v1::DiffRequest { n_buckets: N_BUCKETS as u32, digests, empty }
+}
+
 /// The protocol an agent of an earlier release speaks, from its refusal of
 /// a newer Hello ("protocol version 2 is not supported (this server speaks
 /// 1)"), if this agent speaks it too.
@@ -506,6 +573,9 @@ struct SessionIo {
     timer_armed: bool,
     /// The Diff answer being read.
     diff: Option<tonic::Streaming<v1::DiffChunk>>,
+    /// The first round's Diff, sent with the session's first Hello, and
+    /// the bytes of its request: used by that round only.
+    first_diff: Option<(tonic::Streaming<v1::DiffChunk>, usize)>,
     /// The round's bytes on the wire, for `status`.
     run: AntiEntropyRun,
     /// What the peer said it holds, for the log.

@@ -58,6 +58,8 @@ impl Handler for RpcHandler {
         let n_decisions = self.core.ask(|reply| Request::Count { reply }).await.map_err(core_gone)?;
         let forgot_through_ms =
             self.core.ask(|reply| Request::ForgotThrough { peer: name, reply }).await.map_err(core_gone)?;
+        let asking = self.core.ask(|reply| Request::Digests { reply }).await.map_err(core_gone)?;
+        let joining = asking.is_some_and(|asking| asking.empty.len() == N_BUCKETS);
         Ok(v1::HelloResponse {
             node: self.node.clone(),
             protocol_version: PROTOCOL_VERSION,
@@ -66,6 +68,7 @@ impl Handler for RpcHandler {
             forgot_through_ms,
             held: held_to_wire(&crate::ops::held::held_counts(&self.core).await.map_err(core_gone)?),
             clock: Some(crate::net::wire::clock_to_wire(&self.board.clock_reading(hlc))),
+            joining,
         })
     }
 

@@ -93,6 +93,7 @@ impl Handler for EchoHandler {
             forgot_through_ms: 0,
             held: Vec::new(),
             clock: None,
+            joining: false,
         })
     }
 

@@ -175,7 +175,7 @@ fn masters_converge_under_chaos() {
          lost 0, stale 0, resurrected 0, never applied 0; {} conflicts told, 0 missed, 0 duplicated; \
          audit records: {} conflicts and {} held deletes' ends recorded once, 0 unaudited; \
          propagation p50 {} ms, p99 {} ms, max {} ms (virtual); \
-         {} messages dropped, {} duplicated, {} lost to a down or partitioned node, {} link timeouts, {} rounds, {} lags, {} grouped arrivals, {} decisions pushed live, {} partial meshes, {} agents of an earlier release, {} buckets fetched whole; \
+         {} messages dropped, {} duplicated, {} lost to a down or partitioned node, {} link timeouts, {} rounds, {} lags, {} grouped arrivals, {} decisions pushed live, {} partial meshes, {} agents of an earlier release, {} empty joiners, {} buckets fetched whole; \
          {} kills between inputs, {} inside one, {} full disks, {} partitions, {} inotify overflows; {} .dfn drops; \
          guard: {} mass deletes, {} bursts held, {} held deletes released and {} reverted by operators, \
          {} settled otherwise, 0 lost or applied unreleased; \
@@ -201,6 +201,7 @@ fn masters_converge_under_chaos() {
         t.pushed,
         t.partial_meshes,
         t.earlier_release,
+        t.empty_joiners,
         t.buckets_whole,
         t.crashes,
         t.kills_mid_input,
@@ -241,6 +242,8 @@ pub(crate) struct Stats {
     pub(crate) partial_meshes: u64,
     /// Masters that neither ask for nor send whole buckets (as agents before 0.2).
     pub(crate) earlier_release: u64,
+    /// Late joiners that started with empty folders (a new master).
+    pub(crate) empty_joiners: u64,
     /// Buckets fetched whole (a master held nothing in them).
     pub(crate) buckets_whole: u64,
     crashes: u64,
@@ -279,6 +282,7 @@ impl Stats {
         self.partial_meshes += o.partial_meshes;
         self.earlier_release += o.earlier_release;
         self.buckets_whole += o.buckets_whole;
+        self.empty_joiners += o.empty_joiners;
         self.crashes += o.crashes;
         self.kills_mid_input += o.kills_mid_input;
         self.full_disks += o.full_disks;

@@ -339,6 +339,11 @@ impl Sim {
         }
         // Sometimes the highest-named master joins late with the folders it had at the start.
         let joiner = (n_nodes >= 4 && rng.percent(50)).then_some(n_nodes - 1);
+        // Some are new masters, their folders empty: they fetch everything whole.
+        let empty_joiner = joiner.filter(|_| rng.percent(33));
+        if let Some(j) = empty_joiner {
+            nodes[j].disk = Disk::default();
+        }
         let linked = mesh(&mut rng, n_nodes);
         let mut sim = Sim {
             rng,
@@ -370,6 +375,7 @@ impl Sim {
         }
         trace!(sim, "seed {seed}: {n_nodes} masters {:?}", sim.nodes.iter().map(|n| n.salt).collect::<Vec<_>>());
         sim.stats.earlier_release = sim.nodes.iter().filter(|n| !n.whole).count() as u64;
+        sim.stats.empty_joiners = u64::from(empty_joiner.is_some());
         if sim.linked.iter().flatten().filter(|&&peers| !peers).count() > n_nodes {
             sim.stats.partial_meshes += 1;
             trace!(sim, "partial mesh: {:?}", sim.linked);

@@ -9,6 +9,7 @@
 use std::collections::VecDeque;
 use std::rc::Rc;
 
+use keysync_machine::core::digest::N_BUCKETS;
 use keysync_machine::core::Decision;
 use keysync_machine::link::{pushes_to, reached, Answer, Call, Input, Link, LinkSettings, Out};
 use keysync_machine::node::Summaries;
@@ -306,6 +307,17 @@ impl Sim {
         let Some(mine) = self.nodes[node].machine.as_ref().map(|m| m.forgot_through(&peer_name)) else { return };
         self.input(peer, |machine, rt, now| machine.on_peer_forgot(&name, mine, now, rt));
         self.input(node, |machine, rt, now| machine.on_peer_forgot(&peer_name, theirs, now, rt));
+        // A peer that holds nothing at all says it joins: its own rounds
+        // fetch everything whole, and this link's round is left to them
+        // (when this node holds something to leave).
+        let empty = |m: &keysync_machine::node::Node| m.asking().is_some_and(|a| a.empty.len() == N_BUCKETS);
+        let holds = |m: &keysync_machine::node::Node| !empty(m);
+        if self.nodes[peer].whole
+            && self.nodes[peer].machine.as_ref().is_some_and(empty)
+            && self.nodes[node].machine.as_ref().is_some_and(holds)
+        {
+            self.fetched_at.insert((node, peer), self.now);
+        }
     }
 
     /// Runs a call on the node's machine; `None` when the node died in it.
