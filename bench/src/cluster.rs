@@ -237,13 +237,39 @@ pub fn key_pool(n: usize) -> Vec<String> {
     (0..n).map(|_| keysync_tests::salt_ops::new_public_key()).collect()
 }
 
-/// Real RSA 2048 public keys, as Salt makes minion keys (451 bytes each,
-/// made with `openssl genrsa 2048 | openssl rsa -pubout`): for figures
-/// relative to the key material, such as the bytes of a join.
-pub fn rsa_key_pool() -> Vec<String> {
-    const END: &str = "-----END PUBLIC KEY-----\n";
-    let all = include_str!("../data/rsa2048-public-keys.pem");
-    all.split_inclusive(END).map(str::to_string).collect()
+/// `n` different RSA 2048 public keys in the form Salt writes minion keys
+/// (PEM `PUBLIC KEY`, 64-column lines, 451 bytes), for figures relative to
+/// the key material, such as the bytes of a join. Each is a real key made
+/// with `openssl genrsa 2048 | openssl rsa -pubout` (`data/`) whose modulus
+/// is replaced by pseudo-random bytes, different for each: as a site's keys
+/// do, they share nothing a compressor could find (a pool of a few keys
+/// handed out again and again would compress to a fraction).
+pub fn rsa_keys(n: usize) -> Vec<String> {
+    let template = pem::parse(include_str!("../data/rsa2048-public-key.pem")).expect("the fixture is PEM");
+    let der = template.contents();
+    // SubjectPublicKeyInfo of RSA 2048: the modulus's 256 bytes follow its
+    // INTEGER header (02 82 01 01 00) at offset 28.
+    const MODULUS: std::ops::Range<usize> = 33..289;
+    assert_eq!(&der[28..33], [0x02, 0x82, 0x01, 0x01, 0x00], "an RSA 2048 public key");
+    let config = pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF);
+    (0..n as u64)
+        .map(|i| {
+            let mut der = der.to_vec();
+            let mut state = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5851_f42d_4c95_7f2d;
+            for chunk in der[MODULUS].chunks_mut(8) {
+                // splitmix64
+                state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = state;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                z ^= z >> 31;
+                chunk.copy_from_slice(&z.to_be_bytes()[..chunk.len()]);
+            }
+            der[MODULUS.start] |= 0x80;
+            der[MODULUS.end - 1] |= 1;
+            pem::encode_config(&pem::Pem::new("PUBLIC KEY", der), config)
+        })
+        .collect()
 }
 
 /// Writes a decided key file the way Salt leaves one (mode 0644).
@@ -271,4 +297,21 @@ pub fn count_named(pki: &Path, folder: &str, prefix: &str) -> usize {
     std::fs::read_dir(pki.join(folder))
         .map(|dir| dir.filter_map(Result::ok).filter(|e| e.file_name().to_string_lossy().starts_with(prefix)).count())
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The keys are as many as asked, all different, each of the size and
+    /// form of Salt's RSA 2048 minion keys, and the agent takes them.
+    #[test]
+    fn rsa_keys_are_different_keys_of_salts_form() {
+        let keys = super::rsa_keys(500);
+        assert_eq!(keys.len(), 500);
+        assert_eq!(keys.iter().collect::<std::collections::HashSet<_>>().len(), 500, "all different");
+        for key in &keys {
+            assert_eq!(key.len(), 451, "{key}");
+            assert!(key.starts_with("-----BEGIN PUBLIC KEY-----\n") && key.ends_with("-----END PUBLIC KEY-----\n"));
+            salt_keysync::core::keyfile::check_public_key(key.as_bytes()).expect("a public key");
+        }
+    }
 }

@@ -102,7 +102,8 @@ pub fn run(settings: &WanSettings) -> anyhow::Result<WanReport> {
     if settings.masters.iter().any(|&n| !(2..=26).contains(&n)) {
         anyhow::bail!("--wan-masters: 2 to 26 masters (named master-a to master-z)");
     }
-    let keys = crate::cluster::rsa_key_pool();
+    let most = settings.joins.iter().copied().chain([settings.seed + settings.decisions]).max().unwrap_or(0);
+    let keys = crate::cluster::rsa_keys(most.max(1));
     let mut rows = Vec::new();
     for config in configs(settings) {
         let row = run_config(settings, &config, &keys)?;
