@@ -321,11 +321,11 @@ impl PeerLink {
     /// The session's first round's Diff, sent with its first Hello when this
     /// node holds nothing in some buckets: a round trip sooner (a joining
     /// master's first key comes four round trips after its connection, not
-    /// five). Only when this node forgot no
-    /// delete the peer may not know of: its Hello could then make the peer
-    /// stale, and the peer might answer the Diff before reading the Hello.
-    /// The Hello may make this node stale too: its round then runs no Diff,
-    /// and the answer is dropped unread. Any failure leaves it to the round.
+    /// five). Only when this node forgot no delete the peer may not know of:
+    /// its Hello could then make the peer stale, and the peer might answer
+    /// the Diff before reading the Hello. The Hello may make this node
+    /// stale too: its round then runs no Diff, and the answer is dropped
+    /// unread. Any failure leaves the Diff to the round.
     async fn first_diff(
         &self,
         mut client: KeySyncClient<Channel>,
