@@ -108,7 +108,7 @@ struct Plan {
     /// Of those, buckets another link was fetching when this one came to
     /// them: fetched here at the end if that link gave them back.
     deferred: Vec<Whole>,
-    /// Ids the next fetch of whole buckets asks for at most.
+    /// Decisions the next fetch of whole buckets asks for at most.
     whole_chunk: usize,
 }
 
@@ -163,7 +163,8 @@ impl MineRow {
 /// What comparing a peer's Diff answer found.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Compared {
-    /// Ids the peer holds newer (planned for [`Node::repair_next`]).
+    /// Ids the peer holds newer, and the decisions in the buckets it sends
+    /// whole (planned for [`Node::repair_next`]).
     pub n_newer_there: usize,
     /// Ids whose decisions are newer here (or unknown there), sorted: to push.
     pub newer_here: Vec<MinionId>,
@@ -192,7 +193,7 @@ pub enum BadAnswer {
     BucketsLate,
     #[error("no comparison is in progress on this link")]
     NotComparing,
-    #[error("the Diff answer says bucket {0} holds {1} ids, more than {MAX_WHOLE_PER_BUCKET}")]
+    #[error("the Diff answer says bucket {0} holds {1} decisions, more than {MAX_WHOLE_PER_BUCKET}")]
     WholeTooLarge(u32, u32),
 }
 
@@ -305,11 +306,10 @@ impl Node {
 
     /// A peer's Diff that names the buckets it holds nothing in
     /// ([`Asking::empty`]): [`Node::diff`], but the differing buckets among
-    /// them are named apart with how many decisions this node holds in each
-    /// (what [`Node::fetch_whole`] sends), and
-    /// not summarised: the peer fetches them whole ([`Node::fetch_whole`]).
-    /// A joining master so downloads no summaries (75 bytes per id from
-    /// every peer) before its first fetch.
+    /// them are named apart with how many decisions this node holds in each,
+    /// and not summarised: the peer fetches them whole
+    /// ([`Node::fetch_whole`]). A joining master so downloads no summaries
+    /// (75 bytes per id from every peer) before its first fetch.
     pub fn diff_whole(
         &self,
         theirs: &[u64],
@@ -394,9 +394,9 @@ impl Node {
     /// answer named the differing `buckets`: a comparison begins (its
     /// chunks follow with [`Node::repair_chunk`], then [`Node::repair_end`]).
     ///
-    /// `whole`: the buckets the peer sends whole, and how many ids it holds
-    /// in each (see [`Node::diff_whole`]); none from a peer asked for none,
-    /// or of an earlier release.
+    /// `whole`: the buckets the peer sends whole, and how many decisions it
+    /// holds in each (see [`Node::diff_whole`]); none from a peer asked for
+    /// none, or of an earlier release.
     pub fn repair_begin(&mut self, peer: &PeerName, buckets: &[u32], whole: &[Whole]) -> Result<(), BadAnswer> {
         let mut named = vec![false; crate::core::digest::N_BUCKETS];
         for &bucket in buckets.iter().chain(whole.iter().map(|(b, _)| b)) {

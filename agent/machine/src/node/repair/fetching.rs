@@ -25,12 +25,10 @@ pub struct Fetch {
 }
 
 impl Fetch {
-    pub fn is_empty(&self) -> bool {
-        self.ids.is_empty() && self.buckets.is_empty()
-    }
-
-    /// Whether a decision for `id` answers this fetch.
-    pub fn asked(&self, id: &MinionId) -> bool {
+    /// Whether a decision for `id` answers this fetch (the agent's driver
+    /// checks each decision of an answer with sets of the same).
+    #[cfg(test)]
+    pub(crate) fn asked(&self, id: &MinionId) -> bool {
         self.ids.contains(id)
             || (!self.buckets.is_empty() && self.buckets.contains(&(crate::core::digest::bucket_of(id) as u32)))
     }
