@@ -44,8 +44,8 @@ impl Fetch {
 
 impl Node {
     /// What to fetch next from `peer`: whole buckets first (at most
-    /// [`FETCH_CHUNK`] ids, [`FIRST_WHOLE`] at first, unless one bucket
-    /// holds more), then at most [`FETCH_CHUNK`] ids; `None` when the plan
+    /// [`FETCH_CHUNK`] decisions, [`FIRST_WHOLE`] at first, unless one
+    /// bucket holds more), then at most [`FETCH_CHUNK`] ids; `None` when the plan
     /// is done. What it names is claimed for this link until
     /// [`Node::repair_fetched`] (or the link goes down).
     ///

@@ -1,4 +1,5 @@
 //! The comparison's own parts: tags, and what an observer hears.
+
 use super::*;
 use crate::core::decision::VerdictKind;
 
