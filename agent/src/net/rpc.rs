@@ -185,15 +185,11 @@ impl Handler for RpcHandler {
 /// The buckets a Fetch asks for whole, checked: each one of the id space's,
 /// none twice.
 fn whole_buckets(buckets: &[u32]) -> Result<Vec<u32>, Status> {
-    let mut named = [false; N_BUCKETS];
-    for &bucket in buckets {
-        let Some(slot) = named.get_mut(bucket as usize) else {
-            return Err(Status::invalid_argument(format!("fetch of bucket {bucket}, of {N_BUCKETS}")));
-        };
-        if std::mem::replace(slot, true) {
-            return Err(Status::invalid_argument(format!("fetch of bucket {bucket} twice")));
-        }
-    }
+    use crate::core::digest::{check_buckets, BadBuckets};
+    check_buckets(buckets.iter().copied()).map_err(|bad| match bad {
+        BadBuckets::NoSuchBucket(b) => Status::invalid_argument(format!("fetch of bucket {b}, of {N_BUCKETS}")),
+        BadBuckets::Twice(b) => Status::invalid_argument(format!("fetch of bucket {b} twice")),
+    })?;
     Ok(buckets.to_vec())
 }
 

@@ -17,6 +17,27 @@ pub fn bucket_of(id: &MinionId) -> usize {
     usize::from(u16::from_be_bytes([hash[0], hash[1]])) % N_BUCKETS
 }
 
+/// A list of buckets that is no set of the id space's buckets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BadBuckets {
+    /// The first bucket out of range.
+    NoSuchBucket(u32),
+    /// The first bucket named twice.
+    Twice(u32),
+}
+
+/// Checks that `buckets` are each one of the [`N_BUCKETS`], none twice.
+pub fn check_buckets(buckets: impl IntoIterator<Item = u32>) -> Result<(), BadBuckets> {
+    let mut named = [false; N_BUCKETS];
+    for bucket in buckets {
+        let slot = named.get_mut(bucket as usize).ok_or(BadBuckets::NoSuchBucket(bucket))?;
+        if std::mem::replace(slot, true) {
+            return Err(BadBuckets::Twice(bucket));
+        }
+    }
+    Ok(())
+}
+
 /// The hash of the decision held for `id`: its version and what it says, so
 /// one version carried with two contents (a forgery, or a bug) shows as a
 /// difference instead of hiding behind equal versions.
@@ -88,6 +109,13 @@ mod tests {
 
     fn held(hlc: u64, node: &str, kind: VerdictKind) -> Seen {
         Seen { version: Version::new(hlc, node), kind, fingerprint: None, context: Default::default() }
+    }
+
+    #[test]
+    fn a_list_of_buckets_is_checked_for_range_and_repeats() {
+        assert_eq!(check_buckets([0, 5, 1023]), Ok(()));
+        assert_eq!(check_buckets([3, 1024, 3]), Err(BadBuckets::NoSuchBucket(1024)));
+        assert_eq!(check_buckets([3, 7, 3, 2000]), Err(BadBuckets::Twice(3)));
     }
 
     #[test]

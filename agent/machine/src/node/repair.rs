@@ -398,13 +398,11 @@ impl Node {
     /// holds in each (see [`Node::diff_whole`]); none from a peer asked for
     /// none, or of an earlier release.
     pub fn repair_begin(&mut self, peer: &PeerName, buckets: &[u32], whole: &[Whole]) -> Result<(), BadAnswer> {
-        let mut named = vec![false; crate::core::digest::N_BUCKETS];
-        for &bucket in buckets.iter().chain(whole.iter().map(|(b, _)| b)) {
-            let slot = named.get_mut(bucket as usize).ok_or(BadAnswer::NoSuchBucket(bucket))?;
-            if std::mem::replace(slot, true) {
-                return Err(BadAnswer::BucketTwice(bucket));
-            }
-        }
+        let named = buckets.iter().copied().chain(whole.iter().map(|&(b, _)| b));
+        crate::core::digest::check_buckets(named).map_err(|bad| match bad {
+            crate::core::digest::BadBuckets::NoSuchBucket(b) => BadAnswer::NoSuchBucket(b),
+            crate::core::digest::BadBuckets::Twice(b) => BadAnswer::BucketTwice(b),
+        })?;
         if let Some(&(bucket, n)) = whole.iter().find(|(_, n)| *n > MAX_WHOLE_PER_BUCKET) {
             return Err(BadAnswer::WholeTooLarge(bucket, n));
         }
