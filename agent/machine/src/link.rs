@@ -23,6 +23,11 @@
 //! behind during a round, another round follows it, which finds by digest
 //! whatever was dropped.
 //!
+//! What a session pushed, live or in a round, it does not push again (see
+//! [`Link::push_live`]): a round finds what was pushed live and not applied
+//! yet lacking on the peer, and what it pushes the node's outgoing stream
+//! may bring too.
+//!
 //! Leaving a round to the peer: when the peer is fetching from this node
 //! in a round of its own (a joining master), that round brings it what this
 //! node holds newer and pushes what it holds newer itself. A round that may
@@ -39,14 +44,17 @@ use std::time::Duration;
 
 use crate::core::{Decision, MinionId};
 use crate::node::{Asking, BadAnswer, Compared, Fetch, Summaries, Whole};
+use crate::PeerName;
 
 mod forward;
 mod names;
+mod sent;
 mod settings;
 #[cfg(test)]
 mod tests;
 
 pub use forward::{pushes_to, reached};
+pub use sent::MAX_NOTED;
 pub use settings::{LinkSettings, COMPARE_CHUNK};
 
 /// What the link asks of its node.
@@ -202,6 +210,8 @@ pub struct Link<B> {
     lagged: bool,
     /// The timer fired during a round: another follows it.
     due: bool,
+    /// What this session pushed (see `sent.rs`).
+    sent: sent::Sent,
     out: VecDeque<Out<B>>,
 }
 
@@ -261,7 +271,26 @@ enum Step {
 
 impl<B> Link<B> {
     pub fn new(settings: LinkSettings) -> Link<B> {
-        Link { settings, phase: Phase::Down, lagged: false, due: false, out: VecDeque::new() }
+        Link {
+            settings,
+            phase: Phase::Down,
+            lagged: false,
+            due: false,
+            sent: sent::Sent::default(),
+            out: VecDeque::new(),
+        }
+    }
+
+    /// Whether the driver pushes `decision`, of a batch the link asked it to
+    /// push ([`Out::Push`]), to the link's peer `peer`: not when the peer
+    /// holds it or gets it from another master ([`pushes_to`]), nor when
+    /// this session pushed it already (a round found the peer lacking it
+    /// first). Call it as each is pushed: the link notes what it pushes,
+    /// and a round leaves that out (see `sent.rs`). What another master
+    /// pushes there is not noted: if that push was lost, a round here
+    /// brings it sooner than that master's next session.
+    pub fn push_live(&mut self, decision: &Decision, peer: &PeerName) -> bool {
+        pushes_to(decision, peer) && self.sent.first(decision)
     }
 
     /// The next thing to do, if any.
@@ -298,6 +327,7 @@ impl<B> Link<B> {
             Input::Connected => {
                 self.lagged = false;
                 self.due = false;
+                self.sent.clear();
                 self.phase = Phase::Hello { first: true };
                 self.out.push_back(Out::Hello);
             }
@@ -351,6 +381,7 @@ impl<B> Link<B> {
         self.phase = Phase::Down;
         self.lagged = false;
         self.due = false;
+        self.sent.clear();
         self.out.clear();
         self.out.push_back(Out::Call(Call::LinkDown));
     }
@@ -363,6 +394,7 @@ impl<B> Link<B> {
     fn start_round(&mut self, may_leave: bool, timed: bool, first: bool, peer_fetching: bool) {
         // What was dropped before this round's digests is found by them.
         self.lagged = false;
+        self.sent.round();
         self.phase =
             Phase::Round(RoundState { may_leave, timed, first, step: Step::Digests, report: Round::default() });
         if may_leave && peer_fetching {
@@ -382,6 +414,7 @@ impl<B> Link<B> {
         if std::mem::take(&mut self.lagged) {
             // What was dropped is found by comparing digests again, in a
             // round the peer's cannot stand in for.
+            self.sent.round();
             self.phase =
                 Phase::Round(RoundState { may_leave: false, step: Step::Digests, report: Round::default(), ..round });
             self.out.push_back(Out::Call(Call::Digests));
@@ -492,7 +525,9 @@ impl<B> Link<B> {
                     self.push_next(peer_fetching);
                 }
             },
-            (Step::Pushing { rest, empty, n_lacked }, Input::Answer(Answer::Loaded(decisions))) => {
+            (Step::Pushing { rest, empty, n_lacked }, Input::Answer(Answer::Loaded(mut decisions))) => {
+                // Not what this session pushed already (on its way there).
+                decisions.retain(|decision| self.sent.first(decision));
                 round.report.pushed += decisions.len();
                 round.step = Step::Pushing { rest, empty, n_lacked };
                 if !decisions.is_empty() {

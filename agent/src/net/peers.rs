@@ -232,7 +232,7 @@ impl PeerLink {
                 },
                 ack = acks.message() => {
                     push.acknowledged(ack)?;
-                    push.flush().await?;
+                    push.flush(link).await?;
                 }
                 () = timer.as_mut(), if *timer_armed => {
                     *timer_armed = false;
@@ -287,7 +287,7 @@ impl PeerLink {
             }
             Out::Push(batches) => {
                 io.push.waiting.extend(batches);
-                io.push.flush().await?;
+                io.push.flush(link).await?;
                 return Ok(());
             }
             Out::PushLoaded(decisions) => {

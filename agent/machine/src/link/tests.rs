@@ -180,7 +180,7 @@ fn a_round_is_left_to_a_peer_fetching_from_this_node() {
     let compared = Compared { n_newer_there: 0, newer_here: ids(0..1), full: false, ..Compared::default() };
     link.handle(Input::Answer(Answer::Compared(Ok(compared))), true);
     assert_eq!(names(&drain(&mut link)), ["Load1"]);
-    link.handle(Input::Answer(Answer::Loaded(vec![decision(0)])), true);
+    link.handle(Input::Answer(Answer::Loaded(vec![decision(5)])), true);
     assert_eq!(names(&drain(&mut link)), ["PushLoaded1", "Next"]);
     assert_eq!(feed(&mut link, Input::Answer(Answer::Next(None))), ["Report(1,0,1,0)", "Rearm60s"]);
     // A round that follows a lag is never left: the peer's cannot know what was dropped here.
@@ -435,7 +435,7 @@ fn what_a_peer_lacks_where_it_holds_nothing_is_left_to_its_fetch() {
     timed_round_to_its_end(&mut link);
     let compared = Compared { newer_here: ids(0..1), newer_where_empty: ids(1..2), ..Compared::default() };
     assert_eq!(feed(&mut link, Input::Answer(Answer::Compared(Ok(compared)))), ["Load1"]);
-    assert_eq!(feed(&mut link, Input::Answer(Answer::Loaded(vec![decision(0)]))), ["PushLoaded1", "Load1"]);
+    assert_eq!(feed(&mut link, Input::Answer(Answer::Loaded(vec![decision(2)]))), ["PushLoaded1", "Load1"]);
     assert_eq!(feed(&mut link, Input::Answer(Answer::Loaded(vec![decision(1)]))), ["PushLoaded1", "Next"]);
     assert_eq!(feed(&mut link, Input::Answer(Answer::Next(None))), ["Report(1,0,2,0)", "Rearm60s"]);
 }
@@ -465,4 +465,62 @@ fn a_round_that_fetched_whole_buckets_is_followed_soon() {
         let end = feed(&mut link, Input::Answer(Answer::Next(None)));
         assert_eq!(end.last().map(String::as_str), Some(rearm), "{applied} applied: {end:?}");
     }
+}
+
+/// Each decision crosses the link once: a round leaves out what this
+/// session pushed live (on its way, not applied there when the peer
+/// answered the Diff), and a live push what a round pushed first (the node
+/// decided it while the round compared). Not across sessions, nor another
+/// version, nor what was pushed before the last round began.
+#[test]
+fn what_the_session_pushed_is_not_pushed_again() {
+    let peer = PeerName::new("master-b").unwrap();
+    let mut link = TestLink::new(settings());
+    feed(&mut link, Input::Connected);
+    feed(&mut link, Input::HelloDone);
+    // Pushed live during the first round (the driver asks for each).
+    assert!(link.push_live(&decision(0), &peer));
+    assert!(!link.push_live(&decision(0), &peer), "pushed once");
+    feed(&mut link, Input::Answer(Answer::Digests(Some(Asking { digests: vec![], empty: vec![] }))));
+    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![] });
+    feed(&mut link, Input::Answer(Answer::Checked(Ok(()))));
+    feed(&mut link, Input::DiffEnd);
+    let compared = Compared { newer_here: ids(0..2), ..Compared::default() };
+    assert_eq!(feed(&mut link, Input::Answer(Answer::Compared(Ok(compared)))), ["Load2"]);
+    let newer = Decision { version: Version::new(1 << 51, "master-a"), ..decision(0) };
+    let loaded = vec![decision(0), decision(1), newer.clone()];
+    let outs = drain_after(&mut link, Input::Answer(Answer::Loaded(loaded)));
+    let pushed: Vec<&Decision> = outs
+        .iter()
+        .filter_map(|out| match out {
+            Out::PushLoaded(d) => Some(d),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(pushed, [&decision(1), &newer], "what was pushed live is left out; another version is not");
+    // The node's outgoing stream brings what the round pushed: not again.
+    assert!(!link.push_live(&decision(1), &peer));
+    assert_eq!(feed(&mut link, Input::Answer(Answer::Next(None))), ["Report(1,0,2,0)", "Up", "Rearm60s"]);
+    // Two rounds later, what the first noted is forgotten (acknowledged
+    // long ago: a peer lacking it then lost it, and is pushed it again).
+    timed_round_to_its_end(&mut link);
+    assert!(!link.push_live(&decision(1), &peer), "noted during the round before");
+    feed(&mut link, Input::Answer(Answer::Compared(Ok(Compared::default()))));
+    feed(&mut link, Input::Answer(Answer::Next(None)));
+    timed_round_to_its_end(&mut link);
+    assert!(link.push_live(&decision(1), &peer));
+    // A new session forgets what the last one pushed: it may not have arrived.
+    assert!(link.push_live(&decision(2), &peer));
+    feed(&mut link, Input::Failed);
+    feed(&mut link, Input::Connected);
+    assert!(link.push_live(&decision(2), &peer));
+    // Nor is a decision pushed to a peer that made it.
+    let theirs = Decision { version: Version::new(1 << 50, "master-b"), ..decision(3) };
+    assert!(!link.push_live(&theirs, &peer));
+}
+
+fn drain_after(link: &mut TestLink, input: Input<u32>) -> Vec<Out<u32>> {
+    link.handle(input, false);
+    drain(link)
 }

@@ -175,7 +175,7 @@ fn masters_converge_under_chaos() {
          lost 0, stale 0, resurrected 0, never applied 0; {} conflicts told, 0 missed, 0 duplicated; \
          audit records: {} conflicts and {} held deletes' ends recorded once, 0 unaudited; \
          propagation p50 {} ms, p99 {} ms, max {} ms (virtual); \
-         {} messages dropped, {} duplicated, {} lost to a down or partitioned node, {} link timeouts, {} rounds, {} lags, {} grouped arrivals, {} decisions pushed live, {} partial meshes, {} agents of an earlier release, {} empty joiners, {} buckets fetched whole; \
+         {} messages dropped, {} duplicated, {} lost to a down or partitioned node, {} link timeouts, {} rounds, {} lags, {} grouped arrivals, {} decisions pushed live and {} by rounds, {} partial meshes, {} agents of an earlier release, {} empty joiners, {} buckets fetched whole; \
          {} kills between inputs, {} inside one, {} full disks, {} partitions, {} inotify overflows; {} .dfn drops; \
          guard: {} mass deletes, {} bursts held, {} held deletes released and {} reverted by operators, \
          {} settled otherwise, 0 lost or applied unreleased; \
@@ -199,6 +199,7 @@ fn masters_converge_under_chaos() {
         t.lagged,
         t.grouped,
         t.pushed,
+        t.round_pushed,
         t.partial_meshes,
         t.earlier_release,
         t.empty_joiners,
@@ -238,6 +239,8 @@ pub(crate) struct Stats {
     grouped: u64,
     /// Decisions in the links' live pushes (not a round's).
     pub(crate) pushed: u64,
+    /// Decisions in the rounds' pushes.
+    pub(crate) round_pushed: u64,
     /// Seeds whose masters were not all peers of each other.
     pub(crate) partial_meshes: u64,
     /// Masters that neither ask for nor send whole buckets (as agents before 0.2).
@@ -279,6 +282,7 @@ impl Stats {
         self.lagged += o.lagged;
         self.grouped += o.grouped;
         self.pushed += o.pushed;
+        self.round_pushed += o.round_pushed;
         self.partial_meshes += o.partial_meshes;
         self.earlier_release += o.earlier_release;
         self.buckets_whole += o.buckets_whole;

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use keysync_machine::link::{pushes_to, reached, Input};
+use keysync_machine::link::{reached, Input};
 use keysync_machine::PeerName;
 use keysync_proto::v1;
 use prost::Message;
@@ -67,13 +67,13 @@ impl PushIo {
 
     /// Sends what waits, as one push (split under the message cap), if
     /// fewer than [`PUSHES_IN_FLIGHT`] batches are unacknowledged.
-    pub(super) async fn flush(&mut self) -> Result<(), SessionError> {
+    pub(super) async fn flush(&mut self, link: &mut Link) -> Result<(), SessionError> {
         if self.unacked >= PUSHES_IN_FLIGHT || self.waiting.is_empty() {
             return Ok(());
         }
         let batches = std::mem::take(&mut self.waiting);
         let peer = self.peer.clone();
-        send_decisions(self, decisions_of(&batches, &peer)).await?;
+        send_decisions(self, decisions_of(&batches, &peer, link)).await?;
         Ok(())
     }
 }
@@ -103,20 +103,22 @@ pub(super) async fn during<F: std::future::Future>(
         while let Some(batches) = link.poll_push() {
             push.waiting.extend(batches);
         }
-        push.flush().await?;
+        push.flush(link).await?;
     }
 }
 
 /// The decisions of `batches` to push to `peer` (not its own, nor one that
-/// passed through it or was pushed to it already), each with the peers the
-/// node pushes it to, in order (a list of references: an iterator chaining
-/// the batches could not be held across the pushes' awaits).
+/// passed through it or was pushed to it already, nor one this session
+/// pushed: [`Link::push_live`]), each with the peers the node pushes it
+/// to, in order (a list of references: an iterator chaining the batches
+/// could not be held across the pushes' awaits).
 pub(super) fn decisions_of<'a>(
     batches: &'a [Arc<crate::node::Outgoing>],
     peer: &PeerName,
+    link: &mut Link,
 ) -> Vec<(&'a Decision, &'a [PeerName])> {
     let all = batches.iter().flat_map(|o| o.decisions.iter().map(|d| (d, &*o.pushing)));
-    all.filter(|(d, _)| pushes_to(d, peer)).collect()
+    all.filter(|(d, _)| link.push_live(d, peer)).collect()
 }
 
 /// No peer: a round's pushes name none in `reached` (the peer lacked them

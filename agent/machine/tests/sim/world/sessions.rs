@@ -11,7 +11,7 @@ use std::rc::Rc;
 
 use keysync_machine::core::digest::N_BUCKETS;
 use keysync_machine::core::Decision;
-use keysync_machine::link::{pushes_to, reached, Answer, Call, Input, Link, LinkSettings, Out};
+use keysync_machine::link::{reached, Answer, Call, Input, Link, LinkSettings, Out};
 use keysync_machine::node::Summaries;
 use keysync_machine::testkit::peer as named;
 use keysync_machine::PeerName;
@@ -248,9 +248,10 @@ impl Sim {
                 }
                 Out::Push(batches) => {
                     let to = named(&self.nodes[peer].name);
+                    let link = &mut self.nodes[node].links[peer].machine;
                     let all = batches.iter().flat_map(|b| b.0.iter().map(move |d| (d, &b.1)));
                     let decisions: Vec<Decision> = all
-                        .filter(|(d, _)| pushes_to(d, &to))
+                        .filter(|(d, _)| link.push_live(d, &to))
                         .map(|(d, pushing)| Decision { reached: reached(d, pushing), ..d.clone() })
                         .collect();
                     self.stats.pushed += decisions.len() as u64;
@@ -258,7 +259,10 @@ impl Sim {
                         self.send(node, peer, Msg::Push(decisions));
                     }
                 }
-                Out::PushLoaded(decisions) => self.send(node, peer, Msg::Push(decisions)),
+                Out::PushLoaded(decisions) => {
+                    self.stats.round_pushed += decisions.len() as u64;
+                    self.send(node, peer, Msg::Push(decisions));
+                }
                 Out::Up => {}
                 Out::Report(_) => self.stats.rounds += 1,
                 Out::Rearm(after) => {
