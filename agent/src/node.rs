@@ -53,6 +53,11 @@ pub enum Request {
     /// What this node's own anti-entropy round asks (its digests).
     /// `None`: the node runs no round (stale).
     Digests { reply: oneshot::Sender<Option<Asking>> },
+    /// Whether this node joins (`Node::joining`): for its Hello answer.
+    Joining { reply: oneshot::Sender<bool> },
+    /// Whether this node's rounds offer a peer something
+    /// (`Node::offers_something`).
+    OffersSomething { reply: oneshot::Sender<bool> },
     /// A link finished comparing digests with its peer.
     Contact,
     /// A peer told (in `Hello`) when the newest delete it forgot was made.
@@ -380,6 +385,12 @@ impl Core {
             }
             Request::Digests { reply } => {
                 let _ = reply.send(self.node.asking());
+            }
+            Request::Joining { reply } => {
+                let _ = reply.send(self.node.joining());
+            }
+            Request::OffersSomething { reply } => {
+                let _ = reply.send(self.node.offers_something());
             }
             Request::RepairBegin { peer, buckets, whole, reply } => {
                 let _ = reply.send(self.node.repair_begin(&peer, &buckets, &whole));

@@ -432,12 +432,6 @@ impl PeerLink {
         self.board.anti_entropy(&self.peer.name, run);
     }
 
-    /// Whether this node holds anything (a decision, a delete) in some bucket.
-    async fn holds_something(&self) -> Result<bool, SessionError> {
-        let asking = self.core.ask(|reply| Request::Digests { reply }).await?;
-        Ok(asking.is_some_and(|asking| asking.empty.len() < N_BUCKETS))
-    }
-
     /// Names this node and its master's health; records the peer's.
     async fn hello(&self, client: &mut KeySyncClient<Channel>) -> Result<v1::HelloResponse, SessionError> {
         let health = Some(health_to_wire(&self.board.hello_health(&self.core).await));
@@ -480,7 +474,7 @@ impl PeerLink {
         self.board.peer_clock(&self.peer.name, crate::net::wire::clock_from_wire(hello.clock), hlc);
         let (peer, forgot_ms) = (self.peer.name.clone(), hello.forgot_through_ms);
         self.core.tell(Request::PeerForgot { peer, forgot_ms }).await?;
-        if hello.joining && self.holds_something().await? {
+        if hello.joining && self.core.ask(|reply| Request::OffersSomething { reply }).await? {
             // Its own rounds fetch all this node holds whole: this link's
             // round is left to them, and no digests are sent. (Between two
             // masters holding nothing, rounds run: there is nothing to

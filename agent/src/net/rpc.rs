@@ -58,8 +58,7 @@ impl Handler for RpcHandler {
         let n_decisions = self.core.ask(|reply| Request::Count { reply }).await.map_err(core_gone)?;
         let forgot_through_ms =
             self.core.ask(|reply| Request::ForgotThrough { peer: name, reply }).await.map_err(core_gone)?;
-        let asking = self.core.ask(|reply| Request::Digests { reply }).await.map_err(core_gone)?;
-        let joining = asking.is_some_and(|asking| asking.empty.len() == N_BUCKETS);
+        let joining = self.core.ask(|reply| Request::Joining { reply }).await.map_err(core_gone)?;
         Ok(v1::HelloResponse {
             node: self.node.clone(),
             protocol_version: PROTOCOL_VERSION,

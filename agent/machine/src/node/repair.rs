@@ -294,6 +294,24 @@ impl Node {
         Some(Asking { digests, empty })
     }
 
+    /// A joining master: it holds nothing at all (no decision, no delete,
+    /// in memory or in the store), and its rounds fetch what its peers hold,
+    /// whole (it is neither stale nor observing). Its Hello answer says so:
+    /// its peers leave their rounds to its fetches.
+    pub fn joining(&self) -> bool {
+        !self.is_stale() && !self.settings.observe && self.holds_nothing()
+    }
+
+    /// Whether this node's rounds have something to offer a peer: it holds
+    /// something, and is not stale.
+    pub fn offers_something(&self) -> bool {
+        !self.is_stale() && !self.holds_nothing()
+    }
+
+    fn holds_nothing(&self) -> bool {
+        self.replica.is_empty() && self.replica.n_cold() == 0
+    }
+
     /// A peer's Diff: the buckets whose digests differ from `theirs`, and
     /// this node's summaries of the entries in them. Plain tombstones (in
     /// memory or in the store) are among them only in buckets where the

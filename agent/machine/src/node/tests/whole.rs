@@ -113,6 +113,28 @@ fn a_bucket_holding_only_a_delete_is_not_named_empty() {
     assert_eq!(compared.newer_here, [MinionId::parse("web01").unwrap()], "the delete is pushed");
 }
 
+/// A master joins (its Hello answer says so, and its peers leave their
+/// rounds to its fetches) only while it holds nothing at all: a delete
+/// alone, in no digest, is something. A master offers something to its
+/// peers' rounds once it holds anything.
+#[test]
+fn a_master_joins_while_it_holds_nothing_at_all() {
+    let mut rt = Recorder::default();
+    let mut c = node("master-c", &mut rt);
+    assert!(c.joining() && !c.offers_something());
+    push(&mut c, &mut rt, "master-a", vec![accept("web01", NOW_MS - 5000, "master-a")]);
+    assert!(!c.joining() && c.offers_something());
+    let delete = Decision {
+        version: Version::new((NOW_MS - 4000) << 16, "master-a"),
+        verdict: Verdict::Deleted,
+        context: Context::new([Version::new((NOW_MS - 5000) << 16, "master-a")]),
+        ..accept("web01", NOW_MS - 4000, "master-a")
+    };
+    push(&mut c, &mut rt, "master-a", vec![delete]);
+    assert_eq!(c.digests().unwrap().iter().filter(|&&d| d != 0).count(), 0, "only a plain tombstone");
+    assert!(!c.joining() && c.offers_something(), "a delete is something");
+}
+
 /// What a master holds newer in buckets where its peer's answer gave
 /// nothing is told apart: a peer asking for such buckets whole (a joining
 /// master) fetches it, and the link leaves that push to it.

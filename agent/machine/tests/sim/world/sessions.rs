@@ -9,7 +9,6 @@
 use std::collections::VecDeque;
 use std::rc::Rc;
 
-use keysync_machine::core::digest::N_BUCKETS;
 use keysync_machine::core::Decision;
 use keysync_machine::link::{reached, Answer, Call, Input, Link, LinkSettings, Out};
 use keysync_machine::node::Summaries;
@@ -314,11 +313,9 @@ impl Sim {
         // A peer that holds nothing at all says it joins: its own rounds
         // fetch everything whole, and this link's round is left to them
         // (when this node holds something to leave).
-        let empty = |m: &keysync_machine::node::Node| m.asking().is_some_and(|a| a.empty.len() == N_BUCKETS);
-        let holds = |m: &keysync_machine::node::Node| !empty(m);
         if self.nodes[peer].whole
-            && self.nodes[peer].machine.as_ref().is_some_and(empty)
-            && self.nodes[node].machine.as_ref().is_some_and(holds)
+            && self.nodes[peer].machine.as_ref().is_some_and(|m| m.joining())
+            && self.nodes[node].machine.as_ref().is_some_and(|m| m.offers_something())
         {
             self.fetched_at.insert((node, peer), self.now);
         }
