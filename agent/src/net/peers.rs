@@ -319,9 +319,14 @@ impl PeerLink {
     }
 
     /// The session's first round's Diff, sent with its first Hello when this
-    /// node holds nothing in some buckets: a round trip sooner (a joining
+    /// node joins (it holds nothing at all): a round trip sooner (a joining
     /// master's first key comes four round trips after its connection, not
-    /// five). Only when this node forgot no delete the peer may not know of:
+    /// five). A master holding something sends its Diff after the Hello:
+    /// the peer may be the one joining, and this round is then left to the
+    /// peer's fetches, its digests (8 KiB) never sent (sent with the Hello,
+    /// they were 8 KiB of the 22 KB a joiner received from each peer it
+    /// fetched 16 keys from). Only when this node forgot no delete the peer
+    /// may not know of:
     /// its Hello could then make the peer stale, and the peer might answer
     /// the Diff before reading the Hello. The Hello may make this node
     /// stale too: its round then runs no Diff, and the answer is dropped
@@ -334,12 +339,10 @@ impl PeerLink {
         if self.core.ask(|reply| Request::ForgotThrough { peer, reply }).await? != 0 {
             return Ok(None);
         }
-        let Some(asking) = self.core.ask(|reply| Request::Digests { reply }).await? else { return Ok(None) };
-        if asking.empty.is_empty() {
-            // Nothing to fetch whole: its round may well be left to the
-            // peer's, and its digests (8 KiB) are not sent at all then.
+        if !self.core.ask(|reply| Request::Joining { reply }).await? {
             return Ok(None);
         }
+        let Some(asking) = self.core.ask(|reply| Request::Digests { reply }).await? else { return Ok(None) };
         let request = diff_request(asking.digests, asking.empty);
         let sent = request.encoded_len();
         Ok(client.diff(request).await.ok().map(|answer| (answer.into_inner(), sent)))

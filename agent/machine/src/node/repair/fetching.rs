@@ -86,8 +86,14 @@ impl Node {
         None
     }
 
-    /// The next whole buckets to fetch from `peer`, claimed for its link.
+    /// The next whole buckets to fetch from `peer`, claimed for its link:
+    /// at most its part of what is left, shared among the links with whole
+    /// buckets still to fetch (so the tail of a join comes from every peer
+    /// at once, not from the link that asked first: at 1,500 keys one link
+    /// took all but the first 16 of each other link's keys in one answer,
+    /// while they had nothing left to do).
     fn next_whole(&mut self, peer: &PeerName) -> Option<Fetch> {
+        let n_links = self.repairs.plans.values().filter(|plan| !plan.whole.is_empty()).count().max(1);
         let plan = self.repairs.plans.get_mut(peer)?;
         if plan.whole.is_empty() {
             // The buckets another link was fetching: this one's if it gave them back.
@@ -97,11 +103,16 @@ impl Node {
                     .filter(|(bucket, _)| !self.repairs.buckets_in_flight.contains_key(bucket)),
             );
         }
+        // What this plan has left, whoever claimed it: each link takes its
+        // part of the same whole (a part of what is unclaimed would halve
+        // at each ask, and the tail come in ever smaller fetches).
+        let left: usize = plan.whole.iter().map(|&(_, n)| n as usize).sum();
+        let limit = plan.whole_chunk.min(left.div_ceil(n_links).max(FIRST_WHOLE));
         let digests = self.replica.digests().as_slice();
         let mut fetch = Fetch::default();
         while let Some(&(bucket, n)) = plan.whole.front() {
             let n = n as usize;
-            if !fetch.buckets.is_empty() && fetch.n_in_buckets + n > plan.whole_chunk {
+            if !fetch.buckets.is_empty() && fetch.n_in_buckets + n > limit {
                 break;
             }
             plan.whole.pop_front();

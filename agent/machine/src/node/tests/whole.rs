@@ -79,6 +79,35 @@ fn an_empty_joiner_fetches_every_bucket_whole_and_once() {
     assert_eq!(c.digests(), a.digests());
 }
 
+/// The links share what is left: a link's next fetch of whole buckets asks
+/// for its share of what no link has claimed, not a whole chunk, so the
+/// other links are not left idle while one peer sends everything.
+#[test]
+fn the_links_share_a_joins_whole_buckets() {
+    let n = 1500;
+    let (mut rt_a, mut rt_b, mut rt_c) = (Recorder::default(), Recorder::default(), Recorder::default());
+    let (a, b) = (holding("master-a", n, &mut rt_a), holding("master-b", n, &mut rt_b));
+    let mut c = node("master-c", &mut rt_c);
+    for (name, peer_node, rt) in [("master-a", &a, &mut rt_a), ("master-b", &b, &mut rt_b)] {
+        compare(&mut c, &mut rt_c, name, peer_node, rt);
+    }
+    let first_a = c.repair_next(&peer("master-a")).unwrap();
+    let first_b = c.repair_next(&peer("master-b")).unwrap();
+    let largest = (0..N_BUCKETS)
+        .map(|bucket| (0..n).filter(|i| bucket_of(&MinionId::parse(&format!("m{i:05}")).unwrap()) == bucket).count())
+        .max()
+        .unwrap();
+    let left = n - first_a.n_in_buckets - first_b.n_in_buckets;
+    let second_a = c.repair_next(&peer("master-a")).unwrap();
+    let second_b = c.repair_next(&peer("master-b")).unwrap();
+    // Each link's part of what its plan holds (the other link's first fetch included).
+    for (second, first) in [(&second_a, &first_a), (&second_b, &first_b)] {
+        let part = (n - first.n_in_buckets).div_ceil(2) + largest;
+        assert!(second.n_in_buckets <= part, "{} of {left}", second.n_in_buckets);
+    }
+    assert_eq!(second_a.n_in_buckets + second_b.n_in_buckets, left, "two fetches bring the rest");
+}
+
 /// A bucket is named empty only where this master holds nothing at all:
 /// a plain tombstone is in no digest, but a peer sending that bucket whole
 /// would never learn of the delete (it is pushed only where it deletes
