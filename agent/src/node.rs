@@ -37,14 +37,24 @@ pub use thread::{CoreStopped, CoreThread};
 pub use outgoing::{Following, Outgoing};
 
 /// Requests the rest of the agent makes of the core task.
+/// This node's answer to a peer's Diff (see [`Request::Diff`]).
+pub struct DiffAnswer {
+    pub buckets: Vec<u32>,
+    pub summaries: Summaries,
+    pub whole: Vec<Whole>,
+    /// A bucket of `whole` sent with the answer, and its decisions.
+    pub first: Option<(Whole, Vec<Decision>)>,
+}
+
 pub enum Request {
     /// Decisions pushed by `from` (already validated); replies with how
     /// many were newer and applied.
     Remote { from: PeerName, decisions: Vec<Decision>, reply: oneshot::Sender<u32> },
     /// A peer's bucket digests and the buckets it holds nothing in; replies
-    /// with the differing buckets, this node's summaries in them, and those
-    /// of the empty ones it sends whole, with their sizes.
-    Diff { theirs: Vec<u64>, empty: Vec<u32>, reply: oneshot::Sender<(Vec<u32>, Summaries, Vec<Whole>)> },
+    /// with the differing buckets, this node's summaries in them, those of
+    /// the empty ones it sends whole, with their sizes, and one of those
+    /// sent with the answer (`Node::first_bucket`).
+    Diff { theirs: Vec<u64>, empty: Vec<u32>, reply: oneshot::Sender<DiffAnswer> },
     /// Full decisions for ids.
     Fetch { ids: Vec<MinionId>, reply: oneshot::Sender<Vec<Decision>> },
     /// Full decisions for ids and for every id in whole buckets; `None`
@@ -371,7 +381,9 @@ impl Core {
         match request {
             Request::Remote { from, decisions, reply } => self.apply_queued(vec![(from, decisions, reply)]),
             Request::Diff { theirs, empty, reply } => {
-                let _ = reply.send(self.node.diff_whole(&theirs, &empty, &mut self.effects));
+                let (buckets, summaries, whole) = self.node.diff_whole(&theirs, &empty, &mut self.effects);
+                let first = self.node.first_bucket(&whole, &mut self.effects);
+                let _ = reply.send(DiffAnswer { buckets, summaries, whole, first });
             }
             Request::Fetch { ids, reply } => {
                 let _ = reply.send(self.node.fetch(&ids, &mut self.effects));

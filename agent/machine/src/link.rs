@@ -116,11 +116,13 @@ pub enum Input<B> {
     Lagged,
     Answer(Answer),
     /// A chunk of the peer's Diff answer (only the first names buckets, and
-    /// those it sends whole).
+    /// those it sends whole, and may bring one of those with it: what a
+    /// fetch of it would bring, applied as such).
     DiffChunk {
         buckets: Vec<u32>,
         summaries: Summaries,
         whole: Vec<Whole>,
+        first: Option<(Fetch, Vec<Decision>)>,
     },
     /// The peer's Diff answer is over.
     DiffEnd,
@@ -248,11 +250,19 @@ enum Step {
         n_buckets: Option<usize>,
         pending: Summaries,
     },
-    /// The node checks the buckets named (their summaries wait) or compares a chunk.
+    /// The node checks the buckets named (their summaries wait, and the
+    /// bucket the answer brought) or compares a chunk.
     Checking {
         n_buckets: usize,
         pending: Summaries,
         ended: bool,
+        first: Option<(Fetch, Vec<Decision>)>,
+    },
+    /// The node applies the bucket the Diff answer brought (the first
+    /// chunk's summaries wait).
+    ApplyingFirst {
+        n_buckets: usize,
+        pending: Summaries,
     },
     Ending {
         n_buckets: usize,
@@ -458,25 +468,25 @@ impl<B> Link<B> {
                     self.out.push_back(Out::Diff { digests, empty });
                 }
             },
-            (Step::Reading { n_buckets: None, .. }, Input::DiffChunk { buckets, summaries, whole }) => {
+            (Step::Reading { n_buckets: None, .. }, Input::DiffChunk { buckets, summaries, whole, first }) => {
                 if buckets.is_empty() && whole.is_empty() {
-                    // Nothing differs.
+                    // Nothing differs (the driver took a bucket brought only as one of `whole`).
                     self.compared(0);
                 } else {
                     let n_buckets = buckets.len() + whole.len();
-                    round.step = Step::Checking { n_buckets, pending: summaries, ended: false };
+                    round.step = Step::Checking { n_buckets, pending: summaries, ended: false, first };
                     self.out.push_back(Out::Call(Call::Begin { buckets, whole }));
                 }
             }
-            (Step::Reading { n_buckets: Some(_), .. }, Input::DiffChunk { buckets, whole, .. })
-                if !buckets.is_empty() || !whole.is_empty() =>
+            (Step::Reading { n_buckets: Some(_), .. }, Input::DiffChunk { buckets, whole, first, .. })
+                if !buckets.is_empty() || !whole.is_empty() || first.is_some() =>
             {
                 self.fault(BadAnswer::BucketsLate.into());
             }
             (Step::Reading { n_buckets: Some(n_buckets), mut pending }, Input::DiffChunk { summaries, .. }) => {
                 pending.extend(summaries);
                 if pending.len() >= chunk {
-                    round.step = Step::Checking { n_buckets, pending: Vec::new(), ended: false };
+                    round.step = Step::Checking { n_buckets, pending: Vec::new(), ended: false, first: None };
                     self.out.push_back(Out::Call(Call::Compare(pending)));
                 } else {
                     round.step = Step::Reading { n_buckets: Some(n_buckets), pending };
@@ -487,22 +497,33 @@ impl<B> Link<B> {
                 None => self.compared(0),
                 Some(n_buckets) if pending.is_empty() => self.compared(n_buckets),
                 Some(n_buckets) => {
-                    round.step = Step::Checking { n_buckets, pending: Vec::new(), ended: true };
+                    round.step = Step::Checking { n_buckets, pending: Vec::new(), ended: true, first: None };
                     self.out.push_back(Out::Call(Call::Compare(pending)));
                 }
             },
-            (Step::Checking { n_buckets, pending, ended }, Input::Answer(Answer::Checked(checked))) => {
+            (
+                Step::Checking { n_buckets, pending, first: Some((fetch, decisions)), .. },
+                Input::Answer(Answer::Checked(checked)),
+            ) => {
+                if let Err(e) = checked {
+                    self.fault(e.into());
+                } else {
+                    // Applied as a fetch of it: the plan then drops the bucket.
+                    round.step = Step::ApplyingFirst { n_buckets, pending };
+                    self.out.push_back(Out::Call(Call::Apply { fetch, decisions }));
+                }
+            }
+            (Step::ApplyingFirst { n_buckets, pending }, Input::Answer(Answer::Applied(n))) => {
+                round.report.applied = round.report.applied.saturating_add(n);
+                self.checked(n_buckets, pending);
+            }
+            (Step::Checking { n_buckets, pending, ended, first: None }, Input::Answer(Answer::Checked(checked))) => {
                 if let Err(e) = checked {
                     self.fault(e.into());
                 } else if ended {
                     self.compared(n_buckets);
-                } else if pending.len() >= chunk {
-                    // The first chunk's summaries, held while the buckets were checked.
-                    round.step = Step::Checking { n_buckets, pending: Vec::new(), ended: false };
-                    self.out.push_back(Out::Call(Call::Compare(pending)));
                 } else {
-                    round.step = Step::Reading { n_buckets: Some(n_buckets), pending };
-                    self.out.push_back(Out::ReadDiff);
+                    self.checked(n_buckets, pending);
                 }
             }
             (Step::Ending { n_buckets }, Input::Answer(Answer::Compared(compared))) => match compared {
@@ -513,6 +534,8 @@ impl<B> Link<B> {
                         we_lacked: n_newer_there,
                         full,
                         whole,
+                        // What the bucket the Diff answer brought applied.
+                        applied: round.report.applied,
                         ..Round::default()
                     };
                     let n_lacked = newer_here.len() + newer_where_empty.len();
@@ -559,6 +582,20 @@ impl<B> Link<B> {
                 let waiting = step.name();
                 self.fault(Fault::Unexpected { got: input.name(), waiting });
             }
+        }
+    }
+
+    /// A chunk of the Diff answer is checked or compared, and `pending`
+    /// summaries of it wait: compared if a chunk's worth, else the next
+    /// chunk is read.
+    fn checked(&mut self, n_buckets: usize, pending: Summaries) {
+        let Phase::Round(round) = &mut self.phase else { return };
+        if pending.len() >= self.settings.compare_chunk {
+            round.step = Step::Checking { n_buckets, pending: Vec::new(), ended: false, first: None };
+            self.out.push_back(Out::Call(Call::Compare(pending)));
+        } else {
+            round.step = Step::Reading { n_buckets: Some(n_buckets), pending };
+            self.out.push_back(Out::ReadDiff);
         }
     }
 

@@ -370,9 +370,46 @@ impl PeerLink {
                 chunk.whole_counts.len()
             )));
         };
+        let first = self.first_bucket(chunk.first_bucket, chunk.first_decisions, &whole)?;
         // A malformed summary only means that id is not fetched.
         let summaries = chunk.entries.into_iter().filter_map(crate::net::wire::summary_from_wire).collect();
-        Ok(Input::DiffChunk { buckets: chunk.buckets, summaries, whole })
+        Ok(Input::DiffChunk { buckets: chunk.buckets, summaries, whole, first })
+    }
+
+    /// The bucket a Diff answer brings, as the answer to a fetch of it: one
+    /// of the buckets it sends whole, and no decision outside it nor more
+    /// than such a fetch may bring (a malformed decision is audited and
+    /// left out, as in a fetch's answer).
+    fn first_bucket(
+        &self,
+        bucket: Option<u32>,
+        wire: Vec<v1::Decision>,
+        whole: &[keysync_machine::node::Whole],
+    ) -> Result<Option<(Fetch, Vec<Decision>)>, SessionError> {
+        let Some(bucket) = bucket else {
+            if !wire.is_empty() {
+                return Err(SessionError::BadDiff(format!("{} decisions of no bucket", wire.len())));
+            }
+            return Ok(None);
+        };
+        let Some(&(_, n)) = whole.iter().find(|&&(b, _)| b == bucket) else {
+            return Err(SessionError::BadDiff(format!("bucket {bucket} brought, not one sent whole")));
+        };
+        let fetch = Fetch { buckets: vec![bucket], n_in_buckets: n as usize, ..Fetch::default() };
+        if wire.len() > fetch.most_rows() {
+            return Err(SessionError::BadDiff(format!("{} decisions in bucket {bucket} of {n}", wire.len())));
+        }
+        let mut decisions = Vec::with_capacity(wire.len());
+        for msg in wire {
+            match decision_from_wire(msg) {
+                Ok(decision) if bucket_of(&decision.id) != bucket as usize => {
+                    return Err(SessionError::BadDiff(format!("{:?} brought as in bucket {bucket}", decision.id)));
+                }
+                Ok(decision) => decisions.push(decision),
+                Err(e) => crate::net::rpc::audit_refused(&self.audit, self.board.metrics(), &self.peer.name, &e),
+            }
+        }
+        Ok(Some((fetch, decisions)))
     }
 
     /// Asks the node what the link asks of it; `None` for calls that want no answer.

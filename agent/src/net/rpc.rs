@@ -103,16 +103,17 @@ impl Handler for RpcHandler {
             )));
         };
         let theirs = req.digests;
-        let (buckets, summaries, whole) =
-            self.core.ask(|reply| Request::Diff { theirs, empty, reply }).await.map_err(core_gone)?;
+        let answer = self.core.ask(|reply| Request::Diff { theirs, empty, reply }).await.map_err(core_gone)?;
+        let crate::node::DiffAnswer { buckets, summaries, whole, first: first_bucket } = answer;
         if !whole.is_empty() {
             // The peer fetches those buckets from this node (a joining
             // master): this node's own round leaves them to it.
             self.board.peer_fetched(peer);
         }
         // Made one chunk at a time as the stream sends them; the first (there
-        // is always one) names the buckets, and those sent whole.
-        let mut first = Some((buckets, whole));
+        // is always one) names the buckets, and those sent whole, and brings
+        // one of those.
+        let mut first = Some((buckets, whole, first_bucket));
         let mut summaries = summaries.into_iter().peekable();
         Ok(Box::new(std::iter::from_fn(move || {
             if first.is_none() && summaries.peek().is_none() {
@@ -120,10 +121,14 @@ impl Handler for RpcHandler {
             }
             let entries =
                 summaries.by_ref().take(SUMMARIES_PER_CHUNK).map(|(id, s)| summary_to_wire(&id, &s)).collect();
-            let (buckets, whole) = first.take().unwrap_or_default();
+            let (buckets, whole, first_bucket) = first.take().unwrap_or_default();
             let bitmap = crate::net::wire::buckets::to_bitmap(whole.iter().map(|&(b, _)| b));
             let whole_counts = whole.iter().map(|&(_, n)| n).collect();
-            Some(v1::DiffChunk { buckets, entries, whole: bitmap, whole_counts })
+            let (first_bucket, first_decisions) = match first_bucket {
+                Some(((bucket, _), decisions)) => (Some(bucket), decisions.iter().map(decision_to_wire).collect()),
+                None => (None, Vec::new()),
+            };
+            Some(v1::DiffChunk { buckets, entries, whole: bitmap, whole_counts, first_bucket, first_decisions })
         })))
     }
 

@@ -13,6 +13,7 @@ impl Step {
             Step::Pushing { .. } => "loading decisions to push",
             Step::NextIds => "waiting for the ids to fetch",
             Step::Fetching(_) => "fetching",
+            Step::ApplyingFirst { .. } => "applying the bucket the Diff answer brought",
             Step::Applying => "applying",
         }
     }

@@ -89,7 +89,7 @@ fn to_diff(link: &mut TestLink) {
 fn a_session_with_nothing_differing_is_up_and_sets_its_timer() {
     let mut link = TestLink::new(settings());
     to_diff(&mut link);
-    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![] };
+    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![], first: None };
     assert_eq!(feed(&mut link, empty), ["Contact", "Agreed", "Report(0,0,0,0)", "Up", "Rearm60s"]);
     // Live: what the node sends is pushed, queued batches in one push; the
     // peer's own decisions are not pushed back to it.
@@ -107,14 +107,14 @@ fn a_round_compares_in_chunks_pushes_then_fetches() {
     let mut link = TestLink::new(settings());
     to_diff(&mut link);
     // The first chunk names the buckets: checked before its summaries are compared.
-    let first = Input::DiffChunk { buckets: vec![4, 9], summaries: summaries(0..2), whole: vec![] };
+    let first = Input::DiffChunk { buckets: vec![4, 9], summaries: summaries(0..2), whole: vec![], first: None };
     assert_eq!(feed(&mut link, first), ["Begin[4, 9]"]);
     assert_eq!(feed(&mut link, Input::Answer(Answer::Checked(Ok(())))), ["ReadDiff"]);
     // Compared compare_chunk (3) at a time, the rest at the end.
-    let second = Input::DiffChunk { buckets: vec![], summaries: summaries(2..4), whole: vec![] };
+    let second = Input::DiffChunk { buckets: vec![], summaries: summaries(2..4), whole: vec![], first: None };
     assert_eq!(feed(&mut link, second), ["Compare4"]);
     assert_eq!(feed(&mut link, Input::Answer(Answer::Checked(Ok(())))), ["ReadDiff"]);
-    let third = Input::DiffChunk { buckets: vec![], summaries: summaries(4..5), whole: vec![] };
+    let third = Input::DiffChunk { buckets: vec![], summaries: summaries(4..5), whole: vec![], first: None };
     assert_eq!(feed(&mut link, third), ["ReadDiff"]);
     assert_eq!(feed(&mut link, Input::DiffEnd), ["Compare1"]);
     assert_eq!(feed(&mut link, Input::Answer(Answer::Checked(Ok(())))), ["Contact", "End"]);
@@ -142,7 +142,7 @@ fn a_round_compares_in_chunks_pushes_then_fetches() {
 fn a_full_plan_brings_the_next_round_sooner() {
     let mut link = TestLink::new(settings());
     to_diff(&mut link);
-    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![] });
+    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![], first: None });
     feed(&mut link, Input::Answer(Answer::Checked(Ok(()))));
     feed(&mut link, Input::DiffEnd);
     let compared = Compared { n_newer_there: 9, newer_here: vec![], full: true, ..Compared::default() };
@@ -155,7 +155,7 @@ fn timed_round_to_its_end(link: &mut TestLink) {
     feed(link, Input::Due);
     feed(link, Input::HelloDone);
     feed(link, Input::Answer(Answer::Digests(Some(Asking { digests: vec![], empty: vec![] }))));
-    feed(link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![] });
+    feed(link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![], first: None });
     feed(link, Input::Answer(Answer::Checked(Ok(()))));
     feed(link, Input::DiffEnd);
 }
@@ -214,7 +214,7 @@ fn what_the_node_sends_during_a_round_is_pushed_at_once() {
     link.handle(Input::Outgoing { from_peer: true, batch: 4 }, false);
     link.handle(Input::Outgoing { from_peer: false, batch: 5 }, false);
     assert_eq!(link.poll_push(), Some(vec![3, 5]));
-    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![] };
+    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![], first: None };
     assert_eq!(feed(&mut link, empty), ["Contact", "Agreed", "Report(0,0,0,0)", "Up", "Rearm60s"]);
     // A later round, the timer's: the same.
     assert_eq!(feed(&mut link, Input::Due), ["Hello"]);
@@ -238,7 +238,7 @@ fn a_lag_during_a_round_brings_another_after_it() {
     let mut link = TestLink::new(settings());
     to_diff(&mut link);
     link.handle(Input::Lagged, true);
-    let first = Input::DiffChunk { buckets: vec![4], summaries: summaries(0..1), whole: vec![] };
+    let first = Input::DiffChunk { buckets: vec![4], summaries: summaries(0..1), whole: vec![], first: None };
     assert_eq!(feed(&mut link, first), ["Begin[4]"]);
     assert_eq!(feed(&mut link, Input::Answer(Answer::Checked(Ok(())))), ["ReadDiff"]);
     assert_eq!(feed(&mut link, Input::DiffEnd), ["Compare1"]);
@@ -250,7 +250,7 @@ fn a_lag_during_a_round_brings_another_after_it() {
         feed(&mut link, Input::Answer(Answer::Digests(Some(Asking { digests: vec![], empty: vec![] })))),
         ["Diff"]
     );
-    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![] };
+    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![], first: None };
     assert_eq!(feed(&mut link, empty), ["Contact", "Agreed", "Report(0,0,0,0)", "Up", "Rearm60s"]);
 
     // During the Hello, before the digests: the round that follows finds it.
@@ -261,7 +261,7 @@ fn a_lag_during_a_round_brings_another_after_it() {
         feed(&mut link, Input::Answer(Answer::Digests(Some(Asking { digests: vec![], empty: vec![] })))),
         ["Diff"]
     );
-    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![] };
+    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![], first: None };
     assert_eq!(feed(&mut link, empty), ["Contact", "Agreed", "Report(0,0,0,0)", "Rearm60s"]);
 }
 
@@ -270,7 +270,7 @@ fn the_timer_firing_during_a_round_starts_another_after_it() {
     let mut link = TestLink::new(settings());
     to_diff(&mut link);
     assert_eq!(feed(&mut link, Input::Due), Vec::<String>::new());
-    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![] };
+    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![], first: None };
     assert_eq!(feed(&mut link, empty), ["Contact", "Agreed", "Report(0,0,0,0)", "Up", "Rearm60s", "Hello"]);
 }
 
@@ -286,9 +286,9 @@ fn a_stale_node_ends_its_round_at_once() {
 fn a_bad_answer_or_a_failure_ends_the_session_and_releases_its_claims() {
     let mut link = TestLink::new(settings());
     to_diff(&mut link);
-    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![] });
+    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![], first: None });
     feed(&mut link, Input::Answer(Answer::Checked(Ok(()))));
-    let late = Input::DiffChunk { buckets: vec![2], summaries: vec![], whole: vec![] };
+    let late = Input::DiffChunk { buckets: vec![2], summaries: vec![], whole: vec![], first: None };
     assert_eq!(
         feed(&mut link, late),
         ["LinkDown", "Fault(refused the peer's answer: the Diff answer names buckets after its first chunk)"]
@@ -303,7 +303,7 @@ fn a_bad_answer_or_a_failure_ends_the_session_and_releases_its_claims() {
 
     // The node refusing a chunk.
     to_diff(&mut link);
-    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![] });
+    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![], first: None });
     let refused = Input::Answer(Answer::Checked(Err(BadAnswer::BucketTwice(1))));
     assert_eq!(
         feed(&mut link, refused),
@@ -312,7 +312,7 @@ fn a_bad_answer_or_a_failure_ends_the_session_and_releases_its_claims() {
 
     // A fetch failing: the session's plan is dropped and its claims released.
     to_diff(&mut link);
-    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![] });
+    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![], first: None });
     feed(&mut link, Input::Answer(Answer::Checked(Ok(()))));
     feed(&mut link, Input::DiffEnd);
     feed(&mut link, Input::Answer(Answer::Compared(Ok(Compared { n_newer_there: 1, ..Compared::default() }))));
@@ -335,10 +335,10 @@ fn a_bad_answer_or_a_failure_ends_the_session_and_releases_its_claims() {
 fn a_lag_between_rounds_runs_a_round_at_once_without_hello_or_timer() {
     let mut link = TestLink::new(settings());
     to_diff(&mut link);
-    feed(&mut link, Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![] });
+    feed(&mut link, Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![], first: None });
     assert_eq!(feed(&mut link, Input::Lagged), ["Digests"]);
     feed(&mut link, Input::Answer(Answer::Digests(Some(Asking { digests: vec![], empty: vec![] }))));
-    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![] };
+    let empty = Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![], first: None };
     assert_eq!(feed(&mut link, empty), ["Contact", "Agreed", "Report(0,0,0,0)"], "the timer keeps its time");
 }
 
@@ -402,7 +402,7 @@ fn a_links_rounds_keep_the_phase_its_driver_drew() {
     for (random, first) in [(0, 30), (45_000, 75), (60_000 * 7 + 10_000, 40)] {
         let mut link = TestLink::new(settings().with_phase(random));
         to_diff(&mut link);
-        let empty = || Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![] };
+        let empty = || Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![], first: None };
         let outs = feed(&mut link, empty());
         assert_eq!(outs.last().map(String::as_str), Some(format!("Rearm{first}s").as_str()), "{random}");
         feed(&mut link, Input::Due);
@@ -422,7 +422,7 @@ fn what_a_peer_lacks_where_it_holds_nothing_is_left_to_its_fetch() {
     feed(&mut link, Input::Connected);
     feed(&mut link, Input::HelloDone);
     feed(&mut link, Input::Answer(Answer::Digests(Some(Asking { digests: vec![], empty: vec![] }))));
-    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![] });
+    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![], first: None });
     feed(&mut link, Input::Answer(Answer::Checked(Ok(()))));
     feed(&mut link, Input::DiffEnd);
     let compared = Compared { newer_here: ids(0..1), newer_where_empty: ids(1..2), ..Compared::default() };
@@ -452,7 +452,7 @@ fn a_round_that_fetched_whole_buckets_is_followed_soon() {
         feed(&mut link, Input::HelloDone);
         let asking = Asking { digests: vec![0; 4], empty: vec![0, 1, 2, 3] };
         assert_eq!(feed(&mut link, Input::Answer(Answer::Digests(Some(asking)))), ["Diff"]);
-        let chunk = Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![(2, 3)] };
+        let chunk = Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![(2, 3)], first: None };
         assert_eq!(feed(&mut link, chunk), ["Begin[]"], "whole buckets alone are a difference");
         feed(&mut link, Input::Answer(Answer::Checked(Ok(()))));
         feed(&mut link, Input::DiffEnd);
@@ -465,6 +465,41 @@ fn a_round_that_fetched_whole_buckets_is_followed_soon() {
         let end = feed(&mut link, Input::Answer(Answer::Next(None)));
         assert_eq!(end.last().map(String::as_str), Some(rearm), "{applied} applied: {end:?}");
     }
+}
+
+/// The bucket a Diff answer brings is applied as a fetch of it, once the
+/// buckets are checked and before the first chunk's summaries are compared;
+/// what it applied counts in the round's report. Only the first chunk may
+/// bring one.
+#[test]
+fn the_bucket_a_diff_answer_brings_is_applied_first() {
+    let mut link = TestLink::new(settings());
+    feed(&mut link, Input::Connected);
+    feed(&mut link, Input::HelloDone);
+    let asking = Asking { digests: vec![0; 4], empty: vec![2, 3] };
+    feed(&mut link, Input::Answer(Answer::Digests(Some(asking))));
+    let fetch = Fetch { buckets: vec![2], n_in_buckets: 2, ..Fetch::default() };
+    let first = Some((fetch, vec![decision(0), decision(1)]));
+    let chunk = Input::DiffChunk { buckets: vec![1], summaries: summaries(5..8), whole: vec![(2, 2), (3, 9)], first };
+    assert_eq!(feed(&mut link, chunk), ["Begin[1]"]);
+    assert_eq!(feed(&mut link, Input::Answer(Answer::Checked(Ok(())))), ["Apply0"], "applied as a fetch of bucket 2");
+    assert_eq!(feed(&mut link, Input::Answer(Answer::Applied(2))), ["Compare3"], "then the summaries held");
+    feed(&mut link, Input::Answer(Answer::Checked(Ok(()))));
+    feed(&mut link, Input::DiffEnd);
+    let compared = Compared { n_newer_there: 9, whole: 2, ..Compared::default() };
+    assert_eq!(feed(&mut link, Input::Answer(Answer::Compared(Ok(compared)))), ["Next"]);
+    assert_eq!(feed(&mut link, Input::Answer(Answer::Next(None))), ["Report(3,9,0,2)", "Up", "Rearm5s"]);
+    // A later chunk bringing a bucket is an answer no agent sends.
+    let mut link = TestLink::new(settings());
+    feed(&mut link, Input::Connected);
+    feed(&mut link, Input::HelloDone);
+    feed(&mut link, Input::Answer(Answer::Digests(Some(Asking::default()))));
+    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![], first: None });
+    feed(&mut link, Input::Answer(Answer::Checked(Ok(()))));
+    let fetch = Fetch { buckets: vec![2], n_in_buckets: 1, ..Fetch::default() };
+    let late = Input::DiffChunk { buckets: vec![], summaries: vec![], whole: vec![], first: Some((fetch, vec![])) };
+    let outs = feed(&mut link, late);
+    assert!(outs.last().is_some_and(|out| out.starts_with("Fault")), "{outs:?}");
 }
 
 /// Each decision crosses the link once: a round leaves out what this
@@ -482,7 +517,7 @@ fn what_the_session_pushed_is_not_pushed_again() {
     assert!(link.push_live(&decision(0), &peer));
     assert!(!link.push_live(&decision(0), &peer), "pushed once");
     feed(&mut link, Input::Answer(Answer::Digests(Some(Asking { digests: vec![], empty: vec![] }))));
-    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![] });
+    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![], first: None });
     feed(&mut link, Input::Answer(Answer::Checked(Ok(()))));
     feed(&mut link, Input::DiffEnd);
     let compared = Compared { newer_here: ids(0..2), ..Compared::default() };

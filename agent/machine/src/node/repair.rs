@@ -25,8 +25,10 @@ use crate::core::version::{Version, CLAIM_CEILING};
 use crate::core::{Decision, Entry, Fingerprint, MinionId};
 
 mod fetching;
+mod first;
 
 pub use fetching::{Fetch, FIRST_WHOLE};
+pub use first::FIRST_BUCKET_MOST;
 
 use super::event::Event;
 use super::runtime::Runtime;
@@ -546,7 +548,10 @@ impl Node {
         let n_whole: usize = whole.iter().map(|&(_, n)| n as usize).sum();
         self.replica.reserve(n_whole + todo.iter().filter(|(id, _)| !self.replica.holds(id.as_str())).count());
         let n_buckets_whole = whole.len();
-        let plan = Plan { todo, whole: VecDeque::from(whole), deferred: Vec::new(), whole_chunk: FIRST_WHOLE };
+        // A small first fetch only while this node holds nothing at all: its
+        // first keys come sooner. A bucket a Diff answer brought is a first key.
+        let whole_chunk = if self.holds_nothing() { FIRST_WHOLE } else { FETCH_CHUNK };
+        let plan = Plan { todo, whole: VecDeque::from(whole), deferred: Vec::new(), whole_chunk };
         self.repairs.plans.insert(peer.clone(), plan);
         Ok(Compared {
             n_newer_there: n_newer_there + n_whole,

@@ -48,6 +48,8 @@ pub(crate) enum Msg {
         buckets: Vec<u32>,
         summaries: Summaries,
         whole: Vec<Whole>,
+        /// A bucket of `whole` sent with the answer, and its decisions.
+        first: Option<(Whole, Vec<Decision>)>,
     },
     FetchReq {
         req: u64,

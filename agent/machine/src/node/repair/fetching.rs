@@ -5,11 +5,13 @@
 use super::*;
 
 /// Decisions the first fetch of whole buckets on a link asks for at most
-/// (unless one bucket holds more): a joining master holds its first keys
-/// after one small answer, which TCP's first window carries, instead of
-/// after a chunk's worth of round trips. The next ask for up to
-/// [`FETCH_CHUNK`]. (Doubling from here cost a 100,000-key join on
-/// loopback six more fetches per link, each applied and synced alone.)
+/// (unless one bucket holds more) while this node holds nothing at all: a
+/// joining master holds its first keys after one small answer, which TCP's
+/// first window carries, instead of after a chunk's worth of round trips.
+/// The next ask for up to [`FETCH_CHUNK`]. (Doubling from here cost a
+/// 100,000-key join on loopback six more fetches per link, each applied and
+/// synced alone.) A joiner whose peers' Diff answers brought a bucket each
+/// (`first.rs`) holds something by then, and skips it.
 pub const FIRST_WHOLE: usize = 16;
 
 /// What one fetch asks a peer for.

@@ -7,7 +7,9 @@ use std::collections::BTreeSet;
 
 use super::*;
 use crate::core::digest::{bucket_of, N_BUCKETS};
-use crate::node::{BadAnswer, FETCH_CHUNK, FIRST_WHOLE, MAX_FETCH, MAX_WHOLE_PER_BUCKET};
+use crate::node::{
+    BadAnswer, Fetch, Whole, FETCH_CHUNK, FIRST_BUCKET_MOST, FIRST_WHOLE, MAX_FETCH, MAX_WHOLE_PER_BUCKET,
+};
 
 fn accept(name: &str, ms: u64, origin: &str) -> Decision {
     Decision { id: MinionId::parse(name).unwrap(), ..decision(Verdict::Accepted(key("mwIDAQAB")), ms, origin, &[]) }
@@ -106,6 +108,44 @@ fn the_links_share_a_joins_whole_buckets() {
         assert!(second.n_in_buckets <= part, "{} of {left}", second.n_in_buckets);
     }
     assert_eq!(second_a.n_in_buckets + second_b.n_in_buckets, left, "two fetches bring the rest");
+}
+
+/// A Diff answer brings one small whole bucket, picked by the answering
+/// master's name (two peers, two buckets), with what a fetch of it brings;
+/// applied as that fetch, it is not fetched again.
+#[test]
+fn a_diff_answer_brings_a_small_bucket_whole() {
+    let n = 1500;
+    let (mut rt_a, mut rt_b, mut rt_c) = (Recorder::default(), Recorder::default(), Recorder::default());
+    let (a, b) = (holding("master-a", n, &mut rt_a), holding("master-b", n, &mut rt_b));
+    let mut c = node("master-c", &mut rt_c);
+    let asking = c.asking().unwrap();
+    let (buckets, _, whole) = a.diff_whole(&asking.digests, &asking.empty, &mut rt_a);
+    let ((bucket, count), decisions) = a.first_bucket(&whole, &mut rt_a).unwrap();
+    assert!(whole.contains(&(bucket, count)) && count <= FIRST_BUCKET_MOST);
+    assert_eq!(decisions, a.fetch_whole(&[bucket], &mut rt_a).unwrap(), "what a fetch of it brings");
+    assert_eq!(decisions.len(), count as usize);
+    let (_, _, whole_b) = b.diff_whole(&asking.digests, &asking.empty, &mut rt_b);
+    let ((bucket_b, _), _) = b.first_bucket(&whole_b, &mut rt_b).unwrap();
+    assert_ne!(bucket, bucket_b, "each peer its own bucket");
+    let huge: Vec<Whole> = whole.iter().map(|&(b, _)| (b, FIRST_BUCKET_MOST + 1)).collect();
+    assert!(a.first_bucket(&huge, &mut rt_a).is_none(), "none too large to slow the answer");
+    // c applies it as a fetch of that bucket, and its plan drops it.
+    let link = peer("master-a");
+    c.repair_begin(&link, &buckets, &whole).unwrap();
+    let fetch = Fetch { buckets: vec![bucket], n_in_buckets: count as usize, ..Fetch::default() };
+    assert_eq!(c.repair_fetched(&link, &fetch, decisions, now(), &mut rt_c), count);
+    c.repair_end(&link).unwrap();
+    let mut first = true;
+    while let Some(fetch) = c.repair_next(&link) {
+        assert!(!fetch.buckets.contains(&bucket), "fetched again");
+        // c holds its first keys: no small first fetch.
+        assert!(!first || fetch.n_in_buckets > FIRST_WHOLE, "{} decisions", fetch.n_in_buckets);
+        first = false;
+        let decisions = a.fetch_whole(&fetch.buckets, &mut rt_a).unwrap();
+        c.repair_fetched(&link, &fetch, decisions, now(), &mut rt_c);
+    }
+    assert_eq!(c.digests(), a.digests());
 }
 
 /// A bucket is named empty only where this master holds nothing at all:

@@ -38,8 +38,11 @@ impl Sim {
             return;
         }
         let peer = keysync_machine::testkit::peer(&self.nodes[from].name);
-        if let Msg::FetchResp { decisions, .. } = &msg {
-            self.note_delivered(to, decisions);
+        match &msg {
+            Msg::FetchResp { decisions, .. } | Msg::DiffResp { first: Some((_, decisions)), .. } => {
+                self.note_delivered(to, decisions)
+            }
+            _ => {}
         }
         match msg {
             Msg::Push(decisions) => {
@@ -55,18 +58,23 @@ impl Sim {
                 // An agent of an earlier release ignores the ask, and sends summaries.
                 let whole = self.nodes[to].whole;
                 let answer = self.input(to, |machine, rt, _| match whole {
-                    true => machine.diff_whole(&digests, &empty, rt),
+                    true => {
+                        let (buckets, summaries, whole) = machine.diff_whole(&digests, &empty, rt);
+                        let first = machine.first_bucket(&whole, rt);
+                        (buckets, summaries, whole, first)
+                    }
                     false => {
                         let (buckets, summaries) = machine.diff(&digests, rt);
-                        (buckets, summaries, Vec::new())
+                        (buckets, summaries, Vec::new(), None)
                     }
                 });
-                if let Some((buckets, summaries, whole)) = answer {
+                if let Some((buckets, summaries, whole, first)) = answer {
                     if !whole.is_empty() {
                         // The peer will fetch those buckets from this node, as the agent's Diff marks it.
                         self.fetched_at.insert((to, from), self.now);
                     }
-                    self.send(to, from, Msg::DiffResp { req, buckets, summaries, whole });
+                    self.stats.buckets_sent_first += u64::from(first.is_some());
+                    self.send(to, from, Msg::DiffResp { req, buckets, summaries, whole, first });
                 }
             }
             Msg::FetchReq { req, fetch } => {
@@ -83,7 +91,9 @@ impl Sim {
                     self.send(to, from, Msg::FetchResp { req, decisions });
                 }
             }
-            Msg::DiffResp { req, buckets, summaries, whole } => self.on_diff(to, from, req, buckets, summaries, whole),
+            Msg::DiffResp { req, buckets, summaries, whole, first } => {
+                self.on_diff(to, from, req, (buckets, summaries, whole, first))
+            }
             Msg::FetchResp { req, decisions } => self.on_fetched(to, from, req, decisions),
         }
     }

@@ -31,6 +31,10 @@ const LAG_PCT: u64 = 2;
 /// `node/outgoing.rs` lists them).
 pub(crate) type Batch = Rc<(Vec<Decision>, Vec<PeerName>)>;
 
+/// A Diff answer: the differing buckets, the summaries in them, the
+/// buckets sent whole, and one of those brought with the answer.
+pub(crate) type DiffAnswer = (Vec<u32>, Summaries, Vec<Whole>, Option<(Whole, Vec<Decision>)>);
+
 pub(crate) struct SimLink {
     machine: Link<Batch>,
     /// Bumped at each connection and each start: connects of an older one are ignored.
@@ -236,7 +240,9 @@ impl Sim {
                 }
                 Out::ReadDiff => {
                     let input = match self.nodes[node].links[peer].diff_rest.pop_front() {
-                        Some((buckets, summaries)) => Input::DiffChunk { buckets, summaries, whole: Vec::new() },
+                        Some((buckets, summaries)) => {
+                            Input::DiffChunk { buckets, summaries, whole: Vec::new(), first: None }
+                        }
                         None => Input::DiffEnd,
                     };
                     self.handle_link(node, peer, input);
@@ -357,13 +363,15 @@ impl Sim {
         node: usize,
         peer: usize,
         req: u64,
-        buckets: Vec<u32>,
-        summaries: Summaries,
-        whole: Vec<Whole>,
+        (buckets, summaries, whole, first): DiffAnswer,
     ) {
         if !self.answered(node, peer, req) {
             return;
         }
+        // As the agent's driver hands it: the answer to a fetch of that bucket.
+        let brought = first.map(|((bucket, n), decisions)| {
+            (Fetch { buckets: vec![bucket], n_in_buckets: n as usize, ..Fetch::default() }, decisions)
+        });
         let mut chunks = VecDeque::new();
         let mut rest = summaries.into_iter().peekable();
         let mut first = Some(buckets);
@@ -373,7 +381,7 @@ impl Sim {
         }
         let (buckets, summaries) = chunks.pop_front().unwrap_or_default();
         self.nodes[node].links[peer].diff_rest = chunks;
-        self.handle_link(node, peer, Input::DiffChunk { buckets, summaries, whole });
+        self.handle_link(node, peer, Input::DiffChunk { buckets, summaries, whole, first: brought });
         self.pump(node, peer);
     }
 
