@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keysync_machine::link::{Answer, Call, Input, LinkSettings, Out, Round};
-use keysync_machine::node::Fetch;
 use keysync_machine::PeerName;
 use keysync_proto::v1::{self, key_sync_client::KeySyncClient};
 use keysync_proto::{MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
@@ -23,10 +22,10 @@ use tracing::Instrument;
 use push::{during, send_decisions, PushIo, NO_ONE, PUSHES_IN_FLIGHT};
 
 use crate::config::Peer;
-use crate::core::digest::{bucket_of, N_BUCKETS};
-use crate::core::{Decision, MinionId};
+use crate::core::digest::N_BUCKETS;
+use crate::core::Decision;
 use crate::disk::audit::{Action, Outcome, Via};
-use crate::net::wire::{decision_from_wire, health_from_wire, health_to_wire, held_from_wire, held_to_wire};
+use crate::net::wire::{health_from_wire, health_to_wire, held_from_wire, held_to_wire};
 use crate::node::{CoreHandle, Request};
 use crate::ops::board::{AntiEntropyRun, Board, LinkState};
 
@@ -376,42 +375,6 @@ impl PeerLink {
         Ok(Input::DiffChunk { buckets: chunk.buckets, summaries, whole, first })
     }
 
-    /// The bucket a Diff answer brings, as the answer to a fetch of it: one
-    /// of the buckets it sends whole, and no decision outside it nor more
-    /// than such a fetch may bring (a malformed decision is audited and
-    /// left out, as in a fetch's answer).
-    fn first_bucket(
-        &self,
-        bucket: Option<u32>,
-        wire: Vec<v1::Decision>,
-        whole: &[keysync_machine::node::Whole],
-    ) -> Result<Option<(Fetch, Vec<Decision>)>, SessionError> {
-        let Some(bucket) = bucket else {
-            if !wire.is_empty() {
-                return Err(SessionError::BadDiff(format!("{} decisions of no bucket", wire.len())));
-            }
-            return Ok(None);
-        };
-        let Some(&(_, n)) = whole.iter().find(|&&(b, _)| b == bucket) else {
-            return Err(SessionError::BadDiff(format!("bucket {bucket} brought, not one sent whole")));
-        };
-        let fetch = Fetch { buckets: vec![bucket], n_in_buckets: n as usize, ..Fetch::default() };
-        if wire.len() > fetch.most_rows() {
-            return Err(SessionError::BadDiff(format!("{} decisions in bucket {bucket} of {n}", wire.len())));
-        }
-        let mut decisions = Vec::with_capacity(wire.len());
-        for msg in wire {
-            match decision_from_wire(msg) {
-                Ok(decision) if bucket_of(&decision.id) != bucket as usize => {
-                    return Err(SessionError::BadDiff(format!("{:?} brought as in bucket {bucket}", decision.id)));
-                }
-                Ok(decision) => decisions.push(decision),
-                Err(e) => crate::net::rpc::audit_refused(&self.audit, self.board.metrics(), &self.peer.name, &e),
-            }
-        }
-        Ok(Some((fetch, decisions)))
-    }
-
     /// Asks the node what the link asks of it; `None` for calls that want no answer.
     async fn call(&self, call: Call) -> Result<Option<Answer>, SessionError> {
         let peer = self.peer.name.clone();
@@ -525,58 +488,6 @@ impl PeerLink {
     }
 }
 
-impl PeerLink {
-    /// Fetches the decisions for `fetch`'s ids and whole buckets; returns
-    /// them with the bytes sent and received. Invalid ones are audited and
-    /// left out.
-    async fn fetch(
-        &self,
-        client: &mut KeySyncClient<Channel>,
-        fetch: &Fetch,
-    ) -> Result<(Vec<Decision>, usize, usize), SessionError> {
-        let ids = &fetch.ids;
-        let minions = ids.iter().map(ToString::to_string).collect();
-        let request = v1::FetchRequest { minions, buckets: fetch.buckets.clone() };
-        let sent = request.encoded_len();
-        let mut received = 0;
-        let mut stream = client.fetch(request).await?.into_inner();
-        let mut decisions: Vec<Decision> = Vec::with_capacity(ids.len() + fetch.n_in_buckets);
-        // Read as it comes, and refused as soon as it gives more than was
-        // asked: an id neither asked for nor in a bucket asked for, or more
-        // rows than the ids can have.
-        let asked: std::collections::HashSet<&MinionId> = ids.iter().collect();
-        let mut in_buckets = [false; N_BUCKETS];
-        for &bucket in &fetch.buckets {
-            if let Some(slot) = in_buckets.get_mut(bucket as usize) {
-                *slot = true;
-            }
-        }
-        let asked_for = |id: &MinionId| asked.contains(id) || in_buckets[bucket_of(id)];
-        let most = fetch.most_rows();
-        let mut n_rows = 0;
-        while let Some(batch) = stream.message().await? {
-            received += batch.encoded_len();
-            n_rows += batch.decisions.len();
-            if n_rows > most {
-                return Err(SessionError::BadFetch(format!(
-                    "more than {most} decisions for the {} ids asked for",
-                    ids.len()
-                )));
-            }
-            for msg in batch.decisions {
-                match decision_from_wire(msg) {
-                    Ok(decision) if !asked_for(&decision.id) => {
-                        return Err(SessionError::BadFetch(format!("a decision for {:?}, not asked for", decision.id)));
-                    }
-                    Ok(decision) => decisions.push(decision),
-                    Err(e) => crate::net::rpc::audit_refused(&self.audit, self.board.metrics(), &self.peer.name, &e),
-                }
-            }
-        }
-        Ok((decisions, sent, received))
-    }
-}
-
 /// A Diff asking for `empty` buckets whole.
 fn diff_request(digests: Vec<u64>, empty: Vec<u32>) -> v1::DiffRequest {
     let empty = crate::net::wire::buckets::to_bitmap(empty);
@@ -617,6 +528,7 @@ struct SessionIo {
     connected: mpsc::Sender<()>,
 }
 
+mod answers;
 mod push;
 #[cfg(test)]
 mod tests;
