@@ -72,19 +72,10 @@ impl PeerLink {
         wire: Vec<v1::Decision>,
         whole: &[Whole],
     ) -> Result<Option<(Fetch, Vec<Decision>)>, SessionError> {
-        let Some(bucket) = bucket else {
-            if !wire.is_empty() {
-                return Err(SessionError::BadDiff(format!("{} decisions of no bucket", wire.len())));
-            }
+        let Some(fetch) = brought(bucket, wire.len(), whole).map_err(SessionError::BadDiff)? else {
             return Ok(None);
         };
-        let Some(&(_, n)) = whole.iter().find(|&&(b, _)| b == bucket) else {
-            return Err(SessionError::BadDiff(format!("bucket {bucket} brought, not one sent whole")));
-        };
-        let fetch = Fetch { buckets: vec![bucket], n_in_buckets: n as usize, ..Fetch::default() };
-        if wire.len() > fetch.most_rows() {
-            return Err(SessionError::BadDiff(format!("{} decisions in bucket {bucket} of {n}", wire.len())));
-        }
+        let bucket = fetch.buckets[0];
         let mut decisions = Vec::with_capacity(wire.len());
         for msg in wire {
             match decision_from_wire(msg) {
@@ -97,4 +88,25 @@ impl PeerLink {
         }
         Ok(Some((fetch, decisions)))
     }
+}
+
+/// The fetch a Diff answer bringing `n_decisions` of `bucket` answers, if
+/// it is one: the bucket must be one of those it sends `whole`, and the
+/// decisions no more than a fetch of it may bring; decisions of no bucket
+/// are refused.
+pub(super) fn brought(bucket: Option<u32>, n_decisions: usize, whole: &[Whole]) -> Result<Option<Fetch>, String> {
+    let Some(bucket) = bucket else {
+        return match n_decisions {
+            0 => Ok(None),
+            n => Err(format!("{n} decisions of no bucket")),
+        };
+    };
+    let Some(&(_, n)) = whole.iter().find(|&&(b, _)| b == bucket) else {
+        return Err(format!("bucket {bucket} brought, not one sent whole"));
+    };
+    let fetch = Fetch { buckets: vec![bucket], n_in_buckets: n as usize, ..Fetch::default() };
+    if n_decisions > fetch.most_rows() {
+        return Err(format!("{n_decisions} decisions in bucket {bucket} of {n}"));
+    }
+    Ok(Some(fetch))
 }

@@ -2,6 +2,7 @@
 //! during a round is the link machine's, tested in keysync-machine).
 
 use super::*;
+use keysync_machine::node::Fetch;
 
 /// An agent of 0.1.0 (protocol 1) refuses protocol 2's Hello naming what
 /// it speaks: the link speaks it (issue 29 item 1); other refusals, and
@@ -16,4 +17,20 @@ fn an_older_servers_refusal_names_the_protocol_to_speak() {
     assert_eq!(older_server(&newer), None);
     let other = tonic::Status::permission_denied("Hello names node \"x\" but the client certificate is for \"y\"");
     assert_eq!(older_server(&other), None);
+}
+
+/// The bucket a Diff answer brings is taken only as the answer to a fetch
+/// of a bucket the answer sends whole, and no larger than that fetch may
+/// be; decisions naming no bucket are refused.
+#[test]
+fn a_bucket_brought_with_a_diff_answer_is_one_sent_whole() {
+    let whole = [(3, 10), (7, 2)];
+    let fetch = answers::brought(Some(7), 2, &whole).unwrap().unwrap();
+    assert_eq!((fetch.buckets, fetch.n_in_buckets, fetch.ids.len()), (vec![7], 2, 0));
+    assert_eq!(answers::brought(None, 0, &whole), Ok(None));
+    assert!(answers::brought(None, 1, &whole).is_err(), "decisions of no bucket");
+    assert!(answers::brought(Some(5), 1, &whole).is_err(), "not sent whole");
+    let most = Fetch { buckets: vec![7], n_in_buckets: 2, ..Fetch::default() }.most_rows();
+    assert!(answers::brought(Some(7), most, &whole).is_ok());
+    assert!(answers::brought(Some(7), most + 1, &whole).is_err(), "more than a fetch of it brings");
 }
