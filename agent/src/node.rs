@@ -36,7 +36,6 @@ pub use thread::{CoreStopped, CoreThread};
 
 pub use outgoing::{Following, Outgoing};
 
-/// Requests the rest of the agent makes of the core task.
 /// This node's answer to a peer's Diff (see [`Request::Diff`]).
 pub struct DiffAnswer {
     pub buckets: Vec<u32>,
@@ -46,6 +45,7 @@ pub struct DiffAnswer {
     pub first: Option<(Whole, Vec<Decision>)>,
 }
 
+/// Requests the rest of the agent makes of the core task.
 pub enum Request {
     /// Decisions pushed by `from` (already validated); replies with how
     /// many were newer and applied.
@@ -94,6 +94,8 @@ pub enum Request {
     RepairNext { peer: PeerName, reply: oneshot::Sender<Option<Fetch>> },
     /// What `fetch` from `peer` brought; replies with how many were applied.
     RepairFetched { peer: PeerName, fetch: Fetch, decisions: Vec<Decision>, reply: oneshot::Sender<u32> },
+    /// The bucket a peer's Diff answer brought (`Node::repair_brought`).
+    RepairBrought { peer: PeerName, fetch: Fetch, decisions: Vec<Decision>, reply: oneshot::Sender<u32> },
     /// The link to `peer` went down: its plan and claims are dropped.
     LinkDown { peer: PeerName },
     /// Number of decisions held.
@@ -421,6 +423,10 @@ impl Core {
             Request::RepairFetched { peer, fetch, decisions, reply } => {
                 self.effects.metrics.received(peer.as_str(), "fetch", decisions.len());
                 let _ = reply.send(self.node.repair_fetched(&peer, &fetch, decisions, now(), &mut self.effects));
+            }
+            Request::RepairBrought { peer, fetch, decisions, reply } => {
+                self.effects.metrics.received(peer.as_str(), "fetch", decisions.len());
+                let _ = reply.send(self.node.repair_brought(&peer, &fetch, decisions, now(), &mut self.effects));
             }
             Request::LinkDown { peer } => self.node.link_down(&peer),
             Request::Count { reply } => {

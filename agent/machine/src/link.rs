@@ -10,8 +10,9 @@
 //! beside the live pushes.
 //!
 //! A round: the node's digests out, the peer's Diff answer read chunk by
-//! chunk and compared by the node [`LinkSettings::compare_chunk`]
-//! summaries at a time, what is newer here loaded and pushed a chunk at a
+//! chunk (the bucket its first chunk may bring applied as a fetch of it)
+//! and compared by the node [`LinkSettings::compare_chunk`] summaries at a
+//! time, what is newer here loaded and pushed a chunk at a
 //! time, then what the node plans to fetch, fetched and applied a chunk
 //! at a time. What the node sends its peers meanwhile is pushed at once,
 //! from the session's first Hello on (a driver awaiting an answer sends it
@@ -82,6 +83,9 @@ pub enum Call {
     Next,
     /// `repair_fetched`: [`Answer::Applied`].
     Apply { fetch: Fetch, decisions: Vec<Decision> },
+    /// `repair_brought`, for the bucket the Diff answer brought:
+    /// [`Answer::Applied`].
+    ApplyBrought { fetch: Fetch, decisions: Vec<Decision> },
     /// `link_down`: the session is over, its plan dropped and its claims
     /// released (no answer).
     LinkDown,
@@ -358,14 +362,16 @@ impl<B> Link<B> {
     fn start_round(&mut self, may_leave: bool, timed: bool, first: bool, peer_fetching: bool) {
         // What was dropped before this round's digests is found by them.
         self.lagged = false;
-        self.sent.round();
         self.phase =
             Phase::Round(RoundState { may_leave, timed, first, step: Step::Digests, report: Round::default() });
         if may_leave && peer_fetching {
-            // The peer's own round brings it what this one would: run again once it is over.
+            // The peer's own round brings it what this one would: run again
+            // once it is over. (What the session pushed stays noted: a round
+            // left every few seconds would forget it.)
             self.end_round(true, None);
             return;
         }
+        self.sent.round();
         self.out.push_back(Out::Call(Call::Digests));
     }
 

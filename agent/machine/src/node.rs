@@ -292,6 +292,12 @@ impl Node {
         self.replica.len()
     }
 
+    /// Ids the map of held decisions has room for.
+    #[cfg(test)]
+    pub(crate) fn capacity(&self) -> usize {
+        self.replica.capacity()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.replica.is_empty()
     }

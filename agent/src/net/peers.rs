@@ -390,6 +390,9 @@ impl PeerLink {
             Call::End => Answer::Compared(core.ask(|reply| Request::RepairEnd { peer, reply }).await?),
             Call::Load(ids) => Answer::Loaded(core.ask(|reply| Request::Fetch { ids, reply }).await?),
             Call::Next => Answer::Next(core.ask(|reply| Request::RepairNext { peer, reply }).await?),
+            Call::ApplyBrought { fetch, decisions } => {
+                Answer::Applied(core.ask(|reply| Request::RepairBrought { peer, fetch, decisions, reply }).await?)
+            }
             Call::Apply { fetch, decisions } => {
                 Answer::Applied(core.ask(|reply| Request::RepairFetched { peer, fetch, decisions, reply }).await?)
             }

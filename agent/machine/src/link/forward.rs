@@ -25,7 +25,9 @@ use crate::PeerName;
 /// already. A peer that lied about either only keeps this node from
 /// pushing to those it named: they still have it from the origin's own
 /// push, and a round finds it by digest otherwise. (A round's pushes are
-/// of what the peer lacks by its own summaries, and are not filtered.)
+/// of what the peer lacks by its own summaries, and are not filtered by
+/// this rule; both kinds leave out what the session pushed already:
+/// [`super::Link::push_live`].)
 pub fn pushes_to(decision: &Decision, peer: &PeerName) -> bool {
     let named = |names: &Relays| names.iter().any(|name| name == peer.as_str());
     *decision.version.node != *peer.as_str() && !named(&decision.relays) && !named(&decision.reached)

@@ -117,7 +117,7 @@ impl<B> Link<B> {
                 } else {
                     // Applied as a fetch of it: the plan then drops the bucket.
                     round.step = Step::ApplyingFirst { n_buckets, pending };
-                    self.out.push_back(Out::Call(Call::Apply { fetch, decisions }));
+                    self.out.push_back(Out::Call(Call::ApplyBrought { fetch, decisions }));
                 }
             }
             (Step::ApplyingFirst { n_buckets, pending }, Input::Answer(Answer::Applied(n))) => {

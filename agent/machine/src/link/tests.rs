@@ -53,6 +53,7 @@ fn names(outs: &[Out<u32>]) -> Vec<String> {
                 Call::Compare(s) => format!("Compare{}", s.len()),
                 Call::Load(ids) => format!("Load{}", ids.len()),
                 Call::Apply { fetch, .. } => format!("Apply{}", fetch.ids.len()),
+                Call::ApplyBrought { fetch, .. } => format!("ApplyBrought{:?}", fetch.buckets),
                 call => format!("{call:?}"),
             },
             Out::Diff { .. } => "Diff".into(),
@@ -482,7 +483,11 @@ fn the_bucket_a_diff_answer_brings_is_applied_first() {
     let first = Some((fetch, vec![decision(0), decision(1)]));
     let chunk = Input::DiffChunk { buckets: vec![1], summaries: summaries(5..8), whole: vec![(2, 2), (3, 9)], first };
     assert_eq!(feed(&mut link, chunk), ["Begin[1]"]);
-    assert_eq!(feed(&mut link, Input::Answer(Answer::Checked(Ok(())))), ["Apply0"], "applied as a fetch of bucket 2");
+    assert_eq!(
+        feed(&mut link, Input::Answer(Answer::Checked(Ok(())))),
+        ["ApplyBrought[2]"],
+        "applied as a fetch of bucket 2"
+    );
     assert_eq!(feed(&mut link, Input::Answer(Answer::Applied(2))), ["Compare3"], "then the summaries held");
     feed(&mut link, Input::Answer(Answer::Checked(Ok(()))));
     feed(&mut link, Input::DiffEnd);

@@ -544,9 +544,12 @@ impl Node {
             .partition(|id| !given.get(crate::core::digest::bucket_of(id)).copied().unwrap_or(true));
         let todo = VecDeque::from(todo);
         let n_newer_there = todo.len();
-        // The ids new here are held once fetched: room for them now.
+        // The ids new here are held once fetched: room for them now, as
+        // far as a plan of ids goes (a peer's counts of its whole buckets
+        // are its word: 1,024 of 65,536 would make room for 67,000,000).
         let n_whole: usize = whole.iter().map(|&(_, n)| n as usize).sum();
-        self.replica.reserve(n_whole + todo.iter().filter(|(id, _)| !self.replica.holds(id.as_str())).count());
+        let n_new = todo.iter().filter(|(id, _)| !self.replica.holds(id.as_str())).count();
+        self.replica.reserve((n_whole + n_new).min(MAX_PLANNED));
         let n_buckets_whole = whole.len();
         // A small first fetch only while this node holds nothing at all: its
         // first keys come sooner. A bucket a Diff answer brought is a first key.

@@ -1,7 +1,7 @@
 //! What a peer's answers bring, checked as they come: a Fetch's decisions,
 //! and the bucket a Diff answer brings with it (see `peers.rs`).
 
-use keysync_machine::node::{Fetch, Whole};
+use keysync_machine::node::{Fetch, Whole, FIRST_BUCKET_MOST};
 use keysync_proto::v1::{self, key_sync_client::KeySyncClient};
 use prost::Message;
 use tonic::transport::Channel;
@@ -93,7 +93,8 @@ impl PeerLink {
 /// The fetch a Diff answer bringing `n_decisions` of `bucket` answers, if
 /// it is one: the bucket must be one of those it sends `whole`, and the
 /// decisions no more than a fetch of it may bring; decisions of no bucket
-/// are refused.
+/// are refused. A bucket larger than [`FIRST_BUCKET_MOST`] is left to a
+/// fetch, unread (a later release may bring larger ones).
 pub(super) fn brought(bucket: Option<u32>, n_decisions: usize, whole: &[Whole]) -> Result<Option<Fetch>, String> {
     let Some(bucket) = bucket else {
         return match n_decisions {
@@ -104,6 +105,9 @@ pub(super) fn brought(bucket: Option<u32>, n_decisions: usize, whole: &[Whole]) 
     let Some(&(_, n)) = whole.iter().find(|&&(b, _)| b == bucket) else {
         return Err(format!("bucket {bucket} brought, not one sent whole"));
     };
+    if n > FIRST_BUCKET_MOST {
+        return Ok(None);
+    }
     let fetch = Fetch { buckets: vec![bucket], n_in_buckets: n as usize, ..Fetch::default() };
     if n_decisions > fetch.most_rows() {
         return Err(format!("{n_decisions} decisions in bucket {bucket} of {n}"));

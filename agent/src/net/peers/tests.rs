@@ -2,7 +2,7 @@
 //! during a round is the link machine's, tested in keysync-machine).
 
 use super::*;
-use keysync_machine::node::Fetch;
+use keysync_machine::node::{Fetch, FIRST_BUCKET_MOST};
 
 /// An agent of 0.1.0 (protocol 1) refuses protocol 2's Hello naming what
 /// it speaks: the link speaks it (issue 29 item 1); other refusals, and
@@ -33,4 +33,6 @@ fn a_bucket_brought_with_a_diff_answer_is_one_sent_whole() {
     let most = Fetch { buckets: vec![7], n_in_buckets: 2, ..Fetch::default() }.most_rows();
     assert!(answers::brought(Some(7), most, &whole).is_ok());
     assert!(answers::brought(Some(7), most + 1, &whole).is_err(), "more than a fetch of it brings");
+    let large = [(7, FIRST_BUCKET_MOST + 1)];
+    assert_eq!(answers::brought(Some(7), 1, &large), Ok(None), "larger than this release brings: fetched");
 }

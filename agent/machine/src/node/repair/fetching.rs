@@ -45,9 +45,10 @@ impl Fetch {
 }
 
 impl Node {
-    /// What to fetch next from `peer`: whole buckets first (at most
-    /// [`FETCH_CHUNK`] decisions, [`FIRST_WHOLE`] at first, unless one
-    /// bucket holds more), then at most [`FETCH_CHUNK`] ids; `None` when the plan
+    /// What to fetch next from `peer`: whole buckets first (at most the
+    /// link's part of what its plan has left and [`FETCH_CHUNK`] decisions,
+    /// [`FIRST_WHOLE`] at first while this node holds nothing at all, unless
+    /// one bucket holds more), then at most [`FETCH_CHUNK`] ids; `None` when the plan
     /// is done. What it names is claimed for this link until
     /// [`Node::repair_fetched`] (or the link goes down).
     ///

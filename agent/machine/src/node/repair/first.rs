@@ -35,6 +35,29 @@ impl Node {
             .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
         let bucket = small[(pick % small.len() as u64) as usize];
         let decisions = self.fetch_whole(&[bucket.0], rt)?;
-        Some((bucket, decisions))
+        // A store that could not be read brings nothing: the peer fetches it.
+        (!decisions.is_empty()).then_some((bucket, decisions))
+    }
+
+    /// Applies the bucket `peer`'s Diff answer brought, as a fetch of it
+    /// (`fetch` names it), and returns how many decisions were applied: only
+    /// when the comparison begun with that answer names it whole, and this
+    /// node holds nothing there (no decision, not even a delete) and is not
+    /// observing. Anything else is dropped unapplied: an answer to a
+    /// question this node did not ask.
+    pub fn repair_brought(
+        &mut self,
+        peer: &PeerName,
+        fetch: &Fetch,
+        decisions: Vec<Decision>,
+        now: Now,
+        rt: &mut impl Runtime,
+    ) -> u32 {
+        let &[bucket] = fetch.buckets.as_slice() else { return 0 };
+        let asked = self.repairs.comparing.get(peer).is_some_and(|c| c.whole.iter().any(|&(b, _)| b == bucket));
+        if self.settings.observe || !asked || !fetch.ids.is_empty() || !self.replica.holds_nothing_in(bucket) {
+            return 0;
+        }
+        self.repair_fetched(peer, fetch, decisions, now, rt)
     }
 }

@@ -130,11 +130,14 @@ fn a_diff_answer_brings_a_small_bucket_whole() {
     assert_ne!(bucket, bucket_b, "each peer its own bucket");
     let huge: Vec<Whole> = whole.iter().map(|&(b, _)| (b, FIRST_BUCKET_MOST + 1)).collect();
     assert!(a.first_bucket(&huge, &mut rt_a).is_none(), "none too large to slow the answer");
-    // c applies it as a fetch of that bucket, and its plan drops it.
+    // c applies it as a fetch of that bucket, and its plan drops it; but
+    // not before the answer named it whole, nor once c holds something there.
     let link = peer("master-a");
-    c.repair_begin(&link, &buckets, &whole).unwrap();
     let fetch = Fetch { buckets: vec![bucket], n_in_buckets: count as usize, ..Fetch::default() };
-    assert_eq!(c.repair_fetched(&link, &fetch, decisions, now(), &mut rt_c), count);
+    assert_eq!(c.repair_brought(&link, &fetch, decisions.clone(), now(), &mut rt_c), 0, "not asked");
+    c.repair_begin(&link, &buckets, &whole).unwrap();
+    assert_eq!(c.repair_brought(&link, &fetch, decisions.clone(), now(), &mut rt_c), count);
+    assert_eq!(c.repair_brought(&link, &fetch, decisions, now(), &mut rt_c), 0, "held something there");
     c.repair_end(&link).unwrap();
     let mut first = true;
     while let Some(fetch) = c.repair_next(&link) {
@@ -146,6 +149,20 @@ fn a_diff_answer_brings_a_small_bucket_whole() {
         c.repair_fetched(&link, &fetch, decisions, now(), &mut rt_c);
     }
     assert_eq!(c.digests(), a.digests());
+}
+
+/// The room made for what whole buckets bring is bounded: a peer's counts
+/// are its word, and every bucket said to hold 65,536 decisions made room
+/// for 67,000,000 ids (gigabytes) before any was fetched.
+#[test]
+fn whole_buckets_claimed_huge_make_bounded_room() {
+    let mut rt = Recorder::default();
+    let mut c = node("master-c", &mut rt);
+    let link = peer("master-a");
+    let huge: Vec<Whole> = (0..N_BUCKETS as u32).map(|b| (b, MAX_WHOLE_PER_BUCKET)).collect();
+    c.repair_begin(&link, &[], &huge).unwrap();
+    c.repair_end(&link).unwrap();
+    assert!(c.capacity() <= 2 * crate::node::MAX_PLANNED, "room for {} ids", c.capacity());
 }
 
 /// A bucket is named empty only where this master holds nothing at all:

@@ -349,6 +349,9 @@ impl Sim {
             Call::Apply { fetch, decisions } => {
                 Some(Answer::Applied(machine.repair_fetched(p, &fetch, decisions, now, rt)))
             }
+            Call::ApplyBrought { fetch, decisions } => {
+                Some(Answer::Applied(machine.repair_brought(p, &fetch, decisions, now, rt)))
+            }
             Call::LinkDown => {
                 machine.link_down(p);
                 None
