@@ -15,6 +15,16 @@ fn accept(name: &str, ms: u64, origin: &str) -> Decision {
     Decision { id: MinionId::parse(name).unwrap(), ..decision(Verdict::Accepted(key("mwIDAQAB")), ms, origin, &[]) }
 }
 
+/// master-a's delete of web01, after its accept of it 1 s before.
+fn delete_of_web01() -> Decision {
+    Decision {
+        version: Version::new((NOW_MS - 4000) << 16, "master-a"),
+        verdict: Verdict::Deleted,
+        context: Context::new([Version::new((NOW_MS - 5000) << 16, "master-a")]),
+        ..accept("web01", NOW_MS - 4000, "master-a")
+    }
+}
+
 /// A master holding `n` accepts made on master-d.
 fn holding(name: &str, n: usize, rt: &mut Recorder) -> Node {
     let mut node = node(name, rt);
@@ -174,13 +184,7 @@ fn a_bucket_holding_only_a_delete_is_not_named_empty() {
     let (mut rt_a, mut rt_c) = (Recorder::default(), Recorder::default());
     let mut c = node("master-c", &mut rt_c);
     push(&mut c, &mut rt_c, "master-a", vec![accept("web01", NOW_MS - 5000, "master-a")]);
-    let delete = Decision {
-        version: Version::new((NOW_MS - 4000) << 16, "master-a"),
-        verdict: Verdict::Deleted,
-        context: Context::new([Version::new((NOW_MS - 5000) << 16, "master-a")]),
-        ..accept("web01", NOW_MS - 4000, "master-a")
-    };
-    push(&mut c, &mut rt_c, "master-a", vec![delete]);
+    push(&mut c, &mut rt_c, "master-a", vec![delete_of_web01()]);
     let bucket = bucket_of(&MinionId::parse("web01").unwrap()) as u32;
     assert_eq!(c.digests().unwrap()[bucket as usize], 0, "a plain tombstone is in no digest");
     let asking = c.asking().unwrap();
@@ -210,13 +214,7 @@ fn a_master_joins_while_it_holds_nothing_at_all() {
     assert!(c.joining() && !c.offers_something());
     push(&mut c, &mut rt, "master-a", vec![accept("web01", NOW_MS - 5000, "master-a")]);
     assert!(!c.joining() && c.offers_something());
-    let delete = Decision {
-        version: Version::new((NOW_MS - 4000) << 16, "master-a"),
-        verdict: Verdict::Deleted,
-        context: Context::new([Version::new((NOW_MS - 5000) << 16, "master-a")]),
-        ..accept("web01", NOW_MS - 4000, "master-a")
-    };
-    push(&mut c, &mut rt, "master-a", vec![delete]);
+    push(&mut c, &mut rt, "master-a", vec![delete_of_web01()]);
     assert_eq!(c.digests().unwrap().iter().filter(|&&d| d != 0).count(), 0, "only a plain tombstone");
     assert!(!c.joining() && c.offers_something(), "a delete is something");
 }
