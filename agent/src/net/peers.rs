@@ -370,6 +370,13 @@ impl PeerLink {
             )));
         };
         let first = self.first_bucket(chunk.first_bucket, chunk.first_decisions, &whole)?;
+        if let Some((fetch, decisions)) = &first {
+            tracing::debug!(
+                bucket = fetch.buckets[0],
+                n_decisions = decisions.len(),
+                "the Diff answer brought a bucket"
+            );
+        }
         // A malformed summary only means that id is not fetched.
         let summaries = chunk.entries.into_iter().filter_map(crate::net::wire::summary_from_wire).collect();
         Ok(Input::DiffChunk { buckets: chunk.buckets, summaries, whole, first })
