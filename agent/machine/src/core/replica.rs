@@ -396,16 +396,6 @@ impl Replica {
         (0u32..).zip(empty).filter(|&(_, e)| e).map(|(b, _)| b).collect()
     }
 
-    /// Whether this node holds nothing in `bucket`, not even a plain
-    /// tombstone (see [`Replica::empty_buckets`]).
-    pub fn holds_nothing_in(&self, bucket: u32) -> bool {
-        let b = bucket as usize;
-        b < N_BUCKETS
-            && self.digests.as_slice()[b] == 0
-            && self.cold[b] == 0
-            && !self.entries.iter().any(|(id, entry)| bucket_of(id) == b && entry.is_plain_tombstone())
-    }
-
     /// The entries in the given buckets but plain tombstones: what a peer
     /// holding nothing there lacks.
     pub fn live_in(&self, buckets: &[u32]) -> impl Iterator<Item = (&MinionId, &Entry)> {

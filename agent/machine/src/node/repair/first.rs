@@ -55,7 +55,7 @@ impl Node {
     ) -> u32 {
         let &[bucket] = fetch.buckets.as_slice() else { return 0 };
         let asked = self.repairs.comparing.get(peer).is_some_and(|c| c.whole.iter().any(|&(b, _)| b == bucket));
-        if self.settings.observe || !asked || !fetch.ids.is_empty() || !self.replica.holds_nothing_in(bucket) {
+        if self.settings.observe || !asked || !fetch.ids.is_empty() || !self.replica.empty_buckets().contains(&bucket) {
             return 0;
         }
         self.repair_fetched(peer, fetch, decisions, now, rt)

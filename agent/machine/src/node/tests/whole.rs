@@ -92,8 +92,9 @@ fn an_empty_joiner_fetches_every_bucket_whole_and_once() {
 }
 
 /// The links share what is left: a link's next fetch of whole buckets asks
-/// for its share of what no link has claimed, not a whole chunk, so the
-/// other links are not left idle while one peer sends everything.
+/// for its part of what its plan has left (whoever claimed it), not a whole
+/// chunk, so the other links are not left idle while one peer sends
+/// everything.
 #[test]
 fn the_links_share_a_joins_whole_buckets() {
     let n = 1500;
