@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use keysync_machine::node::{
-    Asking, BadAnswer, Compared, Fetch, FsEvent, HeldDelete, Node, Now, OperatorAction, Outcome, Runtime, Settings,
-    Summaries, Whole,
+    Asking, BadAnswer, Compared, DiffAnswer, Fetch, FsEvent, HeldDelete, Node, Now, OperatorAction, Outcome, Runtime,
+    Settings, Summaries, Whole,
 };
 use keysync_machine::PeerName;
 use tokio::sync::{mpsc, oneshot};
@@ -35,15 +35,6 @@ pub use effects::Effects;
 pub use thread::{CoreStopped, CoreThread};
 
 pub use outgoing::{Following, Outgoing};
-
-/// This node's answer to a peer's Diff (see [`Request::Diff`]).
-pub struct DiffAnswer {
-    pub buckets: Vec<u32>,
-    pub summaries: Summaries,
-    pub whole: Vec<Whole>,
-    /// A bucket of `whole` sent with the answer, and its decisions.
-    pub first: Option<(Whole, Vec<Decision>)>,
-}
 
 /// Requests the rest of the agent makes of the core task.
 pub enum Request {
@@ -383,9 +374,7 @@ impl Core {
         match request {
             Request::Remote { from, decisions, reply } => self.apply_queued(vec![(from, decisions, reply)]),
             Request::Diff { theirs, empty, reply } => {
-                let (buckets, summaries, whole) = self.node.diff_whole(&theirs, &empty, &mut self.effects);
-                let first = self.node.first_bucket(&whole, &mut self.effects);
-                let _ = reply.send(DiffAnswer { buckets, summaries, whole, first });
+                let _ = reply.send(self.node.diff_answer(&theirs, &empty, &mut self.effects));
             }
             Request::Fetch { ids, reply } => {
                 let _ = reply.send(self.node.fetch(&ids, &mut self.effects));

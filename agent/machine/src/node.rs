@@ -44,8 +44,8 @@ pub use held::{OperatorAction, Outcome};
 pub use inventory::Held;
 pub use plan::{Holding, PlanRow};
 pub use repair::{
-    Asking, BadAnswer, Compared, Fetch, Summaries, Whole, FETCH_CHUNK, FIRST_BUCKET_MOST, FIRST_WHOLE, MAX_FETCH,
-    MAX_PLANNED, MAX_ROWS_PER_ID, MAX_WHOLE_PER_BUCKET,
+    Asking, BadAnswer, Compared, DiffAnswer, Fetch, Summaries, Whole, FETCH_CHUNK, FIRST_BUCKET_MOST, FIRST_WHOLE,
+    MAX_FETCH, MAX_PLANNED, MAX_ROWS_PER_ID, MAX_WHOLE_PER_BUCKET,
 };
 pub use runtime::{Applied, Failure, Kept, Runtime, StoreWrite};
 pub use stale::Stale;

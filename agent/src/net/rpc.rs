@@ -104,7 +104,7 @@ impl Handler for RpcHandler {
         };
         let theirs = req.digests;
         let answer = self.core.ask(|reply| Request::Diff { theirs, empty, reply }).await.map_err(core_gone)?;
-        let crate::node::DiffAnswer { buckets, summaries, whole, first: first_bucket } = answer;
+        let keysync_machine::node::DiffAnswer { buckets, summaries, whole, first: first_bucket } = answer;
         if !whole.is_empty() {
             // The peer fetches those buckets from this node (a joining
             // master): this node's own round leaves them to it.

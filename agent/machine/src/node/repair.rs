@@ -28,7 +28,7 @@ mod fetching;
 mod first;
 
 pub use fetching::{Fetch, FIRST_WHOLE};
-pub use first::FIRST_BUCKET_MOST;
+pub use first::{DiffAnswer, FIRST_BUCKET_MOST};
 
 use super::event::Event;
 use super::runtime::Runtime;

@@ -16,7 +16,27 @@ use super::*;
 /// 1,000, some 450 KB).
 pub const FIRST_BUCKET_MOST: u32 = 64;
 
+/// This node's answer to a peer's Diff naming the buckets it holds nothing
+/// in: [`Node::diff_whole`]'s, and the bucket [`Node::first_bucket`] sends
+/// with it.
+#[derive(Debug, Default)]
+pub struct DiffAnswer {
+    pub buckets: Vec<u32>,
+    pub summaries: Summaries,
+    pub whole: Vec<Whole>,
+    /// A bucket of `whole` sent with the answer, and its decisions.
+    pub first: Option<(Whole, Vec<Decision>)>,
+}
+
 impl Node {
+    /// A peer's Diff naming its `empty` buckets, answered whole: what both
+    /// drivers send (see [`DiffAnswer`]).
+    pub fn diff_answer(&self, theirs: &[u64], empty: &[u32], rt: &mut impl Runtime) -> DiffAnswer {
+        let (buckets, summaries, whole) = self.diff_whole(theirs, empty, rt);
+        let first = self.first_bucket(&whole, rt);
+        DiffAnswer { buckets, summaries, whole, first }
+    }
+
     /// The whole bucket this node sends with its Diff answer, among the
     /// `whole` ones it answers, and every decision it holds there (what
     /// [`Node::fetch_whole`] of it brings): one holding at most

@@ -2,6 +2,7 @@
 //! partitions; what arrives is handed to the receiving node's machine.
 
 use super::*;
+use keysync_machine::node::DiffAnswer;
 
 /// How long after a lost push its session fails.
 const PUSH_LOST_MS: u64 = 2_000;
@@ -58,17 +59,13 @@ impl Sim {
                 // An agent of an earlier release ignores the ask, and sends summaries.
                 let whole = self.nodes[to].whole;
                 let answer = self.input(to, |machine, rt, _| match whole {
-                    true => {
-                        let (buckets, summaries, whole) = machine.diff_whole(&digests, &empty, rt);
-                        let first = machine.first_bucket(&whole, rt);
-                        (buckets, summaries, whole, first)
-                    }
+                    true => machine.diff_answer(&digests, &empty, rt),
                     false => {
                         let (buckets, summaries) = machine.diff(&digests, rt);
-                        (buckets, summaries, Vec::new(), None)
+                        DiffAnswer { buckets, summaries, ..DiffAnswer::default() }
                     }
                 });
-                if let Some((buckets, summaries, whole, first)) = answer {
+                if let Some(DiffAnswer { buckets, summaries, whole, first }) = answer {
                     if !whole.is_empty() {
                         // The peer will fetch those buckets from this node, as the agent's Diff marks it.
                         self.fetched_at.insert((to, from), self.now);
@@ -92,7 +89,7 @@ impl Sim {
                 }
             }
             Msg::DiffResp { req, buckets, summaries, whole, first } => {
-                self.on_diff(to, from, req, (buckets, summaries, whole, first))
+                self.on_diff(to, from, req, DiffAnswer { buckets, summaries, whole, first })
             }
             Msg::FetchResp { req, decisions } => self.on_fetched(to, from, req, decisions),
         }

@@ -11,7 +11,7 @@ use std::rc::Rc;
 
 use keysync_machine::core::Decision;
 use keysync_machine::link::{reached, Answer, Call, Input, Link, LinkSettings, Out};
-use keysync_machine::node::Summaries;
+use keysync_machine::node::{DiffAnswer, Summaries};
 use keysync_machine::testkit::peer as named;
 use keysync_machine::PeerName;
 
@@ -30,10 +30,6 @@ const LAG_PCT: u64 = 2;
 /// peers whose links followed them when they were sent (as the agent's
 /// `node/outgoing.rs` lists them).
 pub(crate) type Batch = Rc<(Vec<Decision>, Vec<PeerName>)>;
-
-/// A Diff answer: the differing buckets, the summaries in them, the
-/// buckets sent whole, and one of those brought with the answer.
-pub(crate) type DiffAnswer = (Vec<u32>, Summaries, Vec<Whole>, Option<(Whole, Vec<Decision>)>);
 
 pub(crate) struct SimLink {
     machine: Link<Batch>,
@@ -366,7 +362,7 @@ impl Sim {
         node: usize,
         peer: usize,
         req: u64,
-        (buckets, summaries, whole, first): DiffAnswer,
+        DiffAnswer { buckets, summaries, whole, first }: DiffAnswer,
     ) {
         if !self.answered(node, peer, req) {
             return;
