@@ -165,9 +165,9 @@ impl MemoryStore {
 
     /// One commit, as the agent's store makes it.
     pub fn record(&mut self, write: &StoreWrite<'_>) {
-        let kept = |id: &MinionId| write.kept.iter().find(|k| k.id == *id);
+        let kept: std::collections::HashMap<&MinionId, &super::Kept> = write.kept.iter().map(|k| (&k.id, k)).collect();
         for d in write.decisions {
-            let (seen, mine) = kept(&d.id).map(|k| (k.seen.clone(), k.mine.clone())).unwrap_or_default();
+            let (seen, mine) = kept.get(&d.id).map(|k| (k.seen.clone(), k.mine.clone())).unwrap_or_default();
             let old = self.decisions.insert(d.id.clone(), Stored { held: unrouted(d), seen, mine });
             // A claim no longer held is still known.
             if let Some(old) = old.filter(|old| old.held.version.is_claim() && old.held.version != d.version) {
