@@ -198,6 +198,10 @@ pub struct Entry {
     pub fingerprint: Option<Fingerprint>,
     pub version: Version,
     history: Option<Box<History>>,
+    /// This master's own claim is the decision held (`mine` is `version`):
+    /// so for every key a first start found, which a boxed `History` made
+    /// 56 bytes an id more (56 MB at 1,000,000 ids).
+    mine_held: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -216,7 +220,7 @@ static NO_CONTEXT: std::sync::LazyLock<Context> = std::sync::LazyLock::new(Conte
 impl Entry {
     /// An entry holding one decision, having seen nothing else.
     pub fn new(kind: VerdictKind, fingerprint: Option<Fingerprint>, version: Version, context: Context) -> Entry {
-        let mut entry = Entry { kind, fingerprint, version, history: None };
+        let mut entry = Entry { kind, fingerprint, version, history: None, mine_held: false };
         entry.edit(|history| history.context = context);
         entry
     }
@@ -235,6 +239,9 @@ impl Entry {
     /// This master's own claim (what it held at its agent's first start), if
     /// it had one (see `claims.rs`).
     pub fn mine(&self) -> Option<&Version> {
+        if self.mine_held {
+            return Some(&self.version);
+        }
         self.history.as_ref().and_then(|h| h.mine.as_ref())
     }
 
@@ -247,7 +254,9 @@ impl Entry {
 
     /// This entry with `mine` as this master's own claim.
     pub fn with_mine(mut self, mine: Option<Version>) -> Entry {
-        self.edit(|history| history.mine = mine);
+        self.mine_held = mine.as_ref() == Some(&self.version);
+        let out_of_line = mine.filter(|_| !self.mine_held);
+        self.edit(|history| history.mine = out_of_line);
         self
     }
 
@@ -328,6 +337,18 @@ mod tests {
         assert_eq!((rich.seen(), rich.mine()), (&[other][..], Some(&Version::new(3, "c"))));
         // Emptied again, it is the plain entry again (entries compare equal).
         assert_eq!(rich.with_seen(Vec::new()).with_mine(None), plain);
+        // A first start's entry: its claim is the decision held, told by a
+        // flag and not kept out of line.
+        let found = Entry::new(VerdictKind::Accepted, None, Version::claim(false, &[7; 32]), Context::default());
+        let found = found.clone().with_mine(Some(found.version.clone()));
+        assert!(found.history.is_none(), "{found:?}");
+        assert_eq!(found.mine(), Some(&found.version));
+        assert!(!found.is_plain_tombstone());
+        // Another decision held later keeps the claim, out of line.
+        let later = Entry::new(VerdictKind::Rejected, None, Version::new(9, "b"), Context::default())
+            .with_mine(found.mine().cloned());
+        assert_eq!(later.mine(), Some(&Version::claim(false, &[7; 32])));
+        assert!(later.history.is_some());
         let known = Entry::new(VerdictKind::Deleted, None, version, Context::new([Version::new(1, "b")]));
         assert!(known.history.is_some() && known.context().knows(&Version::new(1, "b")));
     }

@@ -2,7 +2,6 @@
 //! id, their digests and the clock. The driver feeds it folder readings and
 //! peers' decisions and persists what it returns; nothing here does I/O.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::causal::{remember, Context, Seen};
@@ -13,6 +12,7 @@ use super::id::MinionId;
 use super::merge::{merge, Merged};
 use super::observe::Reading;
 use super::version::{Hlc, SkewError, Version};
+use entries::Entries;
 
 /// An id's summary for anti-entropy: the version held and what it says
 /// (`None` from a peer of protocol 1, which sends versions only).
@@ -64,7 +64,7 @@ pub enum ObserveMode {
 #[derive(Debug)]
 pub struct Replica {
     node: Arc<str>,
-    entries: HashMap<MinionId, Entry>,
+    entries: Entries,
     digests: Digests,
     clock: Hlc,
     /// Ids whose folders should show an accepted key here (kept as entries
@@ -84,7 +84,7 @@ impl Replica {
     pub fn new(node: &str, clock: Hlc) -> Replica {
         Replica {
             node: node.into(),
-            entries: HashMap::new(),
+            entries: Entries::default(),
             digests: Digests::default(),
             clock,
             n_accepted: 0,
@@ -191,9 +191,9 @@ impl Replica {
         self.n_accepted
     }
 
-    /// Makes room for `additional` more ids at once: grown one doubling at
-    /// a time, the map of 100,000 ids held its old table (9 MiB) beside the
-    /// new one (18 MiB) while it moved them.
+    /// Makes room for `additional` more ids at once, and for no more: grown
+    /// a step at a time, the map of 100,000 ids held its old table (9 MiB)
+    /// beside the new one (18 MiB) while it moved them.
     pub fn reserve(&mut self, additional: usize) {
         self.entries.reserve(additional);
     }
@@ -466,5 +466,6 @@ fn digested(entry: &Entry) -> Vec<Seen> {
     parts
 }
 
+mod entries;
 #[cfg(test)]
 mod tests;
