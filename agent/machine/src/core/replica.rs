@@ -389,8 +389,8 @@ impl Replica {
         if empty.iter().any(|&e| e) {
             // A plain tombstone held in memory is in no digest (every other
             // entry is).
-            for (id, _) in self.entries.iter().filter(|(_, entry)| entry.is_plain_tombstone()) {
-                empty[bucket_of(id)] = false;
+            for (bucket, _, _) in self.entries.with_buckets().filter(|(_, _, entry)| entry.is_plain_tombstone()) {
+                empty[bucket] = false;
             }
         }
         (0u32..).zip(empty).filter(|&(_, e)| e).map(|(b, _)| b).collect()
@@ -399,18 +399,28 @@ impl Replica {
     /// The entries in the given buckets but plain tombstones: what a peer
     /// holding nothing there lacks.
     pub fn live_in(&self, buckets: &[u32]) -> impl Iterator<Item = (&MinionId, &Entry)> {
-        self.in_buckets(buckets).filter(|(_, entry)| !entry.is_plain_tombstone())
+        self.live_by_bucket(buckets).map(|(_, id, entry)| (id, entry))
+    }
+
+    /// [`Replica::live_in`], with each entry's bucket.
+    pub fn live_by_bucket(&self, buckets: &[u32]) -> impl Iterator<Item = (usize, &MinionId, &Entry)> {
+        self.by_bucket(buckets).filter(|(_, _, entry)| !entry.is_plain_tombstone())
     }
 
     /// The entries in the given buckets.
     fn in_buckets(&self, buckets: &[u32]) -> impl Iterator<Item = (&MinionId, &Entry)> + Clone {
+        self.by_bucket(buckets).map(|(_, id, entry)| (id, entry))
+    }
+
+    /// The entries in the given buckets, with their buckets.
+    fn by_bucket(&self, buckets: &[u32]) -> impl Iterator<Item = (usize, &MinionId, &Entry)> + Clone {
         let mut wanted = vec![false; self.digests.as_slice().len()];
         for &bucket in buckets {
             if let Some(slot) = wanted.get_mut(bucket as usize) {
                 *slot = true;
             }
         }
-        self.entries.iter().filter(move |(id, _)| wanted[bucket_of(id)])
+        self.entries.with_buckets().filter(move |(bucket, _, _)| wanted[*bucket])
     }
 
     /// Whether a peer's summary names a decision this node lacks: a claim it

@@ -357,9 +357,9 @@ impl Node {
                 buckets.into_iter().partition(|&b| is_empty[b as usize] && theirs[b as usize] == 0);
             buckets = rest;
             let mut counts = vec![0u32; crate::core::digest::N_BUCKETS];
-            for (id, entry) in self.replica.live_in(&empty) {
+            for (bucket, _, entry) in self.replica.live_by_bucket(&empty) {
                 let rows = 1 + entry.seen().iter().filter(|s| s.version.is_claim()).count();
-                let count = &mut counts[crate::core::digest::bucket_of(id)];
+                let count = &mut counts[bucket];
                 *count = count.saturating_add(rows as u32);
             }
             wholes = empty.into_iter().map(|b| (b, counts[b as usize])).filter(|&(_, n)| n > 0).collect();
