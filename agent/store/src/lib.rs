@@ -413,7 +413,11 @@ impl Store {
             let mut tombstones = txn.open_table(TOMBSTONES).map_err(|e| self.err(e))?;
             // Looked up by id: a first start's steps write 5,000 decisions
             // with 5,000 kept each, and a scan per decision was most of its CPU.
-            let kept: HashMap<&MinionId, &Kept> = write.kept.iter().map(|k| (&k.id, k)).collect();
+            let mut kept: HashMap<&MinionId, &Kept> = HashMap::with_capacity(write.kept.len());
+            for k in write.kept {
+                // The first for an id, as a scan found it.
+                kept.entry(&k.id).or_insert(k);
+            }
             for decision in write.decisions {
                 let (seen, mine) =
                     kept.get(&decision.id).map(|k| (k.seen.as_slice(), k.mine.as_ref())).unwrap_or_default();

@@ -165,7 +165,10 @@ impl MemoryStore {
 
     /// One commit, as the agent's store makes it.
     pub fn record(&mut self, write: &StoreWrite<'_>) {
-        let kept: std::collections::HashMap<&MinionId, &super::Kept> = write.kept.iter().map(|k| (&k.id, k)).collect();
+        let mut kept: std::collections::HashMap<&MinionId, &super::Kept> = std::collections::HashMap::new();
+        for k in write.kept {
+            kept.entry(&k.id).or_insert(k);
+        }
         for d in write.decisions {
             let (seen, mine) = kept.get(&d.id).map(|k| (k.seen.clone(), k.mine.clone())).unwrap_or_default();
             let old = self.decisions.insert(d.id.clone(), Stored { held: unrouted(d), seen, mine });
