@@ -196,6 +196,8 @@ impl Decision {
 pub struct Entry {
     pub kind: VerdictKind,
     pub fingerprint: Option<Fingerprint>,
+    /// Never assigned once built: with `mine_held`, [`Entry::mine`] is this
+    /// version (build another entry with [`Entry::new`] and `with_mine`).
     pub version: Version,
     history: Option<Box<History>>,
     /// This master's own claim is the decision held (`mine` is `version`):

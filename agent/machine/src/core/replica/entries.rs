@@ -120,10 +120,16 @@ impl Entries {
         self.slots.is_empty()
     }
 
-    /// Room for `additional` more ids, exactly.
+    /// Room for `additional` more ids: exactly that into an empty map (a
+    /// first start, a load), else at least half as much again as it holds,
+    /// so that a few more ids at a time do not copy it all each time.
     pub fn reserve(&mut self, additional: usize) {
-        self.slots.reserve_exact(additional);
-        self.buckets.reserve_exact(additional);
+        let spare = self.slots.capacity() - self.slots.len();
+        if spare < additional {
+            let more = if self.slots.is_empty() { additional } else { additional.max(self.slots.len() / 2) };
+            self.slots.reserve_exact(more);
+            self.buckets.reserve_exact(more);
+        }
         let (slots, hasher) = (&self.slots, &self.hasher);
         self.index.reserve(additional, |&at| hasher.hash_one(&slots[at as usize].0));
     }
@@ -193,5 +199,13 @@ mod tests {
         assert_eq!(entries.slots.capacity(), 100_000);
         entries.insert(id(1), entry(1));
         assert_eq!(entries.slots.capacity(), 150_000, "grown by half, not doubled");
+        // A few more reserved into a full map: grown by half too, not by a
+        // few, which would copy every entry again at the next few.
+        for n in entries.len()..150_000 {
+            entries.insert(MinionId::parse(&format!("n{n}")).unwrap(), entry(1));
+        }
+        entries.reserve(10);
+        assert_eq!(entries.slots.capacity(), 225_000);
+        assert_eq!(entries.buckets.capacity(), entries.slots.capacity());
     }
 }
