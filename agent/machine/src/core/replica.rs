@@ -191,9 +191,10 @@ impl Replica {
         self.n_accepted
     }
 
-    /// Makes room for `additional` more ids at once, and for no more: grown
-    /// a step at a time, the map of 100,000 ids held its old table (9 MiB)
-    /// beside the new one (18 MiB) while it moved them.
+    /// Makes room for `additional` more ids at once (into an empty map,
+    /// for exactly that many: see `Entries::reserve`): grown a step at a
+    /// time, the map of 100,000 ids held its old table (9 MiB) beside the
+    /// new one (18 MiB) while it moved them.
     pub fn reserve(&mut self, additional: usize) {
         self.entries.reserve(additional);
     }
