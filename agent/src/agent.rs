@@ -167,7 +167,7 @@ pub async fn run_with(
     let mut metrics = crate::ops::metrics::Metrics::new(&config.node);
     metrics.count_audit_failures(audit.write_failures());
     let metrics = Arc::new(metrics);
-    let (core, handle, requests) = node::start(CoreParts {
+    let (starting, handle, requests) = node::prepare(CoreParts {
         settings,
         store: store.clone(),
         pki: pki.clone(),
@@ -176,34 +176,95 @@ pub async fn run_with(
         settle,
         metrics: metrics.clone(),
         watch: watch.clone(),
-    })
-    .with_context(|| {
-        format!(
+    });
+    let board = Arc::new(crate::ops::board::Board::new(&config, audit.clone(), metrics.clone()));
+    let tasks = TaskTracker::new();
+    // The core blocks on the disk: a thread of its own, never an async
+    // worker. Its start (the store read, the folders reconciled: tens of
+    // seconds at 1,000,000 keys) runs there too. From here on, however
+    // `run_with` returns, the core (and every task) is told to stop.
+    let _stop_on_return = shutdown.clone().drop_guard();
+    let (core, started) = starting
+        .spawn(events, requests, shutdown.clone(), options.on_thread_park)
+        .context("cannot start the core's thread")?;
+    let (tls_tx, tls_rx) = watch::channel(Arc::new(tls));
+    // Peers are answered while the core starts: their TLS handshakes are
+    // done at once, and what they ask waits in the core's queue until it
+    // runs. A listener bound but not served timed their handshakes out
+    // (10 s) for as long as a large first start took.
+    let handler = Arc::new(RpcHandler {
+        node: config.node.clone(),
+        observe,
+        core: handle.clone(),
+        audit: audit.clone(),
+        board: board.clone(),
+    });
+    let opts = ServeOptions { max_message_bytes: MAX_MESSAGE_BYTES, ..ServeOptions::default() };
+    let control =
+        ListenerControl::new(tls_rx.borrow().as_ref().clone(), config.peers.iter().map(|p| p.name.clone()).collect());
+    control.set_peer_sources(crate::net::rpc::peer_sources(&config.peers).await);
+    let listen_address = listener.local_addr()?;
+    let serving = tokio::spawn(keysync_server::serve_with(
+        listener,
+        control.clone(),
+        opts,
+        handler,
+        audit_transport(audit.clone()),
+        shutdown.clone(),
+    ));
+    // The control socket too: `status` and the other requests are answered
+    // that the agent is starting, until it is done.
+    let start = crate::ops::control::StartGate::new();
+    let control_ctx = Arc::new(crate::ops::control::ControlContext {
+        board: board.clone(),
+        core: handle.clone(),
+        // Only where a reloader will answer.
+        reload: options.reload_requests.clone().filter(|_| options.config_path.is_some() && options.reload.is_some()),
+        config_path: options.config_path.clone(),
+        plan: crate::ops::site_plan::Gather {
+            node: config.node.clone(),
+            observe,
+            core: handle.clone(),
+            tls: tls_rx.clone(),
+            max_message_bytes: MAX_MESSAGE_BYTES,
+        },
+        start: start.clone(),
+    });
+    tasks.spawn(crate::ops::control::serve(control_socket, control_ctx, shutdown.clone()));
+    options.notifier.send("STATUS=starting: reading the state store and reconciling the key folders with it");
+    // A start that failed ends the agent: the listeners are stopped first.
+    let failed = match started.await {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(anyhow::Error::new(e).context(format!(
             "cannot load the state store; if it is corrupt, rebuild it with `{} --config FILE` ({})",
             crate::disk::state_guard::RECOVER_COMMAND,
             crate::disk::state_guard::RECOVERY_GUIDE
-        )
-    })?;
+        ))),
+        // The thread ended without a word: its start panicked.
+        Err(_) => Some(anyhow::anyhow!("the core stopped at its start")),
+    };
+    if let Some(failed) = failed {
+        shutdown.cancel();
+        let _ = serving.await;
+        tasks.close();
+        tasks.wait().await;
+        return Err(match core.stopped().await {
+            Err(stopped @ node::CoreStopped::Panicked(_)) => stopped.into(),
+            _ => failed,
+        });
+    }
+    start.open();
     if !observe {
         // The store is initialized now: from here on its loss is detected.
         crate::disk::state_guard::mark(&pki, &store_id, &config.node)?;
     }
-    let board = Arc::new(crate::ops::board::Board::new(&config, audit.clone(), metrics.clone()));
     let observing = if observe { ", observe mode: nothing is written to the key folders" } else { "" };
     audit.record(Record {
-        reason: Some(format!("listening on {}, {} peers{observing}", listener.local_addr()?, config.peers.len())),
+        reason: Some(format!("listening on {listen_address}, {} peers{observing}", config.peers.len())),
         ..Record::new(Action::Start, Via::Local, Outcome::Started)
     });
-    tracing::info!(node = %config.node, listen = %listener.local_addr()?, n_peers = config.peers.len(), observe, "agent started");
+    tracing::info!(node = %config.node, listen = %listen_address, n_peers = config.peers.len(), observe, "agent started");
 
-    let tasks = TaskTracker::new();
-    // The core blocks on the disk: a thread of its own, never an async
-    // worker. From here on, however `run_with` returns, the core (and every
-    // task) is told to stop.
-    let _stop_on_return = shutdown.clone().drop_guard();
-    let core = core
-        .spawn(events, requests, shutdown.clone(), options.on_thread_park)
-        .context("cannot start the core's thread")?;
     let core_stopped = tasks.spawn({
         let shutdown = shutdown.clone();
         async move {
@@ -217,23 +278,6 @@ pub async fn run_with(
             stopped
         }
     });
-    let (tls_tx, tls_rx) = watch::channel(Arc::new(tls));
-    let plan = crate::ops::site_plan::Gather {
-        node: config.node.clone(),
-        observe,
-        core: handle.clone(),
-        tls: tls_rx.clone(),
-        max_message_bytes: MAX_MESSAGE_BYTES,
-    };
-    let control_ctx = Arc::new(crate::ops::control::ControlContext {
-        board: board.clone(),
-        core: handle.clone(),
-        // Only where a reloader will answer.
-        reload: options.reload_requests.clone().filter(|_| options.config_path.is_some() && options.reload.is_some()),
-        config_path: options.config_path.clone(),
-        plan,
-    });
-    tasks.spawn(crate::ops::control::serve(control_socket, control_ctx, shutdown.clone()));
     if let Some(listener) = metrics_listener {
         tracing::info!(address = %listener.local_addr()?, "serving Prometheus metrics on /metrics");
         let (metrics, shutdown, allow) = (metrics.clone(), shutdown.clone(), config.metrics_allow.clone());
@@ -243,17 +287,6 @@ pub async fn run_with(
             }
         });
     }
-    let handler = Arc::new(RpcHandler {
-        node: config.node.clone(),
-        observe,
-        core: handle.clone(),
-        audit: audit.clone(),
-        board: board.clone(),
-    });
-    let opts = ServeOptions { max_message_bytes: MAX_MESSAGE_BYTES, ..ServeOptions::default() };
-    let control =
-        ListenerControl::new(tls_rx.borrow().as_ref().clone(), config.peers.iter().map(|p| p.name.clone()).collect());
-    control.set_peer_sources(crate::net::rpc::peer_sources(&config.peers).await);
     let links = PeerLinks::start(
         LinkContext {
             node: config.node.clone(),
@@ -269,7 +302,7 @@ pub async fn run_with(
         &config.peers,
     );
     let notifier = options.notifier;
-    let status = format!("listening on {}, {} peers", listener.local_addr()?, config.peers.len());
+    let status = format!("listening on {listen_address}, {} peers", config.peers.len());
     if let (Some(config_path), Some(requests)) = (options.config_path, options.reload) {
         let reloader = crate::ops::reload::Reloader {
             config_path,
@@ -319,9 +352,10 @@ pub async fn run_with(
     tasks.close();
     // Listening (the socket is bound) and the folders reconciled (node::start did it).
     notifier.ready(&status);
-    let served =
-        keysync_server::serve_with(listener, control, opts, handler, audit_transport(audit.clone()), shutdown.clone())
-            .await;
+    let served = match serving.await {
+        Ok(served) => served.map_err(anyhow::Error::from),
+        Err(e) => Err(anyhow::anyhow!("the gRPC listener's task ended: {e}")),
+    };
     shutdown.cancel();
     tasks.wait().await;
     drop(watch);

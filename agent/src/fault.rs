@@ -12,6 +12,10 @@
 //!   `SALT_KEYSYNC_FAULT_INOTIFY_OVERFLOW=SKIP:DROP` makes the watcher drop
 //!   events number SKIP..SKIP+DROP and then report an overflow, exactly what
 //!   the kernel does when its queue is full.
+//!
+//! And one that would take a million keys to produce: a start that takes
+//! tens of seconds. `SALT_KEYSYNC_FAULT_START_DELAY_MS` makes the core's
+//! start (the store read, the folders reconciled) last that much longer.
 
 /// Milliseconds added to the wall clock (negative: behind).
 #[cfg(feature = "fault-injection")]
@@ -41,12 +45,25 @@ pub fn inotify_overflow() -> Option<(u64, u64)> {
     None
 }
 
+/// How much longer the core's start takes.
+#[cfg(feature = "fault-injection")]
+pub fn start_delay() -> std::time::Duration {
+    let ms = std::env::var("SALT_KEYSYNC_FAULT_START_DELAY_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    std::time::Duration::from_millis(ms)
+}
+
+#[cfg(not(feature = "fault-injection"))]
+pub fn start_delay() -> std::time::Duration {
+    std::time::Duration::ZERO
+}
+
 /// Logs the fault knobs in effect, so a test can tell that the binary it
 /// runs was built with them (and an operator that one slipped into a build).
 pub fn announce() {
     let offset = clock_offset_ms();
     let overflow = inotify_overflow();
-    if offset != 0 || overflow.is_some() {
-        tracing::warn!(clock_offset_ms = offset, inotify_overflow = ?overflow, "test-only fault injection active");
+    let start_delay = start_delay();
+    if offset != 0 || overflow.is_some() || !start_delay.is_zero() {
+        tracing::warn!(clock_offset_ms = offset, inotify_overflow = ?overflow, ?start_delay, "test-only fault injection active");
     }
 }

@@ -480,39 +480,95 @@ pub struct CoreParts {
     pub watch: Option<Arc<FolderWatch>>,
 }
 
-/// Loads the store, finishes an interrupted apply, reconciles the folders
-/// with the store, and returns the core ready to run with its handle.
-pub fn start(parts: CoreParts) -> Result<(Core, CoreHandle, mpsc::Receiver<Request>), crate::disk::store::StoreError> {
-    let loaded = parts.store.load()?;
+/// The core before its start: its channels exist (the handle reaches it and
+/// what is asked waits in its queue), the store is not read yet.
+pub struct Starting {
+    parts: CoreParts,
+    outgoing: outgoing::Channel,
+}
+
+/// Why the core could not start: the state store could not be read.
+pub type StartError = crate::disk::store::StoreError;
+
+/// The core's channels and its handle; [`Starting::start`] or
+/// [`Starting::spawn`] loads the store and reconciles the folders.
+pub fn prepare(parts: CoreParts) -> (Starting, CoreHandle, mpsc::Receiver<Request>) {
     let outgoing = outgoing::Channel::new(OUTGOING_QUEUE);
     let (tx, rx) = mpsc::channel(REQUEST_QUEUE);
-    let settings = Settings {
-        node: parts.settings.node.as_str().into(),
-        max_clock_skew: parts.settings.max_clock_skew,
-        rescan_interval: parts.settings.rescan_interval,
-        settle: parts.settle,
-        observe: parts.settings.observe,
-        guard: parts.settings.guard.clone(),
-        tombstone_ttl: parts.settings.tombstone_ttl,
-        masters: masters(&parts.settings.masters),
-    };
-    let mut effects = Effects {
-        node: parts.settings.node,
-        pki: parts.pki,
-        store: parts.store,
-        owner: parts.owner,
-        cachedir: parts.settings.cachedir,
-        master_id: parts.settings.master_id,
-        audit: parts.audit,
-        metrics: parts.metrics,
-        outgoing: outgoing.clone(),
-        buffered: Vec::new(),
-        observe: parts.settings.observe,
-    };
-    let node = Node::start(settings, loaded, now(), &mut effects);
-    effects.write_told();
-    let core = Core { node, effects, watch: parts.watch, held_exported: Default::default(), held_exported_at: None };
-    Ok((core, CoreHandle { requests: tx, outgoing }, rx))
+    (Starting { parts, outgoing: outgoing.clone() }, CoreHandle { requests: tx, outgoing }, rx)
+}
+
+/// [`prepare`] and [`Starting::start`] at once, on the caller's thread.
+pub fn start(parts: CoreParts) -> Result<(Core, CoreHandle, mpsc::Receiver<Request>), StartError> {
+    let (starting, handle, requests) = prepare(parts);
+    Ok((starting.start()?, handle, requests))
+}
+
+impl Starting {
+    /// Loads the store, finishes an interrupted apply and reconciles the
+    /// folders with the store: the core, ready to run. At a first start on
+    /// 1,000,000 keys this takes tens of seconds.
+    pub fn start(self) -> Result<Core, StartError> {
+        let Starting { parts, outgoing } = self;
+        std::thread::sleep(crate::fault::start_delay());
+        let loaded = parts.store.load()?;
+        let settings = Settings {
+            node: parts.settings.node.as_str().into(),
+            max_clock_skew: parts.settings.max_clock_skew,
+            rescan_interval: parts.settings.rescan_interval,
+            settle: parts.settle,
+            observe: parts.settings.observe,
+            guard: parts.settings.guard.clone(),
+            tombstone_ttl: parts.settings.tombstone_ttl,
+            masters: masters(&parts.settings.masters),
+        };
+        let mut effects = Effects {
+            node: parts.settings.node,
+            pki: parts.pki,
+            store: parts.store,
+            owner: parts.owner,
+            cachedir: parts.settings.cachedir,
+            master_id: parts.settings.master_id,
+            audit: parts.audit,
+            metrics: parts.metrics,
+            outgoing,
+            buffered: Vec::new(),
+            observe: parts.settings.observe,
+        };
+        let node = Node::start(settings, loaded, now(), &mut effects);
+        effects.write_told();
+        Ok(Core { node, effects, watch: parts.watch, held_exported: Default::default(), held_exported_at: None })
+    }
+
+    /// Starts the core on its own thread (see `thread.rs`) and runs it until
+    /// `shutdown`. The start happens there, not on an async worker: the
+    /// agent answers peers' TLS handshakes meanwhile, and what they ask
+    /// waits in the core's queue. The receiver says when the start is done,
+    /// or why it failed (the thread then ends at once).
+    pub fn spawn(
+        self,
+        events: mpsc::UnboundedReceiver<WatchEvent>,
+        requests: mpsc::Receiver<Request>,
+        shutdown: CancellationToken,
+        on_park: Option<fn()>,
+    ) -> std::io::Result<(CoreThread, oneshot::Receiver<Result<(), StartError>>)> {
+        let (started_tx, started) = oneshot::channel();
+        let run = {
+            let shutdown = shutdown.clone();
+            async move {
+                match self.start() {
+                    Ok(core) => {
+                        let _ = started_tx.send(Ok(()));
+                        core.run(events, requests, shutdown).await;
+                    }
+                    Err(e) => {
+                        let _ = started_tx.send(Err(e));
+                    }
+                }
+            }
+        };
+        Ok((thread::spawn(run, shutdown, on_park)?, started))
+    }
 }
 
 #[cfg(test)]

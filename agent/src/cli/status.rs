@@ -24,6 +24,10 @@ pub enum StatusError {
     Denied { path: String, cause: std::io::Error },
     #[error("the agent at {path} did not answer: {message}")]
     NoAnswer { path: String, message: String },
+    /// It answered with an error of its own (`{"error": …}`): it is
+    /// starting, or what was asked is not there.
+    #[error("{0}")]
+    Said(String),
 }
 
 /// Asks the agent listening on `socket` for its status.
@@ -38,10 +42,20 @@ pub fn ask_json<T: serde::de::DeserializeOwned>(
     timeout: Duration,
 ) -> Result<T, StatusError> {
     let line = ask_with(socket, request, timeout)?;
-    serde_json::from_str(&line).map_err(|e| StatusError::NoAnswer {
-        path: socket.display().to_string(),
-        message: format!("unreadable reply ({e}): {}", line.trim()),
+    serde_json::from_str(&line).map_err(|e| match said(&line) {
+        Some(message) => StatusError::Said(message),
+        None => StatusError::NoAnswer {
+            path: socket.display().to_string(),
+            message: format!("unreadable reply ({e}): {}", line.trim()),
+        },
     })
+}
+
+/// The agent's own error, when its answer is `{"error": "…"}` and nothing more.
+fn said(line: &str) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_str(line).ok()?;
+    let object = value.as_object().filter(|o| o.len() == 1)?;
+    object.get("error")?.as_str().map(str::to_string)
 }
 
 /// Sends one `request` line to the agent listening on `socket`; its one-line answer.
@@ -305,6 +319,27 @@ pub(crate) fn parse_time(text: &str) -> Option<i64> {
 mod tests {
     use super::*;
     use crate::disk::health::{Drift, MasterHealth};
+
+    /// An agent's own error is told as it said it; anything else unreadable
+    /// is shown whole.
+    #[test]
+    fn an_answer_that_is_an_error_is_told_as_the_agent_said_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("control.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let agent = std::thread::spawn(move || {
+            for reply in [r#"{"error":"the agent is starting"}"#, r#"{"error":"x","more":1}"#] {
+                let (mut stream, _) = listener.accept().unwrap();
+                BufReader::new(&stream).read_line(&mut String::new()).unwrap();
+                stream.write_all(format!("{reply}\n").as_bytes()).unwrap();
+            }
+        });
+        let said = query(&socket).unwrap_err();
+        assert!(matches!(&said, StatusError::Said(m) if m == "the agent is starting"), "{said:?}");
+        let unreadable = query(&socket).unwrap_err().to_string();
+        assert!(unreadable.contains(r#"unreadable reply"#) && unreadable.contains(r#""more":1"#), "{unreadable}");
+        agent.join().unwrap();
+    }
     use crate::ops::board::{AntiEntropyRun, KeyCounts};
     use crate::ops::findings::{Finding, Level};
 

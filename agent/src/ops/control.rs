@@ -126,6 +126,46 @@ pub struct ControlContext {
     pub config_path: Option<std::path::PathBuf>,
     /// Gathers `plan` from this node and the peers.
     pub plan: crate::ops::site_plan::Gather,
+    /// Whether the core's start is over.
+    pub start: Arc<StartGate>,
+}
+
+/// The core's start (the store read, the folders reconciled) takes tens of
+/// seconds at 1,000,000 keys; meanwhile every request is answered that the
+/// agent is starting, not left to time out.
+#[derive(Debug)]
+pub struct StartGate {
+    began: std::time::Instant,
+    done: std::sync::atomic::AtomicBool,
+}
+
+impl StartGate {
+    pub fn new() -> Arc<StartGate> {
+        Arc::new(StartGate { began: std::time::Instant::now(), done: false.into() })
+    }
+
+    /// The start is over: requests are answered from now on.
+    pub fn open(&self) {
+        self.done.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// How long the start has lasted, while it lasts.
+    fn starting(&self) -> Option<Duration> {
+        (!self.done.load(std::sync::atomic::Ordering::Acquire)).then(|| self.began.elapsed())
+    }
+}
+
+/// What every request is answered while the agent starts.
+fn starting_reply(word: &str, lasted: Duration) -> String {
+    let word = crate::text::shown(word);
+    serde_json::json!({
+        "error": format!(
+            "the agent is starting: it reads its state store and reconciles the key folders with it ({} s so far; \
+             a first start on 1,000,000 keys takes about a minute); ask {word:?} again once it is done",
+            lasted.as_secs()
+        )
+    })
+    .to_string()
 }
 
 /// Answers requests until `shutdown`, then removes the socket.
@@ -163,8 +203,20 @@ async fn answer(stream: UnixStream, ctx: &ControlContext) -> Result<()> {
     let mut reader = BufReader::new(tokio::io::AsyncReadExt::take(read, MAX_REQUEST_BYTES));
     tokio::time::timeout(REQUEST_TIMEOUT, reader.read_line(&mut line)).await??;
     let (word, args) = line.trim().split_once(' ').unwrap_or((line.trim(), ""));
+    let reply = match ctx.start.starting() {
+        Some(lasted) => starting_reply(word, lasted),
+        None => reply(ctx, word, args, peer_uid).await?,
+    };
+    write.write_all(reply.as_bytes()).await?;
+    write.write_all(b"\n").await?;
+    write.shutdown().await?;
+    Ok(())
+}
+
+/// The answer to `word` (with `args`), asked by the user `peer_uid`.
+async fn reply(ctx: &ControlContext, word: &str, args: &str, peer_uid: Option<u32>) -> Result<String> {
     let operator = |action| crate::ops::held::operate(&ctx.core, action, args, crate::ops::held::who(peer_uid));
-    let reply = match word {
+    Ok(match word {
         "status" => {
             let keys = ctx.board.key_counts(&ctx.core).await;
             let mut report = ctx.board.report_with(keys);
@@ -191,11 +243,7 @@ async fn answer(stream: UnixStream, ctx: &ControlContext) -> Result<()> {
             )
         })
         .to_string(),
-    };
-    write.write_all(reply.as_bytes()).await?;
-    write.write_all(b"\n").await?;
-    write.shutdown().await?;
-    Ok(())
+    })
 }
 
 /// Reloads as SIGHUP does, and says how it went: `{"reloaded": summary}`,

@@ -22,6 +22,8 @@ mod overflow;
 mod partition;
 /// A round left to a joining peer runs once the peer's round is over.
 mod rounds;
+/// A master whose start takes long answers its peers meanwhile.
+mod slow_start;
 /// Seeded randomised soak (SOAK_SEED, SOAK_OPS).
 mod soak;
 /// A standby off for longer than tombstone_ttl: stale, then `rejoin`.

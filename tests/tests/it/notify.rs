@@ -50,6 +50,9 @@ fn agent_notifies_ready_watchdog_reload_and_stop() {
         &[("NOTIFY_SOCKET", socket_path.to_str().unwrap()), ("WATCHDOG_USEC", "400000")],
     );
     let mut n_pings = 0;
+    // While the store is read and the folders reconciled, `systemctl status` says so.
+    let starting = next_state(&socket, &mut n_pings);
+    assert_eq!(starting, "STATUS=starting: reading the state store and reconciling the key folders with it");
     let ready = next_state(&socket, &mut n_pings);
     assert_eq!(ready, format!("READY=1\nSTATUS=listening on {listen}, 0 peers"));
     // Ready means listening and reconciled: the port takes connections and start-up is logged.
