@@ -335,3 +335,41 @@ fn a_store_records_its_format_and_says_it_in_plain_text_beside() {
     let mode = std::fs::metadata(dir.path().join("state.format")).unwrap().permissions().mode() & 0o7777;
     assert_eq!(mode, 0o600);
 }
+
+/// Two kept entries for one id in a write (the node writes none today):
+/// the store and the simulation's model of it (`node/testing.rs`) keep the
+/// same one, for an id decided in that write and for one held before.
+#[test]
+fn the_store_and_its_model_keep_the_same_of_two_kept_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = PublicKey::new(PUB.as_bytes());
+    let decided = decision("web01", Verdict::Accepted(key.clone()), 7, None);
+    let earlier = decision("web02", Verdict::Accepted(key.clone()), 5, None);
+    let seen = decision("web01", Verdict::Rejected(key.clone()), 3, None).seen();
+    let seen_2 = decision("web02", Verdict::Rejected(key), 2, None).seen();
+    let kept = |id: &Decision, seen: Vec<crate::core::Seen>| keysync_machine::node::Kept {
+        id: id.id.clone(),
+        seen,
+        mine: None,
+    };
+    let first = StoreWrite { decisions: std::slice::from_ref(&earlier), initialize: true, ..StoreWrite::default() };
+    let kept = [
+        kept(&decided, vec![seen.clone()]),
+        kept(&decided, vec![]),
+        kept(&earlier, vec![]),
+        kept(&earlier, vec![seen_2.clone()]),
+    ];
+    let second = StoreWrite { decisions: std::slice::from_ref(&decided), kept: &kept, ..StoreWrite::default() };
+    let store = Store::open(dir.path(), "a", NOW_MS).unwrap();
+    let mut model = keysync_machine::node::testing::MemoryStore::made_at(NOW_MS);
+    for write in [&first, &second] {
+        store.record(write, "a").unwrap();
+        model.record(write);
+    }
+    let loaded = store.load().unwrap();
+    for (id, want) in [(&decided.id, vec![seen]), (&earlier.id, vec![seen_2])] {
+        let stored = loaded.entries.iter().find(|(held, _)| held == id).unwrap().1.seen().to_vec();
+        assert_eq!(stored, want, "{id} in the store");
+        assert_eq!(model.decisions[id].seen, want, "{id} in the model");
+    }
+}

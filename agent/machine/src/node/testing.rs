@@ -181,7 +181,10 @@ impl MemoryStore {
         for claim in write.claims {
             self.claims.insert((claim.id.clone(), claim.version.clone()), unrouted(claim));
         }
-        for k in write.kept {
+        // Ids whose held decision stays: each kept entry in turn, as the
+        // agent's store (an id decided here kept its first, above).
+        let decided: std::collections::HashSet<&MinionId> = write.decisions.iter().map(|d| &d.id).collect();
+        for k in write.kept.iter().filter(|k| !decided.contains(&k.id)) {
             if let Some(stored) = self.decisions.get_mut(&k.id) {
                 stored.seen = k.seen.clone();
                 stored.mine = k.mine.clone();
