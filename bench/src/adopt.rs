@@ -77,6 +77,7 @@ pub fn run(settings: &Settings, keys: &[String]) -> anyhow::Result<AdoptRow> {
             rss_mib: memory.rss_mib,
             peak_rss_mib: memory.peak_rss_mib,
             peak_sampled_at_secs: quiet.peak_sampled_at[idx].as_secs_f64(),
+            link_timeouts: cluster.link_timeouts(idx),
         });
     }
     cluster.stop()?;

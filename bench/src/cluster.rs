@@ -164,6 +164,15 @@ impl BenchCluster {
         self.files[idx].dir.join("agent.log")
     }
 
+    /// Sessions of agent `idx`'s links that failed on a timeout, as its log
+    /// says ("sync failed" with a handshake not completed in time, a connect
+    /// or keep-alive timed out). A refused connection (the peer not
+    /// listening yet) is not one.
+    pub fn link_timeouts(&self, idx: usize) -> usize {
+        let text = std::fs::read_to_string(self.log(idx)).unwrap_or_default();
+        text.lines().filter(|line| line.contains("sync failed") && is_timeout(line)).count()
+    }
+
     /// Stops every agent with SIGTERM; an unclean exit is an error.
     pub fn stop(mut self) -> anyhow::Result<()> {
         for (idx, agent) in self.agents.iter_mut().enumerate() {
@@ -314,4 +323,9 @@ mod tests {
             salt_keysync::core::keyfile::check_public_key(key.as_bytes()).expect("a public key");
         }
     }
+}
+
+fn is_timeout(line: &str) -> bool {
+    let line = line.to_ascii_lowercase();
+    ["not completed within", "timed out", "timeout"].iter().any(|t| line.contains(t))
 }

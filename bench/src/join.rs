@@ -249,6 +249,7 @@ fn idle(cluster: &BenchCluster, idle: Duration) -> anyhow::Result<Vec<AgentRow>>
             peak_rss_mib: memory.peak_rss_mib,
             idle_cpu_secs: cpu,
             idle_secs: idle.as_secs_f64(),
+            link_timeouts: cluster.link_timeouts(idx),
         });
     }
     Ok(rows)

@@ -123,6 +123,9 @@ pub struct AgentRow {
     pub peak_rss_mib: f64,
     pub idle_cpu_secs: f64,
     pub idle_secs: f64,
+    /// Its links' sessions that failed on a timeout (a handshake not
+    /// completed, keep-alive): see [`crate::cluster::BenchCluster::link_timeouts`].
+    pub link_timeouts: usize,
 }
 
 /// An agent's resident memory now and at its peak (VmHWM).
@@ -174,6 +177,8 @@ pub struct AdoptAgentRow {
     /// When the highest resident set sampled (every 100 ms) was seen: before
     /// `started_secs`, the peak is the first start's reading of the folders.
     pub peak_sampled_at_secs: f64,
+    /// Its links' sessions that failed on a timeout: must be 0.
+    pub link_timeouts: usize,
 }
 
 /// Target: an agent's resident memory at its PEAK, at most 64 MiB.
@@ -259,13 +264,15 @@ impl Report {
             for a in &self.agents {
                 let _ = writeln!(
                     out,
-                    "  {:<9} RSS {:>6.1} MiB, peak {:>6.1} MiB  target peak <={PEAK_RSS_TARGET_MIB}: {}   idle CPU {:.3} s ({:.2} %)",
+                    "  {:<9} RSS {:>6.1} MiB, peak {:>6.1} MiB  target peak <={PEAK_RSS_TARGET_MIB}: {}   idle CPU {:.3} s ({:.2} %)   link timeouts {} target 0: {}",
                     a.node,
                     a.rss_mib,
                     a.peak_rss_mib,
                     mark(a.peak_rss_mib <= PEAK_RSS_TARGET_MIB),
                     a.idle_cpu_secs,
-                    100.0 * a.idle_cpu_secs / a.idle_secs
+                    100.0 * a.idle_cpu_secs / a.idle_secs,
+                    a.link_timeouts,
+                    mark(a.link_timeouts == 0)
                 );
             }
         }
@@ -296,7 +303,7 @@ impl Report {
             for g in &a.agents {
                 let _ = writeln!(
                     out,
-                    "  {:<9} started {:>5.2} s  CPU {:>5.2} s  audit records {:>5}  RSS {:>6.1} MiB, peak {:>6.1} MiB (near {:.1} s)  target peak <={PEAK_RSS_TARGET_MIB}: {}",
+                    "  {:<9} started {:>5.2} s  CPU {:>5.2} s  audit records {:>5}  RSS {:>6.1} MiB, peak {:>6.1} MiB (near {:.1} s)  target peak <={PEAK_RSS_TARGET_MIB}: {}  link timeouts {} target 0: {}",
                     g.node,
                     g.started_secs,
                     g.cpu_secs,
@@ -304,7 +311,9 @@ impl Report {
                     g.rss_mib,
                     g.peak_rss_mib,
                     g.peak_sampled_at_secs,
-                    mark(g.peak_rss_mib <= PEAK_RSS_TARGET_MIB)
+                    mark(g.peak_rss_mib <= PEAK_RSS_TARGET_MIB),
+                    g.link_timeouts,
+                    mark(g.link_timeouts == 0)
                 );
             }
         }
