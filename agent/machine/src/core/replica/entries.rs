@@ -1,11 +1,13 @@
-//! The replica's entries by id, laid out densely: the entries in one vector
-//! and, to find them, a hash table of their positions (4 bytes a slot).
+//! The replica's entries by id, laid out densely: the entries in a vector
+//! kept in chunks and, to find them, a hash table of their positions (4
+//! bytes a slot).
 //!
 //! A `HashMap<MinionId, Entry>` keeps its 88-byte slots in a table of a
 //! power-of-two size at most 7/8 full: 1,000,000 ids took 2,097,152 slots,
-//! 187 MB, for 88 MB of entries. Here the vector is as long as reserved (a
-//! first start reserves what it found) and grows by half when full, and the
-//! table's spare slots are 5 bytes each.
+//! 187 MB, for 88 MB of entries. Here the entries take the chunks of 16,384
+//! they fill (a first start reserves what it found), a new chunk when full
+//! that moves nothing (`chunked.rs`), and the table's spare slots are 5
+//! bytes each.
 //!
 //! Each entry's digest bucket is kept beside it (2 bytes): a peer's whole
 //! fetch or Diff answer picks the entries of some buckets out of all of
@@ -18,12 +20,13 @@ use std::hash::{BuildHasher, Hash};
 
 use hashbrown::HashTable;
 
+use super::chunked::Chunked;
 use super::{bucket_of, Entry, MinionId};
 
 pub(super) struct Entries {
-    slots: Vec<(MinionId, Entry)>,
+    slots: Chunked<(MinionId, Entry)>,
     /// Each slot's digest bucket (`bucket_of` of its id), in step with `slots`.
-    buckets: Vec<u16>,
+    buckets: Chunked<u16>,
     /// Positions in `slots`, hashed by their ids.
     index: HashTable<u32>,
     /// Seeded per process, as `HashMap`'s: ids come from peers and from
@@ -33,7 +36,12 @@ pub(super) struct Entries {
 
 impl Default for Entries {
     fn default() -> Entries {
-        Entries { slots: Vec::new(), buckets: Vec::new(), index: HashTable::new(), hasher: RandomState::new() }
+        Entries {
+            slots: Chunked::default(),
+            buckets: Chunked::default(),
+            index: HashTable::new(),
+            hasher: RandomState::new(),
+        }
     }
 }
 
@@ -74,11 +82,6 @@ impl Entries {
         if let Some(at) = self.position(&id) {
             return Some(std::mem::replace(&mut self.slots[at].1, entry));
         }
-        if self.slots.len() == self.slots.capacity() {
-            let more = (self.slots.len() / 2).max(16);
-            self.slots.reserve_exact(more);
-            self.buckets.reserve_exact(more);
-        }
         let at = u32::try_from(self.slots.len()).expect("fewer than 2^32 ids held");
         let hash = self.hasher.hash_one(&id);
         self.buckets.push(u16::try_from(bucket_of(&id)).expect("buckets fit 16 bits"));
@@ -109,7 +112,7 @@ impl Entries {
 
     /// The entries with their digest buckets.
     pub fn with_buckets(&self) -> impl Iterator<Item = (usize, &MinionId, &Entry)> + Clone {
-        self.buckets.iter().zip(&self.slots).map(|(&bucket, (id, entry))| (usize::from(bucket), id, entry))
+        self.buckets.iter().zip(self.slots.iter()).map(|(&bucket, (id, entry))| (usize::from(bucket), id, entry))
     }
 
     pub fn len(&self) -> usize {
@@ -117,19 +120,14 @@ impl Entries {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
+        self.slots.len() == 0
     }
 
-    /// Room for `additional` more ids: exactly that into an empty map (a
-    /// first start, a load), else at least half as much again as it holds,
-    /// so that a few more ids at a time do not copy it all each time.
+    /// Room for `additional` more ids: the chunks they need (growing moves
+    /// nothing, so no more than that), and the table's room.
     pub fn reserve(&mut self, additional: usize) {
-        let spare = self.slots.capacity() - self.slots.len();
-        if spare < additional {
-            let more = if self.slots.is_empty() { additional } else { additional.max(self.slots.len() / 2) };
-            self.slots.reserve_exact(more);
-            self.buckets.reserve_exact(more);
-        }
+        self.slots.reserve(additional);
+        self.buckets.reserve(additional);
         let (slots, hasher) = (&self.slots, &self.hasher);
         self.index.reserve(additional, |&at| hasher.hash_one(&slots[at as usize].0));
     }
@@ -188,24 +186,21 @@ mod tests {
 
     #[test]
     fn room_reserved_is_room_for_that_many_and_no_more() {
+        use super::super::chunked::CHUNK;
         let mut entries = Entries::default();
         entries.reserve(100_000);
-        assert_eq!(entries.slots.capacity(), 100_000);
+        let room = entries.slots.capacity();
+        assert!((100_000..100_000 + CHUNK).contains(&room), "room for {room}");
         assert!(entries.capacity() >= 100_000);
         for n in 0..100_000 {
             entries.insert(MinionId::parse(&format!("m{n}")).unwrap(), entry(1));
         }
-        // Filling what was reserved moved nothing, and took no more room.
-        assert_eq!(entries.slots.capacity(), 100_000);
-        entries.insert(id(1), entry(1));
-        assert_eq!(entries.slots.capacity(), 150_000, "grown by half, not doubled");
-        // A few more reserved into a full map: grown by half too, not by a
-        // few, which would copy every entry again at the next few.
-        for n in entries.len()..150_000 {
+        // Filling what was reserved took no more room.
+        assert_eq!(entries.slots.capacity(), room);
+        for n in entries.len()..=room {
             entries.insert(MinionId::parse(&format!("n{n}")).unwrap(), entry(1));
         }
-        entries.reserve(10);
-        assert_eq!(entries.slots.capacity(), 225_000);
+        assert_eq!(entries.slots.capacity(), room + CHUNK, "grown by one chunk");
         assert_eq!(entries.buckets.capacity(), entries.slots.capacity());
     }
 }
