@@ -350,7 +350,7 @@ pub async fn run_with(
         }
     });
     tasks.close();
-    // Listening (the socket is bound) and the folders reconciled (node::start did it).
+    // Listening and the folders reconciled (the core's start did it).
     notifier.ready(&status);
     let served = match serving.await {
         Ok(served) => served.map_err(anyhow::Error::from),

@@ -203,8 +203,10 @@ const MAX_GROUPED_DECISIONS: usize = 10_000;
 const REQUEST_BURST: usize = 64;
 
 impl Core {
-    /// Runs the core on a thread of its own until `shutdown` (see
-    /// `thread.rs`); `on_park` is called whenever it waits for work.
+    /// Runs a core already started on a thread of its own until `shutdown`
+    /// (see `thread.rs`); `on_park` is called whenever it waits for work.
+    /// The agent uses [`Starting::spawn`], which starts it there.
+    #[cfg(test)]
     pub fn spawn(
         self,
         events: mpsc::UnboundedReceiver<WatchEvent>,

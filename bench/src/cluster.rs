@@ -308,8 +308,28 @@ pub fn count_named(pki: &Path, folder: &str, prefix: &str) -> usize {
         .unwrap_or(0)
 }
 
+/// Whether a "sync failed" line of an agent's log is a timeout.
+fn is_timeout(line: &str) -> bool {
+    let line = line.to_ascii_lowercase();
+    ["not completed within", "timed out", "timeout"].iter().any(|t| line.contains(t))
+}
+
 #[cfg(test)]
 mod tests {
+    /// As the agent logs them: a handshake not answered in time is one, a
+    /// peer not listening yet is not.
+    #[test]
+    fn a_session_that_timed_out_is_told_from_a_refused_one() {
+        let timed_out = "WARN peer{peer=master-b address=127.0.0.1:35801}: salt_keysync::net::peers: sync failed \
+                         error=connecting to peer master-b at 127.0.0.1:35801: TCP and TLS handshake not completed \
+                         within 10s retry_in=100ms";
+        let refused = "WARN peer{peer=master-b address=127.0.0.1:35801}: salt_keysync::net::peers: sync failed \
+                       error=connecting to peer master-b at 127.0.0.1:35801: Connection refused (os error 111) \
+                       retry_in=200ms";
+        assert!(super::is_timeout(timed_out));
+        assert!(!super::is_timeout(refused));
+    }
+
     /// The keys are as many as asked, all different, each of the size and
     /// form of Salt's RSA 2048 minion keys, and the agent takes them.
     #[test]
@@ -323,9 +343,4 @@ mod tests {
             salt_keysync::core::keyfile::check_public_key(key.as_bytes()).expect("a public key");
         }
     }
-}
-
-fn is_timeout(line: &str) -> bool {
-    let line = line.to_ascii_lowercase();
-    ["not completed within", "timed out", "timeout"].iter().any(|t| line.contains(t))
 }
