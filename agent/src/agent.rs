@@ -132,7 +132,6 @@ pub async fn run_with(
             tracing::info!(n = n_stale, "removed staging files left by a crash");
         }
     }
-    let store_id = store.id().to_string();
     let listener = match listener {
         Some(listener) => listener,
         None => match crate::net::listen::bind("listen", config.listen, &shutdown).await? {
@@ -184,6 +183,7 @@ pub async fn run_with(
     // seconds at 1,000,000 keys) runs there too. From here on, however
     // `run_with` returns, the core (and every task) is told to stop.
     let _stop_on_return = shutdown.clone().drop_guard();
+    let listen_address = listener.local_addr()?;
     let (core, started) = starting
         .spawn(events, requests, shutdown.clone(), options.on_thread_park)
         .context("cannot start the core's thread")?;
@@ -203,7 +203,6 @@ pub async fn run_with(
     let control =
         ListenerControl::new(tls_rx.borrow().as_ref().clone(), config.peers.iter().map(|p| p.name.clone()).collect());
     control.set_peer_sources(crate::net::rpc::peer_sources(&config.peers).await);
-    let listen_address = listener.local_addr()?;
     let serving = tokio::spawn(keysync_server::serve_with(
         listener,
         control.clone(),
@@ -235,7 +234,8 @@ pub async fn run_with(
     // A start that failed ends the agent: the listeners are stopped first.
     let failed = match started.await {
         Ok(Ok(())) => None,
-        Ok(Err(e)) => Some(anyhow::Error::new(e).context(format!(
+        Ok(Err(node::StartError::Mark(e))) => Some(anyhow::Error::new(e)),
+        Ok(Err(node::StartError::Store(e))) => Some(anyhow::Error::new(e).context(format!(
             "cannot load the state store; if it is corrupt, rebuild it with `{} --config FILE` ({})",
             crate::disk::state_guard::RECOVER_COMMAND,
             crate::disk::state_guard::RECOVERY_GUIDE
@@ -253,11 +253,8 @@ pub async fn run_with(
             _ => failed,
         });
     }
+    // The core's thread marked the store as initialized (see `Starting::spawn`).
     start.open();
-    if !observe {
-        // The store is initialized now: from here on its loss is detected.
-        crate::disk::state_guard::mark(&pki, &store_id, &config.node)?;
-    }
     let observing = if observe { ", observe mode: nothing is written to the key folders" } else { "" };
     audit.record(Record {
         reason: Some(format!("listening on {listen_address}, {} peers{observing}", config.peers.len())),

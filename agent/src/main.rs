@@ -484,8 +484,9 @@ fn run(path: &std::path::Path, args: &RunArgs) -> Result<()> {
             // The core's thread returns freed memory when idle, as the workers do.
             on_thread_park: Some(collect_freed_memory),
         };
-        // On a worker, not this thread: memory the start-up allocates (a first
-        // start reads every key) is then returned by `collect_freed_memory`.
+        // On a worker, not this thread: a worker returns the memory freed on
+        // it when it parks (`collect_freed_memory`), as the core's thread,
+        // where the start-up runs (a first start reads every key), does.
         tokio::spawn(salt_keysync::agent::run_with(config, None, shutdown, options))
             .await
             .context("the agent's main task failed")?

@@ -203,6 +203,12 @@ const MAX_GROUPED_DECISIONS: usize = 10_000;
 const REQUEST_BURST: usize = 64;
 
 impl Core {
+    /// Writes the marker naming this store in pki_dir (`state_guard.rs`).
+    fn mark(&self) -> Result<(), StartError> {
+        let effects = &self.effects;
+        Ok(crate::disk::state_guard::mark(&effects.pki, effects.store.id(), &effects.node)?)
+    }
+
     /// Runs a core already started on a thread of its own until `shutdown`
     /// (see `thread.rs`); `on_park` is called whenever it waits for work.
     /// The agent uses [`Starting::spawn`], which starts it there.
@@ -489,8 +495,16 @@ pub struct Starting {
     outgoing: outgoing::Channel,
 }
 
-/// Why the core could not start: the state store could not be read.
-pub type StartError = crate::disk::store::StoreError;
+/// Why the core could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The state store could not be read or written.
+    #[error(transparent)]
+    Store(#[from] crate::disk::store::StoreError),
+    /// The marker that tells a lost state folder could not be written.
+    #[error(transparent)]
+    Mark(#[from] crate::disk::state_guard::GuardError),
+}
 
 /// The core's channels and its handle; [`Starting::start`] or
 /// [`Starting::spawn`] loads the store and reconciles the folders.
@@ -558,7 +572,12 @@ impl Starting {
         let run = {
             let shutdown = shutdown.clone();
             async move {
-                match self.start() {
+                // The store is initialized once started: from here on its
+                // loss is detected. Marked before anything a peer asked
+                // meanwhile is carried out.
+                let observe = self.parts.settings.observe;
+                let started = self.start().and_then(|core| if observe { Ok(core) } else { core.mark().map(|()| core) });
+                match started {
                     Ok(core) => {
                         let _ = started_tx.send(Ok(()));
                         core.run(events, requests, shutdown).await;
