@@ -209,20 +209,6 @@ impl Core {
         Ok(crate::disk::state_guard::mark(&effects.pki, effects.store.id(), &effects.node)?)
     }
 
-    /// Runs a core already started on a thread of its own until `shutdown`
-    /// (see `thread.rs`); `on_park` is called whenever it waits for work.
-    /// The agent uses [`Starting::spawn`], which starts it there.
-    #[cfg(test)]
-    pub fn spawn(
-        self,
-        events: mpsc::UnboundedReceiver<WatchEvent>,
-        requests: mpsc::Receiver<Request>,
-        shutdown: CancellationToken,
-        on_park: Option<fn()>,
-    ) -> std::io::Result<CoreThread> {
-        thread::spawn(self.run(events, requests, shutdown.clone()), shutdown, on_park)
-    }
-
     /// Runs the core task until `shutdown`.
     async fn run(
         mut self,

@@ -319,6 +319,8 @@ pub(crate) fn parse_time(text: &str) -> Option<i64> {
 mod tests {
     use super::*;
     use crate::disk::health::{Drift, MasterHealth};
+    use crate::ops::board::{AntiEntropyRun, KeyCounts};
+    use crate::ops::findings::{Finding, Level};
 
     /// An agent's own error is told as it said it; anything else unreadable
     /// is shown whole.
@@ -340,8 +342,6 @@ mod tests {
         assert!(unreadable.contains(r#"unreadable reply"#) && unreadable.contains(r#""more":1"#), "{unreadable}");
         agent.join().unwrap();
     }
-    use crate::ops::board::{AntiEntropyRun, KeyCounts};
-    use crate::ops::findings::{Finding, Level};
 
     /// A report with two peers, findings, a conflict, a held burst and write trouble.
     fn sample() -> StatusReport {

@@ -5,11 +5,16 @@ use crate::core::{PublicKey, Verdict, Version};
 use keysync_machine::testkit::PUB;
 
 fn core_in(dir: &std::path::Path) -> (Core, CoreHandle, mpsc::Receiver<Request>) {
+    start(parts_in(dir)).unwrap()
+}
+
+/// What a core over `dir` is made of (its pki_dir, store and audit log there).
+fn parts_in(dir: &std::path::Path) -> CoreParts {
     let pki_dir = dir.join("pki");
     std::fs::create_dir(&pki_dir).unwrap();
     let owner = Owner::of_path(dir).unwrap();
     let pki = Arc::new(crate::disk::pki::tests::open(&pki_dir));
-    let parts = CoreParts {
+    CoreParts {
         settings: CoreSettings {
             node: "b".into(),
             cachedir: dir.to_path_buf(),
@@ -32,8 +37,7 @@ fn core_in(dir: &std::path::Path) -> (Core, CoreHandle, mpsc::Receiver<Request>)
         settle: crate::core::settle::SettleTimings::default(),
         metrics: Arc::new(crate::ops::metrics::Metrics::new("b")),
         watch: None,
-    };
-    start(parts).unwrap()
+    }
 }
 
 fn accept(id: &str, at: u64, node: &str) -> Decision {
@@ -122,10 +126,11 @@ fn stopped(core: CoreThread) -> Result<(), CoreStopped> {
 #[test]
 fn the_core_runs_on_a_thread_of_its_own_until_shutdown() {
     let dir = tempfile::tempdir().unwrap();
-    let (core, handle, requests) = core_in(dir.path());
+    let (starting, handle, requests) = prepare(parts_in(dir.path()));
     let (_events, events) = mpsc::unbounded_channel();
     let shutdown = CancellationToken::new();
-    let core = core.spawn(events, requests, shutdown.clone(), Some(note_park)).unwrap();
+    let (core, started) = starting.spawn(events, requests, shutdown.clone(), Some(note_park)).unwrap();
+    started.blocking_recv().unwrap().unwrap();
 
     let (reply, applied) = oneshot::channel();
     let decisions = vec![accept("web01", wall_ms(), "a")];
@@ -163,9 +168,9 @@ fn core_count(handle: &CoreHandle) -> Option<usize> {
 #[test]
 fn a_core_stopping_on_its_own_is_told() {
     let dir = tempfile::tempdir().unwrap();
-    let (core, _handle, requests) = core_in(dir.path());
+    let (starting, _handle, requests) = prepare(parts_in(dir.path()));
     let (events_tx, events) = mpsc::unbounded_channel();
-    let core = core.spawn(events, requests, CancellationToken::new(), None).unwrap();
+    let (core, _started) = starting.spawn(events, requests, CancellationToken::new(), None).unwrap();
     drop(events_tx);
     assert!(matches!(stopped(core), Err(CoreStopped::InputsEnded)));
 
