@@ -10,8 +10,9 @@ use super::event::{Event, Found};
 use super::runtime::{Kept, Runtime, StoreWrite};
 use super::{Node, Now, Start};
 
-/// Every file in the three folders.
-type Listed = Vec<(Folder, String)>;
+mod names;
+
+use names::Names;
 
 /// Names read and recorded per step of the start-up reconciliation: a first
 /// start on 100,000 keys never holds them all (with their key bytes) at once.
@@ -208,16 +209,22 @@ impl Node {
     /// Compares every name in the folders, and every id held, with the store.
     /// Ids whose events are still settling are left to the settler.
     pub(super) fn rescan(&mut self, why: &str, now: Now, rt: &mut impl Runtime) {
-        let Some((listed, names)) = self.all_names(rt) else { return };
+        let Some(all) = self.all_names(rt) else { return };
         // Until a first start's files are recorded they stay claims: a stale
         // master must not turn them into live decisions.
         let mode = if self.start == Start::FirstUnrecorded { ObserveMode::FirstStart } else { ObserveMode::Live };
         // A salt-key run's temporary file is read once settled, never now.
-        if listed.iter().any(|(_, name)| looks_like_salt_tmp(name) && !self.settler.is_unsettled(name)) {
-            self.settler.note_listed(&listed, now.mono);
+        if all.listed.iter().any(|(_, name)| looks_like_salt_tmp(name) && !self.settler.is_unsettled(name)) {
+            self.settler.note_listed(&all.listed, now.mono);
         }
-        let names: Vec<String> = names.into_iter().filter(|name| !self.settler.is_unsettled(name)).collect();
-        let decisions: Vec<Decision> = names.iter().filter_map(|name| self.observe_name(name, mode, now, rt)).collect();
+        let mut decisions: Vec<Decision> = Vec::new();
+        for name in all.iter() {
+            if self.settler.is_unsettled(name) {
+                continue;
+            }
+            decisions.extend(self.observe_name(name, mode, now, rt));
+        }
+        drop(all);
         if !decisions.is_empty() {
             rt.audit(Event::RescanFound { n: decisions.len(), why: why.to_string() });
         }
@@ -242,29 +249,24 @@ impl Node {
         }
     }
 
-    /// Every file in the three folders, and every name in them or held,
-    /// sorted; `None` when the folders cannot be listed (told).
-    fn all_names(&self, rt: &mut impl Runtime) -> Option<(Listed, Vec<String>)> {
-        let listed = match rt.list() {
-            Ok(listed) => listed,
+    /// Every file in the three folders, and every id held in none of them
+    /// ([`Names`]); `None` when the folders cannot be listed (told).
+    fn all_names(&self, rt: &mut impl Runtime) -> Option<Names> {
+        match rt.list() {
+            Ok(listed) => Some(Names::new(listed, self.replica.entries().map(|(id, _)| id))),
             Err(error) => {
                 rt.audit(Event::ListFailed { error });
-                return None;
+                None
             }
-        };
-        let mut names: Vec<String> = listed.iter().map(|(_, name)| name.clone()).collect();
-        names.extend(self.replica.entries().map(|(id, _)| id.to_string()));
-        names.sort_unstable();
-        names.dedup();
-        Some((listed, names))
+        }
     }
 
     /// Events were lost: every name is read again once it has settled (see
     /// [`crate::core::settle::Settler::recheck`]), not at once.
     pub(super) fn recheck_all(&mut self, why: &str, now: Now, rt: &mut impl Runtime) {
-        let Some((listed, names)) = self.all_names(rt) else { return };
-        rt.audit(Event::EventsLost { why: why.to_string(), n_names: names.len() });
-        self.settler.recheck(&listed, names.iter().map(String::as_str), now.mono);
+        let Some(all) = self.all_names(rt) else { return };
+        rt.audit(Event::EventsLost { why: why.to_string(), n_names: all.len() });
+        self.settler.recheck(&all.listed, all.iter(), now.mono);
     }
 
     /// Start-up: finds what changed while the agent was stopped. On the very
@@ -275,27 +277,26 @@ impl Node {
         } else {
             (ObserveMode::FirstStart, Found::FirstStart)
         };
-        let (listed, names) = self.all_names(rt).unwrap_or_default();
+        let all = self.all_names(rt).unwrap_or_default();
         // A salt-key run caught half-way at start-up (a Salt 3008 tmp file in
         // a folder): an id held but in no folder may be between its removal
         // and its rename into place; it is read once settled, like a
         // disappearance heard, never taken for a delete now.
         // The run's temporary file itself is no minion: the settler reads it
         // once the run is over (by then it is normally gone).
-        let (names, recheck): (Vec<String>, Vec<String>) = if listed.iter().any(|(_, n)| looks_like_salt_tmp(n)) {
-            let present: std::collections::HashSet<&str> = listed.iter().map(|(_, n)| n.as_str()).collect();
-            names.into_iter().partition(|name| present.contains(name.as_str()) && !looks_like_salt_tmp(name))
-        } else {
-            (names, Vec::new())
-        };
-        if !recheck.is_empty() {
-            self.settler.recheck(&listed, recheck.iter().map(String::as_str), now.mono);
+        let in_flight = all.listed.iter().any(|(_, n)| looks_like_salt_tmp(n));
+        let later = |name: &str, all: &Names| in_flight && (!all.is_listed(name) || looks_like_salt_tmp(name));
+        if in_flight {
+            let recheck: Vec<&str> = all.iter().filter(|name| later(name, &all)).collect();
+            self.settler.recheck(&all.listed, recheck, now.mono);
         }
         // Keys in minions/ and minions_rejected/ not held yet are held once
         // recorded (on a first start, every one): room for them at once.
         let decided = |folder: &Folder| matches!(folder, Folder::Accepted | Folder::Rejected);
-        self.replica.reserve(listed.iter().filter(|(f, name)| decided(f) && !self.replica.holds(name)).count());
-        drop(listed);
+        self.replica.reserve(all.listed.iter().filter(|(f, name)| decided(f) && !self.replica.holds(name)).count());
+        // Read now: every name but those left to the settler.
+        let read_now: Vec<bool> =
+            if in_flight { all.iter().map(|name| !later(name, &all)).collect() } else { Vec::new() };
         // A first start recorded in steps leaves the store uninitialized until
         // every step is recorded: a stop in between is a first start again,
         // never a restart whose unrecorded files would be taken as live decisions.
@@ -303,8 +304,10 @@ impl Node {
             self.start = Start::FirstInSteps;
         }
         let mut n_found = 0;
-        // Each name is dropped once read: 100,000 of them are 4 MiB.
-        let mut names = names.into_iter();
+        // Each name is moved out of the listing, and dropped once read:
+        // 100,000 of them are 4 MiB.
+        let mut read_now = read_now.into_iter();
+        let mut names = all.into_names().filter(|_| read_now.next().unwrap_or(true));
         loop {
             let chunk: Vec<String> = names.by_ref().take(RECONCILE_CHUNK).collect();
             if chunk.is_empty() {
