@@ -518,6 +518,7 @@ impl Starting {
             node: parts.settings.node.as_str().into(),
             max_clock_skew: parts.settings.max_clock_skew,
             rescan_interval: parts.settings.rescan_interval,
+            rescan_step: keysync_machine::node::RESCAN_STEP,
             settle: parts.settle,
             observe: parts.settings.observe,
             guard: parts.settings.guard.clone(),

@@ -42,6 +42,7 @@ pub use event::{Event, Found, Settled};
 pub use guard::{GuardSettings, HeldDelete};
 pub use held::{OperatorAction, Outcome};
 pub use inventory::Held;
+pub use local::RESCAN_STEP;
 pub use plan::{Holding, PlanRow};
 pub use repair::{
     Asking, BadAnswer, Compared, DiffAnswer, Fetch, Summaries, Whole, FETCH_CHUNK, FIRST_BUCKET_MOST, FIRST_WHOLE,
@@ -59,6 +60,10 @@ pub struct Settings {
     pub max_clock_skew: Duration,
     /// How often every name is compared with the store anyway.
     pub rescan_interval: Duration,
+    /// Names that periodic rescan reads per turn ([`RESCAN_STEP`] in the
+    /// agent; a few in the simulation, so that its steps meet everything
+    /// else).
+    pub rescan_step: usize,
     pub settle: SettleTimings,
     /// Observe mode: the executor writes nothing to the key folders (see
     /// `plan.rs`); the machine only needs to know it to say what they hold.

@@ -62,6 +62,7 @@ fn a_rescan_holds_little_more_than_the_listing_of_the_folders() {
         node: "master-a".into(),
         max_clock_skew: Duration::from_secs(60),
         rescan_interval: Duration::from_secs(300),
+        rescan_step: keysync_machine::node::RESCAN_STEP,
         settle: SettleTimings::default(),
         observe: false,
         guard: GuardSettings { enabled: false, ..GuardSettings::default() },

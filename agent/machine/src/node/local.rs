@@ -12,11 +12,25 @@ use super::{Node, Now, Start};
 
 mod names;
 
-use names::Names;
+use names::{Cursor, Names};
 
 /// Names read and recorded per step of the start-up reconciliation: a first
 /// start on 100,000 keys never holds them all (with their key bytes) at once.
 pub(super) const RECONCILE_CHUNK: usize = 5000;
+
+/// Names the agent's periodic rescan reads per turn of the node
+/// ([`Node::on_tick`], [`super::Settings::rescan_step`]):
+/// between two, the node takes its peers' decisions and the operators'
+/// changes. Read in one turn, 1,000,000 names held the node for tens of
+/// seconds every `rescan_interval`.
+pub const RESCAN_STEP: usize = 5000;
+
+/// The periodic rescan under way: the names it reads, and how far it got.
+#[derive(Debug)]
+pub(super) struct Rescanning {
+    names: Names,
+    at: Cursor,
+}
 
 impl Node {
     /// Reads the names whose events have settled.
@@ -210,6 +224,8 @@ impl Node {
     /// Ids whose events are still settling are left to the settler.
     pub(super) fn rescan(&mut self, why: &str, now: Now, rt: &mut impl Runtime) {
         let Some(all) = self.all_names(rt) else { return };
+        // It reads every name: a periodic rescan under way has nothing left to do.
+        self.waiting.rescanning = None;
         // Until a first start's files are recorded they stay claims: a stale
         // master must not turn them into live decisions.
         let mode = if self.start == Start::FirstUnrecorded { ObserveMode::FirstStart } else { ObserveMode::Live };
@@ -230,6 +246,45 @@ impl Node {
         }
         let found = if mode == ObserveMode::FirstStart { Found::FirstStart } else { Found::Rescan };
         self.record_local(decisions, Some(found), now, rt);
+        if !self.waiting.rescan_pending && self.start == Start::FirstUnrecorded && self.mark_initialized(now, rt) {
+            self.start = Start::Done;
+        }
+    }
+
+    /// The periodic rescan, the safety net for lost events: one step of
+    /// [`super::Settings::rescan_step`] names, the first listing the folders; what it finds
+    /// is recorded at each step ([`Node::rescan`] reads every name at once).
+    pub(super) fn rescan_step(&mut self, now: Now, rt: &mut impl Runtime) {
+        let mut rescanning = match self.waiting.rescanning.take() {
+            Some(rescanning) => rescanning,
+            None => {
+                self.waiting.next_rescan = now.mono + self.settings.rescan_interval;
+                self.echoes.expire(now.mono);
+                let Some(names) = self.all_names(rt) else { return };
+                if names.listed.iter().any(|(_, name)| looks_like_salt_tmp(name) && !self.settler.is_unsettled(name)) {
+                    self.settler.note_listed(&names.listed, now.mono);
+                }
+                Rescanning { names, at: Cursor::default() }
+            }
+        };
+        let mode = if self.start == Start::FirstUnrecorded { ObserveMode::FirstStart } else { ObserveMode::Live };
+        let mut decisions: Vec<Decision> = Vec::new();
+        for _ in 0..self.settings.rescan_step.max(1) {
+            let Some(name) = rescanning.names.next_at(&mut rescanning.at) else { break };
+            if !self.settler.is_unsettled(name) {
+                decisions.extend(self.observe_name(name, mode, now, rt));
+            }
+        }
+        let done = rescanning.names.next_at(&mut rescanning.at.clone()).is_none();
+        if !decisions.is_empty() {
+            rt.audit(Event::RescanFound { n: decisions.len(), why: "periodic safety net".to_string() });
+        }
+        let found = if mode == ObserveMode::FirstStart { Found::FirstStart } else { Found::Rescan };
+        self.record_local(decisions, Some(found), now, rt);
+        if !done {
+            self.waiting.rescanning = Some(rescanning);
+            return;
+        }
         if !self.waiting.rescan_pending && self.start == Start::FirstUnrecorded && self.mark_initialized(now, rt) {
             self.start = Start::Done;
         }

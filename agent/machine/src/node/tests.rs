@@ -38,6 +38,7 @@ fn node_at(name: &str, guard: GuardSettings, loaded: Loaded, at: Now, rt: &mut R
         node: name.into(),
         max_clock_skew: Duration::from_secs(60),
         rescan_interval: Duration::from_secs(3600),
+        rescan_step: RESCAN_STEP,
         settle: SettleTimings::default(),
         observe: false,
         guard,

@@ -53,6 +53,8 @@ pub(super) struct Waiting {
     pub put_back_uncleared: bool,
     /// When every name is next compared with the store anyway.
     pub next_rescan: Instant,
+    /// The periodic rescan under way, read a step at a time.
+    pub(super) rescanning: Option<super::local::Rescanning>,
     /// When plain tombstones past `tombstone_ttl` are next looked for.
     pub next_compact: Instant,
 }
@@ -68,6 +70,7 @@ impl Waiting {
             putting_back,
             put_back_uncleared: false,
             next_rescan,
+            rescanning: None,
             next_compact,
         }
     }
@@ -176,6 +179,8 @@ impl Node {
                     if settled || waiting.put_back_uncleared { Due::At(retry()) } else { Due::After(Wait::Settling) };
                 (Kind::Work, due)
             }
+            // A rescan under way takes its next step at once.
+            Wait::Rescan if waiting.rescanning.is_some() => (Kind::Housekeeping, Due::At(self.seen)),
             Wait::Rescan => (Kind::Housekeeping, Due::At(waiting.next_rescan)),
             Wait::Guard => {
                 let unsaved = self.guard.unsaved.then(retry);
@@ -226,11 +231,7 @@ impl Node {
             Wait::Retry => self.retry_failed(now, rt),
             Wait::Deferred => self.apply_deferred(now, rt),
             Wait::PutBack => self.finish_put_back(now, rt),
-            Wait::Rescan => {
-                self.waiting.next_rescan = now.mono + self.settings.rescan_interval;
-                self.echoes.expire(now.mono);
-                self.rescan("periodic safety net", now, rt);
-            }
+            Wait::Rescan => self.rescan_step(now, rt),
             Wait::Guard => self.guard_tick(now, rt),
             Wait::Compaction => self.compact_due(now, rt),
         }

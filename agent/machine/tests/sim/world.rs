@@ -431,6 +431,9 @@ impl Sim {
             node: self.nodes[node].name.as_str().into(),
             max_clock_skew: Duration::from_millis(MAX_SKEW_MS),
             rescan_interval: Duration::from_millis(RESCAN_MS),
+            // A few names per step: the periodic rescan takes several turns,
+            // between which everything else goes on.
+            rescan_step: 1 + node % 4,
             settle: SettleTimings::default(),
             observe: false,
             guard: guard::settings(),

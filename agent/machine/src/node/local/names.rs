@@ -38,7 +38,32 @@ impl Names {
 
     /// Every name, once each, sorted.
     pub(in crate::node) fn iter(&self) -> impl Iterator<Item = &str> {
-        merged(self.listed.iter().map(|(_, name)| name.as_str()), self.unlisted.iter().map(MinionId::as_str))
+        let mut at = Cursor::default();
+        std::iter::from_fn(move || self.next_at(&mut at))
+    }
+
+    /// The name at `at`, which then moves past it: [`Names::iter`] a step
+    /// at a time, for a scan spread over several turns.
+    pub(in crate::node) fn next_at(&self, at: &mut Cursor) -> Option<&str> {
+        let listed = self.listed.get(at.listed).map(|(_, name)| name.as_str());
+        let unlisted = self.unlisted.get(at.unlisted).map(MinionId::as_str);
+        match (listed, unlisted) {
+            (Some(x), Some(y)) if y < x => {
+                at.unlisted += 1;
+                Some(y)
+            }
+            (Some(x), _) => {
+                // Once, though it may be in several folders.
+                while self.listed.get(at.listed).is_some_and(|(_, name)| name == x) {
+                    at.listed += 1;
+                }
+                Some(x)
+            }
+            (None, y) => {
+                at.unlisted += usize::from(y.is_some());
+                y
+            }
+        }
     }
 
     /// How many names [`Names::iter`] gives.
@@ -53,6 +78,13 @@ impl Names {
         let unlisted = self.unlisted.into_iter().map(|id| id.as_str().to_string());
         merged(listed, unlisted)
     }
+}
+
+/// How far a scan through [`Names`] got.
+#[derive(Clone, Copy, Debug, Default)]
+pub(in crate::node) struct Cursor {
+    listed: usize,
+    unlisted: usize,
 }
 
 /// Two sorted sequences as one, sorted, each name once: `a` may hold a name
@@ -97,6 +129,11 @@ mod tests {
         let want = ["db01", "gone02", "web01", "web03", "zz-gone"];
         assert_eq!(names.iter().collect::<Vec<_>>(), want);
         assert_eq!(names.len(), want.len());
+        let (mut at, mut stepped) = (Cursor::default(), Vec::new());
+        while let Some(name) = names.next_at(&mut at) {
+            stepped.push(name);
+        }
+        assert_eq!(stepped, want, "a step at a time");
         assert!(names.is_listed("web03") && names.is_listed("db01"));
         assert!(!names.is_listed("gone02"), "held, in no folder");
         assert_eq!(names.into_names().collect::<Vec<_>>(), want);

@@ -91,3 +91,55 @@ fn keys_put_back_are_written_once_another_write_ended_the_backoff() {
     assert!(rt_b.store.putting_back.is_empty());
     assert!(b.is_quiet(), "{:?}", b.waits().collect::<Vec<_>>());
 }
+
+/// The periodic rescan reads [`RESCAN_STEP`] names per turn of the node, so
+/// that peers' decisions and salt-key's changes are taken between two (at
+/// 1,000,000 keys, the whole rescan in one turn held the node for tens of
+/// seconds every `rescan_interval`). What it finds is recorded at each step.
+#[test]
+fn the_periodic_rescan_reads_a_step_of_names_per_turn() {
+    use super::super::local::RESCAN_STEP;
+    let n = 2 * RESCAN_STEP + 10;
+    let names: Vec<String> = (0..n).map(|i| format!("k{i:06}")).collect();
+    let mut rt = Recorder::default();
+    for name in &names {
+        rt.folders.put(Folder::Accepted, name, PUB.as_bytes());
+    }
+    let base = Instant::now();
+    let mut node = node_at(
+        "master-a",
+        GuardSettings { enabled: false, ..Default::default() },
+        Default::default(),
+        at(base, 0.0),
+        &mut rt,
+    );
+    assert_eq!(node.len(), n);
+    // Deleted while their events were lost: the first name and the last.
+    let (first, last) = (&names[0], &names[n - 1]);
+    assert!(rt.folders.remove(Folder::Accepted, first) && rt.folders.remove(Folder::Accepted, last));
+    let gone = |node: &Node, name: &str| {
+        node.entry(&MinionId::parse(name).unwrap()).is_some_and(|e| e.kind == crate::core::VerdictKind::Deleted)
+    };
+
+    let due = base + Duration::from_secs(3601);
+    assert!(
+        node.waits().any(|w| w.what == Wait::Rescan && w.due.at().is_some_and(|at| at <= due)),
+        "the hourly rescan"
+    );
+    node.on_tick(at(base, 3601.0), &mut rt);
+    assert!(gone(&node, first), "the first step found the first name gone");
+    assert!(!gone(&node, last), "the last name waits for a later step");
+    let (mut turns, mut ticked) = (1, 3601.0);
+    while !gone(&node, last) {
+        let next = node.poll_at().expect("the rescan's next step is due");
+        assert!(next <= at(base, ticked).mono, "the next step is due at once: {:?}", node.waits().collect::<Vec<_>>());
+        ticked += 0.001;
+        node.on_tick(at(base, ticked), &mut rt);
+        turns += 1;
+        assert!(turns <= 3, "{n} names take three steps");
+    }
+    assert_eq!(turns, 3);
+    assert!(node.poll_at().is_none_or(|next| next > due + Duration::from_secs(60)), "over until the next rescan");
+    let found: usize = rt.events.iter().map(|e| if let Event::RescanFound { n, .. } = e { *n } else { 0 }).sum();
+    assert_eq!(found, 2, "each deletion found once: {:?}", rt.events);
+}
