@@ -181,3 +181,33 @@ fn a_core_stopping_on_its_own_is_told() {
         other => panic!("{other:?}"),
     }
 }
+
+/// While the periodic rescan is under way its next step is due at once
+/// (`keysync_machine::node::RESCAN_STEP` names per turn), and the loop
+/// takes the timer before requests (`biased`): requests that came meanwhile
+/// must still be handled between two steps, not after the last. Here a
+/// rescan is always due (every millisecond, over three steps' worth of
+/// keys), and a request is still answered.
+#[test]
+fn a_request_is_answered_while_the_rescan_is_always_due() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut parts = parts_in(dir.path());
+    parts.settings.rescan_interval = Duration::from_millis(1);
+    let minions = dir.path().join("pki").join("minions");
+    for i in 0..3 * keysync_machine::node::RESCAN_STEP {
+        std::fs::write(minions.join(format!("k{i:06}")), PUB).unwrap();
+    }
+    let (starting, handle, requests) = prepare(parts);
+    let (_events, events) = mpsc::unbounded_channel();
+    let shutdown = CancellationToken::new();
+    let (core, started) = starting.spawn(events, requests, shutdown.clone(), None).unwrap();
+    started.blocking_recv().unwrap().unwrap();
+
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let (reply, count) = oneshot::channel();
+    handle.requests.blocking_send(Request::Count { reply }).map_err(|_| "gone").unwrap();
+    let answered = runtime.block_on(async { tokio::time::timeout(Duration::from_secs(60), count).await });
+    assert_eq!(answered.ok().and_then(Result::ok), Some(3 * keysync_machine::node::RESCAN_STEP));
+    shutdown.cancel();
+    assert!(stopped(core).is_ok());
+}
