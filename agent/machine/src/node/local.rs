@@ -252,14 +252,23 @@ impl Node {
     }
 
     /// The periodic rescan, the safety net for lost events: one step of
-    /// [`super::Settings::rescan_step`] names, the first listing the folders; what it finds
-    /// is recorded at each step ([`Node::rescan`] reads every name at once).
+    /// [`super::Settings::rescan_step`] names, the first listing the
+    /// folders; what it finds is recorded at each step ([`Node::rescan`]
+    /// reads every name at once).
     pub(super) fn rescan_step(&mut self, now: Now, rt: &mut impl Runtime) {
         let mut rescanning = match self.waiting.rescanning.take() {
             Some(rescanning) => rescanning,
             None => {
                 self.waiting.next_rescan = now.mono + self.settings.rescan_interval;
                 self.echoes.expire(now.mono);
+                if self.start == Start::FirstUnrecorded {
+                    // A first start's files not all recorded yet: recorded in one
+                    // write that marks the store initialized. A step would mark
+                    // it while later steps' files are unrecorded, and a restart
+                    // would take those for live decisions.
+                    self.rescan("periodic safety net", now, rt);
+                    return;
+                }
                 let Some(names) = self.all_names(rt) else { return };
                 if names.listed.iter().any(|(_, name)| looks_like_salt_tmp(name) && !self.settler.is_unsettled(name)) {
                     self.settler.note_listed(&names.listed, now.mono);
@@ -267,26 +276,19 @@ impl Node {
                 Rescanning { names, at: Cursor::default() }
             }
         };
-        let mode = if self.start == Start::FirstUnrecorded { ObserveMode::FirstStart } else { ObserveMode::Live };
         let mut decisions: Vec<Decision> = Vec::new();
         for _ in 0..self.settings.rescan_step.max(1) {
             let Some(name) = rescanning.names.next_at(&mut rescanning.at) else { break };
             if !self.settler.is_unsettled(name) {
-                decisions.extend(self.observe_name(name, mode, now, rt));
+                decisions.extend(self.observe_name(name, ObserveMode::Live, now, rt));
             }
         }
-        let done = rescanning.names.next_at(&mut rescanning.at.clone()).is_none();
         if !decisions.is_empty() {
             rt.audit(Event::RescanFound { n: decisions.len(), why: "periodic safety net".to_string() });
         }
-        let found = if mode == ObserveMode::FirstStart { Found::FirstStart } else { Found::Rescan };
-        self.record_local(decisions, Some(found), now, rt);
-        if !done {
+        self.record_local(decisions, Some(Found::Rescan), now, rt);
+        if rescanning.names.next_at(&mut rescanning.at.clone()).is_some() {
             self.waiting.rescanning = Some(rescanning);
-            return;
-        }
-        if !self.waiting.rescan_pending && self.start == Start::FirstUnrecorded && self.mark_initialized(now, rt) {
-            self.start = Start::Done;
         }
     }
 
@@ -349,9 +351,15 @@ impl Node {
         // recorded (on a first start, every one): room for them at once.
         let decided = |folder: &Folder| matches!(folder, Folder::Accepted | Folder::Rejected);
         self.replica.reserve(all.listed.iter().filter(|(f, name)| decided(f) && !self.replica.holds(name)).count());
-        // Read now: every name but those left to the settler.
+        // Read now: every name but those left to the settler, moved out of
+        // the listing (24 bytes a name here, where the listing takes 32 and
+        // is dropped now, before the entries grow).
         let read_now: Vec<bool> =
             if in_flight { all.iter().map(|name| !later(name, &all)).collect() } else { Vec::new() };
+        let names: Vec<String> = {
+            let mut read_now = read_now.into_iter();
+            all.into_names().filter(|_| read_now.next().unwrap_or(true)).collect()
+        };
         // A first start recorded in steps leaves the store uninitialized until
         // every step is recorded: a stop in between is a first start again,
         // never a restart whose unrecorded files would be taken as live decisions.
@@ -359,10 +367,8 @@ impl Node {
             self.start = Start::FirstInSteps;
         }
         let mut n_found = 0;
-        // Each name is moved out of the listing, and dropped once read:
-        // 100,000 of them are 4 MiB.
-        let mut read_now = read_now.into_iter();
-        let mut names = all.into_names().filter(|_| read_now.next().unwrap_or(true));
+        // Each name is dropped once read: 100,000 of them are 4 MiB.
+        let mut names = names.into_iter();
         loop {
             let chunk: Vec<String> = names.by_ref().take(RECONCILE_CHUNK).collect();
             if chunk.is_empty() {

@@ -128,6 +128,8 @@ impl Node {
         self.waiting.deferred.clear();
         self.waiting.retry_settling.clear();
         self.waiting.rescan_pending = false;
+        // Its listing is memory (tens of MiB at 1,000,000 keys) nothing reads again.
+        self.waiting.rescanning = None;
         rt.audit(Event::Stale { stale });
         rt.flush_audit();
     }

@@ -143,3 +143,38 @@ fn the_periodic_rescan_reads_a_step_of_names_per_turn() {
     let found: usize = rt.events.iter().map(|e| if let Event::RescanFound { n, .. } = e { *n } else { 0 }).sum();
     assert_eq!(found, 2, "each deletion found once: {:?}", rt.events);
 }
+
+/// A first start whose store writes failed is recorded by the periodic
+/// rescan in one write that marks the store initialized. Read a step at a
+/// time, a step's write marked it while later steps' files were still
+/// unrecorded: a restart would have taken those for live decisions (found
+/// by review).
+#[test]
+fn a_first_start_left_unrecorded_is_not_marked_initialized_by_one_step() {
+    let n = 2 * super::super::local::RESCAN_STEP + 10;
+    let mut rt = Recorder::default();
+    for i in 0..n {
+        rt.folders.put(Folder::Accepted, &format!("k{i:06}"), PUB.as_bytes());
+    }
+    rt.faults.record = true;
+    let base = Instant::now();
+    let no_guard = GuardSettings { enabled: false, ..Default::default() };
+    let mut node = node_at("master-a", no_guard, Default::default(), at(base, 0.0), &mut rt);
+    assert!(!rt.store.initialized, "nothing recorded");
+    // The retries fail until the periodic rescan is due, which fails too.
+    node.on_tick(at(base, 3601.0), &mut rt);
+    assert!(!rt.store.initialized);
+    rt.faults.record = false;
+    let mut ticked = 3601.0;
+    for _ in 0..10 {
+        ticked += 0.001;
+        node.on_tick(at(base, ticked), &mut rt);
+        assert!(
+            !rt.store.initialized || rt.store.decisions.len() == n,
+            "marked initialized with {} of {n} files recorded",
+            rt.store.decisions.len()
+        );
+    }
+    tick_until(&mut node, &mut rt, base, 3700.0);
+    assert!(rt.store.initialized && rt.store.decisions.len() == n, "recorded at the retry");
+}
