@@ -342,9 +342,10 @@ impl Node {
         // The run's temporary file itself is no minion: the settler reads it
         // once the run is over (by then it is normally gone).
         let in_flight = all.listed.iter().any(|(_, n)| looks_like_salt_tmp(n));
-        let later = |name: &str, all: &Names| in_flight && (!all.is_listed(name) || looks_like_salt_tmp(name));
+        let later = |name: &str, listed: bool| in_flight && (!listed || looks_like_salt_tmp(name));
         if in_flight {
-            let recheck: Vec<&str> = all.iter().filter(|name| later(name, &all)).collect();
+            let recheck: Vec<&str> =
+                all.iter_placed().filter(|&(name, listed)| later(name, listed)).map(|(n, _)| n).collect();
             self.settler.recheck(&all.listed, recheck, now.mono);
         }
         // Keys in minions/ and minions_rejected/ not held yet are held once
@@ -354,12 +355,8 @@ impl Node {
         // Read now: every name but those left to the settler, moved out of
         // the listing (24 bytes a name here, where the listing takes 32 and
         // is dropped now, before the entries grow).
-        let read_now: Vec<bool> =
-            if in_flight { all.iter().map(|name| !later(name, &all)).collect() } else { Vec::new() };
-        let names: Vec<String> = {
-            let mut read_now = read_now.into_iter();
-            all.into_names().filter(|_| read_now.next().unwrap_or(true)).collect()
-        };
+        let names: Vec<String> =
+            all.into_placed().filter(|(name, listed)| !later(name, *listed)).map(|(name, _)| name).collect();
         // A first start recorded in steps leaves the store uninitialized until
         // every step is recorded: a stop in between is a first start again,
         // never a restart whose unrecorded files would be taken as live decisions.

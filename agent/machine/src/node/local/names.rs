@@ -31,39 +31,22 @@ impl Names {
         Names { listed, unlisted }
     }
 
-    /// Whether the folders list `name`.
-    pub(in crate::node) fn is_listed(&self, name: &str) -> bool {
-        self.listed.binary_search_by(|(_, listed)| listed.as_str().cmp(name)).is_ok()
-    }
-
     /// Every name, once each, sorted.
     pub(in crate::node) fn iter(&self) -> impl Iterator<Item = &str> {
+        self.iter_placed().map(|(name, _)| name)
+    }
+
+    /// [`Names::iter`], each name with whether a folder lists it (else it is
+    /// an id held in none).
+    pub(in crate::node) fn iter_placed(&self) -> impl Iterator<Item = (&str, bool)> {
         let mut at = Cursor::default();
-        std::iter::from_fn(move || self.next_at(&mut at))
+        std::iter::from_fn(move || self.next(&mut at).map(|pick| (self.name(pick), pick.listed())))
     }
 
     /// The name at `at`, which then moves past it: [`Names::iter`] a step
     /// at a time, for a scan spread over several turns.
     pub(in crate::node) fn next_at(&self, at: &mut Cursor) -> Option<&str> {
-        let listed = self.listed.get(at.listed).map(|(_, name)| name.as_str());
-        let unlisted = self.unlisted.get(at.unlisted).map(MinionId::as_str);
-        match (listed, unlisted) {
-            (Some(x), Some(y)) if y < x => {
-                at.unlisted += 1;
-                Some(y)
-            }
-            (Some(x), _) => {
-                // Once, though it may be in several folders.
-                while self.listed.get(at.listed).is_some_and(|(_, name)| name == x) {
-                    at.listed += 1;
-                }
-                Some(x)
-            }
-            (None, y) => {
-                at.unlisted += usize::from(y.is_some());
-                y
-            }
-        }
+        self.next(at).map(|pick| self.name(pick))
     }
 
     /// How many names [`Names::iter`] gives.
@@ -71,12 +54,49 @@ impl Names {
         self.iter().count()
     }
 
-    /// Every name, once each, sorted, owned: each listed name is moved out
-    /// of the listing, not copied, and dropped by the caller once read.
-    pub(in crate::node) fn into_names(self) -> impl Iterator<Item = String> {
-        let listed = self.listed.into_iter().map(|(_, name)| name);
-        let unlisted = self.unlisted.into_iter().map(|id| id.as_str().to_string());
-        merged(listed, unlisted)
+    /// [`Names::iter_placed`], owned: each listed name is moved out of the
+    /// listing, not copied.
+    pub(in crate::node) fn into_placed(mut self) -> impl Iterator<Item = (String, bool)> {
+        let mut at = Cursor::default();
+        std::iter::from_fn(move || {
+            // Taken once `next` has passed it: later steps compare later names only.
+            self.next(&mut at).map(|pick| match pick {
+                Pick::Listed(i) => (std::mem::take(&mut self.listed[i].1), true),
+                Pick::Unlisted(i) => (self.unlisted[i].as_str().to_string(), false),
+            })
+        })
+    }
+
+    /// The next name from `at` (the first of a name's folders), and moves past it.
+    fn next(&self, at: &mut Cursor) -> Option<Pick> {
+        let listed = self.listed.get(at.listed).map(|(_, name)| name.as_str());
+        let unlisted = self.unlisted.get(at.unlisted).map(MinionId::as_str);
+        match (listed, unlisted) {
+            (Some(x), Some(y)) if y < x => {
+                at.unlisted += 1;
+                Some(Pick::Unlisted(at.unlisted - 1))
+            }
+            (Some(x), _) => {
+                let first = at.listed;
+                // Once, though it may be in several folders.
+                while self.listed.get(at.listed).is_some_and(|(_, name)| name == x) {
+                    at.listed += 1;
+                }
+                Some(Pick::Listed(first))
+            }
+            (None, Some(_)) => {
+                at.unlisted += 1;
+                Some(Pick::Unlisted(at.unlisted - 1))
+            }
+            (None, None) => None,
+        }
+    }
+
+    fn name(&self, pick: Pick) -> &str {
+        match pick {
+            Pick::Listed(i) => &self.listed[i].1,
+            Pick::Unlisted(i) => self.unlisted[i].as_str(),
+        }
     }
 }
 
@@ -87,25 +107,18 @@ pub(in crate::node) struct Cursor {
     unlisted: usize,
 }
 
-/// Two sorted sequences as one, sorted, each name once: `a` may hold a name
-/// several times in a row, `b` holds none of `a`'s.
-fn merged<T: AsRef<str>>(a: impl Iterator<Item = T>, b: impl Iterator<Item = T>) -> impl Iterator<Item = T> {
-    let (mut a, mut b) = (a.peekable(), b.peekable());
-    std::iter::from_fn(move || {
-        let from_b = match (a.peek(), b.peek()) {
-            (Some(x), Some(y)) => y.as_ref() < x.as_ref(),
-            (Some(_), None) => false,
-            (None, _) => true,
-        };
-        if from_b {
-            return b.next();
-        }
-        let next = a.next()?;
-        while a.peek().is_some_and(|same| same.as_ref() == next.as_ref()) {
-            a.next();
-        }
-        Some(next)
-    })
+/// One name of [`Names`]: its place in the listing, or among the ids held
+/// in no folder.
+#[derive(Clone, Copy, Debug)]
+enum Pick {
+    Listed(usize),
+    Unlisted(usize),
+}
+
+impl Pick {
+    fn listed(self) -> bool {
+        matches!(self, Pick::Listed(_))
+    }
 }
 
 #[cfg(test)]
@@ -134,15 +147,18 @@ mod tests {
             stepped.push(name);
         }
         assert_eq!(stepped, want, "a step at a time");
-        assert!(names.is_listed("web03") && names.is_listed("db01"));
-        assert!(!names.is_listed("gone02"), "held, in no folder");
-        assert_eq!(names.into_names().collect::<Vec<_>>(), want);
+        let listed = |name: &str| names.iter_placed().any(|(n, listed)| n == name && listed);
+        assert!(listed("web03") && listed("db01"));
+        assert!(!listed("gone02"), "held, in no folder");
+        let placed: Vec<(String, bool)> = names.iter_placed().map(|(n, l)| (n.to_string(), l)).collect();
+        assert_eq!(names.into_placed().collect::<Vec<_>>(), placed, "owned, the same");
+        assert_eq!(placed.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), want);
     }
 
     #[test]
     fn nothing_listed_nor_held_is_no_name() {
         let names = Names::new(Vec::new(), std::iter::empty());
         assert_eq!(names.iter().count(), 0);
-        assert_eq!(names.into_names().count(), 0);
+        assert_eq!(names.into_placed().count(), 0);
     }
 }
