@@ -78,7 +78,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<FloodRow> {
         applied: pushed.applied,
         refused: pushed.refused,
         rss_before_mib: before.rss_mib,
-        peak_rss_mib: peak.peak_rss_mib,
+        peak_rss_mib: peak.peak_since(&before),
         rss_after_mib: after.rss_mib,
         store_before_bytes,
         store_after_bytes: size(&store),

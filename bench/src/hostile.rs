@@ -115,7 +115,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<HostileRow> {
         diffs_served: fake.diffs.load(Ordering::SeqCst),
         fetches_served: fake.fetches.load(Ordering::SeqCst),
         rss_before_mib: before.rss_mib,
-        peak_rss_mib: peak.peak_rss_mib,
+        peak_rss_mib: peak.peak_since(&before),
         rss_after_mib: after.rss_mib,
         audit_lines_added: added.iter().filter(|&&b| b == b'\n').count(),
         audit_bytes_added,
