@@ -12,7 +12,7 @@ use super::{Node, Now, Start};
 
 mod names;
 
-use names::{Cursor, Names};
+use names::{Cursor, InFolders, Names};
 
 /// Names read and recorded per step of the start-up reconciliation: a first
 /// start on 100,000 keys never holds them all (with their key bytes) at once.
@@ -40,7 +40,7 @@ impl Node {
             return;
         }
         let decisions: Vec<Decision> =
-            due.iter().filter_map(|name| self.observe_name(name, ObserveMode::Live, now, rt)).collect();
+            due.iter().filter_map(|name| self.observe_name(name, None, ObserveMode::Live, now, rt)).collect();
         self.record_local(decisions, None, now, rt);
         if self.pending.capacity() > 4 * self.pending.len() + 1024 {
             // A burst of pending keys was decided: hand the map's memory back.
@@ -53,7 +53,16 @@ impl Node {
     }
 
     /// Reads one name's three files and returns the decision they amount to.
-    fn observe_name(&mut self, name: &str, mode: ObserveMode, now: Now, rt: &mut impl Runtime) -> Option<Decision> {
+    /// `listed`: the folders a scan's listing named it in, where it is read
+    /// ([`read_listed`]); `None` reads all three.
+    fn observe_name(
+        &mut self,
+        name: &str,
+        listed: Option<InFolders>,
+        mode: ObserveMode,
+        now: Now,
+        rt: &mut impl Runtime,
+    ) -> Option<Decision> {
         let id = match MinionId::parse(name) {
             Ok(id) => id,
             Err(e) => {
@@ -61,7 +70,10 @@ impl Node {
                 return None;
             }
         };
-        let slots = rt.read_slots(&id);
+        let slots = match listed {
+            Some(folders) => read_listed(&id, folders, rt),
+            None => rt.read_slots(&id),
+        };
         self.note_slots(&id, &slots, rt);
         if let Err(e) = self.warm([&id], rt) {
             // Read again by the rescan that follows the backoff.
@@ -234,11 +246,11 @@ impl Node {
             self.settler.note_listed(&all.listed, now.mono);
         }
         let mut decisions: Vec<Decision> = Vec::new();
-        for name in all.iter() {
+        for (name, folders) in all.iter_placed() {
             if self.settler.is_unsettled(name) {
                 continue;
             }
-            decisions.extend(self.observe_name(name, mode, now, rt));
+            decisions.extend(self.observe_name(name, Some(folders), mode, now, rt));
         }
         drop(all);
         if !decisions.is_empty() {
@@ -278,9 +290,9 @@ impl Node {
         };
         let mut decisions: Vec<Decision> = Vec::new();
         for _ in 0..self.settings.rescan_step.max(1) {
-            let Some(name) = rescanning.names.next_at(&mut rescanning.at) else { break };
+            let Some((name, folders)) = rescanning.names.next_at(&mut rescanning.at) else { break };
             if !self.settler.is_unsettled(name) {
-                decisions.extend(self.observe_name(name, ObserveMode::Live, now, rt));
+                decisions.extend(self.observe_name(name, Some(folders), ObserveMode::Live, now, rt));
             }
         }
         if !decisions.is_empty() {
@@ -342,7 +354,7 @@ impl Node {
         // The run's temporary file itself is no minion: the settler reads it
         // once the run is over (by then it is normally gone).
         let in_flight = all.listed.iter().any(|(_, n)| looks_like_salt_tmp(n));
-        let later = |name: &str, listed: bool| in_flight && (!listed || looks_like_salt_tmp(name));
+        let later = |name: &str, listed: InFolders| in_flight && (listed.is_empty() || looks_like_salt_tmp(name));
         if in_flight {
             let recheck: Vec<&str> =
                 all.iter_placed().filter(|&(name, listed)| later(name, listed)).map(|(n, _)| n).collect();
@@ -353,10 +365,10 @@ impl Node {
         let decided = |folder: &Folder| matches!(folder, Folder::Accepted | Folder::Rejected);
         self.replica.reserve(all.listed.iter().filter(|(f, name)| decided(f) && !self.replica.holds(name)).count());
         // Read now: every name but those left to the settler, moved out of
-        // the listing (24 bytes a name here, where the listing takes 32 and
-        // is dropped now, before the entries grow).
-        let names: Vec<String> =
-            all.into_placed().filter(|(name, listed)| !later(name, *listed)).map(|(name, _)| name).collect();
+        // the listing (25 bytes a name here, where the listing takes 32 and
+        // is dropped now, before the entries grow), each with its folders.
+        let (names, folders): (Vec<String>, Vec<InFolders>) =
+            all.into_placed().filter(|(name, listed)| !later(name, *listed)).unzip();
         // A first start recorded in steps leaves the store uninitialized until
         // every step is recorded: a stop in between is a first start again,
         // never a restart whose unrecorded files would be taken as live decisions.
@@ -365,14 +377,16 @@ impl Node {
         }
         let mut n_found = 0;
         // Each name is dropped once read: 100,000 of them are 4 MiB.
-        let mut names = names.into_iter();
+        let mut names = names.into_iter().zip(folders);
         loop {
-            let chunk: Vec<String> = names.by_ref().take(RECONCILE_CHUNK).collect();
+            let chunk: Vec<(String, InFolders)> = names.by_ref().take(RECONCILE_CHUNK).collect();
             if chunk.is_empty() {
                 break;
             }
-            let decisions: Vec<Decision> =
-                chunk.iter().filter_map(|name| self.observe_name(name, mode, now, rt)).collect();
+            let decisions: Vec<Decision> = chunk
+                .iter()
+                .filter_map(|(name, folders)| self.observe_name(name, Some(*folders), mode, now, rt))
+                .collect();
             n_found += decisions.len();
             self.record_local(decisions, Some(found), now, rt);
         }
@@ -386,4 +400,26 @@ impl Node {
             self.start = Start::FirstUnrecorded;
         }
     }
+}
+
+/// An id's files as a scan reads them: only in the folders its listing
+/// named (one file, not three, for nearly every key), the others taken as
+/// absent. A file put in another folder since the listing is read on its
+/// event, as one put there after a read of all three would be. When a file
+/// the listing named is gone (moved or deleted since), all three are read:
+/// a key is never taken for deleted on the listing's word. An id the
+/// listing named in no folder (held, its files gone) is read in all three.
+fn read_listed(id: &MinionId, listed: InFolders, rt: &mut impl Runtime) -> Slots {
+    if listed.is_empty() {
+        return rt.read_slots(id);
+    }
+    let mut slots = Slots::EMPTY;
+    for folder in Folder::ALL.into_iter().filter(|&folder| listed.contains(folder)) {
+        let slot = rt.read_slot(folder, id);
+        if matches!(slot, Slot::Absent) {
+            return rt.read_slots(id);
+        }
+        *slots.get_mut(folder) = slot;
+    }
+    slots
 }

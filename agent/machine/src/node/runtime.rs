@@ -8,7 +8,7 @@
 use crate::PeerName;
 
 use crate::core::merge::Conflict;
-use crate::core::observe::Slots;
+use crate::core::observe::{Slot, Slots};
 use crate::core::settle::FsChange;
 use crate::core::{Decision, Entry, Folder, MinionId, PublicKey, Seen, Version};
 
@@ -110,6 +110,9 @@ pub struct StoreWrite<'a> {
 pub trait Runtime {
     /// Reads an id's file in each of the three folders, trusting nothing.
     fn read_slots(&mut self, id: &MinionId) -> Slots;
+    /// Reads an id's file in one folder, trusting nothing (what
+    /// [`Runtime::read_slots`] reads there).
+    fn read_slot(&mut self, folder: Folder, id: &MinionId) -> Slot;
     /// Every file in the three folders (dot files left out, as Salt does).
     fn list(&mut self) -> Result<Vec<(Folder, String)>, Failure>;
     /// Makes the folders say each decision (staged, atomic); not durable

@@ -37,14 +37,19 @@ impl Folders {
 
     /// What the agent reads for one id.
     pub fn slots(&self, name: &str) -> Slots {
-        let slot = |folder| match self.get(folder, name) {
+        let slot = |folder| self.slot(folder, name);
+        Slots { accepted: slot(Folder::Accepted), pending: slot(Folder::Pending), rejected: slot(Folder::Rejected) }
+    }
+
+    /// What the agent reads for one id in one folder.
+    pub fn slot(&self, folder: Folder, name: &str) -> Slot {
+        match self.get(folder, name) {
             None => Slot::Absent,
             Some(bytes) => match check_public_key(bytes) {
                 Ok(()) => Slot::Key(PublicKey::new(bytes.as_slice())),
                 Err(e) => Slot::Refused(Refusal::Content(e)),
             },
-        };
-        Slots { accepted: slot(Folder::Accepted), pending: slot(Folder::Pending), rejected: slot(Folder::Rejected) }
+        }
     }
 
     /// Every file in the folders (dot files left out).
@@ -336,11 +341,19 @@ pub struct Recorder {
     pub sent: Vec<(Option<crate::PeerName>, Vec<Decision>)>,
     pub dfn_dropped: u32,
     pub faults: Faults,
+    /// Key files read (each folder an id is read in counts one).
+    pub files_read: usize,
 }
 
 impl Runtime for Recorder {
     fn read_slots(&mut self, id: &MinionId) -> Slots {
+        self.files_read += Folder::ALL.len();
         self.folders.slots(id.as_str())
+    }
+
+    fn read_slot(&mut self, folder: Folder, id: &MinionId) -> Slot {
+        self.files_read += 1;
+        self.folders.slot(folder, id.as_str())
     }
 
     fn list(&mut self) -> Result<Vec<(Folder, String)>, Failure> {

@@ -72,8 +72,12 @@ impl Disk {
     }
 
     pub(crate) fn slots(&self, name: &str) -> Slots {
-        let slot = |folder| self.files.get(&(name.to_string(), folder)).map_or(Slot::Absent, |(_, slot)| slot.clone());
+        let slot = |folder| self.slot(folder, name);
         Slots { accepted: slot(Folder::Accepted), pending: slot(Folder::Pending), rejected: slot(Folder::Rejected) }
+    }
+
+    pub(crate) fn slot(&self, folder: Folder, name: &str) -> Slot {
+        self.files.get(&(name.to_string(), folder)).map_or(Slot::Absent, |(_, slot)| slot.clone())
     }
 
     pub(crate) fn names(&self) -> BTreeSet<String> {

@@ -6,7 +6,7 @@
 //! it (`keysync_audit::record`).
 
 use keysync_machine::core::merge::Conflict;
-use keysync_machine::core::{Decision, Entry, MinionId, Slots, Version};
+use keysync_machine::core::{Decision, Entry, MinionId, Slot, Slots, Version};
 use keysync_machine::node::{Applied, Event, Failure, Runtime, StoreWrite};
 
 use crate::model::{Change, Disk};
@@ -124,6 +124,13 @@ impl Runtime for SimRuntime<'_> {
             return Slots::EMPTY;
         }
         self.disk.slots(id.as_str())
+    }
+
+    fn read_slot(&mut self, folder: Folder, id: &MinionId) -> Slot {
+        if self.dead() {
+            return Slot::Absent;
+        }
+        self.disk.slot(folder, id.as_str())
     }
 
     fn list(&mut self) -> Result<Vec<(Folder, String)>, Failure> {

@@ -36,17 +36,18 @@ impl Names {
         self.iter_placed().map(|(name, _)| name)
     }
 
-    /// [`Names::iter`], each name with whether a folder lists it (else it is
-    /// an id held in none).
-    pub(in crate::node) fn iter_placed(&self) -> impl Iterator<Item = (&str, bool)> {
+    /// [`Names::iter`], each name with the folders that list it (none: an
+    /// id held in no folder).
+    pub(in crate::node) fn iter_placed(&self) -> impl Iterator<Item = (&str, InFolders)> {
         let mut at = Cursor::default();
-        std::iter::from_fn(move || self.next(&mut at).map(|pick| (self.name(pick), pick.listed())))
+        std::iter::from_fn(move || self.next(&mut at).map(|pick| (self.name(pick), pick.folders())))
     }
 
-    /// The name at `at`, which then moves past it: [`Names::iter`] a step
-    /// at a time, for a scan spread over several turns.
-    pub(in crate::node) fn next_at(&self, at: &mut Cursor) -> Option<&str> {
-        self.next(at).map(|pick| self.name(pick))
+    /// The name at `at` and the folders that list it; `at` then moves past
+    /// it: [`Names::iter_placed`] a step at a time, for a scan spread over
+    /// several turns.
+    pub(in crate::node) fn next_at(&self, at: &mut Cursor) -> Option<(&str, InFolders)> {
+        self.next(at).map(|pick| (self.name(pick), pick.folders()))
     }
 
     /// How many names [`Names::iter`] gives.
@@ -56,13 +57,13 @@ impl Names {
 
     /// [`Names::iter_placed`], owned: each listed name is moved out of the
     /// listing, not copied.
-    pub(in crate::node) fn into_placed(mut self) -> impl Iterator<Item = (String, bool)> {
+    pub(in crate::node) fn into_placed(mut self) -> impl Iterator<Item = (String, InFolders)> {
         let mut at = Cursor::default();
         std::iter::from_fn(move || {
             // Taken once `next` has passed it: later steps compare later names only.
             self.next(&mut at).map(|pick| match pick {
-                Pick::Listed(i) => (std::mem::take(&mut self.listed[i].1), true),
-                Pick::Unlisted(i) => (self.unlisted[i].as_str().to_string(), false),
+                Pick::Listed(i, folders) => (std::mem::take(&mut self.listed[i].1), folders),
+                Pick::Unlisted(i) => (self.unlisted[i].as_str().to_string(), InFolders::NONE),
             })
         })
     }
@@ -78,11 +79,13 @@ impl Names {
             }
             (Some(x), _) => {
                 let first = at.listed;
+                let mut folders = InFolders::NONE;
                 // Once, though it may be in several folders.
-                while self.listed.get(at.listed).is_some_and(|(_, name)| name == x) {
+                while let Some((folder, _)) = self.listed.get(at.listed).filter(|(_, name)| name == x) {
+                    folders = folders.with(*folder);
                     at.listed += 1;
                 }
-                Some(Pick::Listed(first))
+                Some(Pick::Listed(first, folders))
             }
             (None, Some(_)) => {
                 at.unlisted += 1;
@@ -94,7 +97,7 @@ impl Names {
 
     fn name(&self, pick: Pick) -> &str {
         match pick {
-            Pick::Listed(i) => &self.listed[i].1,
+            Pick::Listed(i, _) => &self.listed[i].1,
             Pick::Unlisted(i) => self.unlisted[i].as_str(),
         }
     }
@@ -107,17 +110,49 @@ pub(in crate::node) struct Cursor {
     unlisted: usize,
 }
 
-/// One name of [`Names`]: its place in the listing, or among the ids held
-/// in no folder.
+/// One name of [`Names`]: its first place in the listing and the folders
+/// listing it, or its place among the ids held in no folder.
 #[derive(Clone, Copy, Debug)]
 enum Pick {
-    Listed(usize),
+    Listed(usize, InFolders),
     Unlisted(usize),
 }
 
 impl Pick {
-    fn listed(self) -> bool {
-        matches!(self, Pick::Listed(_))
+    fn folders(self) -> InFolders {
+        match self {
+            Pick::Listed(_, folders) => folders,
+            Pick::Unlisted(_) => InFolders::NONE,
+        }
+    }
+}
+
+/// The folders a listing named a file in: where a scan reads a name
+/// ([`Node::read_listed`](crate::node::Node)); none for an id held in no folder.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(in crate::node) struct InFolders(u8);
+
+impl InFolders {
+    pub(in crate::node) const NONE: InFolders = InFolders(0);
+
+    fn bit(folder: Folder) -> u8 {
+        match folder {
+            Folder::Accepted => 1,
+            Folder::Pending => 2,
+            Folder::Rejected => 4,
+        }
+    }
+
+    pub(in crate::node) fn with(self, folder: Folder) -> InFolders {
+        InFolders(self.0 | InFolders::bit(folder))
+    }
+
+    pub(in crate::node) fn contains(self, folder: Folder) -> bool {
+        self.0 & InFolders::bit(folder) != 0
+    }
+
+    pub(in crate::node) fn is_empty(self) -> bool {
+        self.0 == 0
     }
 }
 
@@ -143,14 +178,17 @@ mod tests {
         assert_eq!(names.iter().collect::<Vec<_>>(), want);
         assert_eq!(names.len(), want.len());
         let (mut at, mut stepped) = (Cursor::default(), Vec::new());
-        while let Some(name) = names.next_at(&mut at) {
+        while let Some((name, _)) = names.next_at(&mut at) {
             stepped.push(name);
         }
         assert_eq!(stepped, want, "a step at a time");
-        let listed = |name: &str| names.iter_placed().any(|(n, listed)| n == name && listed);
-        assert!(listed("web03") && listed("db01"));
-        assert!(!listed("gone02"), "held, in no folder");
-        let placed: Vec<(String, bool)> = names.iter_placed().map(|(n, l)| (n.to_string(), l)).collect();
+        let folders = |name: &str| names.iter_placed().find(|(n, _)| *n == name).map(|(_, f)| f).unwrap();
+        assert_eq!(folders("web03"), InFolders::NONE.with(Folder::Pending).with(Folder::Rejected));
+        assert_eq!(folders("db01"), InFolders::NONE.with(Folder::Pending));
+        assert_eq!(folders("web01"), InFolders::NONE.with(Folder::Accepted));
+        assert!(folders("gone02").is_empty(), "held, in no folder");
+        assert!(!folders("web03").contains(Folder::Accepted) && folders("web03").contains(Folder::Rejected));
+        let placed: Vec<(String, InFolders)> = names.iter_placed().map(|(n, l)| (n.to_string(), l)).collect();
         assert_eq!(names.into_placed().collect::<Vec<_>>(), placed, "owned, the same");
         assert_eq!(placed.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), want);
     }
