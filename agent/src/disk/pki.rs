@@ -121,6 +121,10 @@ pub struct Pki {
     no_link: AtomicBool,
     /// Mode of the key files written from now on (see [`Pki::set_key_mode`]).
     key_mode: AtomicU32,
+    /// Opening a key file with `O_NOATIME` was refused (EPERM: the files
+    /// are another user's, and the agent lacks CAP_FOWNER): key files are
+    /// opened without it from now on.
+    no_noatime: AtomicBool,
 }
 
 /// Why the key folders cannot be used.
@@ -172,6 +176,7 @@ impl Pki {
             staging,
             replaced: Mutex::new(Vec::new()),
             no_adopt: AtomicBool::new(false),
+            no_noatime: AtomicBool::new(false),
             no_link: AtomicBool::new(false),
             key_mode,
         })
@@ -323,9 +328,22 @@ impl Pki {
                 None,
             );
         }
-        // NONBLOCK: opening a FIFO must not hang the agent.
+        // NONBLOCK: opening a FIFO must not hang the agent. NOATIME: reading
+        // a key changes nothing on it (a first read of a file written since
+        // its last read dirtied its inode: 1,000,000 inode writes at a first
+        // start), where the kernel allows it (the files' owner, or CAP_FOWNER).
         let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
-        let fd = match rustix::fs::openat(&*dir, name, flags, Mode::empty()) {
+        let opened = match self.no_noatime.load(Ordering::Relaxed) {
+            true => rustix::fs::openat(&*dir, name, flags, Mode::empty()),
+            false => match rustix::fs::openat(&*dir, name, flags | OFlags::NOATIME, Mode::empty()) {
+                Err(rustix::io::Errno::PERM) => {
+                    self.no_noatime.store(true, Ordering::Relaxed);
+                    rustix::fs::openat(&*dir, name, flags, Mode::empty())
+                }
+                opened => opened,
+            },
+        };
+        let fd = match opened {
             Ok(fd) => fd,
             Err(rustix::io::Errno::NOENT) => return (Slot::Absent, None),
             Err(rustix::io::Errno::LOOP) => return (Slot::Refused(Refusal::NotRegular("symbolic link")), None),
@@ -346,9 +364,12 @@ impl Pki {
         if st.st_size as u64 > MAX_KEY_BYTES as u64 {
             return (Slot::Refused(Refusal::Content(KeyError::TooLarge(st.st_size as u64))), None);
         }
-        let mut bytes = Vec::with_capacity(st.st_size as usize);
-        if let Err(e) = (&mut file).take(MAX_KEY_BYTES as u64 + 1).read_to_end(&mut bytes) {
-            return (Slot::Refused(Refusal::Unreadable(e.to_string())), None);
+        let bytes = match read_key_bytes(&mut file, st.st_size as usize) {
+            Ok(bytes) => bytes,
+            Err(e) => return (Slot::Refused(Refusal::Unreadable(e.to_string())), None),
+        };
+        if bytes.len() > MAX_KEY_BYTES {
+            return (Slot::Refused(Refusal::Content(KeyError::TooLarge(bytes.len() as u64))), None);
         }
         match check_public_key(&bytes) {
             Ok(()) => (Slot::Key(PublicKey::new(bytes)), Some(file)),
@@ -555,6 +576,33 @@ fn file_type_name(kind: rustix::fs::FileType) -> &'static str {
         FileType::Symlink => "symbolic link",
         _ => "special file",
     }
+}
+
+/// A key file's bytes, `size` as fstat gave it: read until `size` bytes
+/// came (one read(), where reading to the end took two, the second finding
+/// the end), or the end came first. A file that grew since the fstat is
+/// read on, up to one byte over the cap (refused by the caller).
+fn read_key_bytes(file: &mut std::fs::File, size: usize) -> io::Result<Vec<u8>> {
+    let mut bytes = vec![0; size + 1];
+    let mut got = 0;
+    while got < bytes.len() {
+        match file.read(&mut bytes[got..]) {
+            Ok(0) => break,
+            Ok(n) => {
+                got += n;
+                if got == size {
+                    break;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    bytes.truncate(got);
+    if got > size {
+        file.take((MAX_KEY_BYTES + 1).saturating_sub(got) as u64).read_to_end(&mut bytes)?;
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]

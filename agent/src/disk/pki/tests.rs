@@ -476,3 +476,37 @@ fn a_missing_key_folder_is_a_note_for_check_and_made_by_run() {
     Pki::open(&pki_dir, options).unwrap();
     assert!(pki_dir.join("minions_pre").is_dir(), "run makes it");
 }
+
+/// Reading a key leaves its access time alone (`O_NOATIME`): a first read
+/// of each file written since its last read dirtied its inode, 1,000,000
+/// inode writes at a first start. (Its atime is set before its mtime, so
+/// a `relatime` mount would update it on a read.)
+#[test]
+fn reading_a_key_leaves_its_access_time() {
+    let (dir, pki) = setup();
+    let path = dir.path().join("minions/web01");
+    fs::write(&path, PUB).unwrap();
+    let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+    fs::File::options().write(true).open(&path).unwrap().set_times(fs::FileTimes::new().set_accessed(old)).unwrap();
+    assert!(matches!(pki.read_slot(Folder::Accepted, "web01"), Slot::Key(_)));
+    assert_eq!(fs::metadata(&path).unwrap().accessed().unwrap(), old);
+}
+
+/// A key file read in one go: as fstat sized it, grown since (read on, up
+/// to one byte over the cap), shrunk since (to its end).
+#[test]
+fn a_key_file_is_read_whole_whatever_its_size_became() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("k");
+    let read = |bytes: &[u8], size: usize| {
+        fs::write(&path, bytes).unwrap();
+        read_key_bytes(&mut fs::File::open(&path).unwrap(), size).unwrap()
+    };
+    let key = PUB.as_bytes();
+    assert_eq!(read(key, key.len()), key, "as sized");
+    assert_eq!(read(key, 10), key, "grown since");
+    assert_eq!(read(&key[..100], key.len()), &key[..100], "shrunk since");
+    assert_eq!(read(b"", 0), b"", "empty");
+    let huge = vec![b'x'; 3 * MAX_KEY_BYTES];
+    assert_eq!(read(&huge, 10).len(), MAX_KEY_BYTES + 1, "grown past the cap: one byte over, no more");
+}
