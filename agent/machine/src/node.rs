@@ -48,7 +48,7 @@ pub use repair::{
     Asking, BadAnswer, Compared, DiffAnswer, Fetch, Summaries, Whole, FETCH_CHUNK, FIRST_BUCKET_MOST, FIRST_WHOLE,
     MAX_FETCH, MAX_PLANNED, MAX_ROWS_PER_ID, MAX_WHOLE_PER_BUCKET,
 };
-pub use runtime::{Applied, Failure, Kept, Runtime, StoreWrite};
+pub use runtime::{Applied, Failure, Kept, Listing, Runtime, StoreWrite};
 pub use stale::Stale;
 pub use waiting::{Due, Kind, Wait, Waits};
 

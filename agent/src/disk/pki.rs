@@ -379,10 +379,19 @@ impl Pki {
 
     /// Names present in each usable folder (dot files skipped, as Salt does).
     pub fn list(&self) -> io::Result<Vec<(Folder, String)>> {
+        Ok(self.list_usable()?.0)
+    }
+
+    /// [`Pki::list`], and whether every folder was listed (none is refused).
+    pub fn list_usable(&self) -> io::Result<(Vec<(Folder, String)>, bool)> {
         self.check_folders();
         let mut out = Vec::new();
+        let mut complete = true;
         for folder in Folder::ALL {
-            let Ok(dir) = self.folder_fd(folder) else { continue };
+            let Ok(dir) = self.folder_fd(folder) else {
+                complete = false;
+                continue;
+            };
             for name in read_names(&*dir)? {
                 match name.into_string() {
                     Ok(name) if !name.starts_with('.') => out.push((folder, name)),
@@ -391,7 +400,7 @@ impl Pki {
                 }
             }
         }
-        Ok(out)
+        Ok((out, complete))
     }
 
     /// Flushes everything written to the file system holding pki_dir.

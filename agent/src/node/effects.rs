@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use keysync_machine::core::merge::Conflict;
-use keysync_machine::node::{Applied, Event, Failure, Runtime, StoreWrite};
+use keysync_machine::node::{Applied, Event, Failure, Listing, Runtime, StoreWrite};
 
 use crate::core::{Decision, Entry, Folder, MinionId, Slot, Slots, Version};
 use crate::disk::audit::{AuditLog, Record};
@@ -61,8 +61,10 @@ impl Runtime for Effects {
         self.pki.read_slot(folder, id.as_str())
     }
 
-    fn list(&mut self) -> Result<Vec<(Folder, String)>, Failure> {
-        self.pki.list().map_err(|e| Failure::new(format_args!("cannot list the key folders: {e}")))
+    fn list(&mut self) -> Result<Listing, Failure> {
+        let (files, complete) =
+            self.pki.list_usable().map_err(|e| Failure::new(format_args!("cannot list the key folders: {e}")))?;
+        Ok(Listing { files, complete })
     }
 
     fn apply(&mut self, decisions: &[&Decision]) -> Vec<Result<Applied, Failure>> {

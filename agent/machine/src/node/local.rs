@@ -70,16 +70,26 @@ impl Node {
                 return None;
             }
         };
-        let slots = match listed {
+        let (mut slots, mut read) = match listed {
             Some(folders) => read_listed(&id, folders, rt),
-            None => rt.read_slots(&id),
+            None => (rt.read_slots(&id), InFolders::ALL),
         };
-        self.note_slots(&id, &slots, rt);
         if let Err(e) = self.warm([&id], rt) {
+            self.note_slots(&id, &slots, read, rt);
             // Read again by the rescan that follows the backoff.
             self.retry_after_cold_failure(&e, now, rt);
             return None;
         }
+        // The periodic rescan's listing may be minutes old by its last step,
+        // older than what the node knows (an event's read recorded a file put
+        // since in a folder the listing does not name): a live reading of
+        // only the listed folders that would decide anything is made again
+        // of all three. (A first start's reads follow its listing in the
+        // same turn; each of its names is a claim, read once.)
+        if mode == ObserveMode::Live && read != InFolders::ALL && self.replica.would_observe(&id, &interpret(&slots)) {
+            (slots, read) = (rt.read_slots(&id), InFolders::ALL);
+        }
+        self.note_slots(&id, &slots, read, rt);
         let decision = self.replica.observe(&id, interpret(&slots), now.wall_ms, mode)?;
         // The agent's own write of a peer's decision whose recording failed is
         // not an operator's decision: the retry records it with its version.
@@ -99,15 +109,19 @@ impl Node {
         }
     }
 
-    /// Tells refused files and new pending keys, each once.
-    fn note_slots(&mut self, id: &MinionId, slots: &Slots, rt: &mut impl Runtime) {
-        for folder in Folder::ALL {
+    /// Tells refused files and new pending keys, each once; `read`: the
+    /// folders read (what the others hold is left as known).
+    fn note_slots(&mut self, id: &MinionId, slots: &Slots, read: InFolders, rt: &mut impl Runtime) {
+        for folder in Folder::ALL.into_iter().filter(|&folder| read.contains(folder)) {
             match slots.get(folder) {
                 Slot::Refused(reason) => self.refuse_once(folder, id.as_str(), Some(id), &reason.to_string(), rt),
                 _ => {
                     self.refused.remove(&(folder, id.to_string()));
                 }
             }
+        }
+        if !read.contains(Folder::Pending) {
+            return;
         }
         match &slots.pending {
             Slot::Key(key) => {
@@ -322,7 +336,7 @@ impl Node {
     /// ([`Names`]); `None` when the folders cannot be listed (told).
     fn all_names(&self, rt: &mut impl Runtime) -> Option<Names> {
         match rt.list() {
-            Ok(listed) => Some(Names::new(listed, self.replica.entries().map(|(id, _)| id))),
+            Ok(listing) => Some(Names::new(listing, self.replica.entries().map(|(id, _)| id))),
             Err(error) => {
                 rt.audit(Event::ListFailed { error });
                 None
@@ -402,24 +416,25 @@ impl Node {
     }
 }
 
-/// An id's files as a scan reads them: only in the folders its listing
-/// named (one file, not three, for nearly every key), the others taken as
-/// absent. A file put in another folder since the listing is read on its
-/// event, as one put there after a read of all three would be. When a file
-/// the listing named is gone (moved or deleted since), all three are read:
-/// a key is never taken for deleted on the listing's word. An id the
-/// listing named in no folder (held, its files gone) is read in all three.
-fn read_listed(id: &MinionId, listed: InFolders, rt: &mut impl Runtime) -> Slots {
-    if listed.is_empty() {
-        return rt.read_slots(id);
+/// An id's files as a scan reads them, and the folders read: only those
+/// its listing named (one file, not three, for nearly every key), the
+/// others taken as absent. When a file the listing named is gone (moved or
+/// deleted since), all three are read; an id the listing named in no folder
+/// (held, its files gone) is read in all three, and every name when a
+/// folder could not be listed ([`Names`]). A live reading of the listed
+/// folders that would decide anything is made again of all three
+/// ([`Node::observe_name`]): a scan decides nothing on its listing's word.
+fn read_listed(id: &MinionId, listed: InFolders, rt: &mut impl Runtime) -> (Slots, InFolders) {
+    if listed.is_empty() || listed == InFolders::ALL {
+        return (rt.read_slots(id), InFolders::ALL);
     }
     let mut slots = Slots::EMPTY;
     for folder in Folder::ALL.into_iter().filter(|&folder| listed.contains(folder)) {
         let slot = rt.read_slot(folder, id);
         if matches!(slot, Slot::Absent) {
-            return rt.read_slots(id);
+            return (rt.read_slots(id), InFolders::ALL);
         }
         *slots.get_mut(folder) = slot;
     }
-    slots
+    (slots, listed)
 }

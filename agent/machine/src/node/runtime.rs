@@ -106,6 +106,17 @@ pub struct StoreWrite<'a> {
     pub putting_back: Option<&'a [MinionId]>,
 }
 
+/// What [`Runtime::list`] found.
+#[derive(Clone, Debug, Default)]
+pub struct Listing {
+    /// Every file in the folders listed.
+    pub files: Vec<(Folder, String)>,
+    /// Every folder was listed: none is refused (replaced by something the
+    /// agent will not use). A scan reads each name only in the folders
+    /// that list it when it is.
+    pub complete: bool,
+}
+
 /// The effects of the node machine.
 pub trait Runtime {
     /// Reads an id's file in each of the three folders, trusting nothing.
@@ -114,7 +125,7 @@ pub trait Runtime {
     /// [`Runtime::read_slots`] reads there).
     fn read_slot(&mut self, folder: Folder, id: &MinionId) -> Slot;
     /// Every file in the three folders (dot files left out, as Salt does).
-    fn list(&mut self) -> Result<Vec<(Folder, String)>, Failure>;
+    fn list(&mut self) -> Result<Listing, Failure>;
     /// Makes the folders say each decision (staged, atomic); not durable
     /// until [`Runtime::sync_folders`]. One result per decision, in order.
     fn apply(&mut self, decisions: &[&Decision]) -> Vec<Result<Applied, Failure>>;

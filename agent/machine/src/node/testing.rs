@@ -14,7 +14,7 @@ use crate::core::settle::FsChange;
 use crate::core::{Decision, Entry, Folder, MinionId, PublicKey, Seen, Verdict, Version};
 
 use super::event::Event;
-use super::runtime::{Applied, Failure, Runtime, StoreWrite};
+use super::runtime::{Applied, Failure, Listing, Runtime, StoreWrite};
 
 /// A master's three key folders: `(folder, name)` → file bytes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -102,6 +102,9 @@ pub struct Faults {
     pub records_before_failing: Option<u32>,
     /// Plain tombstones cannot be read back from the store.
     pub load_cold: bool,
+    /// A folder refused (replaced by something the agent will not use):
+    /// left out of the listing, each of its files read as refused.
+    pub refused_folder: Option<Folder>,
 }
 
 /// A state store in memory: what the agent's redb store keeps.
@@ -347,17 +350,22 @@ pub struct Recorder {
 
 impl Runtime for Recorder {
     fn read_slots(&mut self, id: &MinionId) -> Slots {
-        self.files_read += Folder::ALL.len();
-        self.folders.slots(id.as_str())
+        let mut slot = |folder| self.read_slot(folder, id);
+        Slots { accepted: slot(Folder::Accepted), pending: slot(Folder::Pending), rejected: slot(Folder::Rejected) }
     }
 
     fn read_slot(&mut self, folder: Folder, id: &MinionId) -> Slot {
         self.files_read += 1;
-        self.folders.slot(folder, id.as_str())
+        match self.faults.refused_folder {
+            Some(refused) if refused == folder => Slot::Refused(Refusal::Unreadable("refused folder".to_string())),
+            _ => self.folders.slot(folder, id.as_str()),
+        }
     }
 
-    fn list(&mut self) -> Result<Vec<(Folder, String)>, Failure> {
-        Ok(self.folders.list())
+    fn list(&mut self) -> Result<Listing, Failure> {
+        let refused = self.faults.refused_folder;
+        let files = self.folders.list().into_iter().filter(|(folder, _)| Some(*folder) != refused).collect();
+        Ok(Listing { files, complete: refused.is_none() })
     }
 
     fn apply(&mut self, decisions: &[&Decision]) -> Vec<Result<Applied, Failure>> {

@@ -7,7 +7,7 @@
 
 use keysync_machine::core::merge::Conflict;
 use keysync_machine::core::{Decision, Entry, MinionId, Slot, Slots, Version};
-use keysync_machine::node::{Applied, Event, Failure, Runtime, StoreWrite};
+use keysync_machine::node::{Applied, Event, Failure, Listing, Runtime, StoreWrite};
 
 use crate::model::{Change, Disk};
 use keysync_machine::core::settle::FsChange;
@@ -133,11 +133,12 @@ impl Runtime for SimRuntime<'_> {
         self.disk.slot(folder, id.as_str())
     }
 
-    fn list(&mut self) -> Result<Vec<(Folder, String)>, Failure> {
+    fn list(&mut self) -> Result<Listing, Failure> {
         if self.dead() {
             return Err(Failure::new(KILLED));
         }
-        Ok(self.disk.files.keys().map(|(name, folder)| (*folder, name.clone())).collect())
+        let files = self.disk.files.keys().map(|(name, folder)| (*folder, name.clone())).collect();
+        Ok(Listing { files, complete: true })
     }
 
     fn apply(&mut self, decisions: &[&Decision]) -> Vec<Result<Applied, Failure>> {

@@ -7,6 +7,7 @@
 //! copy of each listed name and one of each id held, before their dedup).
 
 use crate::core::{Folder, MinionId};
+use crate::node::Listing;
 
 /// The folders' listing sorted by name, and the held ids it lacks.
 #[derive(Debug, Default)]
@@ -16,19 +17,20 @@ pub(in crate::node) struct Names {
     pub(in crate::node) listed: Vec<(Folder, String)>,
     /// Ids held that no folder lists, sorted.
     unlisted: Vec<MinionId>,
+    /// Every folder was listed; when one was not (refused), each name is
+    /// placed in all three: nothing says it is not in that one.
+    complete: bool,
 }
 
 impl Names {
     /// `listed`, the folders' listing in any order, and the ids held.
-    pub(in crate::node) fn new<'a>(
-        mut listed: Vec<(Folder, String)>,
-        held: impl Iterator<Item = &'a MinionId>,
-    ) -> Names {
+    pub(in crate::node) fn new<'a>(listing: Listing, held: impl Iterator<Item = &'a MinionId>) -> Names {
+        let Listing { files: mut listed, complete } = listing;
         listed.sort_unstable_by(|(_, a), (_, b)| a.cmp(b));
         let is_listed = |id: &MinionId| listed.binary_search_by(|(_, name)| name.as_str().cmp(id.as_str())).is_ok();
         let mut unlisted: Vec<MinionId> = held.filter(|id| !is_listed(id)).cloned().collect();
         unlisted.sort_unstable();
-        Names { listed, unlisted }
+        Names { listed, unlisted, complete }
     }
 
     /// Every name, once each, sorted.
@@ -85,7 +87,7 @@ impl Names {
                     folders = folders.with(*folder);
                     at.listed += 1;
                 }
-                Some(Pick::Listed(first, folders))
+                Some(Pick::Listed(first, if self.complete { folders } else { InFolders::ALL }))
             }
             (None, Some(_)) => {
                 at.unlisted += 1;
@@ -134,6 +136,7 @@ pub(in crate::node) struct InFolders(u8);
 
 impl InFolders {
     pub(in crate::node) const NONE: InFolders = InFolders(0);
+    pub(in crate::node) const ALL: InFolders = InFolders(7);
 
     fn bit(folder: Folder) -> u8 {
         match folder {
@@ -173,7 +176,7 @@ mod tests {
             (Folder::Pending, "db01".to_string()),
         ];
         let held = [id("web01"), id("gone02"), id("web03"), id("zz-gone")];
-        let names = Names::new(listed, held.iter());
+        let names = Names::new(Listing { files: listed, complete: true }, held.iter());
         let want = ["db01", "gone02", "web01", "web03", "zz-gone"];
         assert_eq!(names.iter().collect::<Vec<_>>(), want);
         assert_eq!(names.len(), want.len());
@@ -194,8 +197,16 @@ mod tests {
     }
 
     #[test]
+    fn a_listing_that_left_a_folder_out_places_every_name_in_all_three() {
+        let listed = vec![(Folder::Accepted, "web01".to_string())];
+        let names = Names::new(Listing { files: listed, complete: false }, [id("gone02")].iter());
+        let placed: Vec<(&str, InFolders)> = names.iter_placed().collect();
+        assert_eq!(placed, [("gone02", InFolders::NONE), ("web01", InFolders::ALL)]);
+    }
+
+    #[test]
     fn nothing_listed_nor_held_is_no_name() {
-        let names = Names::new(Vec::new(), std::iter::empty());
+        let names = Names::new(Listing::default(), std::iter::empty());
         assert_eq!(names.iter().count(), 0);
         assert_eq!(names.into_placed().count(), 0);
     }

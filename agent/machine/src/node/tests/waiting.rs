@@ -238,3 +238,65 @@ fn a_key_moved_after_the_rescan_listed_it_is_read_where_it_went() {
         rt.events
     );
 }
+
+/// The periodic rescan's listing can be minutes old by its last step: a
+/// key listed only in `minions_pre/`, then accepted by a copy into
+/// `minions/` (its pending file left, as Salt 3006's auth leaves it) and
+/// recorded from the copy's event, is not taken for deleted by the step
+/// that reads it where the old listing put it (found by review: the step
+/// read only `minions_pre/`, found a pending key, and decided a delete).
+#[test]
+fn a_rescan_step_never_undoes_what_an_event_recorded_since_its_listing() {
+    use super::super::local::RESCAN_STEP;
+    use crate::core::settle::FsChange;
+    let n = 2 * RESCAN_STEP + 10;
+    let names: Vec<String> = (0..n).map(|i| format!("k{i:06}")).collect();
+    let mut rt = Recorder::default();
+    for name in &names[..n - 1] {
+        rt.folders.put(Folder::Accepted, name, PUB.as_bytes());
+    }
+    let x = &names[n - 1];
+    rt.folders.put(Folder::Pending, x, PUB.as_bytes());
+    let base = Instant::now();
+    let guard = GuardSettings { enabled: false, ..Default::default() };
+    let mut node = node_at("master-a", guard, Default::default(), at(base, 0.0), &mut rt);
+    node.on_tick(at(base, 3601.0), &mut rt);
+    // Listed in minions_pre/ only; accepted by a copy, heard and recorded
+    // before the rescan's last step reads it.
+    rt.folders.put(Folder::Accepted, x, PUB.as_bytes());
+    node.on_fs(&FsEvent { folder: Folder::Accepted, name: x.clone(), change: FsChange::MovedIn }, at(base, 3601.0));
+    let kind = |node: &Node| node.entry(&MinionId::parse(x).unwrap()).map(|e| e.kind);
+    let mut t = 3601.0;
+    while kind(&node) != Some(crate::core::VerdictKind::Accepted) {
+        t += 0.05;
+        assert!(t < 3610.0, "the event's read records the accept");
+        node.on_tick(at(base, t), &mut rt);
+    }
+    tick_until(&mut node, &mut rt, base, 3700.0);
+    assert_eq!(kind(&node), Some(crate::core::VerdictKind::Accepted), "{:?}", rt.events);
+    let deleted = rt.events.iter().any(|e| {
+        matches!(e, Event::Decided { decision, .. }
+            if decision.id.as_str() == x && decision.verdict.kind() == crate::core::VerdictKind::Deleted)
+    });
+    assert!(!deleted, "never taken for deleted: {:?}", rt.events);
+}
+
+/// A folder the listing left out (refused: replaced by a symlink, another
+/// owner's folder) is no empty folder: a scan then reads every name in all
+/// three, and a key whose decision that folder would hold is no
+/// conclusion, as before (found by review: a first start with
+/// `minions_rejected/` refused read each key in `minions/` alone and
+/// claimed it accepted, where a read of all three concludes nothing).
+#[test]
+fn a_scan_whose_listing_left_a_folder_out_reads_all_three() {
+    let mut rt = Recorder::default();
+    for i in 0..10 {
+        rt.folders.put(Folder::Accepted, &format!("k{i:02}"), PUB.as_bytes());
+    }
+    rt.faults.refused_folder = Some(Folder::Rejected);
+    let base = Instant::now();
+    let guard = GuardSettings { enabled: false, ..Default::default() };
+    let node = node_at("master-a", guard, Default::default(), at(base, 0.0), &mut rt);
+    assert_eq!(rt.files_read, 3 * 10, "every name in all three folders");
+    assert_eq!(node.len(), 0, "no claim while minions_rejected/ is refused: {:?}", rt.events);
+}
