@@ -16,6 +16,27 @@ fn tick_until(node: &mut Node, rt: &mut Recorder, base: Instant, until: f64) {
     panic!("still due after 100 ticks: {:?}", node.waits().collect::<Vec<_>>());
 }
 
+/// `k000000`, `k000001`, …: `n` names, sorted.
+fn key_names(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("k{i:06}")).collect()
+}
+
+/// [`key_names`], each with its key in `minions/` of a new runtime.
+fn accepted_keys(n: usize) -> (Vec<String>, Recorder) {
+    let names = key_names(n);
+    let mut rt = Recorder::default();
+    for name in &names {
+        rt.folders.put(Folder::Accepted, name, PUB.as_bytes());
+    }
+    (names, rt)
+}
+
+/// master-a started on `rt`'s folders at `base`, its guard off (the
+/// rescans' tests delete keys as lost events would).
+fn started_unguarded(rt: &mut Recorder, base: Instant) -> Node {
+    node_at("master-a", GuardSettings { enabled: false, ..Default::default() }, Default::default(), at(base, 0.0), rt)
+}
+
 /// Held deletes the store could not keep wait to be written: the node is
 /// not quiet until they are (the simulation's checker took it for at rest).
 #[test]
@@ -100,19 +121,9 @@ fn keys_put_back_are_written_once_another_write_ended_the_backoff() {
 fn the_periodic_rescan_reads_a_step_of_names_per_turn() {
     use super::super::local::RESCAN_STEP;
     let n = 2 * RESCAN_STEP + 10;
-    let names: Vec<String> = (0..n).map(|i| format!("k{i:06}")).collect();
-    let mut rt = Recorder::default();
-    for name in &names {
-        rt.folders.put(Folder::Accepted, name, PUB.as_bytes());
-    }
+    let (names, mut rt) = accepted_keys(n);
     let base = Instant::now();
-    let mut node = node_at(
-        "master-a",
-        GuardSettings { enabled: false, ..Default::default() },
-        Default::default(),
-        at(base, 0.0),
-        &mut rt,
-    );
+    let mut node = started_unguarded(&mut rt, base);
     assert_eq!(node.len(), n);
     // Deleted while their events were lost: the first name and the last.
     let (first, last) = (&names[0], &names[n - 1]);
@@ -158,8 +169,7 @@ fn a_first_start_left_unrecorded_is_not_marked_initialized_by_one_step() {
     }
     rt.faults.record = true;
     let base = Instant::now();
-    let no_guard = GuardSettings { enabled: false, ..Default::default() };
-    let mut node = node_at("master-a", no_guard, Default::default(), at(base, 0.0), &mut rt);
+    let mut node = started_unguarded(&mut rt, base);
     assert!(!rt.store.initialized, "nothing recorded");
     // The retries fail until the periodic rescan is due, which fails too.
     node.on_tick(at(base, 3601.0), &mut rt);
@@ -194,8 +204,7 @@ fn a_scan_reads_each_key_in_the_folders_its_listing_names() {
     // A key in two folders is read in both.
     rt.folders.put(Folder::Pending, "k000001", PUB.as_bytes());
     let base = Instant::now();
-    let guard = GuardSettings { enabled: false, ..Default::default() };
-    let mut node = node_at("master-a", guard, Default::default(), at(base, 0.0), &mut rt);
+    let mut node = started_unguarded(&mut rt, base);
     assert_eq!(node.len(), n);
     assert_eq!(rt.files_read, n + 1, "each file once at the start");
 
@@ -216,14 +225,9 @@ fn a_scan_reads_each_key_in_the_folders_its_listing_names() {
 fn a_key_moved_after_the_rescan_listed_it_is_read_where_it_went() {
     use super::super::local::RESCAN_STEP;
     let n = 2 * RESCAN_STEP + 10;
-    let names: Vec<String> = (0..n).map(|i| format!("k{i:06}")).collect();
-    let mut rt = Recorder::default();
-    for name in &names {
-        rt.folders.put(Folder::Accepted, name, PUB.as_bytes());
-    }
+    let (names, mut rt) = accepted_keys(n);
     let base = Instant::now();
-    let guard = GuardSettings { enabled: false, ..Default::default() };
-    let mut node = node_at("master-a", guard, Default::default(), at(base, 0.0), &mut rt);
+    let mut node = started_unguarded(&mut rt, base);
     node.on_tick(at(base, 3601.0), &mut rt);
     // Listed, not read yet: in the rescan's last step. Its event was lost.
     let moved = &names[n - 1];
@@ -250,7 +254,7 @@ fn a_rescan_step_never_undoes_what_an_event_recorded_since_its_listing() {
     use super::super::local::RESCAN_STEP;
     use crate::core::settle::FsChange;
     let n = 2 * RESCAN_STEP + 10;
-    let names: Vec<String> = (0..n).map(|i| format!("k{i:06}")).collect();
+    let names = key_names(n);
     let mut rt = Recorder::default();
     for name in &names[..n - 1] {
         rt.folders.put(Folder::Accepted, name, PUB.as_bytes());
@@ -258,8 +262,7 @@ fn a_rescan_step_never_undoes_what_an_event_recorded_since_its_listing() {
     let x = &names[n - 1];
     rt.folders.put(Folder::Pending, x, PUB.as_bytes());
     let base = Instant::now();
-    let guard = GuardSettings { enabled: false, ..Default::default() };
-    let mut node = node_at("master-a", guard, Default::default(), at(base, 0.0), &mut rt);
+    let mut node = started_unguarded(&mut rt, base);
     node.on_tick(at(base, 3601.0), &mut rt);
     // Listed in minions_pre/ only; accepted by a copy, heard and recorded
     // before the rescan's last step reads it.
@@ -295,8 +298,7 @@ fn a_scan_whose_listing_left_a_folder_out_reads_all_three() {
     }
     rt.faults.refused_folder = Some(Folder::Rejected);
     let base = Instant::now();
-    let guard = GuardSettings { enabled: false, ..Default::default() };
-    let node = node_at("master-a", guard, Default::default(), at(base, 0.0), &mut rt);
+    let node = started_unguarded(&mut rt, base);
     assert_eq!(rt.files_read, 3 * 10, "every name in all three folders");
     assert_eq!(node.len(), 0, "no claim while minions_rejected/ is refused: {:?}", rt.events);
 }
