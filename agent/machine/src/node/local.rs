@@ -52,7 +52,7 @@ impl Node {
         }
     }
 
-    /// Reads one name's three files and returns the decision they amount to.
+    /// Reads one name's files and returns the decision they amount to.
     /// `listed`: the folders a scan's listing named it in, where it is read
     /// ([`read_listed`]); `None` reads all three.
     fn observe_name(
