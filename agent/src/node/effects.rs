@@ -7,7 +7,7 @@ use std::sync::Arc;
 use keysync_machine::core::merge::Conflict;
 use keysync_machine::node::{Applied, Event, Failure, Listing, Runtime, StoreWrite};
 
-use crate::core::{Decision, Entry, Folder, MinionId, Slot, Slots, Version};
+use crate::core::{Decision, Entry, Folder, MinionId, Slot, Version};
 use crate::disk::audit::{AuditLog, Record};
 use crate::disk::pki::{drop_dfn, Owner, Pki};
 use crate::disk::store::Store;
@@ -53,10 +53,6 @@ impl Effects {
 }
 
 impl Runtime for Effects {
-    fn read_slots(&mut self, id: &MinionId) -> Slots {
-        self.pki.read_slots(id)
-    }
-
     fn read_slot(&mut self, folder: Folder, id: &MinionId) -> Slot {
         self.pki.read_slot(folder, id.as_str())
     }

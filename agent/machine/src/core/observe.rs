@@ -57,6 +57,11 @@ pub struct Slots {
 impl Slots {
     pub const EMPTY: Slots = Slots { accepted: Slot::Absent, pending: Slot::Absent, rejected: Slot::Absent };
 
+    /// Each folder's slot as `read` gives it, in the order of [`Folder::ALL`].
+    pub fn read(mut read: impl FnMut(Folder) -> Slot) -> Slots {
+        Slots { accepted: read(Folder::Accepted), pending: read(Folder::Pending), rejected: read(Folder::Rejected) }
+    }
+
     pub fn get(&self, folder: Folder) -> &Slot {
         match folder {
             Folder::Accepted => &self.accepted,

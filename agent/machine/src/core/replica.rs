@@ -233,7 +233,7 @@ impl Replica {
     /// not held until [`Replica::commit`] (or [`Replica::set`]).
     /// On a first start the reading is a claim, naming its content.
     pub fn observe(&mut self, id: &MinionId, reading: Reading, wall_ms: u64, mode: ObserveMode) -> Option<Decision> {
-        let verdict = self.differs(id, reading)?;
+        let verdict = self.differs(id, &reading)?;
         let held = self.entries.get(id);
         let (version, context) = match (mode, verdict.fingerprint()) {
             (ObserveMode::FirstStart, Some(fingerprint)) => {
@@ -259,22 +259,22 @@ impl Replica {
     /// Whether a folder reading says something other than what the folders
     /// should say ([`Replica::observe`] would decide), changing nothing.
     pub fn would_observe(&self, id: &MinionId, reading: &Reading) -> bool {
-        self.differs(id, reading.clone()).is_some()
+        self.differs(id, reading).is_some()
     }
 
     /// The verdict `reading` amounts to, if it is not what the folders
     /// should say for `id`.
-    fn differs(&self, id: &MinionId, reading: Reading) -> Option<Verdict> {
+    fn differs(&self, id: &MinionId, reading: &Reading) -> Option<Verdict> {
         let shown = self.entries.get(id).and_then(claims::effective);
         let verdict = match reading {
             Reading::Unknown => return None,
             Reading::Decided(verdict) => verdict,
             // Pending or absent: a tombstone, unless nothing is decided here.
             Reading::Undecided if shown.as_ref().is_none_or(|s| s.kind == VerdictKind::Deleted) => return None,
-            Reading::Undecided => Verdict::Deleted,
+            Reading::Undecided => &Verdict::Deleted,
         };
         let same = shown.as_ref().is_some_and(|s| s.kind == verdict.kind() && s.fingerprint == verdict.fingerprint());
-        (!same).then_some(verdict)
+        (!same).then(|| verdict.clone())
     }
 
     /// A fresh version from this node, above every version seen (for an

@@ -86,11 +86,13 @@ impl Node {
         // only the listed folders that would decide anything is made again
         // of all three. (A first start's reads follow its listing in the
         // same turn; each of its names is a claim, read once.)
-        if mode == ObserveMode::Live && read != InFolders::ALL && self.replica.would_observe(&id, &interpret(&slots)) {
+        let mut reading = interpret(&slots);
+        if mode == ObserveMode::Live && read != InFolders::ALL && self.replica.would_observe(&id, &reading) {
             (slots, read) = (rt.read_slots(&id), InFolders::ALL);
+            reading = interpret(&slots);
         }
         self.note_slots(&id, &slots, read, rt);
-        let decision = self.replica.observe(&id, interpret(&slots), now.wall_ms, mode)?;
+        let decision = self.replica.observe(&id, reading, now.wall_ms, mode)?;
         // The agent's own write of a peer's decision whose recording failed is
         // not an operator's decision: the retry records it with its version.
         let own_write =

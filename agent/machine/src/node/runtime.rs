@@ -119,11 +119,12 @@ pub struct Listing {
 
 /// The effects of the node machine.
 pub trait Runtime {
-    /// Reads an id's file in each of the three folders, trusting nothing.
-    fn read_slots(&mut self, id: &MinionId) -> Slots;
-    /// Reads an id's file in one folder, trusting nothing (what
-    /// [`Runtime::read_slots`] reads there).
+    /// Reads an id's file in one folder, trusting nothing.
     fn read_slot(&mut self, folder: Folder, id: &MinionId) -> Slot;
+    /// Reads an id's file in each of the three folders.
+    fn read_slots(&mut self, id: &MinionId) -> Slots {
+        Slots::read(|folder| self.read_slot(folder, id))
+    }
     /// Every file in the three folders (dot files left out, as Salt does).
     fn list(&mut self) -> Result<Listing, Failure>;
     /// Makes the folders say each decision (staged, atomic); not durable

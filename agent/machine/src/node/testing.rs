@@ -9,7 +9,7 @@ use crate::PeerName;
 
 use crate::core::keyfile::check_public_key;
 use crate::core::merge::Conflict;
-use crate::core::observe::{Refusal, Slot, Slots};
+use crate::core::observe::{Refusal, Slot};
 use crate::core::settle::FsChange;
 use crate::core::{Decision, Entry, Folder, MinionId, PublicKey, Seen, Verdict, Version};
 
@@ -33,12 +33,6 @@ impl Folders {
 
     pub fn get(&self, folder: Folder, name: &str) -> Option<&Vec<u8>> {
         self.files.get(&(folder, name.to_string()))
-    }
-
-    /// What the agent reads for one id.
-    pub fn slots(&self, name: &str) -> Slots {
-        let slot = |folder| self.slot(folder, name);
-        Slots { accepted: slot(Folder::Accepted), pending: slot(Folder::Pending), rejected: slot(Folder::Rejected) }
     }
 
     /// What the agent reads for one id in one folder.
@@ -349,11 +343,6 @@ pub struct Recorder {
 }
 
 impl Runtime for Recorder {
-    fn read_slots(&mut self, id: &MinionId) -> Slots {
-        let mut slot = |folder| self.read_slot(folder, id);
-        Slots { accepted: slot(Folder::Accepted), pending: slot(Folder::Pending), rejected: slot(Folder::Rejected) }
-    }
-
     fn read_slot(&mut self, folder: Folder, id: &MinionId) -> Slot {
         self.files_read += 1;
         match self.faults.refused_folder {

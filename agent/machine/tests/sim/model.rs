@@ -72,8 +72,7 @@ impl Disk {
     }
 
     pub(crate) fn slots(&self, name: &str) -> Slots {
-        let slot = |folder| self.slot(folder, name);
-        Slots { accepted: slot(Folder::Accepted), pending: slot(Folder::Pending), rejected: slot(Folder::Rejected) }
+        Slots::read(|folder| self.slot(folder, name))
     }
 
     pub(crate) fn slot(&self, folder: Folder, name: &str) -> Slot {

@@ -119,6 +119,7 @@ impl SimRuntime<'_> {
 }
 
 impl Runtime for SimRuntime<'_> {
+    /// One effect, as a read of one folder is (a kill counts effects).
     fn read_slots(&mut self, id: &MinionId) -> Slots {
         if self.dead() {
             return Slots::EMPTY;

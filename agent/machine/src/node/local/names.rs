@@ -42,7 +42,7 @@ impl Names {
     /// id held in no folder).
     pub(in crate::node) fn iter_placed(&self) -> impl Iterator<Item = (&str, InFolders)> {
         let mut at = Cursor::default();
-        std::iter::from_fn(move || self.next(&mut at).map(|pick| (self.name(pick), pick.folders())))
+        std::iter::from_fn(move || self.next_at(&mut at))
     }
 
     /// The name at `at` and the folders that list it; `at` then moves past
