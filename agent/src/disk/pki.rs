@@ -12,18 +12,16 @@
 //! otherwise, and the others keep being served.
 
 use std::ffi::OsString;
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use rustix::fs::{AtFlags, Mode, OFlags};
+use rustix::fs::{Mode, OFlags};
 
-use crate::core::keyfile::{check_public_key, KeyError, MAX_KEY_BYTES};
-use crate::core::observe::Refusal;
-use crate::core::{Folder, MinionId, PublicKey, Slot, Slots};
+use crate::core::Folder;
 pub use keysync_machine::node::Applied;
 
 mod adopt;
@@ -31,6 +29,7 @@ mod apply;
 mod dfn;
 pub mod dirs;
 mod owner;
+mod read;
 mod staging;
 
 use apply::{give_to, remove_if_present, staged_name, write_new};
@@ -55,10 +54,6 @@ pub fn key_mode_for(salt_version: &str) -> Option<u32> {
     let major: u32 = salt_version.split(['.', ' ']).next()?.parse().ok()?;
     Some(if major >= 3008 { KEY_MODE_3008 } else { KEY_MODE })
 }
-
-/// Names Salt uses for the master's own keys; never read as minion keys even
-/// if someone puts one into a key folder.
-const MASTER_KEY_NAMES: [&str; 4] = ["master.pem", "master.pub", "master_sign.pem", "master_sign.pub"];
 
 static STAGING_SEQ: AtomicU64 = AtomicU64::new(0);
 
@@ -296,87 +291,6 @@ impl Pki {
         std::mem::take(&mut *self.replaced.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 
-    pub fn read_slots(&self, id: &MinionId) -> Slots {
-        Slots {
-            accepted: self.read_slot(Folder::Accepted, id.as_str()),
-            pending: self.read_slot(Folder::Pending, id.as_str()),
-            rejected: self.read_slot(Folder::Rejected, id.as_str()),
-        }
-    }
-
-    /// Reads one key file: a regular file directly in the folder, never
-    /// through a symlink, never a hard link, never larger than the cap, and
-    /// holding exactly one public key.
-    pub fn read_slot(&self, folder: Folder, name: &str) -> Slot {
-        self.open_slot(folder, name).0
-    }
-
-    /// [`Pki::read_slot`], also returning the file it read a key from.
-    fn open_slot(&self, folder: Folder, name: &str) -> (Slot, Option<std::fs::File>) {
-        let dir = match self.folder_fd(folder) {
-            Ok(dir) => dir,
-            Err(why) => return (Slot::Refused(Refusal::Unreadable(why)), None),
-        };
-        if MASTER_KEY_NAMES.contains(&name) {
-            // Refused without being opened, and only where such a file is:
-            // one refusal per file, not one per folder.
-            return (
-                match rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-                    Err(rustix::io::Errno::NOENT) => Slot::Absent,
-                    _ => Slot::Refused(Refusal::NotRegular("the name of a master key file")),
-                },
-                None,
-            );
-        }
-        // NONBLOCK: opening a FIFO must not hang the agent. NOATIME: reading
-        // a key changes nothing on it (a first read of a file written since
-        // its last read dirtied its inode: 1,000,000 inode writes at a first
-        // start), where the kernel allows it (the files' owner, or CAP_FOWNER).
-        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
-        let opened = match self.no_noatime.load(Ordering::Relaxed) {
-            true => rustix::fs::openat(&*dir, name, flags, Mode::empty()),
-            false => match rustix::fs::openat(&*dir, name, flags | OFlags::NOATIME, Mode::empty()) {
-                Err(rustix::io::Errno::PERM) => {
-                    self.no_noatime.store(true, Ordering::Relaxed);
-                    rustix::fs::openat(&*dir, name, flags, Mode::empty())
-                }
-                opened => opened,
-            },
-        };
-        let fd = match opened {
-            Ok(fd) => fd,
-            Err(rustix::io::Errno::NOENT) => return (Slot::Absent, None),
-            Err(rustix::io::Errno::LOOP) => return (Slot::Refused(Refusal::NotRegular("symbolic link")), None),
-            Err(e) => return (Slot::Refused(Refusal::Unreadable(io::Error::from(e).to_string())), None),
-        };
-        let mut file = std::fs::File::from(fd);
-        let st = match rustix::fs::fstat(&file) {
-            Ok(st) => st,
-            Err(e) => return (Slot::Refused(Refusal::Unreadable(io::Error::from(e).to_string())), None),
-        };
-        let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
-        if kind != rustix::fs::FileType::RegularFile {
-            return (Slot::Refused(Refusal::NotRegular(file_type_name(kind))), None);
-        }
-        if st.st_nlink > 1 {
-            return (Slot::Refused(Refusal::HardLinked(st.st_nlink)), None);
-        }
-        if st.st_size as u64 > MAX_KEY_BYTES as u64 {
-            return (Slot::Refused(Refusal::Content(KeyError::TooLarge(st.st_size as u64))), None);
-        }
-        let bytes = match read_key_bytes(&mut file, st.st_size as usize) {
-            Ok(bytes) => bytes,
-            Err(e) => return (Slot::Refused(Refusal::Unreadable(e.to_string())), None),
-        };
-        if bytes.len() > MAX_KEY_BYTES {
-            return (Slot::Refused(Refusal::Content(KeyError::TooLarge(bytes.len() as u64))), None);
-        }
-        match check_public_key(&bytes) {
-            Ok(()) => (Slot::Key(PublicKey::new(bytes)), Some(file)),
-            Err(e) => (Slot::Refused(Refusal::Content(e)), None),
-        }
-    }
-
     /// Names present in each usable folder (dot files skipped, as Salt does).
     pub fn list(&self) -> io::Result<Vec<(Folder, String)>> {
         Ok(self.list_usable()?.0)
@@ -573,45 +487,6 @@ fn read_names(dir: &impl AsFd) -> io::Result<Vec<OsString>> {
         }
     }
     Ok(names)
-}
-
-fn file_type_name(kind: rustix::fs::FileType) -> &'static str {
-    use rustix::fs::FileType;
-    match kind {
-        FileType::Directory => "directory",
-        FileType::Fifo => "FIFO",
-        FileType::Socket => "socket",
-        FileType::BlockDevice | FileType::CharacterDevice => "device",
-        FileType::Symlink => "symbolic link",
-        _ => "special file",
-    }
-}
-
-/// A key file's bytes, `size` as fstat gave it: read until `size` bytes
-/// came (one read(), where reading to the end took two, the second finding
-/// the end), or the end came first. A file that grew since the fstat is
-/// read on, up to one byte over the cap (refused by the caller).
-fn read_key_bytes(file: &mut std::fs::File, size: usize) -> io::Result<Vec<u8>> {
-    let mut bytes = vec![0; size + 1];
-    let mut got = 0;
-    while got < bytes.len() {
-        match file.read(&mut bytes[got..]) {
-            Ok(0) => break,
-            Ok(n) => {
-                got += n;
-                if got == size {
-                    break;
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    bytes.truncate(got);
-    if got > size {
-        file.take((MAX_KEY_BYTES + 1).saturating_sub(got) as u64).read_to_end(&mut bytes)?;
-    }
-    Ok(bytes)
 }
 
 #[cfg(test)]

@@ -7,9 +7,12 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 
 use super::adopt::Adoption;
+use super::read::read_key_bytes;
 use super::*;
+use crate::core::keyfile::MAX_KEY_BYTES;
 use crate::core::settle::FsChange;
-use crate::core::{Decision, Verdict, Version};
+use crate::core::{Decision, MinionId, Verdict, Version};
+use crate::core::{PublicKey, Slot};
 use keysync_machine::testkit::PUB;
 
 /// Opens the key folders in `dir` (created) as the agent does.
@@ -48,7 +51,7 @@ fn apply_moves_the_id_between_folders() {
     assert_eq!(fs::read(dir.path().join("minions/web01")).unwrap(), PUB.as_bytes());
     let mode = fs::metadata(dir.path().join("minions/web01")).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, KEY_MODE);
-    assert_eq!(pki.read_slots(&decision(Verdict::Deleted).id).pending, Slot::Absent);
+    assert_eq!(pki.read_slot(Folder::Pending, decision(Verdict::Deleted).id.as_str()), Slot::Absent);
 
     let applied = pki.apply(&decision(Verdict::Rejected(key))).unwrap();
     assert_eq!(applied.changes, [(Folder::Rejected, FsChange::MovedIn), (Folder::Accepted, FsChange::Gone)]);

@@ -1,0 +1,130 @@
+//! Reading a key file safely: a regular file directly in its folder,
+//! opened relative to it, never through a symlink, never a hard link, never
+//! larger than the cap, holding exactly one public key; its access time
+//! left alone where the kernel allows it.
+
+use std::io::{self, Read};
+use std::sync::atomic::Ordering;
+
+use rustix::fs::{AtFlags, Mode, OFlags};
+
+use super::Pki;
+use crate::core::keyfile::{check_public_key, KeyError, MAX_KEY_BYTES};
+use crate::core::observe::Refusal;
+use crate::core::{Folder, PublicKey, Slot};
+
+/// Names Salt uses for the master's own keys; never read as minion keys even
+/// if someone puts one into a key folder.
+const MASTER_KEY_NAMES: [&str; 4] = ["master.pem", "master.pub", "master_sign.pem", "master_sign.pub"];
+
+impl Pki {
+    /// Reads one key file: a regular file directly in the folder, never
+    /// through a symlink, never a hard link, never larger than the cap, and
+    /// holding exactly one public key.
+    pub fn read_slot(&self, folder: Folder, name: &str) -> Slot {
+        self.open_slot(folder, name).0
+    }
+
+    /// [`Pki::read_slot`], also returning the file it read a key from.
+    pub(super) fn open_slot(&self, folder: Folder, name: &str) -> (Slot, Option<std::fs::File>) {
+        let dir = match self.folder_fd(folder) {
+            Ok(dir) => dir,
+            Err(why) => return (Slot::Refused(Refusal::Unreadable(why)), None),
+        };
+        if MASTER_KEY_NAMES.contains(&name) {
+            // Refused without being opened, and only where such a file is:
+            // one refusal per file, not one per folder.
+            return (
+                match rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+                    Err(rustix::io::Errno::NOENT) => Slot::Absent,
+                    _ => Slot::Refused(Refusal::NotRegular("the name of a master key file")),
+                },
+                None,
+            );
+        }
+        // NONBLOCK: opening a FIFO must not hang the agent. NOATIME: reading
+        // a key changes nothing on it (a first read of a file written since
+        // its last read dirtied its inode: 1,000,000 inode writes at a first
+        // start), where the kernel allows it (the files' owner, or CAP_FOWNER).
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+        let opened = match self.no_noatime.load(Ordering::Relaxed) {
+            true => rustix::fs::openat(&*dir, name, flags, Mode::empty()),
+            false => match rustix::fs::openat(&*dir, name, flags | OFlags::NOATIME, Mode::empty()) {
+                Err(rustix::io::Errno::PERM) => {
+                    self.no_noatime.store(true, Ordering::Relaxed);
+                    rustix::fs::openat(&*dir, name, flags, Mode::empty())
+                }
+                opened => opened,
+            },
+        };
+        let fd = match opened {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::NOENT) => return (Slot::Absent, None),
+            Err(rustix::io::Errno::LOOP) => return (Slot::Refused(Refusal::NotRegular("symbolic link")), None),
+            Err(e) => return (Slot::Refused(Refusal::Unreadable(io::Error::from(e).to_string())), None),
+        };
+        let mut file = std::fs::File::from(fd);
+        let st = match rustix::fs::fstat(&file) {
+            Ok(st) => st,
+            Err(e) => return (Slot::Refused(Refusal::Unreadable(io::Error::from(e).to_string())), None),
+        };
+        let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
+        if kind != rustix::fs::FileType::RegularFile {
+            return (Slot::Refused(Refusal::NotRegular(file_type_name(kind))), None);
+        }
+        if st.st_nlink > 1 {
+            return (Slot::Refused(Refusal::HardLinked(st.st_nlink)), None);
+        }
+        if st.st_size as u64 > MAX_KEY_BYTES as u64 {
+            return (Slot::Refused(Refusal::Content(KeyError::TooLarge(st.st_size as u64))), None);
+        }
+        let bytes = match read_key_bytes(&mut file, st.st_size as usize) {
+            Ok(bytes) => bytes,
+            Err(e) => return (Slot::Refused(Refusal::Unreadable(e.to_string())), None),
+        };
+        // One byte over the cap, if it grew since: refused, as too large.
+        match check_public_key(&bytes) {
+            Ok(()) => (Slot::Key(PublicKey::new(bytes)), Some(file)),
+            Err(e) => (Slot::Refused(Refusal::Content(e)), None),
+        }
+    }
+}
+
+fn file_type_name(kind: rustix::fs::FileType) -> &'static str {
+    use rustix::fs::FileType;
+    match kind {
+        FileType::Directory => "directory",
+        FileType::Fifo => "FIFO",
+        FileType::Socket => "socket",
+        FileType::BlockDevice | FileType::CharacterDevice => "device",
+        FileType::Symlink => "symbolic link",
+        _ => "special file",
+    }
+}
+
+/// A key file's bytes, `size` as fstat gave it: read until `size` bytes
+/// came (one read(), where reading to the end took two, the second finding
+/// the end), or the end came first. A file that grew since the fstat is
+/// read on, up to one byte over the cap (refused by the caller).
+pub(super) fn read_key_bytes(file: &mut std::fs::File, size: usize) -> io::Result<Vec<u8>> {
+    let mut bytes = vec![0; size + 1];
+    let mut got = 0;
+    while got < bytes.len() {
+        match file.read(&mut bytes[got..]) {
+            Ok(0) => break,
+            Ok(n) => {
+                got += n;
+                if got == size {
+                    break;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    bytes.truncate(got);
+    if got > size {
+        file.take((MAX_KEY_BYTES + 1).saturating_sub(got) as u64).read_to_end(&mut bytes)?;
+    }
+    Ok(bytes)
+}
