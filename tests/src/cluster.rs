@@ -210,6 +210,23 @@ impl TestCluster {
         self.links.heal();
     }
 
+    /// Cuts only agent `i`'s link to agent `j`: `j` still reaches `i`.
+    pub fn cut_one_way(&self, i: usize, j: usize) {
+        self.links.cut_one_way(i, j);
+    }
+
+    /// Forwards what agent `i` sends agent `j` at most at `bytes_per_sec`
+    /// per connection (`None`: as it comes); see [`crate::proxy::Link::throttle`].
+    pub fn throttle(&self, i: usize, j: usize, bytes_per_sec: Option<usize>) {
+        self.links.throttle(i, j, bytes_per_sec);
+    }
+
+    /// The most bytes one connection from agent `i` to agent `j` holds in
+    /// its relay, not forwarded yet.
+    pub fn most_held(&self, i: usize, j: usize) -> usize {
+        self.links.most_held(i, j)
+    }
+
     pub async fn shutdown(mut self) {
         for idx in 0..self.agents.len() {
             if self.agents[idx].is_running() {
