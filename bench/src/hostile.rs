@@ -1,7 +1,7 @@
 //! A compromised master (issue 27): master-b's certificate and key in
 //! hostile hands, against master-a's agent alone (holding `keys` decided
 //! keys). At once, for `secs`:
-//! - stalled answers: four connections open 100 Fetch streams each, every
+//! - stalled answers: six connections (as many as one peer may hold) open 100 Fetch streams each, every
 //!   one asking for all of master-a's ids, and read none of them;
 //! - oversized answers: a fake master-b at master-b's address, to which
 //!   master-a's link connects, answers every Diff with `diff_summaries`

@@ -6,9 +6,10 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use tokio_util::sync::CancellationToken;
 
-/// Connections one peer may hold open at once (its link uses one; a reload
-/// or a reconnect briefly two).
-pub const CONNECTIONS_PER_PEER: usize = 4;
+/// Connections one peer may hold open at once: its link uses two (one for
+/// its rounds, one for its live pushes), a reload or a reconnect briefly
+/// four, and its `recover --from-peers` or upgrade plan one more.
+pub const CONNECTIONS_PER_PEER: usize = 6;
 
 use crate::identity::PeerName;
 use crate::tls::TlsSetup;
@@ -96,7 +97,7 @@ impl ListenerControl {
 
     /// Notes a new connection of `peer`, closed when `close` is cancelled;
     /// `false` (not noted) when the peer
-    /// has [`CONNECTIONS_PER_PEER`] open already: a peer needs one, and each
+    /// has [`CONNECTIONS_PER_PEER`] open already: a peer's link needs two, and each
     /// holds up to an HTTP/2 window of request data (see `budget.rs`).
     pub(crate) fn register(&self, peer: PeerName, close: CancellationToken) -> bool {
         let mut connections = self.connections();

@@ -164,8 +164,9 @@ impl PeerLink {
         *last = Some(refusal);
     }
 
-    /// One connection: the link machine's session, carried out. Returns
-    /// `Ok` only at shutdown (or when the node is gone).
+    /// One session, on two connections (its rounds, its live pushes): the
+    /// link machine's session, carried out. Returns `Ok` only at shutdown
+    /// (or when the node is gone).
     async fn session(
         &self,
         link: &mut Link,
@@ -173,9 +174,15 @@ impl PeerLink {
         shutdown: &CancellationToken,
     ) -> Result<(), SessionError> {
         let tls = self.tls.borrow().clone();
-        let mut client =
-            keysync_server::connect(&self.peer.address, &self.peer.name, &tls, MAX_MESSAGE_BYTES, CONNECT_TIMEOUT)
-                .await?;
+        // Two connections, made at once: one for the rounds (Hello, Diff,
+        // Fetch), one for the live pushes alone. On one connection a live
+        // push went out behind whatever a round had sent before it (its
+        // 8 KB of digests): with BBR's cwnd of 4 segments in PROBE_RTT,
+        // that cost a round trip more at 300 ms RTT (a decision 430-480 ms
+        // late, where one-way was 150 ms).
+        let connect =
+            || keysync_server::connect(&self.peer.address, &self.peer.name, &tls, MAX_MESSAGE_BYTES, CONNECT_TIMEOUT);
+        let (mut client, mut push_client) = tokio::try_join!(connect(), connect())?;
         // Followed before the first round, so nothing decided meanwhile is
         // missed: it is pushed at once, rounds or not.
         let outgoing = self.core.follow(&self.peer.name);
@@ -187,7 +194,6 @@ impl PeerLink {
         link.handle(Input::Connected, false);
         let first = link.poll();
         debug_assert!(matches!(first, Some(Out::Hello)), "a session begins with Hello");
-        let mut push_client = client.clone();
         let open_push = async { Ok::<_, SessionError>(push_client.push(ReceiverStream::new(push_rx)).await?) };
         let first_diff = self.first_diff(client.clone());
         let (acks, hello, first_diff) = tokio::try_join!(open_push, self.hello(&mut client), first_diff)?;

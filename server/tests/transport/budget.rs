@@ -2,7 +2,7 @@
 //! pushed batches are handled two at a time, all peers' three at a time, the
 //! rest wait unread (slowed, not buffered); a peer's third push stream at
 //! once is refused, an idle stream holds no budget, and a peer holds at most
-//! four connections.
+//! six connections.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

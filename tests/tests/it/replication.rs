@@ -174,3 +174,43 @@ async fn accept_and_reject_made_during_a_partition_converge_as_a_conflict() {
     .await;
     cluster.shutdown().await;
 }
+
+/// A live push is not held back by a round's bytes: on one connection it
+/// went out behind whatever the link had sent before it, such as a round's
+/// 8 KB of digests (at 300 ms RTT under BBR, a round trip more). Here what
+/// master-a's link sends master-b crawls at 1 KiB/s per connection, and
+/// master-b's link to master-a is cut (its rounds would fetch the decision):
+/// a decision made while a round's digests wait in the relay arrives long
+/// before they could have drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_push_never_waits_behind_a_rounds_bytes() {
+    const RATE: usize = 1024;
+    const HELD: usize = 6 * 1024;
+    let cluster = TestCluster::start(2).await;
+    let (warm, live) = (new_public_key(), new_public_key());
+    pending_everywhere(&cluster, "warm", &warm).await;
+    pending_everywhere(&cluster, "live", &live).await;
+    // The link is up and has pushed once.
+    move_key(SaltLine::S3008, cluster.pki(0), "warm", "minions");
+    converged(&cluster, &[1], "warm", Some(("minions", &warm))).await;
+
+    cluster.cut_one_way(1, 0);
+    cluster.throttle(0, 1, Some(RATE));
+    // Rounds run every second: the next one's digests wait in the relay.
+    wait_until(Duration::from_secs(30), "a round's digests wait in a connection from master-a to master-b", || {
+        cluster.most_held(0, 1) >= HELD
+    })
+    .await;
+    let decided = std::time::Instant::now();
+    move_key(SaltLine::S3008, cluster.pki(0), "live", "minions");
+    converged(&cluster, &[1], "live", Some(("minions", &live))).await;
+    let took = decided.elapsed();
+    // Behind the digests it would take HELD / RATE = 6 s at least.
+    assert!(
+        took < Duration::from_secs(4),
+        "the accept took {took:?} to reach master-b: it waited behind the round's bytes ({HELD} B or more at {RATE} B/s)"
+    );
+    cluster.throttle(0, 1, None);
+    cluster.heal();
+    cluster.shutdown().await;
+}
