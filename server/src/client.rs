@@ -101,6 +101,38 @@ pub async fn connect(
     max_message_bytes: usize,
     timeout: Duration,
 ) -> Result<KeySyncClient<Channel>, ConnectError> {
+    connect_with(address, peer_name, tls, max_message_bytes, timeout, Redial::Yes).await
+}
+
+/// [`connect`], but a connection that drops is not made again: every call
+/// after fails. An agent's link holds two connections to a peer and ends
+/// its session when either is lost, so that the next session connects with
+/// the TLS material of then, as every connection attempt must.
+pub async fn connect_once(
+    address: &str,
+    peer_name: &str,
+    tls: &TlsSetup,
+    max_message_bytes: usize,
+    timeout: Duration,
+) -> Result<KeySyncClient<Channel>, ConnectError> {
+    connect_with(address, peer_name, tls, max_message_bytes, timeout, Redial::No).await
+}
+
+/// Whether a channel whose connection dropped connects again.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Redial {
+    Yes,
+    No,
+}
+
+async fn connect_with(
+    address: &str,
+    peer_name: &str,
+    tls: &TlsSetup,
+    max_message_bytes: usize,
+    timeout: Duration,
+    redial: Redial,
+) -> Result<KeySyncClient<Channel>, ConnectError> {
     let server_name = match ServerName::try_from(peer_name.to_owned()) {
         Ok(name @ ServerName::DnsName(_)) => name,
         _ => return Err(ConnectError::InvalidPeerName { name: peer_name.to_owned() }),
@@ -113,9 +145,14 @@ pub async fn connect(
 
     let connector = TlsConnector::from(tls.client_config());
     let target = address.to_owned();
+    let dialed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let connect_one = tower::service_fn(move |_: Uri| {
         let (connector, server_name, target) = (connector.clone(), server_name.clone(), target.clone());
+        let again = dialed.swap(true, std::sync::atomic::Ordering::SeqCst);
         async move {
+            if again && redial == Redial::No {
+                return Err(io::Error::new(io::ErrorKind::NotConnected, "the connection was lost (not made again)"));
+            }
             tokio::time::timeout(timeout, open_tls(&target, server_name, connector))
                 .await
                 .unwrap_or_else(|_| {

@@ -8,7 +8,9 @@ use tokio_util::sync::CancellationToken;
 
 /// Connections one peer may hold open at once: its link uses two (one for
 /// its rounds, one for its live pushes), a reload or a reconnect briefly
-/// four, and its `recover --from-peers` or upgrade plan one more.
+/// four (a lost connection the server has not noticed yet stays counted
+/// until its keep-alive ends it), and its `check`, `recover --from-peers`
+/// or upgrade plan one more.
 pub const CONNECTIONS_PER_PEER: usize = 6;
 
 use crate::identity::PeerName;

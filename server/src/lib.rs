@@ -32,7 +32,7 @@ mod words;
 
 pub use budget::{ANSWERS_PER_PEER, CALLS_IN_ALL, CALLS_PER_PEER};
 pub use certgen::{CertAuthority, CertError, IssuedCert};
-pub use client::{alert_received, connect, tls_refusal, ConnectError};
+pub use client::{alert_received, connect, connect_once, tls_refusal, ConnectError};
 pub use control::{ListenerControl, CONNECTIONS_PER_PEER};
 pub use events::{EventFn, TransportEvent};
 pub use identity::PeerName;

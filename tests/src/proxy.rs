@@ -22,7 +22,7 @@ pub struct Link {
     up: Arc<watch::Sender<bool>>,
     /// Bytes per second each connection forwards towards the target (`None`: all at once).
     rate: Arc<watch::Sender<Option<usize>>>,
-    /// Per connection, the bytes its client sent that are not forwarded yet.
+    /// Per open connection, the bytes its client sent that are not forwarded yet.
     held: Arc<Mutex<Vec<Arc<AtomicUsize>>>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -45,14 +45,16 @@ impl Link {
                 let rate = relay_rate.subscribe();
                 let waiting = Arc::new(AtomicUsize::new(0));
                 relay_held.lock().unwrap().push(waiting.clone());
+                let held = relay_held.clone();
                 tokio::spawn(async move {
-                    let Ok(outbound) = TcpStream::connect(target).await else { return };
-                    tokio::select! {
-                        () = relay(inbound, outbound, rate, waiting.clone()) => {}
-                        _ = down.wait_for(|up| !*up) => {}
+                    if let Ok(outbound) = TcpStream::connect(target).await {
+                        tokio::select! {
+                            () = relay(inbound, outbound, rate, waiting.clone()) => {}
+                            _ = down.wait_for(|up| !*up) => {}
+                        }
                     }
-                    // Closed (or cut): nothing is held any more.
-                    waiting.store(0, Ordering::SeqCst);
+                    // Closed (or cut): it holds nothing any more.
+                    held.lock().unwrap().retain(|other| !Arc::ptr_eq(other, &waiting));
                 });
             }
         });
@@ -67,10 +69,10 @@ impl Link {
         self.up.send_replace(true);
     }
 
-    /// From now on each connection forwards at most `bytes_per_sec` towards
-    /// the target (`None`: as it comes).
+    /// From now on each connection forwards at most `bytes_per_sec` (at
+    /// least 1) towards the target (`None`: as it comes).
     pub fn throttle(&self, bytes_per_sec: Option<usize>) {
-        self.rate.send_replace(bytes_per_sec);
+        self.rate.send_replace(bytes_per_sec.map(|rate| rate.max(1)));
     }
 
     /// The most bytes one connection holds not forwarded yet.

@@ -180,8 +180,11 @@ impl PeerLink {
         // 8 KB of digests): with BBR's cwnd of 4 segments in PROBE_RTT,
         // that cost a round trip more at 300 ms RTT (a decision 430-480 ms
         // late, where one-way was 150 ms).
-        let connect =
-            || keysync_server::connect(&self.peer.address, &self.peer.name, &tls, MAX_MESSAGE_BYTES, CONNECT_TIMEOUT);
+        // Neither is made again if lost: the session ends, and the next
+        // connects with the TLS material of then.
+        let connect = || {
+            keysync_server::connect_once(&self.peer.address, &self.peer.name, &tls, MAX_MESSAGE_BYTES, CONNECT_TIMEOUT)
+        };
         let (mut client, mut push_client) = tokio::try_join!(connect(), connect())?;
         // Followed before the first round, so nothing decided meanwhile is
         // missed: it is pushed at once, rounds or not.

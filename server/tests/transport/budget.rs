@@ -116,7 +116,7 @@ async fn calls_wait_for_their_budget_and_connections_per_peer_are_capped() {
         assert!(handler.most.load(Ordering::SeqCst) <= CALLS_IN_ALL, "all peers' calls at once");
         assert!(handler.most.load(Ordering::SeqCst) >= 2, "the budgets still let calls run side by side");
 
-        // A peer's connections: the first four serve, the next is closed.
+        // A peer's connections: the first CONNECTIONS_PER_PEER serve, the next is closed.
         let mut open = Vec::new();
         for _ in 0..CONNECTIONS_PER_PEER {
             let mut client = keysync_server::connect(&addr, "b", &pki.setup(&["a"]), MAX_MESSAGE, CONNECT_TIMEOUT)
@@ -130,7 +130,7 @@ async fn calls_wait_for_their_budget_and_connections_per_peer_are_capped() {
             Ok(mut client) => client.hello(hello_from("a")).await.is_err(),
             Err(_) => true,
         };
-        assert!(refused, "a fifth connection of one peer is closed");
+        assert!(refused, "a connection past the cap is closed");
         let mut other = keysync_server::connect(&addr, "b", &pki.setup(&["c"]), MAX_MESSAGE, CONNECT_TIMEOUT)
             .await
             .expect("another peer still connects");

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use keysync_server::{
-    connect, serve_with, ListenerControl, PeerName, ServeOptions, TlsMaterial, TlsSetup, TransportEvent,
+    connect, connect_once, serve_with, ListenerControl, PeerName, ServeOptions, TlsMaterial, TlsSetup, TransportEvent,
 };
 
 use crate::support::{bounded, chain, hello_from, EchoHandler, Pki, CONNECT_TIMEOUT, MAX_MESSAGE};
@@ -134,6 +134,34 @@ async fn new_certificate_and_ca_apply_to_the_next_handshake() {
         })
         .await
         .expect("closed, then reconnected with a second handshake");
+    })
+    .await;
+}
+
+/// A channel of `connect_once` whose connection is closed is not connected
+/// again: its calls fail (an agent's link then starts a session of its own,
+/// with the TLS material of then), where `connect`'s makes a new handshake.
+#[tokio::test]
+async fn a_connection_made_once_is_not_made_again() {
+    bounded(async {
+        let pki = Pki::named("ca");
+        let server = Controlled::start(pki.setup(&["b"]), &["a"]).await;
+        let tls = pki.setup(&["a"]);
+        let mut once = connect_once(&server.address, "b", &tls, MAX_MESSAGE, CONNECT_TIMEOUT).await.unwrap();
+        hello(&mut once, "a").await.unwrap();
+        assert_eq!(server.control.close_connections(), 1);
+        // Until the channel notices the close, a call may still go on the old connection.
+        tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            while hello(&mut once, "a").await.is_ok() {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the call fails once the connection is closed");
+        for _ in 0..3 {
+            assert!(hello(&mut once, "a").await.is_err(), "no new connection answers");
+        }
+        assert_eq!(server.n_connected("a"), 1, "no second handshake");
     })
     .await;
 }
