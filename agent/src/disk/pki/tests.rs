@@ -495,6 +495,45 @@ fn reading_a_key_leaves_its_access_time() {
     assert_eq!(fs::metadata(&path).unwrap().accessed().unwrap(), old);
 }
 
+/// A key file the agent may not open with `O_NOATIME` (another user's, and
+/// the agent without CAP_FOWNER: as the agent running as `salt` reads what
+/// `salt-key` run as root wrote) is read all the same, and the flag is
+/// not asked for again.
+#[test]
+fn a_key_the_agent_may_not_open_leaving_its_access_time_is_read_all_the_same() {
+    use rustix::thread::{capabilities, set_capabilities, CapabilitySet};
+    let (dir, pki) = setup();
+    for name in ["web01", "web02"] {
+        let path = dir.path().join("minions").join(name);
+        fs::write(&path, PUB).unwrap();
+        std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+    }
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                // Capabilities are a thread's own: only this one loses CAP_FOWNER.
+                let mut caps = capabilities(None).unwrap();
+                caps.effective.remove(CapabilitySet::FOWNER);
+                set_capabilities(None, caps).unwrap();
+                let denied = rustix::fs::open(
+                    dir.path().join("minions/web01").as_path(),
+                    rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NOATIME,
+                    rustix::fs::Mode::empty(),
+                );
+                assert_eq!(denied.err(), Some(rustix::io::Errno::PERM), "the kernel refuses O_NOATIME here");
+                for name in ["web01", "web02"] {
+                    match pki.read_slot(Folder::Accepted, name) {
+                        Slot::Key(key) => assert_eq!(key.bytes(), PUB.as_bytes()),
+                        other => panic!("{name}: {other:?}"),
+                    }
+                }
+            })
+            .join()
+            .unwrap();
+    });
+    assert!(pki.no_noatime.load(Ordering::Relaxed), "O_NOATIME is no longer asked for");
+}
+
 /// A key file read in one go: as fstat sized it, grown since (read on, up
 /// to one byte over the cap), shrunk since (to its end).
 #[test]
