@@ -106,8 +106,10 @@ pub async fn connect(
 
 /// [`connect`], but a connection that drops is not made again: every call
 /// after fails. An agent's link holds two connections to a peer and ends
-/// its session when either is lost, so that the next session connects with
-/// the TLS material of then, as every connection attempt must.
+/// its session when either is found lost (at its next use: the pushes'
+/// one is read all the time, the rounds' one at the next round), so that
+/// the next session connects with the TLS material of then, as every
+/// connection attempt must.
 pub async fn connect_once(
     address: &str,
     peer_name: &str,

@@ -178,7 +178,7 @@ impl PeerLink {
         // Fetch), one for the live pushes alone. On one connection a live
         // push went out behind whatever a round had sent before it (its
         // 8 KB of digests): with BBR's cwnd of 4 segments in PROBE_RTT,
-        // that cost a round trip more at 300 ms RTT (a decision 430-480 ms
+        // that cost a round trip more at 300 ms RTT (a decision 404-476 ms
         // late, where one-way was 150 ms).
         // Neither is made again if lost: the session ends, and the next
         // connects with the TLS material of then.
