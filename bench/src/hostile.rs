@@ -32,6 +32,8 @@ use crate::{procfs, Settings};
 /// peer), and Fetch streams on each.
 const CONNECTIONS: usize = keysync_server::CONNECTIONS_PER_PEER;
 const STREAMS_PER_CONNECTION: usize = 100;
+/// The Fetch streams the stalling peer opens in all.
+pub const STALLED_STREAMS: usize = CONNECTIONS * STREAMS_PER_CONNECTION;
 /// Summaries per Diff chunk and decisions per Fetch batch the fake peer sends.
 const SUMMARIES_PER_CHUNK: usize = 20_000;
 const DECISIONS_PER_BATCH: usize = 1_000;

@@ -54,8 +54,9 @@ fn reduced_benchmark_runs_and_reports_sane_figures() {
     // the audit log grows by a few records a minute, not one per refusal.
     let hostile = report.hostile.as_ref().expect("the attack ran");
     // (An answer the client's HTTP/2 windows take whole frees its place.)
-    assert_eq!(hostile.stalled + hostile.refused, 400, "{hostile:?}");
-    assert!(hostile.refused >= 300, "at most a few answers in flight at once: {hostile:?}");
+    let opened = keysync_bench::hostile::STALLED_STREAMS;
+    assert_eq!(hostile.stalled + hostile.refused, opened, "{hostile:?}");
+    assert!(hostile.refused >= opened - 100, "at most a few answers in flight at once: {hostile:?}");
     assert!(hostile.diffs_served >= 1 && hostile.fetches_served >= 1, "the link read the fake answers: {hostile:?}");
     assert!(hostile.audit_bytes_per_minute <= 1_000_000.0, "{hostile:?}");
     assert!(hostile.peak_rss_mib >= hostile.rss_before_mib && hostile.rss_before_mib > 1.0, "{hostile:?}");
