@@ -14,7 +14,7 @@
 //! and compared by the node [`LinkSettings::compare_chunk`] summaries at a
 //! time, what is newer here loaded and pushed a chunk at a
 //! time, then what the node plans to fetch, fetched and applied a chunk
-//! at a time. What the node sends its peers meanwhile is pushed at once,
+//! at a time, the next chunk fetched while the last is applied. What the node sends its peers meanwhile is pushed at once,
 //! from the session's first Hello on (a driver awaiting an answer sends it
 //! with [`Link::poll_push`]): a round never holds a live decision back,
 //! and a live decision the peer's round planned to fetch from here is cut
@@ -153,6 +153,11 @@ pub enum Out<B> {
     ReadDiff,
     /// Fetch these ids and whole buckets from the peer: [`Input::Fetched`].
     Fetch(Fetch),
+    /// Fetch `fetch` from the peer while the node applies what the last
+    /// fetch brought ([`Call::Apply`] of `applying` and `decisions`), both
+    /// at once: the node's writes and the peer's answer overlap. Hand in
+    /// [`Answer::Applied`], then [`Input::Fetched`].
+    FetchApplying { fetch: Fetch, applying: Fetch, decisions: Vec<Decision> },
     /// Push these batches of the node's outgoing decisions, in order.
     Push(Vec<B>),
     /// Push these decisions the node holds newer than the peer.
@@ -173,7 +178,7 @@ impl<B> Out<B> {
     /// [`Input::Failed`].
     pub fn wants_answer(&self) -> bool {
         match self {
-            Out::Hello | Out::Diff { .. } | Out::ReadDiff | Out::Fetch(_) => true,
+            Out::Hello | Out::Diff { .. } | Out::ReadDiff | Out::Fetch(_) | Out::FetchApplying { .. } => true,
             Out::Call(call) => !matches!(call, Call::Agreed | Call::Contact | Call::LinkDown),
             Out::Push(_) | Out::PushLoaded(_) | Out::Up | Out::Report(_) | Out::Rearm(_) | Out::Fault(_) => false,
         }

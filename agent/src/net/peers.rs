@@ -293,6 +293,19 @@ impl PeerLink {
                 io.run.bytes_received += received;
                 Input::Fetched(decisions)
             }
+            Out::FetchApplying { fetch, applying, decisions } => {
+                // Both at once; the apply is handed in first, as the link asks.
+                let apply = self.call(Call::Apply { fetch: applying, decisions });
+                let both = async { tokio::join!(apply, self.fetch(&mut io.client, &fetch)) };
+                let (applied, fetched) = during(both, link, &mut io.push).await?;
+                if let Some(answer) = applied? {
+                    link.handle(Input::Answer(answer), self.board.peer_fetching(&self.peer.name));
+                }
+                let (decisions, sent, received) = fetched?;
+                io.run.bytes_sent += sent;
+                io.run.bytes_received += received;
+                Input::Fetched(decisions)
+            }
             Out::Push(batches) => {
                 io.push.waiting.extend(batches);
                 io.push.flush(link).await?;

@@ -13,6 +13,8 @@ impl Step {
             Step::Pushing { .. } => "loading decisions to push",
             Step::NextIds => "waiting for the ids to fetch",
             Step::Fetching(_) => "fetching",
+            Step::NextHolding { .. } => "waiting for the ids to fetch while holding a fetch's decisions",
+            Step::FetchingApplying(_) => "fetching while applying",
             Step::ApplyingFirst { .. } => "applying the bucket the Diff answer brought",
             Step::Applying => "applying",
         }

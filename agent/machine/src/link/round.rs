@@ -50,6 +50,13 @@ pub(super) enum Step {
     },
     NextIds,
     Fetching(Fetch),
+    /// The ids after a fetch's, asked while its decisions wait to be applied.
+    NextHolding {
+        fetch: Fetch,
+        decisions: Vec<Decision>,
+    },
+    /// The node applies the last fetch's decisions while this fetch travels.
+    FetchingApplying(Fetch),
     Applying,
 }
 
@@ -176,9 +183,27 @@ impl<B> Link<B> {
                     self.end_round(soon, Some(report));
                 }
             },
+            // The next ids are asked before the decisions are applied (the
+            // fetch's ids stay claimed meanwhile), so the next fetch travels
+            // while the node writes these: a joining master's disk and its
+            // peer's answers overlap instead of taking turns.
             (Step::Fetching(fetch), Input::Fetched(decisions)) => {
-                round.step = Step::Applying;
-                self.out.push_back(Out::Call(Call::Apply { fetch, decisions }));
+                round.step = Step::NextHolding { fetch, decisions };
+                self.out.push_back(Out::Call(Call::Next));
+            }
+            (Step::NextHolding { fetch, decisions }, Input::Answer(Answer::Next(next))) => match next {
+                Some(next) => {
+                    round.step = Step::FetchingApplying(next.clone());
+                    self.out.push_back(Out::FetchApplying { fetch: next, applying: fetch, decisions });
+                }
+                None => {
+                    round.step = Step::Applying;
+                    self.out.push_back(Out::Call(Call::Apply { fetch, decisions }));
+                }
+            },
+            (Step::FetchingApplying(fetch), Input::Answer(Answer::Applied(n))) => {
+                round.report.applied = round.report.applied.saturating_add(n);
+                round.step = Step::Fetching(fetch);
             }
             (Step::Applying, Input::Answer(Answer::Applied(n))) => {
                 round.report.applied = round.report.applied.saturating_add(n);

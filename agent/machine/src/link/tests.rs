@@ -59,6 +59,9 @@ fn names(outs: &[Out<u32>]) -> Vec<String> {
             Out::Diff { .. } => "Diff".into(),
             Out::ReadDiff => "ReadDiff".into(),
             Out::Fetch(fetch) => format!("Fetch{}", fetch.ids.len()),
+            Out::FetchApplying { fetch, applying, .. } => {
+                format!("Fetch{}Applying{}", fetch.ids.len(), applying.ids.len())
+            }
             Out::Push(batches) => format!("Push{batches:?}"),
             Out::PushLoaded(d) => format!("PushLoaded{}", d.len()),
             Out::Up => "Up".into(),
@@ -134,9 +137,61 @@ fn a_round_compares_in_chunks_pushes_then_fetches() {
         feed(&mut link, Input::Answer(Answer::Next(Some(Fetch { ids: ids(0..2), ..Fetch::default() })))),
         ["Fetch2"]
     );
-    assert_eq!(feed(&mut link, Input::Fetched(vec![decision(0)])), ["Apply2"]);
+    // The next ids are asked before these are applied: none are left.
+    assert_eq!(feed(&mut link, Input::Fetched(vec![decision(0)])), ["Next"]);
+    assert_eq!(feed(&mut link, Input::Answer(Answer::Next(None))), ["Apply2"]);
     assert_eq!(feed(&mut link, Input::Answer(Answer::Applied(1))), ["Next"]);
     assert_eq!(feed(&mut link, Input::Answer(Answer::Next(None))), ["Report(2,4,3,1)", "Up", "Rearm60s"]);
+}
+
+/// A fetch's decisions are applied while the next fetch travels: the node
+/// is asked for the next ids first (the fetched ones stay claimed), and the
+/// driver carries the fetch and the apply at once. A joining master's
+/// writes and its peer's answers took turns (the link machine lost the
+/// overlap the agent's driver had before it): a join of 200,000 keys from
+/// one peer took 46 s where rsync took 17.
+#[test]
+fn the_next_fetch_travels_while_the_last_is_applied() {
+    let mut link = TestLink::new(settings());
+    to_diff(&mut link);
+    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![], first: None });
+    feed(&mut link, Input::Answer(Answer::Checked(Ok(()))));
+    feed(&mut link, Input::DiffEnd);
+    let compared = || Input::Answer(Answer::Compared(Ok(Compared { n_newer_there: 6, ..Compared::default() })));
+    assert_eq!(feed(&mut link, compared()), ["Next"]);
+    let fetch = |range| Input::Answer(Answer::Next(Some(Fetch { ids: ids(range), ..Fetch::default() })));
+    assert_eq!(feed(&mut link, fetch(0..3)), ["Fetch3"]);
+    assert_eq!(feed(&mut link, Input::Fetched(vec![decision(0), decision(1), decision(2)])), ["Next"]);
+    link.handle(fetch(3..5), false);
+    let out = drain(&mut link);
+    match &out[..] {
+        [Out::FetchApplying { fetch, applying, decisions }] => {
+            assert_eq!((fetch.ids.clone(), applying.ids.clone()), (ids(3..5), ids(0..3)));
+            assert_eq!(decisions.len(), 3);
+        }
+        other => panic!("{:?}", names(other)),
+    }
+    // The apply's count first, then the fetch's answer.
+    assert!(feed(&mut link, Input::Answer(Answer::Applied(3))).is_empty());
+    assert_eq!(feed(&mut link, Input::Fetched(vec![decision(3)])), ["Next"]);
+    assert_eq!(feed(&mut link, fetch(5..6)), ["Fetch1Applying2"]);
+    // The fetch failing while the node applies: the count still comes in, then the session ends.
+    assert!(feed(&mut link, Input::Answer(Answer::Applied(1))).is_empty());
+    assert_eq!(feed(&mut link, Input::Failed), ["LinkDown"]);
+
+    // Handed in the other way round, it is the driver's bug.
+    to_diff(&mut link);
+    feed(&mut link, Input::DiffChunk { buckets: vec![1], summaries: vec![], whole: vec![], first: None });
+    feed(&mut link, Input::Answer(Answer::Checked(Ok(()))));
+    feed(&mut link, Input::DiffEnd);
+    feed(&mut link, compared());
+    feed(&mut link, fetch(0..3));
+    feed(&mut link, Input::Fetched(vec![decision(0)]));
+    assert_eq!(feed(&mut link, fetch(3..5)), ["Fetch2Applying3"]);
+    assert_eq!(
+        feed(&mut link, Input::Fetched(vec![])),
+        ["LinkDown", "Fault(the link got fetched decisions while fetching while applying (a bug in its driver))"]
+    );
 }
 
 #[test]
@@ -461,7 +516,8 @@ fn a_round_that_fetched_whole_buckets_is_followed_soon() {
         assert_eq!(feed(&mut link, Input::Answer(Answer::Compared(Ok(compared)))), ["Next"]);
         let fetch = Fetch { buckets: vec![2], n_in_buckets: 3, ..Fetch::default() };
         assert_eq!(feed(&mut link, Input::Answer(Answer::Next(Some(fetch)))), ["Fetch0"]);
-        feed(&mut link, Input::Fetched(vec![]));
+        assert_eq!(feed(&mut link, Input::Fetched(vec![])), ["Next"]);
+        assert_eq!(feed(&mut link, Input::Answer(Answer::Next(None))), ["Apply0"]);
         feed(&mut link, Input::Answer(Answer::Applied(applied)));
         let end = feed(&mut link, Input::Answer(Answer::Next(None)));
         assert_eq!(end.last().map(String::as_str), Some(rearm), "{applied} applied: {end:?}");

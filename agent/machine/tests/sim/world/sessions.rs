@@ -247,6 +247,20 @@ impl Sim {
                     let req = self.request(node, peer);
                     self.send(node, peer, Msg::FetchReq { req, fetch });
                 }
+                Out::FetchApplying { fetch, applying, decisions } => {
+                    // The request leaves first; the node applies meanwhile
+                    // (here at once: its answer is handed in before the
+                    // fetch's, as the agent's driver does).
+                    self.stats.overlapped += 1;
+                    let req = self.request(node, peer);
+                    self.send(node, peer, Msg::FetchReq { req, fetch });
+                    let Some(answer) = self.call(node, peer, Call::Apply { fetch: applying, decisions }) else {
+                        return;
+                    };
+                    if let Some(answer) = answer {
+                        self.handle_link(node, peer, Input::Answer(answer));
+                    }
+                }
                 Out::Push(batches) => {
                     let to = named(&self.nodes[peer].name);
                     let link = &mut self.nodes[node].links[peer].machine;
