@@ -133,7 +133,7 @@ pub enum Input<B> {
     },
     /// The peer's Diff answer is over.
     DiffEnd,
-    /// The peer's answer to the last [`Out::Fetch`].
+    /// The peer's answer to the last [`Out::Fetch`] or [`Out::FetchApplying`].
     Fetched(Vec<Decision>),
     /// The session failed (connection, call, or an answer refused).
     Failed,

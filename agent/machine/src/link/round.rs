@@ -57,6 +57,7 @@ pub(super) enum Step {
     },
     /// The node applies the last fetch's decisions while this fetch travels.
     FetchingApplying(Fetch),
+    /// The node applies the last fetch's decisions; nothing is left to fetch.
     Applying,
 }
 
@@ -179,8 +180,7 @@ impl<B> Link<B> {
                 }
                 None => {
                     let report = round.report.clone();
-                    let soon = report.left || report.full || (report.whole > 0 && report.applied > 0);
-                    self.end_round(soon, Some(report));
+                    self.fetched_all(report);
                 }
             },
             // The next ids are asked before the decisions are applied (the
@@ -205,16 +205,25 @@ impl<B> Link<B> {
                 round.report.applied = round.report.applied.saturating_add(n);
                 round.step = Step::Fetching(fetch);
             }
+            // The last fetch's decisions, applied after the node said nothing
+            // is left (it dropped the plan then: asking again finds nothing).
             (Step::Applying, Input::Answer(Answer::Applied(n))) => {
                 round.report.applied = round.report.applied.saturating_add(n);
-                round.step = Step::NextIds;
-                self.out.push_back(Out::Call(Call::Next));
+                let report = round.report.clone();
+                self.fetched_all(report);
             }
             (step, input) => {
                 let waiting = step.name();
                 self.fault(Fault::Unexpected { got: input.name(), waiting });
             }
         }
+    }
+
+    /// The node's plan is done: the round ends (and the next comes soon if
+    /// it was left, full, or brought something in whole buckets).
+    fn fetched_all(&mut self, report: Round) {
+        let soon = report.left || report.full || (report.whole > 0 && report.applied > 0);
+        self.end_round(soon, Some(report));
     }
 
     /// A chunk of the Diff answer is checked or compared, and `pending`

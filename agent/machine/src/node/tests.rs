@@ -367,6 +367,45 @@ fn a_joiners_links_share_the_repair_and_bring_everything() {
     assert_eq!(c.digests(), a.digests());
 }
 
+/// A link asks for its next chunk before the last is applied (the link
+/// machine's `Out::FetchApplying`): the two chunks are disjoint, the other
+/// link is handed neither, and once both are applied, in either order of
+/// the links, every id is held, each fetched once.
+#[test]
+fn a_link_holding_an_unapplied_chunk_is_handed_other_ids() {
+    let n = 3 * FETCH_CHUNK + 17;
+    let Joiner { ids, a, mut rt_a, b, mut rt_b, mut c, mut rt_c } = joiner(n);
+    let (on_a, on_b) = (peer("master-a"), peer("master-b"));
+    let first = c.repair_next(&on_a).unwrap();
+    let second = c.repair_next(&on_a).unwrap();
+    let other = c.repair_next(&on_b).unwrap();
+    for (x, y) in [(&first, &second), (&first, &other), (&second, &other)] {
+        assert!(x.ids.iter().all(|id| !y.ids.contains(id)), "an id claimed twice");
+    }
+    let mut fetched = vec![first.ids.len(), second.ids.len(), other.ids.len()];
+    // a's first chunk applied while its second travels; b's meanwhile.
+    let decisions = a.fetch(&first.ids, &mut rt_a);
+    c.repair_fetched(&on_a, &first, decisions, now(), &mut rt_c);
+    let decisions = b.fetch(&other.ids, &mut rt_b);
+    c.repair_fetched(&on_b, &other, decisions, now(), &mut rt_c);
+    let decisions = a.fetch(&second.ids, &mut rt_a);
+    c.repair_fetched(&on_a, &second, decisions, now(), &mut rt_c);
+    for (link, from, rt) in [(&on_b, &b, &mut rt_b), (&on_a, &a, &mut rt_a)] {
+        let mut last = c.repair_next(link);
+        while let Some(chunk) = last {
+            // The next asked before this one is applied.
+            let next = c.repair_next(link);
+            let decisions = from.fetch(&chunk.ids, rt);
+            c.repair_fetched(link, &chunk, decisions, now(), &mut rt_c);
+            fetched.push(chunk.ids.len());
+            last = next;
+        }
+    }
+    assert_eq!(fetched.iter().sum::<usize>(), n, "every id fetched exactly once");
+    assert!(ids.iter().all(|id| c.entry(id).is_some_and(|e| e.version.node.as_ref() == "master-d")));
+    assert_eq!(c.digests(), a.digests());
+}
+
 /// A small catch-up (a master that missed a few hundred decisions during
 /// an outage) is shared between its links as a join is: the ids one link
 /// is fetching are not fetched on the other too. Before, a plan of one
