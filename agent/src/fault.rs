@@ -16,6 +16,8 @@
 //! And one that would take a million keys to produce: a start that takes
 //! tens of seconds. `SALT_KEYSYNC_FAULT_START_DELAY_MS` makes the core's
 //! start (the store read, the folders reconciled) last that much longer.
+//! And a peer that never answers a fetch: `SALT_KEYSYNC_FAULT_FETCH_DELAY_MS`
+//! holds each Fetch this agent answers that long first.
 
 /// Milliseconds added to the wall clock (negative: behind).
 #[cfg(feature = "fault-injection")]
@@ -57,13 +59,34 @@ pub fn start_delay() -> std::time::Duration {
     std::time::Duration::ZERO
 }
 
+/// How long each Fetch this agent answers waits before it is served: a
+/// peer that takes a fetch and never answers it (the link that asked holds
+/// its claims meanwhile).
+#[cfg(feature = "fault-injection")]
+pub fn fetch_delay() -> std::time::Duration {
+    let ms = std::env::var("SALT_KEYSYNC_FAULT_FETCH_DELAY_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    std::time::Duration::from_millis(ms)
+}
+
+#[cfg(not(feature = "fault-injection"))]
+pub fn fetch_delay() -> std::time::Duration {
+    std::time::Duration::ZERO
+}
+
 /// Logs the fault knobs in effect, so a test can tell that the binary it
 /// runs was built with them (and an operator that one slipped into a build).
 pub fn announce() {
     let offset = clock_offset_ms();
     let overflow = inotify_overflow();
     let start_delay = start_delay();
-    if offset != 0 || overflow.is_some() || !start_delay.is_zero() {
-        tracing::warn!(clock_offset_ms = offset, inotify_overflow = ?overflow, ?start_delay, "test-only fault injection active");
+    let fetch_delay = fetch_delay();
+    if offset != 0 || overflow.is_some() || !start_delay.is_zero() || !fetch_delay.is_zero() {
+        tracing::warn!(
+            clock_offset_ms = offset,
+            inotify_overflow = ?overflow,
+            ?start_delay,
+            ?fetch_delay,
+            "test-only fault injection active"
+        );
     }
 }

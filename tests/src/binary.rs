@@ -362,6 +362,11 @@ impl FaultCluster {
         self.agents[idx].take().expect("agent is running").kill9();
     }
 
+    /// Sends agent `idx` a signal (`"HUP"`: reload its config).
+    pub fn signal(&self, idx: usize, name: &str) {
+        self.agents[idx].as_ref().expect("agent is running").signal(name);
+    }
+
     /// SIGTERM, and a clean exit asserted.
     pub fn stop(&mut self, idx: usize) {
         let agent = self.agents[idx].take().expect("agent is running");

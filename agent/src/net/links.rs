@@ -33,7 +33,14 @@ pub struct LinkContext {
 /// The running links by peer name.
 pub struct PeerLinks {
     ctx: LinkContext,
-    running: BTreeMap<PeerName, (Peer, CancellationToken)>,
+    running: BTreeMap<PeerName, Running>,
+}
+
+/// A running link: its peer, what stops it, and what says it ended.
+struct Running {
+    peer: Peer,
+    stop: CancellationToken,
+    ended: CancellationToken,
 }
 
 /// What [`PeerLinks::update`] changed, by peer name.
@@ -92,10 +99,10 @@ impl PeerLinks {
         let mut changes = LinkChanges::default();
         self.ctx.board.set_peers(peers);
         let wanted: BTreeMap<&str, &Peer> = peers.iter().map(|p| (p.name.as_str(), p)).collect();
-        self.running.retain(|name, (_, stop)| {
+        self.running.retain(|name, running| {
             let keep = wanted.contains_key(name.as_str());
             if !keep {
-                stop.cancel();
+                running.stop.cancel();
                 changes.removed.push(name.clone());
             }
             keep
@@ -103,19 +110,21 @@ impl PeerLinks {
         for peer in peers {
             match self.running.get(&peer.name) {
                 None => changes.added.push(peer.name.clone()),
-                Some((old, _)) if old.address != peer.address => changes.readdressed.push(peer.name.clone()),
+                Some(running) if running.peer.address != peer.address => changes.readdressed.push(peer.name.clone()),
                 Some(_) if restart_all => changes.restarted.push(peer.name.clone()),
                 Some(_) => continue,
             }
-            if let Some((_, stop)) = self.running.remove(&peer.name) {
-                stop.cancel();
-            }
-            self.spawn(peer.clone());
+            let after = self.running.remove(&peer.name).map(|old| {
+                old.stop.cancel();
+                old.ended
+            });
+            self.spawn(peer.clone(), after);
         }
         changes
     }
 
-    fn spawn(&mut self, peer: Peer) {
+    /// Starts `peer`'s link, once the link it replaces (`after`) ended.
+    fn spawn(&mut self, peer: Peer, after: Option<CancellationToken>) {
         let stop = self.ctx.shutdown.child_token();
         let link = PeerLink {
             peer: peer.clone(),
@@ -126,9 +135,12 @@ impl PeerLinks {
             anti_entropy_interval: self.ctx.anti_entropy_interval,
             reconnect_max: self.ctx.reconnect_max,
             board: self.ctx.board.clone(),
+            after,
+            ended: CancellationToken::new(),
         };
+        let ended = link.ended.clone();
         self.ctx.tasks.spawn(link.run(stop.clone()));
-        self.running.insert(peer.name.clone(), (peer, stop));
+        self.running.insert(peer.name.clone(), Running { peer, stop, ended });
     }
 }
 

@@ -31,6 +31,9 @@ use crate::ops::board::{AntiEntropyRun, Board, LinkState};
 
 pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a stopped link waits for the core to take the release of its
+/// claims.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
 #[derive(Debug, thiserror::Error)]
@@ -66,12 +69,18 @@ pub struct PeerLink {
     pub reconnect_max: Duration,
     /// Link state, contact times and anti-entropy results, for `status`.
     pub board: Arc<Board>,
+    /// Cancelled once the link this one replaces (a reload restarted it)
+    /// has ended, its claims released.
+    pub after: Option<CancellationToken>,
+    /// Cancelled when this link's task ends.
+    pub ended: CancellationToken,
 }
 
 impl PeerLink {
     /// Keeps the link up until `shutdown`, reconnecting with backoff.
     pub async fn run(self, shutdown: CancellationToken) {
         let span = tracing::info_span!("peer", peer = %self.peer.name, address = %self.peer.address);
+        let _ended = self.ended.clone().drop_guard();
         async move {
             let mut backoff = FIRST_BACKOFF;
             let mut refused_name: Option<String> = None;
@@ -83,20 +92,33 @@ impl PeerLink {
             let settings =
                 LinkSettings::new(self.anti_entropy_interval, crate::ops::board::FETCHING).with_phase(random);
             let mut link = Link::new(settings);
+            // A link a reload restarted waits until the one it replaces let go
+            // of its claims: that one's release must not drop this one's.
+            if let Some(before) = &self.after {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = before.cancelled() => {}
+                }
+            }
             loop {
                 let (connected_tx, mut connected_rx) = mpsc::channel(1);
                 let session = tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    result = self.session(&mut link, connected_tx, &shutdown) => result,
+                    () = shutdown.cancelled() => None,
+                    result = self.session(&mut link, connected_tx, &shutdown) => Some(result),
                 };
                 // The session is over: the link drops whatever it planned to
-                // fetch and releases its claims (a fault did already).
+                // fetch and releases its claims (a fault did already). Also
+                // when a reload stopped the link while the core runs on:
+                // the other links leave what this one claimed to it, so
+                // those keys would never come (bounded: at the agent's stop
+                // the core may no longer take requests).
                 link.handle(Input::Failed, false);
                 while let Some(out) = link.poll() {
                     if let Out::Call(call) = out {
-                        let _ = self.call(call).await;
+                        let _ = tokio::time::timeout(RELEASE_TIMEOUT, self.call(call)).await;
                     }
                 }
+                let Some(session) = session else { return };
                 if connected_rx.try_recv().is_ok() {
                     backoff = FIRST_BACKOFF;
                     last_refusal = None;

@@ -141,6 +141,11 @@ impl Handler for RpcHandler {
             )));
         }
         self.board.peer_fetched(peer);
+        let delay = crate::fault::fetch_delay();
+        if !delay.is_zero() {
+            tracing::warn!(?delay, "test-only fault injection: holding a fetch's answer");
+            tokio::time::sleep(delay).await;
+        }
         let mut ids = Vec::with_capacity(req.minions.len());
         for raw in &req.minions {
             match MinionId::parse(raw) {

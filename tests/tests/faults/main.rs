@@ -20,6 +20,8 @@ mod kill;
 mod overflow;
 /// Partitions while all three masters take conflicting decisions.
 mod partition;
+/// A link a reload stops lets go of what it was fetching.
+mod reload;
 /// A round left to a joining peer runs once the peer's round is over.
 mod rounds;
 /// A master whose start takes long answers its peers meanwhile.
