@@ -14,8 +14,9 @@
 //! and compared by the node [`LinkSettings::compare_chunk`] summaries at a
 //! time, what is newer here loaded and pushed a chunk at a
 //! time, then what the node plans to fetch, fetched and applied a chunk
-//! at a time, the next chunk fetched while the last is applied. What the node sends its peers meanwhile is pushed at once,
-//! from the session's first Hello on (a driver awaiting an answer sends it
+//! at a time, the next chunk fetched while the last is applied. What the
+//! node sends its peers meanwhile is pushed at once, from the session's
+//! first Hello on (a driver awaiting an answer sends it
 //! with [`Link::poll_push`]): a round never holds a live decision back,
 //! and a live decision the peer's round planned to fetch from here is cut
 //! from its plan by the node. (Rounds once held pushes back until they
