@@ -34,6 +34,10 @@ pub struct LinkContext {
 pub struct PeerLinks {
     ctx: LinkContext,
     running: BTreeMap<PeerName, Running>,
+    /// What says each link a reload removed has ended: a link added again
+    /// for that peer waits for it (the newest per name; a link it replaced
+    /// ended before it).
+    removed: BTreeMap<PeerName, CancellationToken>,
 }
 
 /// A running link: its peer, what stops it, and what says it ended.
@@ -79,7 +83,7 @@ impl std::fmt::Display for LinkChanges {
 impl PeerLinks {
     /// Starts one link per peer.
     pub fn start(ctx: LinkContext, peers: &[Peer]) -> PeerLinks {
-        let mut links = PeerLinks { ctx, running: BTreeMap::new() };
+        let mut links = PeerLinks { ctx, running: BTreeMap::new(), removed: BTreeMap::new() };
         links.update(peers, false);
         links
     }
@@ -99,14 +103,18 @@ impl PeerLinks {
         let mut changes = LinkChanges::default();
         self.ctx.board.set_peers(peers);
         let wanted: BTreeMap<&str, &Peer> = peers.iter().map(|p| (p.name.as_str(), p)).collect();
+        let removed = &mut self.removed;
         self.running.retain(|name, running| {
             let keep = wanted.contains_key(name.as_str());
             if !keep {
                 running.stop.cancel();
+                removed.insert(name.clone(), running.ended.clone());
                 changes.removed.push(name.clone());
             }
             keep
         });
+        // Links long ended need no waiting for.
+        self.removed.retain(|_, ended| !ended.is_cancelled());
         for peer in peers {
             match self.running.get(&peer.name) {
                 None => changes.added.push(peer.name.clone()),
@@ -114,10 +122,13 @@ impl PeerLinks {
                 Some(_) if restart_all => changes.restarted.push(peer.name.clone()),
                 Some(_) => continue,
             }
-            let after = self.running.remove(&peer.name).map(|old| {
-                old.stop.cancel();
-                old.ended
-            });
+            let after = match self.running.remove(&peer.name) {
+                Some(old) => {
+                    old.stop.cancel();
+                    Some(old.ended)
+                }
+                None => self.removed.remove(&peer.name),
+            };
             self.spawn(peer.clone(), after);
         }
         changes

@@ -31,9 +31,6 @@ use crate::ops::board::{AntiEntropyRun, Board, LinkState};
 
 pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest a stopped link waits for the core to take the release of its
-/// claims.
-const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
 #[derive(Debug, thiserror::Error)]
@@ -69,8 +66,8 @@ pub struct PeerLink {
     pub reconnect_max: Duration,
     /// Link state, contact times and anti-entropy results, for `status`.
     pub board: Arc<Board>,
-    /// Cancelled once the link this one replaces (a reload restarted it)
-    /// has ended, its claims released.
+    /// Cancelled once the link this one replaces (a reload restarted it,
+    /// or removed it and added it again) has ended, its claims released.
     pub after: Option<CancellationToken>,
     /// Cancelled when this link's task ends.
     pub ended: CancellationToken,
@@ -92,12 +89,15 @@ impl PeerLink {
             let settings =
                 LinkSettings::new(self.anti_entropy_interval, crate::ops::board::FETCHING).with_phase(random);
             let mut link = Link::new(settings);
-            // A link a reload restarted waits until the one it replaces let go
-            // of its claims: that one's release must not drop this one's.
+            // A link a reload restarted (or added again) waits until the one
+            // it replaces let go of its claims: that one's release must not
+            // drop this one's. Even when stopped meanwhile, since a link
+            // started after this one waits for this one's end. (That one's
+            // end comes soon: it was stopped, and only releases its claims.)
             if let Some(before) = &self.after {
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    () = before.cancelled() => {}
+                before.cancelled().await;
+                if shutdown.is_cancelled() {
+                    return;
                 }
             }
             loop {
@@ -110,12 +110,12 @@ impl PeerLink {
                 // fetch and releases its claims (a fault did already). Also
                 // when a reload stopped the link while the core runs on:
                 // the other links leave what this one claimed to it, so
-                // those keys would never come (bounded: at the agent's stop
-                // the core may no longer take requests).
+                // those keys would never come. (At the agent's stop the core
+                // has stopped first: the call fails at once.)
                 link.handle(Input::Failed, false);
                 while let Some(out) = link.poll() {
                     if let Out::Call(call) = out {
-                        let _ = tokio::time::timeout(RELEASE_TIMEOUT, self.call(call)).await;
+                        let _ = self.call(call).await;
                     }
                 }
                 let Some(session) = session else { return };
