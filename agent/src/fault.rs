@@ -50,8 +50,7 @@ pub fn inotify_overflow() -> Option<(u64, u64)> {
 /// How much longer the core's start takes.
 #[cfg(feature = "fault-injection")]
 pub fn start_delay() -> std::time::Duration {
-    let ms = std::env::var("SALT_KEYSYNC_FAULT_START_DELAY_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
-    std::time::Duration::from_millis(ms)
+    env_millis("SALT_KEYSYNC_FAULT_START_DELAY_MS")
 }
 
 #[cfg(not(feature = "fault-injection"))]
@@ -64,7 +63,13 @@ pub fn start_delay() -> std::time::Duration {
 /// its claims meanwhile).
 #[cfg(feature = "fault-injection")]
 pub fn fetch_delay() -> std::time::Duration {
-    let ms = std::env::var("SALT_KEYSYNC_FAULT_FETCH_DELAY_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    env_millis("SALT_KEYSYNC_FAULT_FETCH_DELAY_MS")
+}
+
+/// The milliseconds the variable `name` says (none, or not a number: 0).
+#[cfg(feature = "fault-injection")]
+fn env_millis(name: &str) -> std::time::Duration {
+    let ms = std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     std::time::Duration::from_millis(ms)
 }
 
