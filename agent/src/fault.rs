@@ -17,7 +17,9 @@
 //! tens of seconds. `SALT_KEYSYNC_FAULT_START_DELAY_MS` makes the core's
 //! start (the store read, the folders reconciled) last that much longer.
 //! And a peer that never answers a fetch: `SALT_KEYSYNC_FAULT_FETCH_DELAY_MS`
-//! holds each Fetch this agent answers that long first.
+//! holds each Fetch this agent answers that long first, and
+//! `SALT_KEYSYNC_FAULT_ANSWER_TIMEOUT_MS` shortens how long this agent
+//! waits for a peer's answer (60 s) so a test need not wait that long.
 
 /// Milliseconds added to the wall clock (negative: behind).
 #[cfg(feature = "fault-injection")]
@@ -64,6 +66,18 @@ pub fn start_delay() -> std::time::Duration {
 #[cfg(feature = "fault-injection")]
 pub fn fetch_delay() -> std::time::Duration {
     env_millis("SALT_KEYSYNC_FAULT_FETCH_DELAY_MS")
+}
+
+/// How long this agent waits for a peer's next message in a round, if a
+/// test set it (see `net::peers::ANSWER_TIMEOUT`).
+#[cfg(feature = "fault-injection")]
+pub fn answer_timeout() -> Option<std::time::Duration> {
+    Some(env_millis("SALT_KEYSYNC_FAULT_ANSWER_TIMEOUT_MS")).filter(|d| !d.is_zero())
+}
+
+#[cfg(not(feature = "fault-injection"))]
+pub fn answer_timeout() -> Option<std::time::Duration> {
+    None
 }
 
 /// The milliseconds the variable `name` says (none, or not a number: 0).

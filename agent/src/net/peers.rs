@@ -32,6 +32,15 @@ use crate::ops::board::{AntiEntropyRun, Board, LinkState};
 pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+/// How long a peer's answer to a round's call (its Hello, its Diff, its
+/// Fetch) may keep this node waiting for its next message before the
+/// session is given up. HTTP/2 keep-alives show only that the connection
+/// lives: a peer could take a Fetch and never answer it, and the link
+/// would hold the ids it claimed (which the other links leave to it) as
+/// long as the connection lives. Generous: an honest peer's next message
+/// (at most 2,000 summaries or 1,000 decisions) comes within a second,
+/// even from a master busy with a million keys.
+pub(super) const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 enum SessionError {
@@ -53,6 +62,21 @@ enum SessionError {
     BadFetch(String),
     #[error("refused the peer's Diff answer: {0}")]
     BadDiff(String),
+    #[error("the peer's answer to {call} did not move for {} s", .after.as_secs_f64())]
+    Stalled { call: &'static str, after: Duration },
+}
+
+/// `answer`, the peer's next message (or its answer's opening) to the
+/// round's `call`, if it comes within [`ANSWER_TIMEOUT`].
+async fn answered<T, E: Into<SessionError>>(
+    call: &'static str,
+    answer: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, SessionError> {
+    let after = crate::fault::answer_timeout().unwrap_or(ANSWER_TIMEOUT);
+    match tokio::time::timeout(after, answer).await {
+        Ok(result) => result.map_err(Into::into),
+        Err(_) => Err(SessionError::Stalled { call, after }),
+    }
 }
 
 pub struct PeerLink {
@@ -301,7 +325,7 @@ impl PeerLink {
                     None => {
                         let request = diff_request(digests, empty);
                         io.run = AntiEntropyRun { bytes_sent: request.encoded_len(), ..AntiEntropyRun::default() };
-                        during(io.client.diff(request), link, &mut io.push).await??.into_inner()
+                        during(answered("Diff", io.client.diff(request)), link, &mut io.push).await??.into_inner()
                     }
                 };
                 io.diff = Some(stream);
@@ -388,7 +412,7 @@ impl PeerLink {
         let Some(asking) = self.core.ask(|reply| Request::Digests { reply }).await? else { return Ok(None) };
         let request = diff_request(asking.digests, asking.empty);
         let sent = request.encoded_len();
-        Ok(client.diff(request).await.ok().map(|answer| (answer.into_inner(), sent)))
+        Ok(answered("Diff", client.diff(request)).await.ok().map(|answer| (answer.into_inner(), sent)))
     }
 
     /// The next chunk of the peer's Diff answer, for the link. Read as it
@@ -401,7 +425,7 @@ impl PeerLink {
         let Some(stream) = io.diff.as_mut() else {
             return Ok(Input::DiffEnd);
         };
-        let Some(chunk) = during(stream.message(), link, &mut io.push).await?? else {
+        let Some(chunk) = during(answered("Diff", stream.message()), link, &mut io.push).await?? else {
             io.diff = None;
             return Ok(Input::DiffEnd);
         };
@@ -505,19 +529,20 @@ impl PeerLink {
             held: held.clone(),
             clock,
         };
-        let hello = match client.hello(request(PROTOCOL_VERSION)).await {
+        let hello = match answered("Hello", client.hello(request(PROTOCOL_VERSION))).await {
             Ok(answer) => answer.into_inner(),
             // An agent of an earlier release refuses a Hello newer than it
             // speaks, naming what it speaks: asked again in that protocol
             // (every message since protocol 1 carries what it needs), so a
             // rolling upgrade replicates both ways at full speed.
-            Err(status) => match older_server(&status) {
+            Err(SessionError::Rpc(status)) => match older_server(&status) {
                 Some(theirs) => {
                     tracing::debug!(theirs, "the peer speaks an older protocol; speaking it");
-                    client.hello(request(theirs)).await?.into_inner()
+                    answered("Hello", client.hello(request(theirs))).await?.into_inner()
                 }
                 None => return Err(status.into()),
             },
+            Err(e) => return Err(e),
         };
         if hello.node != self.peer.name.as_str() {
             return Err(SessionError::WrongName(hello.node));

@@ -28,6 +28,8 @@ mod rounds;
 mod slow_start;
 /// Seeded randomised soak (SOAK_SEED, SOAK_OPS).
 mod soak;
+/// A peer that takes a Fetch and never answers it holds nothing for long.
+mod stalled;
 /// A standby off for longer than tombstone_ttl: stale, then `rejoin`.
 mod standby;
 /// The state folder lost or corrupt: refusal, then `recover --from-peers`.

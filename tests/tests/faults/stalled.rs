@@ -1,0 +1,58 @@
+//! A peer that takes a Fetch and never answers it holds nothing for long.
+//! A joining master's links share its repair: what one link is fetching,
+//! the others leave to it. HTTP/2 keep-alives only show the connection
+//! lives, so a peer (a compromised master, DESIGN §5a) could take a Fetch,
+//! never answer it, and keep the joiner from ever getting those keys from
+//! anyone. `SALT_KEYSYNC_FAULT_FETCH_DELAY_MS` (see agent/src/fault.rs)
+//! makes master-b do that; `SALT_KEYSYNC_FAULT_ANSWER_TIMEOUT_MS` shortens
+//! master-c's wait for an answer (60 s) to 3 s.
+
+use std::time::Duration;
+
+use keysync_tests::binary::FaultCluster;
+use keysync_tests::wait_until;
+
+use crate::common::{count, key_pool};
+
+const N: usize = 3_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_never_answers_a_fetch_holds_its_keys_for_a_while_only() {
+    let _serial = crate::common::SERIAL.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let keys = key_pool(8);
+    // master-a and master-b agree on N keys; master-c joins empty.
+    let mut cluster = FaultCluster::create(root.path(), 3, |idx, f| {
+        if idx < 2 {
+            for i in 0..N {
+                std::fs::write(f.pki.join("minions").join(format!("web{i:04}")), &keys[i % keys.len()]).unwrap();
+            }
+        }
+    })
+    .await;
+    cluster.env[1] = vec![("SALT_KEYSYNC_FAULT_FETCH_DELAY_MS".into(), "3600000".into())];
+    cluster.env[2] = vec![("SALT_KEYSYNC_FAULT_ANSWER_TIMEOUT_MS".into(), "3000".into())];
+    let c_pki = cluster.files[2].pki.clone();
+    // Only master-c's links bring it anything: its peers' own rounds
+    // cannot reach it (they would push it what it lacks).
+    cluster.cut_one_way(0, 2);
+    cluster.cut_one_way(1, 2);
+    // master-a is not up yet: master-c's link to master-b claims what it
+    // fetches first, and master-b holds that fetch.
+    cluster.start(1).await;
+    cluster.start(2).await;
+    let b_log = cluster.log(1);
+    wait_until(Duration::from_secs(60), "master-b holds a fetch of master-c's", || {
+        std::fs::read_to_string(&b_log).unwrap_or_default().contains("holding a fetch's answer")
+    })
+    .await;
+
+    // master-a comes up: whatever master-b's link does not hold it brings
+    // at once; what master-b's link held, once its wait ran out.
+    cluster.start(0).await;
+    wait_until(Duration::from_secs(60), "master-c holds every key, from master-a", || count(&c_pki, "minions") == N)
+        .await;
+    let c_log = std::fs::read_to_string(cluster.log(2)).unwrap();
+    assert!(c_log.contains("the peer's answer to Fetch did not move for 3 s"), "{c_log}");
+    cluster.stop_all();
+}
