@@ -32,14 +32,14 @@ use crate::ops::board::{AntiEntropyRun, Board, LinkState};
 pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-/// How long a peer's answer to a round's call (its Hello, its Diff, its
-/// Fetch) may keep this node waiting for its next message before the
-/// session is given up. HTTP/2 keep-alives show only that the connection
-/// lives: a peer could take a Fetch and never answer it, and the link
-/// would hold the ids it claimed (which the other links leave to it) as
-/// long as the connection lives. Generous: an honest peer's next message
-/// (at most 2,000 summaries or 1,000 decisions) comes within a second,
-/// even from a master busy with a million keys.
+/// How long a peer's answer to a round's Diff or Fetch may keep this node
+/// waiting for its next message before the session is given up. HTTP/2
+/// keep-alives show only that the connection lives: a peer could take a
+/// Fetch and never answer it, and the link would hold the ids it claimed
+/// (which the other links leave to it) as long as the connection lives.
+/// Generous: an honest peer's next message (at most 2,000 summaries or
+/// 1,000 decisions) comes within a second, even from a master busy with a
+/// million keys. (A Hello has none: see [`PeerLink::hello`].)
 pub(super) const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
@@ -529,20 +529,22 @@ impl PeerLink {
             held: held.clone(),
             clock,
         };
-        let hello = match answered("Hello", client.hello(request(PROTOCOL_VERSION))).await {
+        // No deadline: a peer answers its first Hello once its own start is
+        // over (tens of seconds at a million keys), and a Hello holds
+        // nothing of this node's.
+        let hello = match client.hello(request(PROTOCOL_VERSION)).await {
             Ok(answer) => answer.into_inner(),
             // An agent of an earlier release refuses a Hello newer than it
             // speaks, naming what it speaks: asked again in that protocol
             // (every message since protocol 1 carries what it needs), so a
             // rolling upgrade replicates both ways at full speed.
-            Err(SessionError::Rpc(status)) => match older_server(&status) {
+            Err(status) => match older_server(&status) {
                 Some(theirs) => {
                     tracing::debug!(theirs, "the peer speaks an older protocol; speaking it");
-                    answered("Hello", client.hello(request(theirs))).await?.into_inner()
+                    client.hello(request(theirs)).await?.into_inner()
                 }
                 None => return Err(status.into()),
             },
-            Err(e) => return Err(e),
         };
         if hello.node != self.peer.name.as_str() {
             return Err(SessionError::WrongName(hello.node));
