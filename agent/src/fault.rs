@@ -18,8 +18,8 @@
 //! start (the store read, the folders reconciled) last that much longer.
 //! And a peer that never answers a fetch: `SALT_KEYSYNC_FAULT_FETCH_DELAY_MS`
 //! holds each Fetch this agent answers that long first, and
-//! `SALT_KEYSYNC_FAULT_ANSWER_TIMEOUT_MS` shortens how long this agent
-//! waits for a peer's answer (60 s) so a test need not wait that long.
+//! `SALT_KEYSYNC_FAULT_ANSWER_DEADLINE_MS` shortens how long this agent
+//! waits for a peer's whole answer (300 s) so a test need not wait that long.
 
 /// Milliseconds added to the wall clock (negative: behind).
 #[cfg(feature = "fault-injection")]
@@ -68,15 +68,15 @@ pub fn fetch_delay() -> std::time::Duration {
     env_millis("SALT_KEYSYNC_FAULT_FETCH_DELAY_MS")
 }
 
-/// How long this agent waits for a peer's next message in a round, if a
-/// test set it (see `net::peers::ANSWER_TIMEOUT`).
+/// How long this agent waits for a peer's whole answer to a round's call,
+/// if a test set it (see `net::peers::ANSWER_DEADLINE`).
 #[cfg(feature = "fault-injection")]
-pub fn answer_timeout() -> Option<std::time::Duration> {
-    Some(env_millis("SALT_KEYSYNC_FAULT_ANSWER_TIMEOUT_MS")).filter(|d| !d.is_zero())
+pub fn answer_deadline() -> Option<std::time::Duration> {
+    Some(env_millis("SALT_KEYSYNC_FAULT_ANSWER_DEADLINE_MS")).filter(|d| !d.is_zero())
 }
 
 #[cfg(not(feature = "fault-injection"))]
-pub fn answer_timeout() -> Option<std::time::Duration> {
+pub fn answer_deadline() -> Option<std::time::Duration> {
     None
 }
 
@@ -99,12 +99,19 @@ pub fn announce() {
     let overflow = inotify_overflow();
     let start_delay = start_delay();
     let fetch_delay = fetch_delay();
-    if offset != 0 || overflow.is_some() || !start_delay.is_zero() || !fetch_delay.is_zero() {
+    let answer_deadline = answer_deadline();
+    if offset != 0
+        || overflow.is_some()
+        || !start_delay.is_zero()
+        || !fetch_delay.is_zero()
+        || answer_deadline.is_some()
+    {
         tracing::warn!(
             clock_offset_ms = offset,
             inotify_overflow = ?overflow,
             ?start_delay,
             ?fetch_delay,
+            ?answer_deadline,
             "test-only fault injection active"
         );
     }

@@ -166,8 +166,8 @@ impl BenchCluster {
 
     /// Sessions of agent `idx`'s links that failed on a timeout, as its log
     /// says ("sync failed" with a handshake not completed in time, a connect
-    /// or keep-alive timed out). A refused connection (the peer not
-    /// listening yet) is not one.
+    /// or keep-alive timed out, a peer's answer or push stream timed out). A
+    /// refused connection (the peer not listening yet) is not one.
     pub fn link_timeouts(&self, idx: usize) -> usize {
         let text = std::fs::read_to_string(self.log(idx)).unwrap_or_default();
         text.lines().filter(|line| line.contains("sync failed") && is_timeout(line)).count()
@@ -316,8 +316,9 @@ fn is_timeout(line: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    /// As the agent logs them: a handshake not answered in time is one, a
-    /// peer not listening yet is not.
+    /// As the agent logs them: a handshake not answered in time is one, and
+    /// so is a peer's answer or push stream that timed out; a peer not
+    /// listening yet is not.
     #[test]
     fn a_session_that_timed_out_is_told_from_a_refused_one() {
         let timed_out = "WARN peer{peer=master-b address=127.0.0.1:35801}: salt_keysync::net::peers: sync failed \
@@ -326,7 +327,13 @@ mod tests {
         let refused = "WARN peer{peer=master-b address=127.0.0.1:35801}: salt_keysync::net::peers: sync failed \
                        error=connecting to peer master-b at 127.0.0.1:35801: Connection refused (os error 111) \
                        retry_in=200ms";
+        let answer = "WARN peer{peer=master-b address=127.0.0.1:35801}: salt_keysync::net::peers: sync failed \
+                      error=the peer's answer to Fetch timed out: nothing more for 60 s retry_in=60s";
+        let push = "WARN peer{peer=master-b address=127.0.0.1:35801}: salt_keysync::net::peers: sync failed \
+                    error=the peer's push stream timed out: no batch taken for 300 s retry_in=60s";
         assert!(super::is_timeout(timed_out));
+        assert!(super::is_timeout(answer));
+        assert!(super::is_timeout(push));
         assert!(!super::is_timeout(refused));
     }
 

@@ -32,15 +32,20 @@ use crate::ops::board::{AntiEntropyRun, Board, LinkState};
 pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-/// How long a peer's answer to a round's Diff or Fetch may keep this node
-/// waiting for its next message before the session is given up. HTTP/2
-/// keep-alives show only that the connection lives: a peer could take a
-/// Fetch and never answer it, and the link would hold the ids it claimed
-/// (which the other links leave to it) as long as the connection lives.
-/// Generous: an honest peer's next message (at most 2,000 summaries or
-/// 1,000 decisions) comes within a second, even from a master busy with a
-/// million keys. (A Hello has none: see [`PeerLink::hello`].)
-pub(super) const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a peer may take over its whole answer to a round's Diff or
+/// Fetch, from the call to its last message. HTTP/2 keep-alives show only
+/// that the connection lives: a peer could take a Fetch and never answer
+/// it, or answer it a message a minute, and the link would hold the ids it
+/// claimed (which the other links leave to it) meanwhile. Generous: the
+/// answer's opening waits for the peer's core, which a rescan of a million
+/// keys keeps busy for up to a minute, and an honest peer cuts off an
+/// answer not read whole two minutes after its opening. (A Hello has no
+/// deadline: see [`PeerLink::hello`].)
+const ANSWER_DEADLINE: Duration = Duration::from_secs(300);
+/// How long, once the answer began, the peer may take to its next message:
+/// an honest peer's (at most 2,000 summaries or 1,000 decisions) comes as
+/// fast as the network carries it.
+const ANSWER_IDLE: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 enum SessionError {
@@ -62,20 +67,54 @@ enum SessionError {
     BadFetch(String),
     #[error("refused the peer's Diff answer: {0}")]
     BadDiff(String),
-    #[error("the peer's answer to {call} did not move for {} s", .after.as_secs_f64())]
-    Stalled { call: &'static str, after: Duration },
+    #[error("the peer's answer to {call} timed out: {what}")]
+    TimedOut { call: &'static str, what: String },
+    #[error("the peer's push stream timed out: no batch taken for {} s", .0.as_secs())]
+    PushTimedOut(Duration),
 }
 
-/// `answer`, the peer's next message (or its answer's opening) to the
-/// round's `call`, if it comes within [`ANSWER_TIMEOUT`].
-async fn answered<T, E: Into<SessionError>>(
+/// The deadlines of a peer's answer to one of a round's calls (see
+/// [`ANSWER_DEADLINE`]).
+#[derive(Clone, Copy, Debug)]
+struct Answering {
     call: &'static str,
-    answer: impl std::future::Future<Output = Result<T, E>>,
-) -> Result<T, SessionError> {
-    let after = crate::fault::answer_timeout().unwrap_or(ANSWER_TIMEOUT);
-    match tokio::time::timeout(after, answer).await {
-        Ok(result) => result.map_err(Into::into),
-        Err(_) => Err(SessionError::Stalled { call, after }),
+    whole: tokio::time::Instant,
+    limit: Duration,
+}
+
+impl Answering {
+    /// From now: the call goes out.
+    fn start(call: &'static str) -> Answering {
+        let limit = crate::fault::answer_deadline().unwrap_or(ANSWER_DEADLINE);
+        Answering { call, whole: tokio::time::Instant::now() + limit, limit }
+    }
+
+    /// The answer's opening, within the whole answer's deadline.
+    async fn opening<T, E: Into<SessionError>>(
+        &self,
+        opening: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, SessionError> {
+        match tokio::time::timeout_at(self.whole, opening).await {
+            Ok(answer) => answer.map_err(Into::into),
+            Err(_) => Err(self.timed_out(format!("not begun within {} s", self.limit.as_secs()))),
+        }
+    }
+
+    /// Its next message, within [`ANSWER_IDLE`] and the whole answer's deadline.
+    async fn message<T, E: Into<SessionError>>(
+        &self,
+        message: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, SessionError> {
+        let idle = tokio::time::Instant::now() + ANSWER_IDLE;
+        match tokio::time::timeout_at(idle.min(self.whole), message).await {
+            Ok(answer) => answer.map_err(Into::into),
+            Err(_) if idle < self.whole => Err(self.timed_out(format!("nothing more for {} s", ANSWER_IDLE.as_secs()))),
+            Err(_) => Err(self.timed_out(format!("not whole within {} s", self.limit.as_secs()))),
+        }
+    }
+
+    fn timed_out(&self, what: String) -> SessionError {
+        SessionError::TimedOut { call: self.call, what }
     }
 }
 
@@ -160,6 +199,13 @@ impl PeerLink {
                             }
                             e => crate::net::cause::describe(e, &self.peer.name, &self.node),
                         };
+                        // A peer whose answer timed out is tried again after
+                        // a round's interval: the other links' rounds take
+                        // what this one let go of first (connected again at
+                        // once, it would claim it again).
+                        if matches!(e, SessionError::TimedOut { .. } | SessionError::PushTimedOut(_)) {
+                            backoff = backoff.max(self.anti_entropy_interval);
+                        }
                         tracing::warn!(error = %cause, retry_in = ?backoff, "sync failed");
                         self.board.set_state(&self.peer.name, LinkState::Down, Some(cause));
                         // A peer that answers as another node is refused; audited
@@ -318,14 +364,16 @@ impl PeerLink {
             }
             Out::Diff { digests, empty } => {
                 let stream = match io.first_diff.take() {
-                    Some((stream, bytes_sent)) => {
+                    Some((stream, answering, bytes_sent)) => {
                         io.run = AntiEntropyRun { bytes_sent, ..AntiEntropyRun::default() };
-                        stream
+                        (stream, answering)
                     }
                     None => {
                         let request = diff_request(digests, empty);
                         io.run = AntiEntropyRun { bytes_sent: request.encoded_len(), ..AntiEntropyRun::default() };
-                        during(answered("Diff", io.client.diff(request)), link, &mut io.push).await??.into_inner()
+                        let answering = Answering::start("Diff");
+                        let opening = answering.opening(io.client.diff(request));
+                        (during(opening, link, &mut io.push).await??.into_inner(), answering)
                     }
                 };
                 io.diff = Some(stream);
@@ -401,7 +449,7 @@ impl PeerLink {
     async fn first_diff(
         &self,
         mut client: KeySyncClient<Channel>,
-    ) -> Result<Option<(tonic::Streaming<v1::DiffChunk>, usize)>, SessionError> {
+    ) -> Result<Option<(tonic::Streaming<v1::DiffChunk>, Answering, usize)>, SessionError> {
         let peer = self.peer.name.clone();
         if self.core.ask(|reply| Request::ForgotThrough { peer, reply }).await? != 0 {
             return Ok(None);
@@ -412,7 +460,9 @@ impl PeerLink {
         let Some(asking) = self.core.ask(|reply| Request::Digests { reply }).await? else { return Ok(None) };
         let request = diff_request(asking.digests, asking.empty);
         let sent = request.encoded_len();
-        Ok(answered("Diff", client.diff(request)).await.ok().map(|answer| (answer.into_inner(), sent)))
+        // Its opening has no deadline: the peer answers it once its own
+        // start is over, as the Hello. The rest of it has, from then on.
+        Ok(client.diff(request).await.ok().map(|answer| (answer.into_inner(), Answering::start("Diff"), sent)))
     }
 
     /// The next chunk of the peer's Diff answer, for the link. Read as it
@@ -422,10 +472,10 @@ impl PeerLink {
         link: &mut Link,
         io: &mut SessionIo,
     ) -> Result<Input<Arc<crate::node::Outgoing>>, SessionError> {
-        let Some(stream) = io.diff.as_mut() else {
+        let Some((stream, answering)) = io.diff.as_mut() else {
             return Ok(Input::DiffEnd);
         };
-        let Some(chunk) = during(answered("Diff", stream.message()), link, &mut io.push).await?? else {
+        let Some(chunk) = during(answering.message(stream.message()), link, &mut io.push).await?? else {
             io.diff = None;
             return Ok(Input::DiffEnd);
         };
@@ -598,10 +648,10 @@ struct SessionIo {
     timer: std::pin::Pin<Box<tokio::time::Sleep>>,
     timer_armed: bool,
     /// The Diff answer being read.
-    diff: Option<tonic::Streaming<v1::DiffChunk>>,
+    diff: Option<(tonic::Streaming<v1::DiffChunk>, Answering)>,
     /// The first round's Diff, sent with the session's first Hello, and
     /// the bytes of its request: used by that round only.
-    first_diff: Option<(tonic::Streaming<v1::DiffChunk>, usize)>,
+    first_diff: Option<(tonic::Streaming<v1::DiffChunk>, Answering, usize)>,
     /// The round's bytes on the wire, for `status`.
     run: AntiEntropyRun,
     /// What the peer said it holds, for the log.

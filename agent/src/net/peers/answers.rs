@@ -6,7 +6,7 @@ use keysync_proto::v1::{self, key_sync_client::KeySyncClient};
 use prost::Message;
 use tonic::transport::Channel;
 
-use super::{answered, PeerLink, SessionError};
+use super::{Answering, PeerLink, SessionError};
 use crate::core::digest::{bucket_of, N_BUCKETS};
 use crate::core::{Decision, MinionId};
 use crate::net::wire::decision_from_wire;
@@ -25,7 +25,8 @@ impl PeerLink {
         let request = v1::FetchRequest { minions, buckets: fetch.buckets.clone() };
         let sent = request.encoded_len();
         let mut received = 0;
-        let mut stream = answered("Fetch", client.fetch(request)).await?.into_inner();
+        let answering = Answering::start("Fetch");
+        let mut stream = answering.opening(client.fetch(request)).await?.into_inner();
         let mut decisions: Vec<Decision> = Vec::with_capacity(ids.len() + fetch.n_in_buckets);
         // Read as it comes, and refused as soon as it gives more than was
         // asked: an id neither asked for nor in a bucket asked for, or more
@@ -40,7 +41,7 @@ impl PeerLink {
         let asked_for = |id: &MinionId| asked.contains(id) || in_buckets[bucket_of(id)];
         let most = fetch.most_rows();
         let mut n_rows = 0;
-        while let Some(batch) = answered("Fetch", stream.message()).await? {
+        while let Some(batch) = answering.message(stream.message()).await? {
             received += batch.encoded_len();
             n_rows += batch.decisions.len();
             if n_rows > most {

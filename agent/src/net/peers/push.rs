@@ -26,6 +26,10 @@ pub(super) const PUSH_BATCH_DECISIONS: usize = 10_000;
 /// single decisions (Salt 3008's `salt-key -A` writes one key at a time)
 /// must not reach it as thousands of one-decision batches.
 pub(super) const PUSHES_IN_FLIGHT: usize = 2;
+/// How long a peer may leave a push batch untaken: it makes each durable
+/// before it takes the next, which a busy core (a rescan of a million keys)
+/// can delay by a minute.
+const PUSH_TAKEN_WITHIN: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// The session's live pushes: what the node sends, and the push stream.
 pub(super) struct PushIo {
@@ -49,6 +53,18 @@ impl PushIo {
         self.board.contact(&self.peer);
         tracing::trace!(n_received = ack.n_received, n_applied = ack.n_applied, "push acknowledged");
         Ok(())
+    }
+
+    /// Hands `batch` to the push stream, once the peer takes what went
+    /// before it. A peer that takes nothing for [`PUSH_TAKEN_WITHIN`] ends
+    /// the session: this would otherwise wait here for as long as the
+    /// connection lives, and so would the round it runs in, holding the
+    /// link's claims.
+    async fn send(&mut self, batch: v1::DecisionBatch) -> Result<(), SessionError> {
+        match tokio::time::timeout(PUSH_TAKEN_WITHIN, self.tx.send(batch)).await {
+            Ok(sent) => sent.map_err(|_| SessionError::PushClosed),
+            Err(_) => Err(SessionError::PushTimedOut(PUSH_TAKEN_WITHIN)),
+        }
     }
 
     /// Hands the link a batch the node sent its peers, and every other
@@ -145,7 +161,7 @@ pub(super) async fn send_decisions<'a>(
             && (batch_bytes + len > PUSH_BATCH_BYTES || batch.decisions.len() >= PUSH_BATCH_DECISIONS)
         {
             n_bytes += batch.encoded_len();
-            io.tx.send(std::mem::take(&mut batch)).await.map_err(|_| SessionError::PushClosed)?;
+            io.send(std::mem::take(&mut batch)).await?;
             io.unacked += 1;
             batch_bytes = 0;
         }
@@ -154,7 +170,7 @@ pub(super) async fn send_decisions<'a>(
     }
     if !batch.decisions.is_empty() {
         n_bytes += batch.encoded_len();
-        io.tx.send(batch).await.map_err(|_| SessionError::PushClosed)?;
+        io.send(batch).await?;
         io.unacked += 1;
     }
     Ok(n_bytes)
