@@ -519,6 +519,7 @@ impl Starting {
             max_clock_skew: parts.settings.max_clock_skew,
             rescan_interval: parts.settings.rescan_interval,
             rescan_step: keysync_machine::node::RESCAN_STEP,
+            fetch_chunk: keysync_machine::node::FETCH_CHUNK,
             settle: parts.settle,
             observe: parts.settings.observe,
             guard: parts.settings.guard.clone(),

@@ -64,6 +64,10 @@ pub struct Settings {
     /// agent; a few in the simulation, so that its steps meet everything
     /// else).
     pub rescan_step: usize,
+    /// Most ids one Fetch of this node asks for ([`FETCH_CHUNK`] in the
+    /// agent; a few in the simulation, so that its plans take several
+    /// chunks, one fetched while the last is applied).
+    pub fetch_chunk: usize,
     pub settle: SettleTimings,
     /// Observe mode: the executor writes nothing to the key folders (see
     /// `plan.rs`); the machine only needs to know it to say what they hold.

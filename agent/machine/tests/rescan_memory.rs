@@ -63,6 +63,7 @@ fn a_rescan_holds_little_more_than_the_listing_of_the_folders() {
         max_clock_skew: Duration::from_secs(60),
         rescan_interval: Duration::from_secs(300),
         rescan_step: keysync_machine::node::RESCAN_STEP,
+        fetch_chunk: keysync_machine::node::FETCH_CHUNK,
         settle: SettleTimings::default(),
         observe: false,
         guard: GuardSettings { enabled: false, ..GuardSettings::default() },

@@ -39,6 +39,7 @@ fn node_at(name: &str, guard: GuardSettings, loaded: Loaded, at: Now, rt: &mut R
         max_clock_skew: Duration::from_secs(60),
         rescan_interval: Duration::from_secs(3600),
         rescan_step: RESCAN_STEP,
+        fetch_chunk: FETCH_CHUNK,
         settle: SettleTimings::default(),
         observe: false,
         guard,

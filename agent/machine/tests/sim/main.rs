@@ -175,7 +175,7 @@ fn masters_converge_under_chaos() {
          lost 0, stale 0, resurrected 0, never applied 0; {} conflicts told, 0 missed, 0 duplicated; \
          audit records: {} conflicts and {} held deletes' ends recorded once, 0 unaudited; \
          propagation p50 {} ms, p99 {} ms, max {} ms (virtual); \
-         {} messages dropped, {} duplicated, {} lost to a down or partitioned node, {} link timeouts, {} rounds, {} lags, {} grouped arrivals, {} decisions pushed live and {} by rounds, {} partial meshes, {} agents of an earlier release, {} empty joiners, {} buckets fetched whole and {} sent with a Diff answer, {} fetches made while the last was applied; \
+         {} messages dropped, {} duplicated, {} lost to a down or partitioned node, {} link timeouts, {} rounds, {} lags, {} grouped arrivals, {} decisions pushed live and {} by rounds, {} partial meshes, {} agents of an earlier release, {} empty joiners, {} buckets fetched whole and {} sent with a Diff answer, {} fetches made while the last was applied ({} of ids); \
          {} kills between inputs, {} inside one, {} full disks, {} partitions, {} inotify overflows; {} .dfn drops; \
          guard: {} mass deletes, {} bursts held, {} held deletes released and {} reverted by operators, \
          {} settled otherwise, 0 lost or applied unreleased; \
@@ -206,6 +206,7 @@ fn masters_converge_under_chaos() {
         t.buckets_whole,
         t.buckets_sent_first,
         t.overlapped,
+        t.overlapped_ids,
         t.crashes,
         t.kills_mid_input,
         t.full_disks,
@@ -226,6 +227,8 @@ fn masters_converge_under_chaos() {
         assert!(t.cold_read > 0 && t.compacted > 0, "no tombstone was read back or compacted");
         // And a fetch made while the last one is applied.
         assert!(t.overlapped > 0, "no fetch was made while the last was applied");
+        // Of ids too, not only of whole buckets (a plan several chunks long).
+        assert!(t.overlapped_ids > 0, "no fetch of ids was made while the last was applied");
     }
 }
 
@@ -257,6 +260,8 @@ pub(crate) struct Stats {
     pub(crate) buckets_sent_first: u64,
     /// Fetches made while the node applied the last one (`Out::FetchApplying`).
     pub(crate) overlapped: u64,
+    /// Of those, fetches of ids (not whole buckets).
+    pub(crate) overlapped_ids: u64,
     crashes: u64,
     kills_mid_input: u64,
     full_disks: u64,
@@ -296,6 +301,7 @@ impl Stats {
         self.buckets_whole += o.buckets_whole;
         self.buckets_sent_first += o.buckets_sent_first;
         self.overlapped += o.overlapped;
+        self.overlapped_ids += o.overlapped_ids;
         self.empty_joiners += o.empty_joiners;
         self.crashes += o.crashes;
         self.kills_mid_input += o.kills_mid_input;

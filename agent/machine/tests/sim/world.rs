@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use keysync_machine::core::settle::{FsChange, SettleTimings};
 use keysync_machine::core::{Decision, Folder, MinionId, Version};
-use keysync_machine::node::{self, Fetch, FsEvent, Loaded, Node, Now, Settings, Summaries, Whole};
+use keysync_machine::node::{self, Fetch, FsEvent, Loaded, Node, Now, Settings, Summaries, Whole, FETCH_CHUNK};
 
 use crate::model::*;
 use crate::runtime::{Outbox, SimRuntime, Store};
@@ -434,6 +434,10 @@ impl Sim {
             // A few names per step: the periodic rescan takes several turns,
             // between which everything else goes on.
             rescan_step: 1 + node % 4,
+            // A few ids per fetch but on the first node (the agent's): a
+            // plan of the run's 30 ids takes several chunks, the next
+            // fetched while the last is applied, its claims held meanwhile.
+            fetch_chunk: [FETCH_CHUNK, 2, 5, 3, 7, 4, 6][node % 7],
             settle: SettleTimings::default(),
             observe: false,
             guard: guard::settings(),

@@ -48,7 +48,8 @@ impl Node {
     /// What to fetch next from `peer`: whole buckets first (at most the
     /// link's part of what its plan has left and [`FETCH_CHUNK`] decisions,
     /// [`FIRST_WHOLE`] at first while this node holds nothing at all, unless
-    /// one bucket holds more), then at most [`FETCH_CHUNK`] ids; `None` when the plan
+    /// one bucket holds more), then at most `fetch_chunk` ids (see
+    /// [`Settings::fetch_chunk`](super::super::Settings::fetch_chunk)); `None` when the plan
     /// is done. What it names is claimed for this link until
     /// [`Node::repair_fetched`] (or the link goes down).
     ///
@@ -63,7 +64,7 @@ impl Node {
         let plan = self.repairs.plans.get_mut(peer)?;
         let link = peer.clone();
         while !plan.todo.is_empty() {
-            let n = plan.todo.len().min(FETCH_CHUNK);
+            let n = plan.todo.len().min(self.settings.fetch_chunk);
             let chunk: Vec<(MinionId, Tag)> = plan.todo.drain(..n).collect();
             if plan.todo.len() < plan.todo.capacity() / 2 {
                 // A joining master's plans shrink as its map of held ids grows.
@@ -134,7 +135,7 @@ impl Node {
         if fetch.buckets.is_empty() {
             return None;
         }
-        plan.whole_chunk = FETCH_CHUNK;
+        plan.whole_chunk = self.settings.fetch_chunk;
         Some(fetch)
     }
 

@@ -252,6 +252,7 @@ impl Sim {
                     // (here at once: its answer is handed in before the
                     // fetch's, as the agent's driver does).
                     self.stats.overlapped += 1;
+                    self.stats.overlapped_ids += u64::from(!fetch.ids.is_empty());
                     let req = self.request(node, peer);
                     self.send(node, peer, Msg::FetchReq { req, fetch });
                     let Some(answer) = self.call(node, peer, Call::Apply { fetch: applying, decisions }) else {
