@@ -27,6 +27,18 @@ use super::decision::{Entry, VerdictKind};
 /// they show (accepted or rejected key, or deleted), or `None` when nothing
 /// is decided there (no key accepted or rejected).
 pub fn effective(entry: &Entry) -> Option<Seen> {
+    if entry.seen().is_empty() {
+        // Nothing else seen (every id of a first start, most ids after):
+        // what is held shows, a claim or not. The rules give the same
+        // (`nothing_else_seen_shows_what_is_held`), through six copies of
+        // it: 7 % of a first start's CPU.
+        return Some(entry.held());
+    }
+    by_the_rules(entry)
+}
+
+/// [`effective`], by the rules of first contact.
+fn by_the_rules(entry: &Entry) -> Option<Seen> {
     let held = entry.held();
     let mine = entry.mine().and_then(|version| find(entry, version));
     if !held.version.is_claim() {
@@ -155,6 +167,28 @@ mod tests {
     }
 
     use VerdictKind::{Accepted as A, Deleted as D, Rejected as R};
+
+    /// An entry holding one decision and nothing else seen shows it, as
+    /// the rules say, whether it is a claim or live, and this master's own
+    /// claim or not.
+    #[test]
+    fn nothing_else_seen_shows_what_is_held() {
+        let held = [
+            claim(A, 1),
+            claim(R, 1),
+            live(A, Some(1), 1_800_000_000_000, &[]),
+            live(R, Some(2), 1_800_000_000_000, &[]),
+            live(D, None, 1_800_000_000_000, &[]),
+        ];
+        for one in &held {
+            for mine in [None, Some(one), Some(&held[0]), Some(&held[1])] {
+                let entry = entry(&[one], mine);
+                assert!(entry.seen().is_empty());
+                assert_eq!(effective(&entry), by_the_rules(&entry), "{one:?}, mine {mine:?}");
+                assert_eq!(effective(&entry), Some(one.clone()));
+            }
+        }
+    }
 
     /// The table of docs/adopting.md: what each master shows after first
     /// contact, given what it held and what the others held.
