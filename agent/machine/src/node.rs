@@ -66,7 +66,8 @@ pub struct Settings {
     pub rescan_step: usize,
     /// Most ids one Fetch of this node asks for ([`FETCH_CHUNK`] in the
     /// agent; a few in the simulation, so that its plans take several
-    /// chunks, one fetched while the last is applied).
+    /// chunks, one fetched while the last is applied). Taken as 1 to
+    /// [`MAX_FETCH`], what peers answer.
     pub fetch_chunk: usize,
     pub settle: SettleTimings,
     /// Observe mode: the executor writes nothing to the key folders (see
