@@ -206,3 +206,27 @@ pub fn count(pki: &Path, folder: &str) -> usize {
         .map(|d| d.flatten().filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count())
         .unwrap_or(0)
 }
+
+/// Three agents, started by the test: master-a and master-b agreeing on `n`
+/// accepted keys, master-c empty (a joiner).
+pub async fn two_agreeing_and_a_joiner(root: &Path, n: usize) -> FaultCluster {
+    let keys = key_pool(8);
+    FaultCluster::create(root, 3, |idx, f| {
+        if idx < 2 {
+            for i in 0..n {
+                std::fs::write(f.pki.join("minions").join(format!("web{i:04}")), &keys[i % keys.len()]).unwrap();
+            }
+        }
+    })
+    .await
+}
+
+/// Waits until agent `idx` (run with `SALT_KEYSYNC_FAULT_FETCH_DELAY_MS`)
+/// holds a fetch's answer.
+pub async fn holding_a_fetch(cluster: &FaultCluster, idx: usize) {
+    let log = cluster.log(idx);
+    keysync_tests::wait_until(Duration::from_secs(60), "a fetch held", || {
+        std::fs::read_to_string(&log).unwrap_or_default().contains("holding a fetch's answer")
+    })
+    .await;
+}

@@ -8,10 +8,9 @@
 
 use std::time::Duration;
 
-use keysync_tests::binary::FaultCluster;
 use keysync_tests::wait_until;
 
-use crate::common::{count, key_pool};
+use crate::common::{count, holding_a_fetch, two_agreeing_and_a_joiner};
 
 const N: usize = 3_000;
 
@@ -27,17 +26,8 @@ fn only_peer(config: &str, name: &str) -> String {
 async fn a_removed_peers_link_lets_go_of_what_it_was_fetching() {
     let _serial = crate::common::SERIAL.lock().await;
     let root = tempfile::tempdir().unwrap();
-    let keys = key_pool(8);
-    // master-a and master-b agree on N keys; master-c joins empty, with
-    // master-b as its only peer at first.
-    let mut cluster = FaultCluster::create(root.path(), 3, |idx, f| {
-        if idx < 2 {
-            for i in 0..N {
-                std::fs::write(f.pki.join("minions").join(format!("web{i:04}")), &keys[i % keys.len()]).unwrap();
-            }
-        }
-    })
-    .await;
+    // master-c joins with master-b as its only peer at first.
+    let mut cluster = two_agreeing_and_a_joiner(root.path(), N).await;
     let (c_pki, c_config) = (cluster.files[2].pki.clone(), cluster.files[2].config_path.clone());
     let full = std::fs::read_to_string(&c_config).unwrap();
     keysync_tests::cluster::write_private(&c_config, only_peer(&full, "master-b"));
@@ -45,11 +35,7 @@ async fn a_removed_peers_link_lets_go_of_what_it_was_fetching() {
     cluster.start(0).await;
     cluster.start(1).await;
     cluster.start(2).await;
-    let b_log = cluster.log(1);
-    wait_until(Duration::from_secs(60), "master-b holds a fetch of master-c's", || {
-        std::fs::read_to_string(&b_log).unwrap_or_default().contains("holding a fetch's answer")
-    })
-    .await;
+    holding_a_fetch(&cluster, 1).await;
 
     // master-a replaces master-b as master-c's peer.
     keysync_tests::cluster::write_private(&c_config, only_peer(&full, "master-a"));

@@ -9,10 +9,9 @@
 
 use std::time::Duration;
 
-use keysync_tests::binary::FaultCluster;
 use keysync_tests::wait_until;
 
-use crate::common::{count, key_pool};
+use crate::common::{count, holding_a_fetch, two_agreeing_and_a_joiner};
 
 const N: usize = 3_000;
 
@@ -20,16 +19,7 @@ const N: usize = 3_000;
 async fn a_peer_that_never_answers_a_fetch_holds_its_keys_for_a_while_only() {
     let _serial = crate::common::SERIAL.lock().await;
     let root = tempfile::tempdir().unwrap();
-    let keys = key_pool(8);
-    // master-a and master-b agree on N keys; master-c joins empty.
-    let mut cluster = FaultCluster::create(root.path(), 3, |idx, f| {
-        if idx < 2 {
-            for i in 0..N {
-                std::fs::write(f.pki.join("minions").join(format!("web{i:04}")), &keys[i % keys.len()]).unwrap();
-            }
-        }
-    })
-    .await;
+    let mut cluster = two_agreeing_and_a_joiner(root.path(), N).await;
     cluster.env[1] = vec![("SALT_KEYSYNC_FAULT_FETCH_DELAY_MS".into(), "3600000".into())];
     cluster.env[2] = vec![("SALT_KEYSYNC_FAULT_ANSWER_DEADLINE_MS".into(), "3000".into())];
     let c_pki = cluster.files[2].pki.clone();
@@ -41,11 +31,7 @@ async fn a_peer_that_never_answers_a_fetch_holds_its_keys_for_a_while_only() {
     // fetches first, and master-b holds that fetch.
     cluster.start(1).await;
     cluster.start(2).await;
-    let b_log = cluster.log(1);
-    wait_until(Duration::from_secs(60), "master-b holds a fetch of master-c's", || {
-        std::fs::read_to_string(&b_log).unwrap_or_default().contains("holding a fetch's answer")
-    })
-    .await;
+    holding_a_fetch(&cluster, 1).await;
 
     // master-a comes up: whatever master-b's link does not hold it brings
     // at once; what master-b's link held, once its wait ran out.
