@@ -1,7 +1,7 @@
 //! A peer that takes a Fetch and never answers it holds nothing for long.
 //! A joining master's links share its repair: what one link is fetching,
 //! the others leave to it. HTTP/2 keep-alives only show the connection
-//! lives, so a peer (a compromised master, DESIGN §5a) could take a Fetch,
+//! lives, so a peer (a compromised master: SECURITY.md) could take a Fetch,
 //! never answer it, and keep the joiner from ever getting those keys from
 //! anyone. `SALT_KEYSYNC_FAULT_FETCH_DELAY_MS` (see agent/src/fault.rs)
 //! makes master-b do that; `SALT_KEYSYNC_FAULT_ANSWER_DEADLINE_MS` shortens
