@@ -67,7 +67,7 @@ pub struct Settings {
     /// Most ids one Fetch of this node asks for ([`FETCH_CHUNK`] in the
     /// agent; a few in the simulation, so that its plans take several
     /// chunks, one fetched while the last is applied). Taken as 1 to
-    /// [`MAX_FETCH`], what peers answer.
+    /// [`MAX_FETCH`], what peers answer: [`Settings::ids_per_fetch`].
     pub fetch_chunk: usize,
     pub settle: SettleTimings,
     /// Observe mode: the executor writes nothing to the key folders (see
@@ -82,6 +82,13 @@ pub struct Settings {
     /// from the site whose decisions still stand). A peer's decision whose
     /// origin is none of them nor this node is refused (`remote.rs`).
     pub masters: BTreeSet<Arc<str>>,
+}
+
+impl Settings {
+    /// [`Settings::fetch_chunk`], within what a Fetch may ask for.
+    pub(crate) fn ids_per_fetch(&self) -> usize {
+        self.fetch_chunk.clamp(1, MAX_FETCH)
+    }
 }
 
 /// The time an input happens at: monotonic for timers, wall-clock

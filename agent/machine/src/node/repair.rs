@@ -553,7 +553,7 @@ impl Node {
         let n_buckets_whole = whole.len();
         // A small first fetch only while this node holds nothing at all: its
         // first keys come sooner. A bucket a Diff answer brought is a first key.
-        let whole_chunk = if self.holds_nothing() { FIRST_WHOLE } else { self.settings.fetch_chunk };
+        let whole_chunk = if self.holds_nothing() { FIRST_WHOLE } else { self.settings.ids_per_fetch() };
         let plan = Plan { todo, whole: VecDeque::from(whole), deferred: Vec::new(), whole_chunk };
         self.repairs.plans.insert(peer.clone(), plan);
         Ok(Compared {

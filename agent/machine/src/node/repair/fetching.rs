@@ -8,9 +8,9 @@ use super::*;
 /// (unless one bucket holds more) while this node holds nothing at all: a
 /// joining master holds its first keys after one small answer, which TCP's
 /// first window carries, instead of after a chunk's worth of round trips.
-/// The next ask for up to `fetch_chunk` ([`FETCH_CHUNK`] in the agent). (Doubling from here cost a
-/// 100,000-key join on loopback six more fetches per link, each applied and
-/// synced alone.) A joiner whose peers' Diff answers brought a bucket each
+/// The next ask for up to `fetch_chunk` ([`FETCH_CHUNK`] in the agent).
+/// (Doubling from here cost a 100,000-key join on loopback six more
+/// fetches per link, each applied and synced alone.) A joiner whose peers' Diff answers brought a bucket each
 /// (`first.rs`) holds something by then, and skips it.
 pub const FIRST_WHOLE: usize = 16;
 
@@ -49,9 +49,8 @@ impl Node {
     /// link's part of what its plan has left and `fetch_chunk` decisions,
     /// [`FIRST_WHOLE`] at first while this node holds nothing at all, unless
     /// one bucket holds more), then at most `fetch_chunk` ids (see
-    /// [`Settings::fetch_chunk`](super::super::Settings::fetch_chunk)); `None`
-    /// when the plan
-    /// is done. What it names is claimed for this link until
+    /// [`Settings::fetch_chunk`](super::super::Settings::fetch_chunk));
+    /// `None` when the plan is done. What it names is claimed for this link until
     /// [`Node::repair_fetched`] (or the link goes down).
     ///
     /// A whole bucket this node holds something in by now (another link
@@ -65,7 +64,7 @@ impl Node {
         let plan = self.repairs.plans.get_mut(peer)?;
         let link = peer.clone();
         while !plan.todo.is_empty() {
-            let n = plan.todo.len().min(self.settings.fetch_chunk.clamp(1, super::MAX_FETCH));
+            let n = plan.todo.len().min(self.settings.ids_per_fetch());
             let chunk: Vec<(MinionId, Tag)> = plan.todo.drain(..n).collect();
             if plan.todo.len() < plan.todo.capacity() / 2 {
                 // A joining master's plans shrink as its map of held ids grows.
@@ -136,7 +135,7 @@ impl Node {
         if fetch.buckets.is_empty() {
             return None;
         }
-        plan.whole_chunk = self.settings.fetch_chunk;
+        plan.whole_chunk = self.settings.ids_per_fetch();
         Some(fetch)
     }
 
