@@ -19,6 +19,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tracing::Instrument;
 
+use answers::Answering;
+use error::SessionError;
 use push::{during, send_decisions, PushIo, NO_ONE, PUSHES_IN_FLIGHT};
 
 use crate::config::Peer;
@@ -32,91 +34,6 @@ use crate::ops::board::{AntiEntropyRun, Board, LinkState};
 pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-/// How long a peer may take over its whole answer to a round's Diff or
-/// Fetch, from the call to its last message. HTTP/2 keep-alives show only
-/// that the connection lives: a peer could take a Fetch and never answer
-/// it, or answer it a message a minute, and the link would hold the ids it
-/// claimed (which the other links leave to it) meanwhile. Generous: the
-/// answer's opening waits for the peer's core, which a rescan of a million
-/// keys keeps busy for up to a minute, and an honest peer cuts off an
-/// answer not read whole two minutes after its opening. (A Hello has no
-/// deadline: see [`PeerLink::hello`].)
-const ANSWER_DEADLINE: Duration = Duration::from_secs(300);
-/// How long, once the answer began, the peer may take to its next message:
-/// an honest peer's (at most 2,000 summaries or 1,000 decisions) comes as
-/// fast as the network carries it.
-const ANSWER_IDLE: Duration = Duration::from_secs(60);
-
-#[derive(Debug, thiserror::Error)]
-enum SessionError {
-    #[error(transparent)]
-    Connect(#[from] keysync_server::ConnectError),
-    #[error(transparent)]
-    Rpc(#[from] tonic::Status),
-    #[error("peer answered Hello as {0:?}")]
-    WrongName(String),
-    #[error("peer speaks protocol {0}, this agent needs {MIN_PROTOCOL_VERSION} or later: upgrade salt-keysync there")]
-    OldProtocol(u32),
-    #[error("peer closed the push stream")]
-    PushClosed,
-    #[error(transparent)]
-    CoreGone(#[from] crate::node::CoreGone),
-    #[error(transparent)]
-    Fault(#[from] keysync_machine::link::Fault),
-    #[error("refused the peer's Fetch answer: {0}")]
-    BadFetch(String),
-    #[error("refused the peer's Diff answer: {0}")]
-    BadDiff(String),
-    #[error("the peer's answer to {call} timed out: {what}")]
-    TimedOut { call: &'static str, what: String },
-    #[error("the peer's push stream timed out: no batch taken for {} s", .0.as_secs())]
-    PushTimedOut(Duration),
-}
-
-/// The deadlines of a peer's answer to one of a round's calls (see
-/// [`ANSWER_DEADLINE`]).
-#[derive(Clone, Copy, Debug)]
-struct Answering {
-    call: &'static str,
-    whole: tokio::time::Instant,
-    limit: Duration,
-}
-
-impl Answering {
-    /// From now: the call goes out.
-    fn start(call: &'static str) -> Answering {
-        let limit = crate::fault::answer_deadline().unwrap_or(ANSWER_DEADLINE);
-        Answering { call, whole: tokio::time::Instant::now() + limit, limit }
-    }
-
-    /// The answer's opening, within the whole answer's deadline.
-    async fn opening<T, E: Into<SessionError>>(
-        &self,
-        opening: impl std::future::Future<Output = Result<T, E>>,
-    ) -> Result<T, SessionError> {
-        match tokio::time::timeout_at(self.whole, opening).await {
-            Ok(answer) => answer.map_err(Into::into),
-            Err(_) => Err(self.timed_out(format!("not begun within {} s", self.limit.as_secs()))),
-        }
-    }
-
-    /// Its next message, within [`ANSWER_IDLE`] and the whole answer's deadline.
-    async fn message<T, E: Into<SessionError>>(
-        &self,
-        message: impl std::future::Future<Output = Result<T, E>>,
-    ) -> Result<T, SessionError> {
-        let idle = tokio::time::Instant::now() + ANSWER_IDLE;
-        match tokio::time::timeout_at(idle.min(self.whole), message).await {
-            Ok(answer) => answer.map_err(Into::into),
-            Err(_) if idle < self.whole => Err(self.timed_out(format!("nothing more for {} s", ANSWER_IDLE.as_secs()))),
-            Err(_) => Err(self.timed_out(format!("not whole within {} s", self.limit.as_secs()))),
-        }
-    }
-
-    fn timed_out(&self, what: String) -> SessionError {
-        SessionError::TimedOut { call: self.call, what }
-    }
-}
 
 pub struct PeerLink {
     pub peer: Peer,
@@ -203,7 +120,7 @@ impl PeerLink {
                         // a round's interval: the other links' rounds take
                         // what this one let go of first (connected again at
                         // once, it would claim it again).
-                        if matches!(e, SessionError::TimedOut { .. } | SessionError::PushTimedOut(_)) {
+                        if e.timed_out() {
                             backoff = backoff.max(self.anti_entropy_interval);
                         }
                         tracing::warn!(error = %cause, retry_in = ?backoff, "sync failed");
@@ -660,6 +577,7 @@ struct SessionIo {
 }
 
 mod answers;
+mod error;
 mod push;
 #[cfg(test)]
 mod tests;

@@ -1,15 +1,78 @@
 //! What a peer's answers bring, checked as they come: a Fetch's decisions,
-//! and the bucket a Diff answer brings with it (see `peers.rs`).
+//! and the bucket a Diff answer brings with it (see `peers.rs`), and the
+//! deadlines a Diff or Fetch answer keeps.
+
+use std::time::Duration;
 
 use keysync_machine::node::{Fetch, Whole, FIRST_BUCKET_MOST};
 use keysync_proto::v1::{self, key_sync_client::KeySyncClient};
 use prost::Message;
 use tonic::transport::Channel;
 
-use super::{Answering, PeerLink, SessionError};
+use super::{PeerLink, SessionError};
 use crate::core::digest::{bucket_of, N_BUCKETS};
 use crate::core::{Decision, MinionId};
 use crate::net::wire::decision_from_wire;
+
+/// How long a peer may take over its whole answer to a round's Diff or
+/// Fetch, from the call to its last message. HTTP/2 keep-alives show only
+/// that the connection lives: a peer could take a Fetch and never answer
+/// it, or answer it a message a minute, and the link would hold the ids it
+/// claimed (which the other links leave to it) meanwhile. Generous: the
+/// answer's opening waits for the peer's core, which a rescan of a million
+/// keys keeps busy for up to a minute, and an honest peer cuts off an
+/// answer not read whole two minutes after its opening. (A Hello has no
+/// deadline: see `PeerLink::hello`.)
+const ANSWER_DEADLINE: Duration = Duration::from_secs(300);
+/// How long, once the answer began, the peer may take to its next message:
+/// an honest peer's (at most 2,000 summaries or 1,000 decisions) comes as
+/// fast as the network carries it.
+const ANSWER_IDLE: Duration = Duration::from_secs(60);
+
+/// The deadlines of a peer's answer to one of a round's calls (see
+/// [`ANSWER_DEADLINE`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Answering {
+    call: &'static str,
+    whole: tokio::time::Instant,
+    limit: Duration,
+}
+
+impl Answering {
+    /// From now: the call goes out.
+    pub(super) fn start(call: &'static str) -> Answering {
+        let limit = crate::fault::answer_deadline().unwrap_or(ANSWER_DEADLINE);
+        Answering { call, whole: tokio::time::Instant::now() + limit, limit }
+    }
+
+    /// The answer's opening, within the whole answer's deadline.
+    pub(super) async fn opening<T, E: Into<SessionError>>(
+        &self,
+        opening: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, SessionError> {
+        match tokio::time::timeout_at(self.whole, opening).await {
+            Ok(answer) => answer.map_err(Into::into),
+            Err(_) => Err(self.timed_out(format!("not begun within {} s", self.limit.as_secs()))),
+        }
+    }
+
+    /// Its next message, within [`ANSWER_IDLE`] and the whole answer's deadline.
+    pub(super) async fn message<T, E: Into<SessionError>>(
+        &self,
+        message: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, SessionError> {
+        let idle = tokio::time::Instant::now() + ANSWER_IDLE;
+        match tokio::time::timeout_at(idle.min(self.whole), message).await {
+            Ok(answer) => answer.map_err(Into::into),
+            Err(_) if idle < self.whole => Err(self.timed_out(format!("nothing more for {} s", ANSWER_IDLE.as_secs()))),
+            Err(_) => Err(self.timed_out(format!("not whole within {} s", self.limit.as_secs()))),
+        }
+    }
+
+    fn timed_out(&self, what: String) -> SessionError {
+        SessionError::TimedOut { call: self.call, what }
+    }
+}
 
 impl PeerLink {
     /// Fetches the decisions for `fetch`'s ids and whole buckets; returns
