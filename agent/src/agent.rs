@@ -293,6 +293,7 @@ pub async fn run_with(
             anti_entropy_interval: config.timings.anti_entropy_interval,
             reconnect_max: config.timings.reconnect_max,
             board: board.clone(),
+            listener: control.clone(),
             tasks: tasks.clone(),
             shutdown: shutdown.clone(),
         },

@@ -20,6 +20,10 @@
 //! holds each Fetch this agent answers that long first, and
 //! `SALT_KEYSYNC_FAULT_ANSWER_DEADLINE_MS` shortens how long this agent
 //! waits for a peer's whole answer (300 s) so a test need not wait that long.
+//! And a path that loses packets, which loopback never does:
+//! `SALT_KEYSYNC_FAULT_LOSSY=master-b` makes this agent's link to master-b
+//! find its path lossy (a comma-separated list names several), so it pushes
+//! each live decision twice.
 
 /// Milliseconds added to the wall clock (negative: behind).
 #[cfg(feature = "fault-injection")]
@@ -80,6 +84,21 @@ pub fn answer_deadline() -> Option<std::time::Duration> {
     None
 }
 
+/// The peers whose links find their path lossy.
+#[cfg(feature = "fault-injection")]
+pub fn lossy() -> &'static [String] {
+    static LOSSY: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    LOSSY.get_or_init(|| {
+        let names = std::env::var("SALT_KEYSYNC_FAULT_LOSSY").unwrap_or_default();
+        names.split(',').filter(|n| !n.is_empty()).map(str::to_string).collect()
+    })
+}
+
+#[cfg(not(feature = "fault-injection"))]
+pub fn lossy() -> &'static [String] {
+    &[]
+}
+
 /// The milliseconds the variable `name` says (none, or not a number: 0).
 #[cfg(feature = "fault-injection")]
 fn env_millis(name: &str) -> std::time::Duration {
@@ -100,11 +119,13 @@ pub fn announce() {
     let start_delay = start_delay();
     let fetch_delay = fetch_delay();
     let answer_deadline = answer_deadline();
+    let lossy = lossy();
     if offset != 0
         || overflow.is_some()
         || !start_delay.is_zero()
         || !fetch_delay.is_zero()
         || answer_deadline.is_some()
+        || !lossy.is_empty()
     {
         tracing::warn!(
             clock_offset_ms = offset,
@@ -112,6 +133,7 @@ pub fn announce() {
             ?start_delay,
             ?fetch_delay,
             ?answer_deadline,
+            ?lossy,
             "test-only fault injection active"
         );
     }

@@ -6,8 +6,10 @@
 //! peer's decision waited for another's), then waits for its permits before
 //! the batch is handled; meanwhile it reads nothing more, so what a peer
 //! sends stays in HTTP/2 flow control (a window per stream and per
-//! connection) instead of this process's memory. A peer's third push
-//! stream at once is refused (an agent keeps one per link): each open
+//! connection) instead of this process's memory. A peer's fourth push
+//! stream at once is refused (an agent keeps one per link, and a second on
+//! its other connection while that link loses packets; one more covers a
+//! session ending as the next begins): each open
 //! stream holds at most one batch, so with the cap on each peer's
 //! connections (`control.rs`) the memory peers' pushes take is bounded by
 //! the number of peers, and a peer that pushes faster than this master
@@ -32,8 +34,13 @@ use crate::identity::PeerName;
 /// reads one at a time).
 pub const ANSWERS_PER_PEER: usize = 2;
 
-/// Pushed batches of one peer handled at once, and its push streams open at once.
+/// Pushed batches of one peer handled at once.
 pub const CALLS_PER_PEER: usize = 2;
+/// Push streams of one peer open at once: a link's session keeps one, and
+/// a second for the copies of its live pushes while the path loses
+/// packets; a third lets the next session open its stream while the
+/// server has not seen the last one's end yet.
+pub const PUSH_STREAMS_PER_PEER: usize = 3;
 /// Pushed batches of all peers together handled at once: each is one
 /// message of at most `max_message_bytes`, decoded.
 pub const CALLS_IN_ALL: usize = 3;
@@ -79,7 +86,7 @@ impl Budgets {
         map.entry(peer.clone())
             .or_insert_with(|| PeerBudget {
                 calls: Arc::new(Semaphore::new(CALLS_PER_PEER)),
-                streams: Arc::new(Semaphore::new(CALLS_PER_PEER)),
+                streams: Arc::new(Semaphore::new(PUSH_STREAMS_PER_PEER)),
                 answers: Arc::new(Semaphore::new(ANSWERS_PER_PEER)),
             })
             .clone()
@@ -92,7 +99,7 @@ impl Budgets {
     }
 
     /// A place for one more push stream of `peer`; `None` when it has
-    /// [`CALLS_PER_PEER`] open already.
+    /// [`PUSH_STREAMS_PER_PEER`] open already.
     pub(crate) fn open_push(&self, peer: &PeerName) -> Option<PushStream> {
         self.of_peer(peer).streams.try_acquire_owned().ok().map(|place| PushStream { _place: place })
     }

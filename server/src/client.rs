@@ -11,6 +11,7 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+use crate::tcp_probe::{Probed, TcpProbe};
 use crate::tls::TlsSetup;
 
 /// HTTP/2 pings that detect a vanished peer, also while no call is running.
@@ -101,7 +102,8 @@ pub async fn connect(
     max_message_bytes: usize,
     timeout: Duration,
 ) -> Result<KeySyncClient<Channel>, ConnectError> {
-    connect_with(address, peer_name, tls, max_message_bytes, timeout, Redial::Yes).await
+    let probe = TcpProbe::default();
+    connect_with(address, peer_name, tls, max_message_bytes, timeout, Redial::Yes, probe).await
 }
 
 /// [`connect`], but a connection that drops is not made again: every call
@@ -109,15 +111,17 @@ pub async fn connect(
 /// its session when either is found lost (at its next use: the pushes'
 /// one is read all the time, the rounds' one at the next round), so that
 /// the next session connects with the TLS material of then, as every
-/// connection attempt must.
+/// connection attempt must. Returned with a probe of its TCP connection.
 pub async fn connect_once(
     address: &str,
     peer_name: &str,
     tls: &TlsSetup,
     max_message_bytes: usize,
     timeout: Duration,
-) -> Result<KeySyncClient<Channel>, ConnectError> {
-    connect_with(address, peer_name, tls, max_message_bytes, timeout, Redial::No).await
+) -> Result<(KeySyncClient<Channel>, TcpProbe), ConnectError> {
+    let probe = TcpProbe::default();
+    let client = connect_with(address, peer_name, tls, max_message_bytes, timeout, Redial::No, probe.clone()).await?;
+    Ok((client, probe))
 }
 
 /// Whether a channel whose connection dropped connects again.
@@ -134,6 +138,7 @@ async fn connect_with(
     max_message_bytes: usize,
     timeout: Duration,
     redial: Redial,
+    probe: TcpProbe,
 ) -> Result<KeySyncClient<Channel>, ConnectError> {
     let server_name = match ServerName::try_from(peer_name.to_owned()) {
         Ok(name @ ServerName::DnsName(_)) => name,
@@ -150,12 +155,13 @@ async fn connect_with(
     let dialed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let connect_one = tower::service_fn(move |_: Uri| {
         let (connector, server_name, target) = (connector.clone(), server_name.clone(), target.clone());
+        let probe = probe.clone();
         let again = dialed.swap(true, std::sync::atomic::Ordering::SeqCst);
         async move {
             if again && redial == Redial::No {
                 return Err(io::Error::new(io::ErrorKind::NotConnected, "the connection was lost (not made again)"));
             }
-            tokio::time::timeout(timeout, open_tls(&target, server_name, connector))
+            tokio::time::timeout(timeout, open_tls(&target, server_name, connector, &probe))
                 .await
                 .unwrap_or_else(|_| {
                     Err(io::Error::new(
@@ -185,10 +191,11 @@ async fn open_tls(
     address: &str,
     server_name: ServerName<'static>,
     connector: TlsConnector,
-) -> io::Result<TlsStream<TcpStream>> {
+    probe: &TcpProbe,
+) -> io::Result<TlsStream<Probed>> {
     let tcp = TcpStream::connect(address).await?;
     tcp.set_nodelay(true)?;
-    connector.connect(server_name, tcp).await
+    connector.connect(server_name, probe.watch(tcp)).await
 }
 
 #[cfg(test)]

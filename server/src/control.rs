@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 pub const CONNECTIONS_PER_PEER: usize = 6;
 
 use crate::identity::PeerName;
+use crate::tcp_probe::TcpProbe;
 use crate::tls::TlsSetup;
 
 /// A cloneable handle on what a listener admits. Give it to [`serve_with`](crate::serve_with),
@@ -49,6 +50,7 @@ pub(crate) struct Current {
 struct Connection {
     peer: PeerName,
     close: CancellationToken,
+    probe: TcpProbe,
 }
 
 impl ListenerControl {
@@ -101,15 +103,25 @@ impl ListenerControl {
     /// `false` (not noted) when the peer
     /// has [`CONNECTIONS_PER_PEER`] open already: a peer's link needs two, and each
     /// holds up to an HTTP/2 window of request data (see `budget.rs`).
-    pub(crate) fn register(&self, peer: PeerName, close: CancellationToken) -> bool {
+    pub(crate) fn register(&self, peer: PeerName, close: CancellationToken, probe: TcpProbe) -> bool {
         let mut connections = self.connections();
         // Finished connections cancel their own token (see listener's PeerIo), so this prunes them.
         connections.retain(|c| !c.close.is_cancelled());
         if connections.iter().filter(|c| c.peer == peer).count() >= CONNECTIONS_PER_PEER {
             return false;
         }
-        connections.push(Connection { peer, close });
+        connections.push(Connection { peer, close, probe });
         true
+    }
+
+    /// Probes of `peer`'s open connections to this listener: what they
+    /// carry from here (answers, acknowledgements) goes the way of this
+    /// master's pushes to it, so they tell too whether that path loses
+    /// packets.
+    pub fn probes(&self, peer: &PeerName) -> Vec<TcpProbe> {
+        let connections = self.connections();
+        let open = connections.iter().filter(|c| &c.peer == peer && !c.close.is_cancelled() && c.probe.is_open());
+        open.map(|c| c.probe.clone()).collect()
     }
 
     fn close_where(&self, close: impl Fn(&PeerName) -> bool) -> Vec<PeerName> {

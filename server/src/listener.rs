@@ -28,6 +28,7 @@ use crate::events::{EventFn, EventSink, TransportEvent};
 use crate::identity::{PeerInfo, PeerName};
 use crate::refusals::RefusalAudit;
 use crate::service::{Handler, KeySyncService};
+use crate::tcp_probe::{Probed, TcpProbe};
 use crate::tls::TlsSetup;
 use crate::verifier::HandshakeRecord;
 
@@ -247,7 +248,8 @@ async fn handshake(ctx: AcceptContext, tcp: TcpStream, remote: SocketAddr) {
             return;
         }
     };
-    let accepting = tokio::time::timeout(ctx.handshake_timeout, TlsAcceptor::from(config).accept(tcp));
+    let probe = TcpProbe::default();
+    let accepting = tokio::time::timeout(ctx.handshake_timeout, TlsAcceptor::from(config).accept(probe.watch(tcp)));
     let outcome = tokio::select! {
         () = ctx.stop.cancelled() => return,
         outcome = accepting => outcome,
@@ -257,7 +259,7 @@ async fn handshake(ctx: AcceptContext, tcp: TcpStream, remote: SocketAddr) {
         Ok(Ok(stream)) => match recorded.peer {
             Some(peer) => {
                 let close = ctx.force_close.child_token();
-                if !ctx.control.register(peer.clone(), close.clone()) {
+                if !ctx.control.register(peer.clone(), close.clone(), probe) {
                     ctx.events.emit(TransportEvent::RequestRefused {
                         peer: peer.clone(),
                         reason: format!(
@@ -291,14 +293,14 @@ async fn handshake(ctx: AcceptContext, tcp: TcpStream, remote: SocketAddr) {
 /// request, and fails its IO once `force_close` fires (a child of the listener's, cancelled at
 /// shutdown, or alone by a reload that no longer admits this peer) so nothing hangs on a peer.
 struct PeerIo {
-    stream: TlsStream<TcpStream>,
+    stream: TlsStream<Probed>,
     info: PeerInfo,
     force_close: CancellationToken,
     force_close_wait: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
 impl PeerIo {
-    fn new(stream: TlsStream<TcpStream>, info: PeerInfo, force_close: CancellationToken) -> Self {
+    fn new(stream: TlsStream<Probed>, info: PeerInfo, force_close: CancellationToken) -> Self {
         Self { stream, info, force_close_wait: Box::pin(force_close.clone().cancelled_owned()), force_close }
     }
 

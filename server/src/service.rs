@@ -168,8 +168,8 @@ impl<H: Handler> KeySync for KeySyncService<H> {
         let peer = self.peer_of(&request)?;
         let Some(place) = self.budgets.open_push(&peer) else {
             let status = Status::resource_exhausted(format!(
-                "{peer} has {} push streams open already: this one is refused (an agent keeps one per link)",
-                crate::budget::CALLS_PER_PEER
+                "{peer} has {} push streams open already: this one is refused (an agent keeps one per link, two on a path that loses packets)",
+                crate::budget::PUSH_STREAMS_PER_PEER
             ));
             return Err(self.refuse(&peer, status));
         };

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keysync_machine::PeerName;
-use keysync_server::TlsSetup;
+use keysync_server::{ListenerControl, TlsSetup};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -26,6 +26,9 @@ pub struct LinkContext {
     pub anti_entropy_interval: Duration,
     pub reconnect_max: Duration,
     pub board: Arc<crate::ops::board::Board>,
+    /// The listener, whose connections of each peer tell its link too
+    /// whether the path loses packets.
+    pub listener: ListenerControl,
     pub tasks: TaskTracker,
     pub shutdown: CancellationToken,
 }
@@ -33,6 +36,8 @@ pub struct LinkContext {
 /// The running links by peer name.
 pub struct PeerLinks {
     ctx: LinkContext,
+    /// How many links find their path lossy (`peers/copies.rs`).
+    lossy_links: crate::net::peers::LossyLinks,
     running: BTreeMap<PeerName, Running>,
     /// What says each link a reload removed has ended: a link added again
     /// for that peer waits for it (the newest per name; a link it replaced
@@ -83,7 +88,8 @@ impl std::fmt::Display for LinkChanges {
 impl PeerLinks {
     /// Starts one link per peer.
     pub fn start(ctx: LinkContext, peers: &[Peer]) -> PeerLinks {
-        let mut links = PeerLinks { ctx, running: BTreeMap::new(), removed: BTreeMap::new() };
+        let mut links =
+            PeerLinks { ctx, lossy_links: Default::default(), running: BTreeMap::new(), removed: BTreeMap::new() };
         links.update(peers, false);
         links
     }
@@ -146,6 +152,9 @@ impl PeerLinks {
             anti_entropy_interval: self.ctx.anti_entropy_interval,
             reconnect_max: self.ctx.reconnect_max,
             board: self.ctx.board.clone(),
+            listener: self.ctx.listener.clone(),
+            lossy_until: Default::default(),
+            lossy_links: self.lossy_links.clone(),
             after,
             ended: CancellationToken::new(),
         };

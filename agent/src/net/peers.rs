@@ -20,8 +20,10 @@ use tonic::transport::Channel;
 use tracing::Instrument;
 
 use answers::Answering;
+use copies::Copies;
+pub use copies::{LossyLinks, LossyUntil};
 use error::SessionError;
-use push::{during, send_decisions, PushIo, NO_ONE, PUSHES_IN_FLIGHT};
+use push::{during, send_decisions, Copying, PushIo, NO_ONE, PUSHES_IN_FLIGHT};
 
 use crate::config::Peer;
 use crate::core::digest::N_BUCKETS;
@@ -46,6 +48,13 @@ pub struct PeerLink {
     pub reconnect_max: Duration,
     /// Link state, contact times and anti-entropy results, for `status`.
     pub board: Arc<Board>,
+    /// The listener: the peer's connections to it tell whether the path
+    /// loses packets (`peers/copies.rs`).
+    pub listener: keysync_server::ListenerControl,
+    /// Until when the path is taken for one that loses packets, across sessions.
+    pub lossy_until: LossyUntil,
+    /// How many of this master's links find their path lossy.
+    pub lossy_links: LossyLinks,
     /// Cancelled once the link this one replaces (a reload restarted it,
     /// or removed it and added it again) has ended, its claims released.
     pub after: Option<CancellationToken>,
@@ -194,7 +203,7 @@ impl PeerLink {
         let connect = || {
             keysync_server::connect_once(&self.peer.address, &self.peer.name, &tls, MAX_MESSAGE_BYTES, CONNECT_TIMEOUT)
         };
-        let (mut client, mut push_client) = tokio::try_join!(connect(), connect())?;
+        let ((mut client, rounds_probe), (mut push_client, push_probe)) = tokio::try_join!(connect(), connect())?;
         // Followed before the first round, so nothing decided meanwhile is
         // missed: it is pushed at once, rounds or not.
         let outgoing = self.core.follow(&self.peer.name);
@@ -210,6 +219,9 @@ impl PeerLink {
         let first_diff = self.first_diff(client.clone());
         let (acks, hello, first_diff) = tokio::try_join!(open_push, self.hello(&mut client), first_diff)?;
         let acks = acks.into_inner();
+        let probes = [rounds_probe, push_probe];
+        let (listener, peer, lossy_until) = (self.listener.clone(), self.peer.name.clone(), self.lossy_until.clone());
+        let copies = Copies::new(client.clone(), probes, listener, peer, lossy_until, self.lossy_links.clone());
         let mut io = SessionIo {
             client,
             push: PushIo {
@@ -220,6 +232,7 @@ impl PeerLink {
                 outgoing,
                 board: self.board.clone(),
                 peer: self.peer.name.clone(),
+                copies,
             },
             timer: Box::pin(tokio::time::sleep(self.anti_entropy_interval)),
             timer_armed: false,
@@ -324,7 +337,7 @@ impl PeerLink {
             }
             Out::PushLoaded(decisions) => {
                 let decisions: Vec<(&Decision, &[PeerName])> = decisions.iter().map(|d| (d, NO_ONE)).collect();
-                io.run.bytes_sent += send_decisions(&mut io.push, decisions).await?;
+                io.run.bytes_sent += send_decisions(&mut io.push, decisions, Copying::Never).await?;
                 return Ok(());
             }
             Out::Up => {
@@ -577,6 +590,7 @@ struct SessionIo {
 }
 
 mod answers;
+mod copies;
 mod error;
 mod push;
 #[cfg(test)]

@@ -78,6 +78,9 @@ pub struct Metrics {
     pub decisions_conflicted: Counter,
     /// Decisions that came from a peer, newer or not, per peer and way.
     pub decisions_received: Family<ReceivedLabel, Counter>,
+    /// Live decisions pushed a second time, on the link's other connection,
+    /// while the path to the peer loses packets.
+    pub decisions_copied: Family<PeerLabel, Counter>,
     pub propagation_latency: Histogram,
     pub peer_up: Family<PeerLabel, Gauge>,
     /// Unix time of the last message from the peer.
@@ -117,6 +120,7 @@ impl Metrics {
         self.peer_up.remove(&label);
         self.peer_last_contact.remove(&label);
         self.anti_entropy_runs.remove(&label);
+        self.decisions_copied.remove(&label);
         for how in ["push", "fetch"] {
             self.decisions_received.remove(&ReceivedLabel { peer: peer.to_string(), how });
         }
@@ -149,6 +153,7 @@ impl Metrics {
         let decisions_refused = Counter::default();
         let decisions_conflicted = Counter::default();
         let decisions_received = Family::default();
+        let decisions_copied = Family::default();
         // 0.5 ms .. ~16 s: the targets are milliseconds, a partition is seconds.
         let propagation_latency = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         let peer_up = Family::default();
@@ -182,6 +187,11 @@ impl Metrics {
             "decisions_received",
             "Decisions that came from the peer, pushed by it or fetched from it, whether they were newer or not",
             decisions_received.clone(),
+        );
+        registry.register(
+            "decisions_copied",
+            "Live decisions pushed to the peer a second time, on the link's other connection, while the path loses packets",
+            decisions_copied.clone(),
         );
         registry.register(
             "propagation_latency_seconds",
@@ -246,6 +256,7 @@ impl Metrics {
             decisions_refused,
             decisions_conflicted,
             decisions_received,
+            decisions_copied,
             propagation_latency,
             peer_up,
             peer_last_contact,
@@ -302,6 +313,11 @@ impl Metrics {
     /// `n` decisions came from `peer`, `how`: `push` or `fetch`.
     pub fn received(&self, peer: &str, how: &'static str, n: usize) {
         self.decisions_received.get_or_create(&ReceivedLabel { peer: peer.into(), how }).inc_by(n as u64);
+    }
+
+    /// `n` live decisions went to `peer` a second time (see `net/peers/push.rs`).
+    pub fn copied(&self, peer: &str, n: usize) {
+        self.decisions_copied.get_or_create(&PeerLabel { peer: peer.into() }).inc_by(n as u64);
     }
 
     pub fn anti_entropy_bytes(&self, peer: &str, direction: &'static str, n_bytes: usize) {

@@ -141,14 +141,23 @@ async fn new_certificate_and_ca_apply_to_the_next_handshake() {
 /// A channel of `connect_once` whose connection is closed is not connected
 /// again: its calls fail (an agent's link then starts a session of its own,
 /// with the TLS material of then), where `connect`'s makes a new handshake.
+/// Its probe reads the connection while it is open, and nothing after.
 #[tokio::test]
 async fn a_connection_made_once_is_not_made_again() {
     bounded(async {
         let pki = Pki::named("ca");
         let server = Controlled::start(pki.setup(&["b"]), &["a"]).await;
         let tls = pki.setup(&["a"]);
-        let mut once = connect_once(&server.address, "b", &tls, MAX_MESSAGE, CONNECT_TIMEOUT).await.unwrap();
+        let (mut once, probe) = connect_once(&server.address, "b", &tls, MAX_MESSAGE, CONNECT_TIMEOUT).await.unwrap();
         hello(&mut once, "a").await.unwrap();
+        let sent = probe.sent().expect("the connection is open");
+        assert!(sent.segments > 0 && sent.retransmitted == 0, "{sent:?}");
+        // The listener's side of it, as the peer's link reads it.
+        let a = PeerName::new("a").unwrap();
+        let inbound = server.control.probes(&a);
+        assert_eq!(inbound.len(), 1, "one connection of master-a's");
+        let answered = inbound[0].sent().expect("open on the listener's side too");
+        assert!(answered.segments > 0 && !inbound[0].loses_packets(), "{answered:?}");
         assert_eq!(server.control.close_connections(), 1);
         // Until the channel notices the close, a call may still go on the old connection.
         tokio::time::timeout(std::time::Duration::from_secs(5), async {
@@ -162,6 +171,14 @@ async fn a_connection_made_once_is_not_made_again() {
             assert!(hello(&mut once, "a").await.is_err(), "no new connection answers");
         }
         assert_eq!(server.n_connected("a"), 1, "no second handshake");
+        tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            while probe.sent().is_some() {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the closed connection is not read");
+        assert!(server.control.probes(&a).is_empty(), "nor is the listener's side");
     })
     .await;
 }

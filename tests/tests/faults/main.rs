@@ -10,6 +10,8 @@ mod bind_mounts;
 mod clock;
 /// Shared helpers: folder snapshots, audit queries, convergence.
 mod common;
+/// Live pushes go twice on a path that loses packets, and are applied once.
+mod copies;
 /// A peer's decision waits for a salt-key run in progress on the same id.
 mod deferral;
 /// A full disk (a real size-limited tmpfs) while applying.

@@ -44,6 +44,8 @@ pub(super) struct PushIo {
     pub(super) waiting: Vec<Arc<crate::node::Outgoing>>,
     pub(super) board: Arc<Board>,
     pub(super) peer: PeerName,
+    /// Second copies of live pushes, while the path loses packets.
+    pub(super) copies: super::copies::Copies,
 }
 
 impl PushIo {
@@ -56,15 +58,20 @@ impl PushIo {
     }
 
     /// Hands `batch` to the push stream, once the peer takes what went
-    /// before it. A peer that takes nothing for [`PUSH_TAKEN_WITHIN`] ends
-    /// the session: this would otherwise wait here for as long as the
-    /// connection lives, and so would the round it runs in, holding the
-    /// link's claims.
-    async fn send(&mut self, batch: v1::DecisionBatch) -> Result<(), SessionError> {
-        match tokio::time::timeout(PUSH_TAKEN_WITHIN, self.tx.send(batch)).await {
-            Ok(sent) => sent.map_err(|_| SessionError::PushClosed),
-            Err(_) => Err(SessionError::PushTimedOut(PUSH_TAKEN_WITHIN)),
+    /// before it, and a copy of it first to the copy stream if `copy`. A
+    /// peer that takes nothing for [`PUSH_TAKEN_WITHIN`] ends the session:
+    /// this would otherwise wait here for as long as the connection lives,
+    /// and so would the round it runs in, holding the link's claims.
+    async fn send(&mut self, batch: v1::DecisionBatch, copy: bool) -> Result<(), SessionError> {
+        if copy && self.copies.send(&batch) {
+            self.board.metrics().copied(self.peer.as_str(), batch.decisions.len());
         }
+        match tokio::time::timeout(PUSH_TAKEN_WITHIN, self.tx.send(batch)).await {
+            Ok(sent) => sent.map_err(|_| SessionError::PushClosed)?,
+            Err(_) => return Err(SessionError::PushTimedOut(PUSH_TAKEN_WITHIN)),
+        }
+        self.unacked += 1;
+        Ok(())
     }
 
     /// Hands the link a batch the node sent its peers, and every other
@@ -89,7 +96,7 @@ impl PushIo {
         }
         let batches = std::mem::take(&mut self.waiting);
         let peer = self.peer.clone();
-        send_decisions(self, decisions_of(&batches, &peer, link)).await?;
+        send_decisions(self, decisions_of(&batches, &peer, link), Copying::IfLossy).await?;
         Ok(())
     }
 }
@@ -141,14 +148,26 @@ pub(super) fn decisions_of<'a>(
 /// by its own summaries; nobody else is told to leave it out).
 pub(super) const NO_ONE: &[PeerName] = &[];
 
+/// Whether pushed batches also go to the copy stream.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Copying {
+    /// Live pushes: while the path loses packets (`copies.rs`).
+    IfLossy,
+    /// A round's pushes, of what the peer lacked for a while already.
+    Never,
+}
+
 /// Pushes decisions in batches of at most [`PUSH_BATCH_BYTES`] (well under
 /// the message cap) and [`PUSH_BATCH_DECISIONS`]: the peer makes each batch
 /// durable with one syncfs and one store commit, so a burst (salt-key -A)
-/// costs a few of those, not one per thousand keys. Returns the bytes sent.
+/// costs a few of those, not one per thousand keys. Returns the bytes sent
+/// (copies not counted).
 pub(super) async fn send_decisions<'a>(
     io: &mut PushIo,
     decisions: impl IntoIterator<Item = (&'a Decision, &'a [PeerName])>,
+    copy: Copying,
 ) -> Result<usize, SessionError> {
+    let copy = copy == Copying::IfLossy && io.copies.wanted();
     let mut n_bytes = 0;
     let mut batch = v1::DecisionBatch::default();
     let mut batch_bytes = 0;
@@ -161,8 +180,7 @@ pub(super) async fn send_decisions<'a>(
             && (batch_bytes + len > PUSH_BATCH_BYTES || batch.decisions.len() >= PUSH_BATCH_DECISIONS)
         {
             n_bytes += batch.encoded_len();
-            io.send(std::mem::take(&mut batch)).await?;
-            io.unacked += 1;
+            io.send(std::mem::take(&mut batch), copy).await?;
             batch_bytes = 0;
         }
         batch_bytes += len;
@@ -170,8 +188,7 @@ pub(super) async fn send_decisions<'a>(
     }
     if !batch.decisions.is_empty() {
         n_bytes += batch.encoded_len();
-        io.send(batch).await?;
-        io.unacked += 1;
+        io.send(batch, copy).await?;
     }
     Ok(n_bytes)
 }
