@@ -35,8 +35,9 @@ pub struct FloodRow {
     /// What the agent acknowledged: decisions received, and applied.
     pub received: u64,
     pub applied: u64,
-    /// Times a push was refused because the peer had two open, and tried
-    /// again 100 ms later (every push gets through in the end).
+    /// Times a push was refused because the peer had as many open as it
+    /// takes (`PUSH_STREAMS_PER_PEER`), and tried again 100 ms later (every
+    /// push gets through in the end).
     pub refused: u64,
     /// The agent's resident memory (VmHWM, VmRSS) before, at its peak, and after.
     pub rss_before_mib: f64,
@@ -106,7 +107,7 @@ async fn push_all(listen: &str, setup: &TlsSetup, pushes: usize, n_ids: usize) -
                     (0..n_ids.div_ceil(BATCH)).map(move |b| batch(push, b * BATCH..((b + 1) * BATCH).min(n_ids)));
                 let mut acks = match client.push(tokio_stream::iter(batches)).await {
                     Ok(acks) => acks.into_inner(),
-                    // The master takes two pushes of one peer at a time:
+                    // The master takes a few pushes of one peer at a time:
                     // this one comes back later, as an agent's link would.
                     Err(status) if status.code() == tonic::Code::ResourceExhausted => {
                         refused += 1;
@@ -163,7 +164,7 @@ pub(crate) fn now_hlc() -> u64 {
 struct Pushed {
     received: u64,
     applied: u64,
-    /// Times a push was refused (the peer had two open) and tried again.
+    /// Times a push was refused (the peer had as many open as it takes) and tried again.
     refused: u64,
 }
 

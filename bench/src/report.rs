@@ -325,8 +325,15 @@ impl Report {
             );
             let _ = writeln!(
                 out,
-                "  {:.1} s; acknowledged {} received, {} applied; {} pushes refused (two at a time) and sent again; audit +{} lines; store {} -> {} bytes",
-                f.secs, f.received, f.applied, f.refused, f.audit_lines_added, f.store_before_bytes, f.store_after_bytes
+                "  {:.1} s; acknowledged {} received, {} applied; {} pushes refused (a peer may have {} open at once) and sent again; audit +{} lines; store {} -> {} bytes",
+                f.secs,
+                f.received,
+                f.applied,
+                f.refused,
+                keysync_server::PUSH_STREAMS_PER_PEER,
+                f.audit_lines_added,
+                f.store_before_bytes,
+                f.store_after_bytes
             );
             let _ = writeln!(
                 out,

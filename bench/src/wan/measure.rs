@@ -58,7 +58,8 @@ pub fn live(
         .collect::<Result<_, _>>()?;
 
     let received = |how: &str| mesh.sum("keysync_decisions_received_total", &format!("how=\"{how}\""));
-    let (pushes0, fetches0) = (received("push")?, received("fetch")?);
+    let copied = || mesh.sum("keysync_decisions_copied_total", "");
+    let (pushes0, fetches0, copies0) = (received("push")?, received("fetch")?, copied()?);
     let rounds0 = mesh.sum("keysync_anti_entropy_runs_total", "")?;
     let counts0 = line.counts();
     let started = Instant::now();
@@ -80,7 +81,9 @@ pub fn live(
     let per_decision = |x: f64| x / settings.decisions.max(1) as f64;
     let figures = LiveFigures {
         latency: OpRow::new("accept", "3008", samples),
-        pushes_per_decision: per_decision(received("push")? - pushes0),
+        // The peers receive the copies by push too.
+        pushes_per_decision: per_decision(received("push")? - pushes0 - (copied()? - copies0)),
+        copies_per_decision: per_decision(copied()? - copies0),
         fetches_per_decision: per_decision(received("fetch")? - fetches0),
         bytes_per_decision: per_decision(counts.total_bytes() as f64),
         rounds: mesh.sum("keysync_anti_entropy_runs_total", "")? - rounds0,

@@ -12,8 +12,11 @@ pub struct LiveFigures {
     /// state on each peer (one sample per decision and peer).
     pub latency: OpRow,
     /// Decisions received by push on all agents ÷ decisions made (n−1 if
-    /// each decision crosses each link once).
+    /// each decision crosses each link once), second copies not counted.
     pub pushes_per_decision: f64,
+    /// Live decisions pushed a second time, on a link's other connection,
+    /// while its path lost packets ÷ decisions made.
+    pub copies_per_decision: f64,
     /// Decisions fetched in anti-entropy rounds on all agents ÷ decisions made.
     pub fetches_per_decision: f64,
     /// IP bytes over all links while the decisions were made ÷ decisions
@@ -75,7 +78,7 @@ impl WanReport {
             self.key_file_bytes,
         );
         out.push_str(&format!(
-            "{:>2} {:>5} {:>5} | {:>8} {:>8} {:>8} {:>6} | {:>8} {:>8} {:>9} {:>6} | {:>8}\n",
+            "{:>2} {:>5} {:>5} | {:>8} {:>8} {:>8} {:>6} | {:>8} {:>7} {:>8} {:>9} {:>6} | {:>8}\n",
             "n",
             "RTT",
             "loss",
@@ -84,6 +87,7 @@ impl WanReport {
             "max ms",
             "missed",
             "push/dec",
+            "copy/d",
             "fetch/d",
             "B/dec",
             "rounds",
@@ -94,12 +98,13 @@ impl WanReport {
             let head = format!("{:>2} {:>5} {:>4}%", c.masters, format!("{}ms", c.rtt.as_millis()), c.loss_pct);
             match &row.live {
                 Some(l) => out.push_str(&format!(
-                    "{head} | {:>8.1} {:>8.1} {:>8.1} {:>6} | {:>8.2} {:>8.2} {:>9.0} {:>6.0} | {:>8.1}\n",
+                    "{head} | {:>8.1} {:>8.1} {:>8.1} {:>6} | {:>8.2} {:>7.2} {:>8.2} {:>9.0} {:>6.0} | {:>8.1}\n",
                     l.latency.p50_ms,
                     l.latency.p99_ms,
                     l.latency.max_ms,
                     l.latency.n_missed,
                     l.pushes_per_decision,
+                    l.copies_per_decision,
                     l.fetches_per_decision,
                     l.bytes_per_decision,
                     l.rounds,
