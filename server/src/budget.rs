@@ -6,10 +6,10 @@
 //! peer's decision waited for another's), then waits for its permits before
 //! the batch is handled; meanwhile it reads nothing more, so what a peer
 //! sends stays in HTTP/2 flow control (a window per stream and per
-//! connection) instead of this process's memory. A peer's fourth push
+//! connection) instead of this process's memory. A peer's fifth push
 //! stream at once is refused (an agent keeps one per link, and a second on
-//! its other connection while that link loses packets; one more covers a
-//! session ending as the next begins): each open
+//! its other connection while that link loses packets; as many again cover
+//! a session ending unseen as the next begins): each open
 //! stream holds at most one batch, so with the cap on each peer's
 //! connections (`control.rs`) the memory peers' pushes take is bounded by
 //! the number of peers, and a peer that pushes faster than this master
@@ -38,9 +38,11 @@ pub const ANSWERS_PER_PEER: usize = 2;
 pub const CALLS_PER_PEER: usize = 2;
 /// Push streams of one peer open at once: a link's session keeps one, and
 /// a second for the copies of its live pushes while the path loses
-/// packets; a third lets the next session open its stream while the
-/// server has not seen the last one's end yet.
-pub const PUSH_STREAMS_PER_PEER: usize = 3;
+/// packets; two more let the next session open its streams while the
+/// server has not seen the last one's end yet (a connection lost without
+/// a word stays open here until its keep-alive ends it), so a reconnect
+/// on a lossy path is not refused, nor audited as a refusal.
+pub const PUSH_STREAMS_PER_PEER: usize = 4;
 /// Pushed batches of all peers together handled at once: each is one
 /// message of at most `max_message_bytes`, decoded.
 pub const CALLS_IN_ALL: usize = 3;

@@ -221,7 +221,9 @@ impl PeerLink {
         let acks = acks.into_inner();
         let probes = [rounds_probe, push_probe];
         let (listener, peer, lossy_until) = (self.listener.clone(), self.peer.name.clone(), self.lossy_until.clone());
-        let copies = Copies::new(client.clone(), probes, listener, peer, lossy_until, self.lossy_links.clone());
+        let takes_copies = copies::takes_copies(&hello);
+        let lossy_links = self.lossy_links.clone();
+        let copies = Copies::new(client.clone(), probes, listener, peer, lossy_until, lossy_links, takes_copies);
         let mut io = SessionIo {
             client,
             push: PushIo {
@@ -266,6 +268,7 @@ impl PeerLink {
                 }
                 () = timer.as_mut(), if *timer_armed => {
                     *timer_armed = false;
+                    push.copies.wanted();
                     link.handle(Input::Due, self.board.peer_fetching(&self.peer.name));
                 }
             }

@@ -105,7 +105,7 @@ async fn calls_wait_for_their_budget_and_connections_per_peer_are_capped() {
                     assert!(ack.is_some(), "one ack per batch");
                     answered += 1;
                 }
-                // A peer's fourth push stream at once.
+                // A peer's fifth push stream at once.
                 Err(status) if status.code() == tonic::Code::ResourceExhausted => refused += 1,
                 Err(status) => panic!("a push failed: {status}"),
             }
@@ -180,13 +180,15 @@ async fn idle_push_streams_hold_no_budget() {
             .expect("the fourth peer's push is read while the others' streams are idle");
         assert!(ack.expect("an ack").is_some());
 
-        // A peer's push streams: three open at once, the fourth refused.
-        assert_eq!(PUSH_STREAMS_PER_PEER, 3);
+        // A peer's push streams: four open at once, the fifth refused.
+        assert_eq!(PUSH_STREAMS_PER_PEER, 4);
         let (mut a, _first) = idle.swap_remove(0);
-        let _second = a.push(tokio_stream::pending::<DecisionBatch>()).await.expect("a second push stream opens");
-        let _third = a.push(tokio_stream::pending::<DecisionBatch>()).await.expect("a third push stream opens");
-        let fourth = a.push(tokio_stream::iter([DecisionBatch::default()])).await;
-        let refused = fourth.expect_err("a fourth push stream at once is refused");
+        let mut open = Vec::new();
+        for _ in 1..PUSH_STREAMS_PER_PEER {
+            open.push(a.push(tokio_stream::pending::<DecisionBatch>()).await.expect("another push stream opens"));
+        }
+        let fifth = a.push(tokio_stream::iter([DecisionBatch::default()])).await;
+        let refused = fifth.expect_err("a fifth push stream at once is refused");
         assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused}");
         assert!(refused.message().contains("push streams open already"), "{refused}");
         drop(idle);

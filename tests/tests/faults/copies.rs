@@ -47,7 +47,7 @@ async fn on_a_lossy_path_each_live_push_goes_twice_and_is_applied_once() {
     let (a, b) = (cluster.files[0].pki.clone(), cluster.files[1].pki.clone());
     for idx in 0..3 {
         wait_until(Duration::from_secs(30), "the links are up", || {
-            std::fs::read_to_string(cluster.log(idx)).unwrap_or_default().matches("connected").count() >= 2
+            std::fs::read_to_string(cluster.log(idx)).unwrap_or_default().matches(" connected n_decisions").count() >= 2
         })
         .await;
     }
@@ -59,7 +59,9 @@ async fn on_a_lossy_path_each_live_push_goes_twice_and_is_applied_once() {
     }
     converged(&cluster, Duration::from_secs(30)).await;
     let copied = counter(&metrics_text(metrics[0]), "keysync_decisions_copied_total", "peer=\"master-b\"");
-    assert!(copied >= 1, "master-a copied its live pushes on the lossy path: {copied}");
+    // Each, but for one the copy stream could not take at once (it takes
+    // four at a time, and sends them as they come).
+    assert!(copied >= ids.len() as u64 / 2, "master-a copied its live pushes on the lossy path: {copied}");
     // Both copies reach master-b (the second is read after the first is applied).
     wait_until(Duration::from_secs(30), "master-b received every copy", || {
         let received = counter(&metrics_text(metrics[1]), "keysync_decisions_received_total", "how=\"push\"");

@@ -24,9 +24,18 @@
 //! copies too. A master behind a lossy uplink then copies from its links'
 //! first push, not from the first push each link loses.
 //!
-//! A copy is best effort: if its stream is refused (the peer keeps a
-//! session's ending streams a while) or falls behind, the push goes alone,
-//! as on a clean path.
+//! Only small batches are copied, a few segments: a lone decision or a few,
+//! whose tail segment TCP recovers late. A burst's batch of megabytes goes
+//! once: TCP recovers a segment lost inside a flow within a round trip, and
+//! a copy of it would hold the rounds' connection behind it.
+//!
+//! Only to a peer of 0.2.0 or later (one that says its version in its
+//! Hello): one of 0.1.0 takes two push streams per peer, and a copy stream
+//! left open by a session lost without a word would have it refuse the
+//! next session's pushes until its keep-alive ended the old connection.
+//!
+//! A copy is best effort: if its stream is refused or falls behind, the
+//! push goes alone, as on a clean path.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -42,6 +51,8 @@ use tracing::Instrument;
 
 /// Copies the copy stream may hold unsent: past that, a push goes alone.
 const COPIES_QUEUED: usize = 4;
+/// Encoded bytes of the largest batch copied: about ten segments.
+pub(super) const COPY_UP_TO_BYTES: usize = 16 * 1024;
 /// How long after opening a copy stream the link opens another, if that
 /// one was refused or ended.
 const REOPEN_AFTER: Duration = Duration::from_secs(60);
@@ -58,6 +69,13 @@ fn held(until: &mut Option<Instant>, found: bool, now: Instant) -> bool {
         *until = Some(now + LOSSY_FOR);
     }
     until.is_some_and(|until| now < until)
+}
+
+/// Whether the peer that answered `hello` takes a session's second push
+/// stream: one of 0.2.0 or later, which says its version (0.1.0 says none,
+/// and takes two push streams per peer only).
+pub(super) fn takes_copies(hello: &v1::HelloResponse) -> bool {
+    hello.health.as_ref().is_some_and(|health| !health.agent_version.is_empty())
 }
 
 /// Until when a link takes its path for one that loses packets.
@@ -82,6 +100,8 @@ pub(super) struct Copies {
     /// one among them while `counted`.
     lossy_links: LossyLinks,
     counted: bool,
+    /// Whether the peer takes a second push stream of a session (0.2.0 and later).
+    takes_copies: bool,
     /// What the last look found, to log a change once.
     lossy: bool,
     rounds: KeySyncClient<Channel>,
@@ -113,12 +133,16 @@ impl Copies {
         peer: PeerName,
         lossy_until: LossyUntil,
         lossy_links: LossyLinks,
+        takes_copies: bool,
     ) -> Copies {
         let (lossy, counted, stream, opened) = (false, false, None, None);
-        Copies { probes, inbound, peer, lossy_until, lossy_links, counted, lossy, rounds, stream, opened }
+        Copies { probes, inbound, peer, lossy_until, lossy_links, counted, takes_copies, lossy, rounds, stream, opened }
     }
 
-    /// Whether live pushes go twice now (logged when that changes).
+    /// Whether live pushes go twice now (logged when that changes). Read
+    /// at each live push and each round, so every connection's window of
+    /// recent segments moves on, and a path lossy long ago is not counted
+    /// among the master's lossy ones.
     pub(super) fn wanted(&mut self) -> bool {
         let probes: Vec<TcpProbe> = self.probes.iter().cloned().chain(self.inbound.probes(&self.peer)).collect();
         // Every probe is read, so each connection's window moves on.
@@ -134,7 +158,7 @@ impl Copies {
         }
         let sent = probes.iter().filter_map(TcpProbe::sent).fold(0u32, |n, sent| n.saturating_add(sent.segments));
         let like_the_others = !own && sent < RESENT_ONE_IN && self.lossy_links.load(Ordering::Relaxed) > 0;
-        let lossy = own || like_the_others;
+        let lossy = (own || like_the_others) && self.takes_copies;
         if lossy != self.lossy {
             self.lossy = lossy;
             match (own, lossy) {
@@ -154,8 +178,12 @@ impl Copies {
     }
 
     /// Hands a copy of `batch` to the copy stream, opening it first if
-    /// needed; whether it took it (it does not when it is behind or gone).
+    /// needed; whether it took it (it does not when it is behind or gone,
+    /// nor a batch over [`COPY_UP_TO_BYTES`]).
     pub(super) fn send(&mut self, batch: &v1::DecisionBatch) -> bool {
+        if prost::Message::encoded_len(batch) > COPY_UP_TO_BYTES {
+            return false;
+        }
         if self.stream.is_none() && self.opened.is_none_or(|at| at.elapsed() >= REOPEN_AFTER) {
             self.open();
         }
@@ -207,5 +235,16 @@ mod tests {
         assert!(held(&mut until, true, start + 9 * minute), "found again");
         assert!(held(&mut until, false, start + 18 * minute));
         assert!(!held(&mut until, false, start + 19 * minute), "ten minutes after it was last found");
+    }
+
+    #[test]
+    fn only_a_peer_that_says_its_version_takes_copies() {
+        let hello = |agent_version: Option<&str>| v1::HelloResponse {
+            health: agent_version.map(|v| v1::MasterHealth { agent_version: v.into(), ..Default::default() }),
+            ..Default::default()
+        };
+        assert!(!takes_copies(&hello(None)));
+        assert!(!takes_copies(&hello(Some(""))), "0.1.0 sends no version");
+        assert!(takes_copies(&hello(Some("0.2.0"))));
     }
 }
