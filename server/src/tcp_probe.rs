@@ -58,7 +58,7 @@ struct Shared {
 
 impl TcpProbe {
     /// What TCP says of the connection now; `None` when it is closed (or
-    /// not made yet, or the kernel is older than 5.0).
+    /// not made yet, or the kernel is older than 4.19).
     pub fn sent(&self) -> Option<Sent> {
         let fd = self.shared.fd.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the descriptor stays open while the lock is held: the
@@ -112,7 +112,7 @@ impl Loss {
     }
 }
 
-/// `TCP_INFO`'s data segments sent and lost (Linux 5.0 and later).
+/// `TCP_INFO`'s data segments sent and lost (Linux 4.19 and later).
 fn sent(fd: BorrowedFd<'_>) -> io::Result<Sent> {
     // SAFETY: `tcp_info` is plain integers, so all-zero is a valid value;
     // the kernel writes at most `len` bytes into it and says how many.
@@ -130,12 +130,12 @@ fn sent(fd: BorrowedFd<'_>) -> io::Result<Sent> {
     if done != 0 {
         return Err(io::Error::last_os_error());
     }
-    // A kernel older than 5.0 fills neither the duplicates (every spurious
+    // A kernel older than 4.19 fills neither the duplicates (every spurious
     // retransmission would count as a loss) nor, before 4.6, the data
     // segments: no reading there, and no copies.
     let needed = std::mem::offset_of!(libc::tcp_info, tcpi_dsack_dups) + std::mem::size_of::<u32>();
     if (len as usize) < needed {
-        return Err(io::Error::new(io::ErrorKind::Unsupported, "TCP_INFO without tcpi_dsack_dups (Linux < 5.0)"));
+        return Err(io::Error::new(io::ErrorKind::Unsupported, "TCP_INFO without tcpi_dsack_dups (Linux < 4.19)"));
     }
     // Still in flight, a retransmission may yet turn out a duplicate.
     let lost = info.tcpi_total_retrans.saturating_sub(info.tcpi_retrans).saturating_sub(info.tcpi_dsack_dups);

@@ -68,6 +68,7 @@ impl Handler for RpcHandler {
             held: held_to_wire(&crate::ops::held::held_counts(&self.core).await.map_err(core_gone)?),
             clock: Some(crate::net::wire::clock_to_wire(&self.board.clock_reading(hlc))),
             joining,
+            push_streams: keysync_server::PUSH_STREAMS_PER_PEER as u32,
         })
     }
 

@@ -94,6 +94,7 @@ impl Handler for EchoHandler {
             held: Vec::new(),
             clock: None,
             joining: false,
+            push_streams: 0,
         })
     }
 

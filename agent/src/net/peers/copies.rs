@@ -4,7 +4,7 @@
 //! A live push is one or two TCP segments. When one is lost, TCP sends it
 //! again only after a tail-loss probe or a retransmission timeout: two
 //! round trips or more, so under 2 % loss the slowest percent of decisions
-//! came 220–690 ms late where one-way was 5–150 ms. A second copy on the
+//! came 135–765 ms late where one-way was 5–150 ms. A second copy on the
 //! session's other connection (the rounds') is lost too only when both are
 //! (0.04 % at 2 % loss), so the decision comes one-way late however TCP
 //! recovers. The copy that arrives second changes nothing on the peer (the
@@ -29,8 +29,8 @@
 //! once: TCP recovers a segment lost inside a flow within a round trip, and
 //! a copy of it would hold the rounds' connection behind it.
 //!
-//! Only to a peer of 0.2.0 or later (one that says its version in its
-//! Hello): one of 0.1.0 takes two push streams per peer, and a copy stream
+//! Only to a peer that says in its Hello it takes four push streams a peer
+//! (`push_streams`, since 0.2.0): an older one takes two, and a copy stream
 //! left open by a session lost without a word would have it refuse the
 //! next session's pushes until its keep-alive ended the old connection.
 //!
@@ -72,10 +72,10 @@ fn held(until: &mut Option<Instant>, found: bool, now: Instant) -> bool {
 }
 
 /// Whether the peer that answered `hello` takes a session's second push
-/// stream: one of 0.2.0 or later, which says its version (0.1.0 says none,
-/// and takes two push streams per peer only).
+/// stream: one that says it takes four push streams a peer (0.1.0, and the
+/// builds before copies, say nothing and take two).
 pub(super) fn takes_copies(hello: &v1::HelloResponse) -> bool {
-    hello.health.as_ref().is_some_and(|health| !health.agent_version.is_empty())
+    hello.push_streams >= 4
 }
 
 /// Until when a link takes its path for one that loses packets.
@@ -100,7 +100,7 @@ pub(super) struct Copies {
     /// one among them while `counted`.
     lossy_links: LossyLinks,
     counted: bool,
-    /// Whether the peer takes a second push stream of a session (0.2.0 and later).
+    /// Whether the peer takes a second push stream of a session.
     takes_copies: bool,
     /// What the last look found, to log a change once.
     lossy: bool,
@@ -169,7 +169,7 @@ impl Copies {
                     "the link has sent too little to tell whether its path loses packets, and another link of this master's does: each live push also goes on the rounds' connection"
                 ),
                 (false, false) => tracing::info!(
-                    "live pushes go once: the path to the peer resent fewer than 1 in {RESENT_ONE_IN} segments (for {} min, where it lost packets before)",
+                    "live pushes go once: the link's connections resent fewer than 1 in {RESENT_ONE_IN} of their recent segments (for {} min, if they lost packets before)",
                     LOSSY_FOR.as_secs() / 60
                 ),
             }
@@ -238,13 +238,10 @@ mod tests {
     }
 
     #[test]
-    fn only_a_peer_that_says_its_version_takes_copies() {
-        let hello = |agent_version: Option<&str>| v1::HelloResponse {
-            health: agent_version.map(|v| v1::MasterHealth { agent_version: v.into(), ..Default::default() }),
-            ..Default::default()
-        };
-        assert!(!takes_copies(&hello(None)));
-        assert!(!takes_copies(&hello(Some(""))), "0.1.0 sends no version");
-        assert!(takes_copies(&hello(Some("0.2.0"))));
+    fn only_a_peer_that_takes_four_push_streams_takes_copies() {
+        let hello = |push_streams| v1::HelloResponse { push_streams, ..Default::default() };
+        assert!(!takes_copies(&hello(0)), "0.1.0, and the builds before copies, say nothing");
+        assert!(!takes_copies(&hello(3)));
+        assert!(takes_copies(&hello(keysync_server::PUSH_STREAMS_PER_PEER as u32)));
     }
 }
