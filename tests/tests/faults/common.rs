@@ -195,6 +195,12 @@ pub fn write_pending(pki: &Path, ids: impl IntoIterator<Item = String>, keys: &[
     }
 }
 
+/// Serves the agent's metrics on `addr`.
+pub fn with_metrics(f: &keysync_tests::cluster::AgentFiles, addr: std::net::SocketAddr) {
+    let text = std::fs::read_to_string(&f.config_path).unwrap();
+    keysync_tests::probe::write_private(&f.config_path, &format!("metrics_listen = \"{addr}\"\n{text}"));
+}
+
 /// Appends `line` to the `[timings]` table of an agent's config.
 pub fn add_timing(config: &Path, line: &str) {
     let text = std::fs::read_to_string(config).unwrap();

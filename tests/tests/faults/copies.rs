@@ -7,7 +7,6 @@
 //! own connections' TCP counters, which say loopback resent nothing, and
 //! its other links find nothing either: it pushes each decision once.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use keysync_tests::binary::{free_addr, FaultCluster};
@@ -15,7 +14,7 @@ use keysync_tests::probe::{metrics_text, write_private};
 use keysync_tests::salt_ops::path;
 use keysync_tests::wait_until;
 
-use crate::common::{audited, converged, key_pool, write_pending};
+use crate::common::{audited, converged, key_pool, with_metrics, write_pending};
 
 /// The sum of a counter's series whose labels contain each of `labels` (0 if none).
 fn counter(text: &str, name: &str, labels: &[&str]) -> u64 {
@@ -23,11 +22,6 @@ fn counter(text: &str, name: &str, labels: &[&str]) -> u64 {
         .filter(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|label| l.contains(label)))
         .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.trim().parse::<u64>().ok()))
         .sum()
-}
-
-fn with_metrics(f: &keysync_tests::cluster::AgentFiles, addr: SocketAddr) {
-    let text = std::fs::read_to_string(&f.config_path).unwrap();
-    write_private(&f.config_path, &format!("metrics_listen = \"{addr}\"\n{text}"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

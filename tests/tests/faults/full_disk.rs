@@ -16,7 +16,7 @@ use keysync_tests::probe::{metrics_text, write_private};
 use keysync_tests::salt_ops::FOLDERS;
 use keysync_tests::wait_until;
 
-use crate::common::{assert_no_decision, audited, converged, count, key_pool, write_pending};
+use crate::common::{assert_no_decision, audited, converged, count, key_pool, with_metrics, write_pending};
 
 /// A size-limited tmpfs mounted over a folder, unmounted on drop.
 struct SmallDisk {
@@ -60,12 +60,6 @@ impl SmallDisk {
 
 fn libc_enospc() -> i32 {
     28
-}
-
-/// Serves the agent's metrics on `addr`.
-fn with_metrics(f: &keysync_tests::cluster::AgentFiles, addr: std::net::SocketAddr) {
-    let text = std::fs::read_to_string(&f.config_path).unwrap();
-    write_private(&f.config_path, &format!("metrics_listen = \"{addr}\"\n{text}"));
 }
 
 /// The value of an unlabelled counter in a metrics text (0 if absent).
