@@ -5,9 +5,10 @@
 //! again only after a tail-loss probe or a retransmission timeout: two
 //! round trips or more, so under 2 % loss the slowest percent of decisions
 //! came 135–765 ms late where one-way was 5–150 ms. A second copy on the
-//! session's other connection (the rounds') is lost too only when both are
-//! (0.04 % at 2 % loss), so the decision comes one-way late however TCP
-//! recovers. The copy that arrives second changes nothing on the peer (the
+//! session's other connection (the rounds') is late too only when both are
+//! lost (0.04 % at 2 % loss), or each waits behind an earlier lost segment
+//! of its own connection; otherwise the decision comes one-way late however
+//! TCP recovers. The copy that arrives second changes nothing on the peer (the
 //! same version is held already).
 //!
 //! Only where TCP says the path loses packets: on a clean path the copies
