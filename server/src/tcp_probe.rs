@@ -70,8 +70,14 @@ impl TcpProbe {
     /// Whether the connection resent at least 1 in [`RESENT_ONE_IN`] of
     /// its recent segments (`false` once it is closed).
     pub fn loses_packets(&self) -> bool {
-        let Some(now) = self.sent() else { return false };
-        self.shared.loss.lock().unwrap_or_else(|e| e.into_inner()).lossy(now)
+        self.look().is_some_and(|(_, lossy)| lossy)
+    }
+
+    /// What TCP says of the connection now, and whether it loses packets,
+    /// from one reading; `None` when it is closed.
+    pub fn look(&self) -> Option<(Sent, bool)> {
+        let now = self.sent()?;
+        Some((now, self.shared.loss.lock().unwrap_or_else(|e| e.into_inner()).lossy(now)))
     }
 
     /// Whether the connection is open.

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use keysync_machine::PeerName;
 use keysync_proto::v1::{self, key_sync_client::KeySyncClient};
-use keysync_server::{ListenerControl, TcpProbe, RESENT_ONE_IN};
+use keysync_server::{ListenerControl, Sent, TcpProbe, RESENT_ONE_IN};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::task::AbortOnDropHandle;
@@ -146,9 +146,10 @@ impl Copies {
     /// among the master's lossy ones.
     pub(super) fn wanted(&mut self) -> bool {
         let probes: Vec<TcpProbe> = self.probes.iter().cloned().chain(self.inbound.probes(&self.peer)).collect();
-        // Every probe is read, so each connection's window moves on.
+        // Every probe is read, once, so each connection's window moves on.
+        let looks: Vec<(Sent, bool)> = probes.iter().filter_map(TcpProbe::look).collect();
         let knob = crate::fault::lossy().iter().any(|name| name == self.peer.as_str());
-        let found = probes.iter().fold(knob, |lossy, probe| probe.loses_packets() | lossy);
+        let found = knob || looks.iter().any(|&(_, lossy)| lossy);
         let own = held(&mut self.lossy_until.lock().unwrap_or_else(|e| e.into_inner()), found, Instant::now());
         if own != self.counted {
             self.counted = own;
@@ -157,7 +158,7 @@ impl Copies {
                 false => self.lossy_links.fetch_sub(1, Ordering::Relaxed),
             };
         }
-        let sent = probes.iter().filter_map(TcpProbe::sent).fold(0u32, |n, sent| n.saturating_add(sent.segments));
+        let sent = looks.iter().fold(0u32, |n, (sent, _)| n.saturating_add(sent.segments));
         let like_the_others = !own && sent < RESENT_ONE_IN && self.lossy_links.load(Ordering::Relaxed) > 0;
         let lossy = (own || like_the_others) && self.takes_copies;
         if lossy != self.lossy {
