@@ -96,6 +96,8 @@ pub enum Request {
     /// What first contact does here (see `keysync_machine::node::plan`):
     /// the ids in dispute, or exactly `ids`.
     Plan { ids: Option<Vec<MinionId>>, reply: oneshot::Sender<Vec<keysync_machine::node::PlanRow>> },
+    /// The plan's conflicts alone, for `status` (see `Node::conflicts`).
+    Conflicts { reply: oneshot::Sender<Vec<keysync_machine::node::PlanRow>> },
     /// The peers' deletes the blast-radius guard holds here.
     Held { reply: oneshot::Sender<Vec<HeldDelete>> },
     /// While writes fail: for how long, and the last error.
@@ -436,6 +438,9 @@ impl Core {
             Request::Contact => self.node.on_contact(now(), &mut self.effects),
             Request::Plan { ids, reply } => {
                 let _ = reply.send(self.node.plan(ids.as_deref()));
+            }
+            Request::Conflicts { reply } => {
+                let _ = reply.send(self.node.conflicts());
             }
             Request::Held { reply } => {
                 let _ = reply.send(self.node.held().cloned().collect());

@@ -220,8 +220,8 @@ async fn reply(ctx: &ControlContext, word: &str, args: &str, peer_uid: Option<u3
         "status" => {
             let keys = ctx.board.key_counts(&ctx.core).await;
             let mut report = ctx.board.report_with(keys);
-            let rows = ctx.core.ask(|reply| crate::node::Request::Plan { ids: None, reply }).await?;
-            report.conflicts = rows.iter().filter(|r| r.conflict).map(crate::ops::site_plan::entry).collect();
+            let rows = ctx.core.ask(|reply| crate::node::Request::Conflicts { reply }).await?;
+            report.conflicts = rows.iter().map(crate::ops::site_plan::entry).collect();
             let held = ctx.core.ask(|reply| crate::node::Request::Held { reply }).await?;
             report.held = crate::ops::held::bursts(&held);
             let trouble = ctx.core.ask(|reply| crate::node::Request::WriteTrouble { reply }).await?;

@@ -69,6 +69,17 @@ fn of_key(claims: &[Seen], key: &Seen) -> Option<Seen> {
 /// operator decides: claims with two keys and no live decision, or a claim
 /// rejecting the key a live decision accepted without knowing that rejection.
 pub fn unsettled(entry: &Entry) -> bool {
+    // Nothing else seen: one decision cannot disagree with itself. `status`
+    // asks this of every id (`Node::conflicts`), and the rules below copy
+    // each decision first.
+    if entry.seen().is_empty() {
+        return false;
+    }
+    unsettled_by_the_rules(entry)
+}
+
+/// [`unsettled`], by the rules.
+fn unsettled_by_the_rules(entry: &Entry) -> bool {
     let held = entry.held();
     let claims = claims(entry);
     if held.version.is_claim() {
@@ -186,6 +197,8 @@ mod tests {
                 assert!(entry.seen().is_empty());
                 assert_eq!(effective(&entry), by_the_rules(&entry), "{one:?}, mine {mine:?}");
                 assert_eq!(effective(&entry), Some(one.clone()));
+                assert!(!unsettled(&entry));
+                assert_eq!(unsettled(&entry), unsettled_by_the_rules(&entry), "{one:?}, mine {mine:?}");
             }
         }
     }

@@ -79,6 +79,15 @@ fn files(held: Option<(Folder, &PublicKey)>) -> Vec<(Folder, &'static str, &Publ
 }
 
 /// Every order in which three masters' links can run their rounds.
+/// The conflicts `status` shows: the plan's conflict rows, found without
+/// making a row of every id.
+fn conflicts(m: &Master) -> Vec<crate::node::PlanRow> {
+    let conflicts = m.node.conflicts();
+    let planned: Vec<_> = m.node.plan(None).into_iter().filter(|row| row.conflict).collect();
+    assert_eq!(conflicts, planned, "{}: the plan's conflicts", m.name);
+    conflicts
+}
+
 fn orders() -> Vec<Vec<(usize, usize)>> {
     let links = [(0, 1), (0, 2), (1, 0), (1, 2), (2, 0), (2, 1)];
     let mut orders = Vec::new();
@@ -167,6 +176,10 @@ fn claims_meet_by_one_rule_in_every_order() {
             assert_eq!(got, expected, "{what}, order {order:?}");
             let digests: Vec<_> = masters.iter().map(|m| m.node.digests()).collect();
             assert!(digests.windows(2).all(|w| w[0] == w[1]), "{what}: the masters agree on what they know");
+            let two_keys = held.iter().flatten().any(|(_, k)| *k == &k2);
+            for m in &masters {
+                assert_eq!(conflicts(m).len(), usize::from(two_keys), "{what}, order {order:?}: {}", m.name);
+            }
         }
     }
 }
@@ -186,6 +199,7 @@ fn two_keys_are_told_once_and_settled_by_a_live_decision() {
         let told = m.rt.events.iter().filter(|e| matches!(e, Event::Conflict { .. })).count();
         assert_eq!(told, 1, "{}: {:?}", m.name, m.rt.events);
         assert!(m.node.replica.unsettled().count() == 1, "{} shows it unsettled", m.name);
+        assert_eq!(conflicts(m).iter().map(|row| row.id.clone()).collect::<Vec<_>>(), [id()], "{}", m.name);
     }
     // master-c's operator accepts k2 (the minion's key, checked by hand).
     let c = &mut masters[2];
@@ -198,6 +212,7 @@ fn two_keys_are_told_once_and_settled_by_a_live_decision() {
     for m in &masters {
         assert_eq!(shows(m), Some((Folder::Accepted, k2.bytes().to_vec())), "{}", m.name);
         assert_eq!(m.node.replica.unsettled().count(), 0, "{}: settled", m.name);
+        assert!(conflicts(m).is_empty(), "{}: settled", m.name);
         let told = m.rt.events.iter().filter(|e| matches!(e, Event::Conflict { .. })).count();
         assert_eq!(told, 1, "{}: no new conflict: the live decision knew both claims", m.name);
     }
