@@ -533,6 +533,7 @@ impl Starting {
         };
         let mut effects = Effects {
             node: parts.settings.node,
+            ahead: crate::disk::pki::ahead::ReadAhead::new(parts.pki.clone()),
             pki: parts.pki,
             store: parts.store,
             owner: parts.owner,

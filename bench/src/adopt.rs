@@ -47,6 +47,11 @@ pub fn run(settings: &Settings, keys: &[String]) -> anyhow::Result<AdoptRow> {
     }
     // The seeding's writeback must not land on the agents' first syncfs.
     Command::new("sync").status().context("cannot run sync")?;
+    if settings.adopt_cold {
+        // Every clean page and inode: the key files are on the disk only.
+        std::fs::write("/proc/sys/vm/drop_caches", "3")
+            .context("--adopt-cold drops the page cache: it needs root (/proc/sys/vm/drop_caches)")?;
+    }
     let seed_secs = seeding.elapsed().as_secs_f64();
     let before: Vec<Snapshot> = (0..3).map(|idx| snapshot(cluster.pki(idx))).collect::<Result<_, _>>()?;
 
@@ -84,6 +89,7 @@ pub fn run(settings: &Settings, keys: &[String]) -> anyhow::Result<AdoptRow> {
     Ok(AdoptRow {
         n_keys: n,
         seed_secs,
+        cold: settings.adopt_cold,
         quiet_secs: quiet.at.as_secs_f64(),
         links_up_secs: quiet.links_up.as_secs_f64(),
         quiet_window_secs: QUIET_WINDOW.as_secs_f64(),

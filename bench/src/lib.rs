@@ -36,6 +36,9 @@ pub struct Settings {
     /// Decided keys three masters already agree on when their agents first
     /// start together (0: no adoption).
     pub n_adopt: usize,
+    /// The adoption's key files dropped from memory before the agents start
+    /// (root: `/proc/sys/vm/drop_caches`), as after a reboot.
+    pub adopt_cold: bool,
     /// Idle time over which the agents' CPU use is measured.
     pub idle: Duration,
     /// Agents' log filter (`SALT_KEYSYNC_LOG`).
@@ -74,6 +77,7 @@ impl Settings {
             n_bulk: 10_000,
             n_join: 100_000,
             n_adopt: 100_000,
+            adopt_cold: false,
             idle: Duration::from_secs(60),
             log_filter: "info".into(),
             keep: None,

@@ -11,7 +11,7 @@ use keysync_bench::wan::WanSettings;
 #[command(
     name = "keysync-bench",
     about = "Benchmark salt-keysync: three real agents, Salt-style key operations, join versus rsync, first contact on agreeing masters",
-    after_help = "Examples:\n  scripts/bench.sh                      # full run, a few minutes\n  scripts/bench.sh --quick --json out.json\n  target/release/keysync-bench --ops 200 --bulk 2000 --join 20000 --idle 10\n  target/release/keysync-bench --ops 0 --bulk 10000 --join 0 --adopt 0 --idle 0 --layout unit\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 100000\n  target/release/keysync-bench --ops 20 --bulk 0 --join 0 --adopt 0 --idle 0 --guard\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 0 --flood 25000 --flood-pushes 20\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 0 --flood 0 --hostile 5000\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 0 --flood 0 --hostile 0 --serve-join 100000\n  target/release/keysync-bench --wan                # as root: 3/5/7 masters at 10/80/300 ms RTT, 0 and 2 % loss\n  target/release/keysync-bench --wan --wan-masters 3 --wan-rtt 80 --wan-loss 0 --wan-join 1500\n\nThe agent binary is looked up next to this program (SALT_KEYSYNC_BIN overrides)."
+    after_help = "Examples:\n  scripts/bench.sh                      # full run, a few minutes\n  scripts/bench.sh --quick --json out.json\n  target/release/keysync-bench --ops 200 --bulk 2000 --join 20000 --idle 10\n  target/release/keysync-bench --ops 0 --bulk 10000 --join 0 --adopt 0 --idle 0 --layout unit\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 100000\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 200000 --adopt-cold   # as root\n  target/release/keysync-bench --ops 20 --bulk 0 --join 0 --adopt 0 --idle 0 --guard\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 0 --flood 25000 --flood-pushes 20\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 0 --flood 0 --hostile 5000\n  target/release/keysync-bench --ops 0 --bulk 0 --join 0 --adopt 0 --flood 0 --hostile 0 --serve-join 100000\n  target/release/keysync-bench --wan                # as root: 3/5/7 masters at 10/80/300 ms RTT, 0 and 2 % loss\n  target/release/keysync-bench --wan --wan-masters 3 --wan-rtt 80 --wan-loss 0 --wan-join 1500\n\nThe agent binary is looked up next to this program (SALT_KEYSYNC_BIN overrides)."
 )]
 struct Args {
     /// Small counts: seconds instead of minutes (what CI runs).
@@ -32,6 +32,10 @@ struct Args {
     /// Decided keys three masters already agree on when their agents first start together (0: skip).
     #[arg(long)]
     adopt: Option<usize>,
+    /// Drop the adoption's key files from memory before the agents start,
+    /// as after a reboot (root: writes /proc/sys/vm/drop_caches).
+    #[arg(long)]
+    adopt_cold: bool,
     /// Seconds of idling after the join over which CPU time is measured.
     #[arg(long)]
     idle: Option<u64>,
@@ -111,6 +115,7 @@ fn main() -> anyhow::Result<()> {
     settings.n_bulk = args.bulk.unwrap_or(settings.n_bulk);
     settings.n_join = args.join.unwrap_or(settings.n_join);
     settings.n_adopt = args.adopt.unwrap_or(settings.n_adopt);
+    settings.adopt_cold = args.adopt_cold;
     settings.idle = args.idle.map_or(settings.idle, Duration::from_secs);
     settings.keep = args.keep;
     settings.layout = args.layout;

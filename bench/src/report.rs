@@ -143,6 +143,8 @@ pub struct AdoptRow {
     pub n_keys: usize,
     /// Writing them into the three masters' folders, and `sync` (untimed).
     pub seed_secs: f64,
+    /// The page cache was dropped before the agents started (`--adopt-cold`).
+    pub cold: bool,
     /// From starting the three agents until they were quiet: the figure with a target.
     pub quiet_secs: f64,
     /// From starting them until every link was seen up (digests compared).
@@ -282,7 +284,8 @@ impl Report {
                 "\nfirst contact: 3 masters already agreeing on {} keys, agents started together",
                 a.n_keys
             );
-            let _ = writeln!(out, "  seeding the three masters' folders {:.1} s (untimed)", a.seed_secs);
+            let cold = if a.cold { "; then the page cache dropped: the key files on the disk only" } else { "" };
+            let _ = writeln!(out, "  seeding the three masters' folders {:.1} s (untimed){cold}", a.seed_secs);
             let _ = writeln!(
                 out,
                 "  quiet after {:.2} s (links up after {:.2} s; quiet: <= {} CPU ticks between the agents over {:.0} s)  target <=10 s: {}",

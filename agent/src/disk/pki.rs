@@ -25,6 +25,7 @@ use crate::core::Folder;
 pub use keysync_machine::node::Applied;
 
 mod adopt;
+pub mod ahead;
 mod apply;
 mod dfn;
 pub mod dirs;
@@ -120,6 +121,8 @@ pub struct Pki {
     /// are another user's, and the agent lacks CAP_FOWNER): key files are
     /// opened without it from now on.
     no_noatime: AtomicBool,
+    /// Reads that found their key file not in memory (`ahead.rs`).
+    cold: read::ColdReads,
 }
 
 /// Why the key folders cannot be used.
@@ -172,6 +175,7 @@ impl Pki {
             replaced: Mutex::new(Vec::new()),
             no_adopt: AtomicBool::new(false),
             no_noatime: AtomicBool::new(false),
+            cold: read::ColdReads::default(),
             no_link: AtomicBool::new(false),
             key_mode,
         })

@@ -9,6 +9,7 @@ use keysync_machine::node::{Applied, Event, Failure, Listing, Runtime, StoreWrit
 
 use crate::core::{Decision, Entry, Folder, MinionId, Slot, Version};
 use crate::disk::audit::{AuditLog, Record};
+use crate::disk::pki::ahead::ReadAhead;
 use crate::disk::pki::{drop_dfn, Owner, Pki};
 use crate::disk::store::Store;
 use crate::ops::metrics::Metrics;
@@ -19,6 +20,8 @@ const AUDIT_BATCH: usize = 1024;
 pub struct Effects {
     pub(super) node: String,
     pub(super) pki: Arc<Pki>,
+    /// Key files read ahead where they are not in memory.
+    pub(super) ahead: ReadAhead,
     pub(super) store: Arc<Store>,
     pub(super) owner: Owner,
     pub(super) cachedir: PathBuf,
@@ -55,6 +58,10 @@ impl Effects {
 impl Runtime for Effects {
     fn read_slot(&mut self, folder: Folder, id: &MinionId) -> Slot {
         self.pki.read_slot(folder, id.as_str())
+    }
+
+    fn read_soon(&mut self, files: &[(Folder, &str)]) {
+        self.ahead.soon(files);
     }
 
     fn list(&mut self) -> Result<Listing, Failure> {

@@ -304,8 +304,11 @@ impl Node {
                 Rescanning { names, at: Cursor::default() }
             }
         };
+        let step = self.settings.rescan_step.max(1);
+        let mut ahead = rescanning.at;
+        read_soon(std::iter::from_fn(|| rescanning.names.next_at(&mut ahead)).take(step), rt);
         let mut decisions: Vec<Decision> = Vec::new();
-        for _ in 0..self.settings.rescan_step.max(1) {
+        for _ in 0..step {
             let Some((name, folders)) = rescanning.names.next_at(&mut rescanning.at) else { break };
             if !self.settler.is_unsettled(name) {
                 decisions.extend(self.observe_name(name, Some(folders), ObserveMode::Live, now, rt));
@@ -394,17 +397,19 @@ impl Node {
         let mut n_found = 0;
         // Each name is dropped once read: 100,000 of them are 4 MiB.
         let mut names = names.into_iter().zip(folders);
-        loop {
-            let chunk: Vec<(String, InFolders)> = names.by_ref().take(RECONCILE_CHUNK).collect();
-            if chunk.is_empty() {
-                break;
-            }
+        let mut chunk: Vec<(String, InFolders)> = names.by_ref().take(RECONCILE_CHUNK).collect();
+        read_soon(chunk.iter().map(|(name, folders)| (name.as_str(), *folders)), rt);
+        while !chunk.is_empty() {
+            // The next chunk's files are asked for while this one is read.
+            let next: Vec<(String, InFolders)> = names.by_ref().take(RECONCILE_CHUNK).collect();
+            read_soon(next.iter().map(|(name, folders)| (name.as_str(), *folders)), rt);
             let decisions: Vec<Decision> = chunk
                 .iter()
                 .filter_map(|(name, folders)| self.observe_name(name, Some(*folders), mode, now, rt))
                 .collect();
             n_found += decisions.len();
             self.record_local(decisions, Some(found), now, rt);
+            chunk = next;
         }
         rt.audit(Event::Reconciled { n_held: self.replica.len(), n_found, found });
         if !initialized {
@@ -415,6 +420,20 @@ impl Node {
         if !initialized && (self.waiting.rescan_pending || !self.mark_initialized(now, rt)) {
             self.start = Start::FirstUnrecorded;
         }
+    }
+}
+
+/// Tells the runtime which files a scan reads next ([`Runtime::read_soon`]):
+/// each name in the folders its listing names it in (a name listed in none
+/// is read in all three, but it is held and its files gone: none to ask for).
+fn read_soon<'a>(names: impl Iterator<Item = (&'a str, InFolders)>, rt: &mut impl Runtime) {
+    let files: Vec<(Folder, &str)> = names
+        .flat_map(|(name, listed)| {
+            Folder::ALL.into_iter().filter(move |&folder| listed.contains(folder)).map(move |folder| (folder, name))
+        })
+        .collect();
+    if !files.is_empty() {
+        rt.read_soon(&files);
     }
 }
 

@@ -125,6 +125,10 @@ pub trait Runtime {
     fn read_slots(&mut self, id: &MinionId) -> Slots {
         Slots::read(|folder| self.read_slot(folder, id))
     }
+    /// The files a scan reads next, in the order it will: a hint, which the
+    /// agent uses to have the kernel read them ahead where its reads find
+    /// key files not in memory (after a reboot, or more keys than memory).
+    fn read_soon(&mut self, _files: &[(Folder, &str)]) {}
     /// Every file in the three folders (dot files left out, as Salt does).
     fn list(&mut self) -> Result<Listing, Failure>;
     /// Makes the folders say each decision (staged, atomic); not durable

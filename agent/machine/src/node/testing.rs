@@ -340,14 +340,26 @@ pub struct Recorder {
     pub faults: Faults,
     /// Key files read (each folder an id is read in counts one).
     pub files_read: usize,
+    /// When set, the files named by [`Runtime::read_soon`] (true) and those
+    /// read (false), in order.
+    pub read_log: Option<Vec<(bool, Folder, String)>>,
 }
 
 impl Runtime for Recorder {
     fn read_slot(&mut self, folder: Folder, id: &MinionId) -> Slot {
         self.files_read += 1;
+        if let Some(log) = &mut self.read_log {
+            log.push((false, folder, id.as_str().to_string()));
+        }
         match self.faults.refused_folder {
             Some(refused) if refused == folder => Slot::Refused(Refusal::Unreadable("refused folder".to_string())),
             _ => self.folders.slot(folder, id.as_str()),
+        }
+    }
+
+    fn read_soon(&mut self, files: &[(Folder, &str)]) {
+        if let Some(log) = &mut self.read_log {
+            log.extend(files.iter().map(|(folder, name)| (true, *folder, name.to_string())));
         }
     }
 

@@ -4,9 +4,11 @@
 //! left alone where the kernel allows it.
 
 use std::io::{self, Read};
-use std::sync::atomic::Ordering;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use rustix::fs::{AtFlags, Mode, OFlags};
+use rustix::io::ReadWriteFlags;
 
 use super::Pki;
 use crate::core::keyfile::{check_public_key, KeyError, MAX_KEY_BYTES};
@@ -42,22 +44,7 @@ impl Pki {
                 None,
             );
         }
-        // NONBLOCK: opening a FIFO must not hang the agent. NOATIME: reading
-        // a key changes nothing on it (a first read of a file written since
-        // its last read dirtied its inode: 1,000,000 inode writes at a first
-        // start), where the kernel allows it (the files' owner, or CAP_FOWNER).
-        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
-        let opened = match self.no_noatime.load(Ordering::Relaxed) {
-            true => rustix::fs::openat(&*dir, name, flags, Mode::empty()),
-            false => match rustix::fs::openat(&*dir, name, flags | OFlags::NOATIME, Mode::empty()) {
-                Err(rustix::io::Errno::PERM) => {
-                    self.no_noatime.store(true, Ordering::Relaxed);
-                    rustix::fs::openat(&*dir, name, flags, Mode::empty())
-                }
-                opened => opened,
-            },
-        };
-        let fd = match opened {
+        let fd = match self.open_key(&dir, name) {
             Ok(fd) => fd,
             Err(rustix::io::Errno::NOENT) => return (Slot::Absent, None),
             Err(rustix::io::Errno::LOOP) => return (Slot::Refused(Refusal::NotRegular("symbolic link")), None),
@@ -78,7 +65,7 @@ impl Pki {
         if st.st_size as u64 > MAX_KEY_BYTES as u64 {
             return (Slot::Refused(Refusal::Content(KeyError::TooLarge(st.st_size as u64))), None);
         }
-        let bytes = match read_key_bytes(&mut file, st.st_size as usize) {
+        let bytes = match read_noting(&mut file, st.st_size as usize, Some(&self.cold)) {
             Ok(bytes) => bytes,
             Err(e) => return (Slot::Refused(Refusal::Unreadable(e.to_string())), None),
         };
@@ -87,6 +74,58 @@ impl Pki {
             Ok(()) => (Slot::Key(PublicKey::new(bytes)), Some(file)),
             Err(e) => (Slot::Refused(Refusal::Content(e)), None),
         }
+    }
+
+    /// Opens a key file in `dir` for reading, as [`Pki::read_slot`] does.
+    fn open_key(&self, dir: &OwnedFd, name: &str) -> rustix::io::Result<OwnedFd> {
+        // NONBLOCK: opening a FIFO must not hang the agent. NOATIME: reading
+        // a key changes nothing on it (a first read of a file written since
+        // its last read dirtied its inode: 1,000,000 inode writes at a first
+        // start), where the kernel allows it (the files' owner, or CAP_FOWNER).
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+        match self.no_noatime.load(Ordering::Relaxed) {
+            true => rustix::fs::openat(dir, name, flags, Mode::empty()),
+            false => match rustix::fs::openat(dir, name, flags | OFlags::NOATIME, Mode::empty()) {
+                Err(rustix::io::Errno::PERM) => {
+                    self.no_noatime.store(true, Ordering::Relaxed);
+                    rustix::fs::openat(dir, name, flags, Mode::empty())
+                }
+                opened => opened,
+            },
+        }
+    }
+
+    /// Asks the kernel to read one key file into memory, without waiting
+    /// for it (`disk/pki/ahead.rs`): opened as [`Pki::read_slot`] opens it,
+    /// and only a regular file no larger than the cap; never a master key's
+    /// name. Whatever fails is left to the read itself to find and tell.
+    pub(super) fn read_ahead(&self, folder: Folder, name: &str) {
+        if MASTER_KEY_NAMES.contains(&name) {
+            return;
+        }
+        let Ok(dir) = self.folder_fd(folder) else { return };
+        let Ok(fd) = self.open_key(&dir, name) else { return };
+        let Ok(st) = rustix::fs::fstat(&fd) else { return };
+        let regular = rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile;
+        if regular && st.st_size as u64 <= MAX_KEY_BYTES as u64 {
+            let _ = rustix::fs::fadvise(&fd, 0, None, rustix::fs::Advice::WillNeed);
+        }
+    }
+}
+
+/// Reads that found a key file not in memory (see `ahead.rs`).
+#[derive(Debug, Default)]
+pub(super) struct ColdReads {
+    found: AtomicU64,
+    /// `preadv2(RWF_NOWAIT)` is not there (Linux before 4.14, or a file
+    /// system without it): reads are not told apart from now on.
+    unsupported: AtomicBool,
+}
+
+impl ColdReads {
+    /// How many reads so far found their file not in memory.
+    pub(super) fn found(&self) -> u64 {
+        self.found.load(Ordering::Relaxed)
     }
 }
 
@@ -106,9 +145,33 @@ fn file_type_name(kind: rustix::fs::FileType) -> &'static str {
 /// came (one read(), where reading to the end took two, the second finding
 /// the end), or the end came first. A file that grew since the fstat is
 /// read on, up to one byte over the cap (refused by the caller).
+#[cfg(test)]
 pub(super) fn read_key_bytes(file: &mut std::fs::File, size: usize) -> io::Result<Vec<u8>> {
+    read_noting(file, size, None)
+}
+
+/// [`read_key_bytes`], noting in `cold` a first read that would have waited
+/// for the disk: it is asked first not to wait (`RWF_NOWAIT`), then made
+/// as any other. Where the file is in memory, that is still one `read`.
+pub(super) fn read_noting(file: &mut std::fs::File, size: usize, cold: Option<&ColdReads>) -> io::Result<Vec<u8>> {
     let mut bytes = vec![0; size + 1];
     let mut got = 0;
+    if let Some(cold) = cold.filter(|cold| !cold.unsupported.load(Ordering::Relaxed)) {
+        // u64::MAX: at the file's offset, which it moves on.
+        let bufs = &mut [io::IoSliceMut::new(&mut bytes)];
+        match rustix::io::preadv2(&*file, bufs, u64::MAX, ReadWriteFlags::NOWAIT) {
+            Ok(n) if n == size => return finish(file, bytes, n, size),
+            Ok(n) => got = n,
+            Err(rustix::io::Errno::AGAIN) => {
+                cold.found.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => {
+                cold.unsupported.store(true, Ordering::Relaxed);
+            }
+            // Found again by the read below, and told.
+            Err(_) => {}
+        }
+    }
     while got < bytes.len() {
         match file.read(&mut bytes[got..]) {
             Ok(0) => break,
@@ -122,6 +185,10 @@ pub(super) fn read_key_bytes(file: &mut std::fs::File, size: usize) -> io::Resul
             Err(e) => return Err(e),
         }
     }
+    finish(file, bytes, got, size)
+}
+
+fn finish(file: &mut std::fs::File, mut bytes: Vec<u8>, got: usize, size: usize) -> io::Result<Vec<u8>> {
     bytes.truncate(got);
     if got > size {
         file.take((MAX_KEY_BYTES + 1).saturating_sub(got) as u64).read_to_end(&mut bytes)?;

@@ -540,9 +540,14 @@ fn a_key_the_agent_may_not_open_leaving_its_access_time_is_read_all_the_same() {
 fn a_key_file_is_read_whole_whatever_its_size_became() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("k");
+    // Asked first not to wait for the disk, or not.
+    let cold = super::read::ColdReads::default();
     let read = |bytes: &[u8], size: usize| {
         fs::write(&path, bytes).unwrap();
-        read_key_bytes(&mut fs::File::open(&path).unwrap(), size).unwrap()
+        let plain = read_key_bytes(&mut fs::File::open(&path).unwrap(), size).unwrap();
+        let noting = super::read::read_noting(&mut fs::File::open(&path).unwrap(), size, Some(&cold)).unwrap();
+        assert_eq!(plain, noting, "{} bytes, sized {size}", bytes.len());
+        plain
     };
     let key = PUB.as_bytes();
     assert_eq!(read(key, key.len()), key, "as sized");

@@ -217,6 +217,49 @@ fn a_scan_reads_each_key_in_the_folders_its_listing_names() {
     assert_eq!(gone, Some(crate::core::VerdictKind::Deleted));
 }
 
+/// A scan names the files it reads next before it reads them (the agent
+/// has the kernel read them ahead: `disk/pki/ahead.rs`): a start each
+/// chunk's, the next one's while it reads one, and each step of the
+/// periodic rescan its own. Every file read was named, every file named is
+/// read, and no more than two chunks are named ahead.
+#[test]
+fn a_scan_names_the_files_it_reads_next_before_it_reads_them() {
+    use super::super::local::{RECONCILE_CHUNK, RESCAN_STEP};
+    use std::collections::HashSet;
+    fn check(log: &[(bool, Folder, String)], ahead: usize) {
+        let (mut named, mut read) = (HashSet::new(), HashSet::new());
+        for (soon, folder, name) in log {
+            if *soon {
+                named.insert((*folder, name.clone()));
+            } else {
+                assert!(named.contains(&(*folder, name.clone())), "{folder:?}/{name} read before it was named");
+                read.insert((*folder, name.clone()));
+            }
+            assert!(named.len() - read.len() <= ahead, "{} named ahead", named.len() - read.len());
+        }
+        assert_eq!(named, read, "each file named is read");
+        assert!(!read.is_empty());
+    }
+    let n = 2 * RECONCILE_CHUNK + 10;
+    let mut rt = Recorder { read_log: Some(Vec::new()), ..Recorder::default() };
+    for i in 0..n {
+        let folder = if i % 20 == 0 { Folder::Rejected } else { Folder::Accepted };
+        rt.folders.put(folder, &format!("k{i:06}"), PUB.as_bytes());
+    }
+    rt.folders.put(Folder::Pending, "k000001", PUB.as_bytes());
+    let base = Instant::now();
+    let mut node = started_unguarded(&mut rt, base);
+    assert_eq!(node.len(), n);
+    let log = rt.read_log.replace(Vec::new()).unwrap();
+    assert_eq!(log.iter().filter(|(soon, ..)| !soon).count(), n + 1);
+    check(&log, 2 * RECONCILE_CHUNK + 1);
+
+    tick_until(&mut node, &mut rt, base, 3601.0);
+    let log = rt.read_log.take().unwrap();
+    assert_eq!(log.iter().filter(|(soon, ..)| !soon).count(), n + 1);
+    check(&log, RESCAN_STEP + 1);
+}
+
 /// A key moved to another folder between the periodic rescan's listing and
 /// its step (`salt-key -r` on an accepted key) is read where it went: a
 /// file the listing named that is gone sends the scan to all three
