@@ -7,13 +7,17 @@
 //! a file on the build machine's virtual disk, 14 s for 200,000 keys.
 //!
 //! The node machine names the files it reads next (`Runtime::read_soon`).
-//! When the agent's reads found a file not in memory since it was last told
-//! (a first read asked not to wait: `RWF_NOWAIT`), a thread of its own opens
-//! each file named, as a read opens it, and asks the kernel to read it
-//! (`POSIX_FADV_WILLNEED`), which does not wait: the disk then has many
-//! reads at once (4.6 s for the same 200,000 keys). Where the reads find
-//! every file in memory, nothing is asked past a life's first two batches:
-//! opening each file twice would cost a warm start's CPU for nothing.
+//! When a file was found not in memory since it was last told (by a read,
+//! whose first `read` is asked not to wait, `RWF_NOWAIT`; or by this
+//! thread), a thread of its own opens each file named, as a read opens it,
+//! and where a one-byte read that does not wait finds it not in memory,
+//! asks the kernel to read it (`POSIX_FADV_WILLNEED`), which does not wait
+//! either: the disk then has many reads at once (4.6 s for the same 200,000
+//! keys). The thread's own finds count: the files it read ahead are read
+//! warm, and the reads alone would turn it off every other batch. Where
+//! every file is in memory, nothing is asked past a life's first two
+//! batches: opening each file twice would cost a warm start's CPU for
+//! nothing.
 //!
 //! It is a hint: a batch the thread has no room for is dropped, a file that
 //! cannot be opened is left to the read, which tells what it finds.
@@ -46,7 +50,7 @@ impl ReadAhead {
     /// The files read next, in order: read ahead when the reads since the
     /// last call found a file not in memory. Returns whether they are.
     pub fn soon(&mut self, files: &[(Folder, &str)]) -> bool {
-        let cold = self.pki.cold.found();
+        let cold = self.pki.cold.found() + self.pki.cold.found_ahead();
         let wanted = cold != self.cold_seen || self.batches < FIRST_BATCHES;
         self.cold_seen = cold;
         if !wanted || files.is_empty() {
@@ -153,11 +157,12 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert_eq!(pki.cold.found(), 1, "reading ahead is no read of the agent's");
+        assert_eq!(pki.cold.found_ahead(), 1, "but it found the file not in memory");
     }
 
-    /// Warm reads ask for nothing past a life's first two batches; a read
-    /// that waited for the disk has the next batch read ahead, and only the
-    /// next unless another read waits.
+    /// Warm reads ask for nothing past a life's first two batches; a file
+    /// found not in memory, by a read or by reading ahead, has the next
+    /// batch read ahead, and only the next unless another is found.
     #[test]
     fn files_are_read_ahead_only_while_reads_wait_for_the_disk() {
         let dir = tempfile::tempdir().unwrap();
@@ -177,5 +182,13 @@ mod tests {
         assert_eq!(pki.cold.found(), 1);
         assert!(ahead.soon(&absent), "a read waited for the disk");
         assert!(!ahead.soon(&absent), "none since");
+
+        // The files read ahead are read warm: what reading ahead finds counts.
+        evict(&path);
+        pki.read_ahead(Folder::Accepted, "web01");
+        assert_eq!(pki.cold.found_ahead(), 1);
+        assert!(ahead.soon(&absent), "reading ahead found a file not in memory");
+        assert!(!ahead.soon(&absent), "none since");
+        assert_eq!(pki.cold.found(), 1, "no read waited");
     }
 }

@@ -107,9 +107,23 @@ impl Pki {
         let Ok(fd) = self.open_key(&dir, name) else { return };
         let Ok(st) = rustix::fs::fstat(&fd) else { return };
         let regular = rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile;
-        if regular && st.st_size as u64 <= MAX_KEY_BYTES as u64 {
-            let _ = rustix::fs::fadvise(&fd, 0, None, rustix::fs::Advice::WillNeed);
+        if !regular || st.st_size as u64 > MAX_KEY_BYTES as u64 {
+            return;
         }
+        // Counted when not in memory: the files read ahead are read warm,
+        // and the reads alone would not tell that the next ones are cold.
+        if !self.cold.unsupported.load(Ordering::Relaxed) {
+            let mut byte = [0u8; 1];
+            let bufs = &mut [io::IoSliceMut::new(&mut byte)];
+            match rustix::io::preadv2(&fd, bufs, 0, ReadWriteFlags::NOWAIT) {
+                Err(rustix::io::Errno::AGAIN) => {
+                    self.cold.ahead.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(_) => {}
+                Ok(_) => return,
+            }
+        }
+        let _ = rustix::fs::fadvise(&fd, 0, None, rustix::fs::Advice::WillNeed);
     }
 }
 
@@ -117,6 +131,8 @@ impl Pki {
 #[derive(Debug, Default)]
 pub(super) struct ColdReads {
     found: AtomicU64,
+    /// Files the read-ahead thread found not in memory.
+    ahead: AtomicU64,
     /// `preadv2(RWF_NOWAIT)` is not there (Linux before 4.14, or a file
     /// system without it): reads are not told apart from now on.
     unsupported: AtomicBool,
@@ -126,6 +142,11 @@ impl ColdReads {
     /// How many reads so far found their file not in memory.
     pub(super) fn found(&self) -> u64 {
         self.found.load(Ordering::Relaxed)
+    }
+
+    /// How many files reading ahead found not in memory.
+    pub(super) fn found_ahead(&self) -> u64 {
+        self.ahead.load(Ordering::Relaxed)
     }
 }
 
