@@ -97,8 +97,9 @@ impl Pki {
 
     /// Asks the kernel to read one key file into memory, without waiting
     /// for it (`disk/pki/ahead.rs`): opened as [`Pki::read_slot`] opens it,
-    /// and only a regular file no larger than the cap; never a master key's
-    /// name. Whatever fails is left to the read itself to find and tell.
+    /// and only a regular file with one name, no larger than the cap; never
+    /// a master key's name. Whatever fails is left to the read itself to
+    /// find and tell.
     pub(super) fn read_ahead(&self, folder: Folder, name: &str) {
         if MASTER_KEY_NAMES.contains(&name) {
             return;
@@ -107,7 +108,8 @@ impl Pki {
         let Ok(fd) = self.open_key(&dir, name) else { return };
         let Ok(st) = rustix::fs::fstat(&fd) else { return };
         let regular = rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile;
-        if !regular || st.st_size as u64 > MAX_KEY_BYTES as u64 {
+        // What a read refuses before reading a byte is not read ahead either.
+        if !regular || st.st_nlink > 1 || st.st_size as u64 > MAX_KEY_BYTES as u64 {
             return;
         }
         // Counted when not in memory: the files read ahead are read warm,
@@ -130,9 +132,9 @@ impl Pki {
 /// Reads that found a key file not in memory (see `ahead.rs`).
 #[derive(Debug, Default)]
 pub(super) struct ColdReads {
-    found: AtomicU64,
+    pub(super) found: AtomicU64,
     /// Files the read-ahead thread found not in memory.
-    ahead: AtomicU64,
+    pub(super) ahead: AtomicU64,
     /// `preadv2(RWF_NOWAIT)` is not there (Linux before 4.14, or a file
     /// system without it): reads are not told apart from now on.
     unsupported: AtomicBool,
@@ -174,6 +176,9 @@ pub(super) fn read_key_bytes(file: &mut std::fs::File, size: usize) -> io::Resul
 /// [`read_key_bytes`], noting in `cold` a first read that would have waited
 /// for the disk: it is asked first not to wait (`RWF_NOWAIT`), then made
 /// as any other. Where the file is in memory, that is still one `read`.
+/// A count, not a certainty: the read asked not to wait starts the disk's,
+/// and on a loaded machine may find it done; of a cold start's thousands
+/// of files, enough are counted.
 pub(super) fn read_noting(file: &mut std::fs::File, size: usize, cold: Option<&ColdReads>) -> io::Result<Vec<u8>> {
     let mut bytes = vec![0; size + 1];
     let mut got = 0;
