@@ -47,13 +47,14 @@ pub fn run(settings: &Settings, keys: &[String]) -> anyhow::Result<AdoptRow> {
     }
     // The seeding's writeback must not land on the agents' first syncfs.
     Command::new("sync").status().context("cannot run sync")?;
+    let seed_secs = seeding.elapsed().as_secs_f64();
+    let before: Vec<Snapshot> = (0..3).map(|idx| snapshot(cluster.pki(idx))).collect::<Result<_, _>>()?;
     if settings.adopt_cold {
-        // Every clean page and inode: the key files are on the disk only.
+        // Every clean page, inode and directory entry, after the snapshot
+        // stat()ed every file: the folders and key files are on the disk only.
         std::fs::write("/proc/sys/vm/drop_caches", "3")
             .context("--adopt-cold drops the page cache: it needs root (/proc/sys/vm/drop_caches)")?;
     }
-    let seed_secs = seeding.elapsed().as_secs_f64();
-    let before: Vec<Snapshot> = (0..3).map(|idx| snapshot(cluster.pki(idx))).collect::<Result<_, _>>()?;
 
     let t0 = Instant::now();
     for idx in 0..3 {

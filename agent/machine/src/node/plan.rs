@@ -79,9 +79,13 @@ impl Node {
     /// sorts every id held and makes a row of each (at 1,000,000 keys, half
     /// a second of the core's time at each `status`).
     pub fn conflicts(&self) -> Vec<PlanRow> {
-        if self.is_stale() || self.settings.observe {
-            // A stale master's rows are no conflicts; observe mode judges
-            // what peers hold too, ids it may not hold among them.
+        if self.is_stale() {
+            // A stale master's rows are no conflicts (`plan_stale`).
+            return Vec::new();
+        }
+        if self.settings.observe {
+            // Observe mode judges what peers hold too, ids it may not hold
+            // among them.
             return self.plan(None).into_iter().filter(|row| row.conflict).collect();
         }
         let mut rows: Vec<PlanRow> = self

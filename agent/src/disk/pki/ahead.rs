@@ -40,11 +40,13 @@ pub struct ReadAhead {
     /// The reads that had found a file not in memory when last told.
     cold_seen: u64,
     batches: u32,
+    /// The thread could not be started: not tried again.
+    no_thread: bool,
 }
 
 impl ReadAhead {
     pub fn new(pki: Arc<Pki>) -> ReadAhead {
-        ReadAhead { pki, to: None, cold_seen: 0, batches: 0 }
+        ReadAhead { pki, to: None, cold_seen: 0, batches: 0, no_thread: false }
     }
 
     /// The files read next, in order: read ahead when a file was found not
@@ -59,8 +61,9 @@ impl ReadAhead {
         }
         self.batches = self.batches.saturating_add(1);
         let batch = files.iter().map(|&(folder, name)| (folder, name.to_string())).collect();
-        if self.to.is_none() {
+        if self.to.is_none() && !self.no_thread {
             self.to = spawn(self.pki.clone());
+            self.no_thread = self.to.is_none();
         }
         if let Some(to) = &self.to {
             if let Err(TrySendError::Disconnected(_)) = to.try_send(batch) {
@@ -103,6 +106,11 @@ mod tests {
     use crate::core::Slot;
     use keysync_machine::testkit::PUB;
 
+    /// A folder on the disk: a tmpfs `/tmp` keeps every page in memory.
+    fn on_disk() -> tempfile::TempDir {
+        tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap()
+    }
+
     /// Whether any of `path`'s pages is in memory, as `fincore` (util-linux)
     /// tells: it looks without reading, where a read asked not to wait
     /// would start reading the file.
@@ -137,7 +145,7 @@ mod tests {
     /// checked below with counts set by hand.)
     #[test]
     fn a_file_named_is_read_ahead_and_one_not_in_memory_is_read_all_the_same() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = on_disk();
         let pki = Arc::new(super::super::tests::open(dir.path()));
         let path = dir.path().join("minions/web01");
         fs::write(&path, PUB).unwrap();
@@ -155,6 +163,51 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert!(pki.cold.found() <= 1, "reading ahead is no read of the agent's");
+    }
+
+    /// What a read refuses before reading a byte is not read ahead: a
+    /// symbolic link, a second name of a file, a file over the cap, a master
+    /// key's name; a FIFO is opened without waiting and passed over.
+    #[test]
+    fn what_a_read_refuses_is_not_read_ahead() {
+        let dir = on_disk();
+        let pki = super::super::tests::open(dir.path());
+        let outside = dir.path().join("outside");
+        fs::write(&outside, PUB).unwrap();
+        std::os::unix::fs::symlink(&outside, dir.path().join("minions/link")).unwrap();
+        fs::hard_link(&outside, dir.path().join("minions/linked")).unwrap();
+        let big = dir.path().join("minions/big");
+        fs::write(&big, vec![b'x'; crate::core::keyfile::MAX_KEY_BYTES + 1]).unwrap();
+        let master = dir.path().join("minions/master.pub");
+        fs::write(&master, PUB).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            dir.path().join("minions/fifo").as_path(),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        for path in [&outside, &big, &master] {
+            evict(path);
+        }
+        for name in ["link", "linked", "big", "master.pub", "fifo", "absent"] {
+            pki.read_ahead(Folder::Accepted, name);
+        }
+        assert_eq!(pki.cold.found_ahead(), 0, "none of them was opened and read");
+        for path in [&outside, &big, &master] {
+            assert!(!in_memory(path), "{} was not asked for", path.display());
+        }
+        // The control: a key file like the others is.
+        let key = dir.path().join("minions/web01");
+        fs::write(&key, PUB).unwrap();
+        evict(&key);
+        pki.read_ahead(Folder::Accepted, "web01");
+        let asked = Instant::now();
+        while !in_memory(&key) {
+            assert!(asked.elapsed() < Duration::from_secs(120), "never read ahead");
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Past a life's first two batches, a batch is read ahead when a file

@@ -125,7 +125,11 @@ impl Pki {
                 Ok(_) => return,
             }
         }
-        let _ = rustix::fs::fadvise(&fd, 0, None, rustix::fs::Advice::WillNeed);
+        // No further than the size `fstat` gave: a file grown since is not
+        // read past the cap.
+        if let Some(len) = std::num::NonZeroU64::new(st.st_size as u64) {
+            let _ = rustix::fs::fadvise(&fd, 0, Some(len), rustix::fs::Advice::WillNeed);
+        }
     }
 }
 

@@ -78,7 +78,6 @@ fn files(held: Option<(Folder, &PublicKey)>) -> Vec<(Folder, &'static str, &Publ
     held.map(|(folder, key)| (folder, "web01", key)).into_iter().collect()
 }
 
-/// Every order in which three masters' links can run their rounds.
 /// The conflicts `status` shows: the plan's conflict rows, found without
 /// making a row of every id.
 fn conflicts(m: &Master) -> Vec<crate::node::PlanRow> {
@@ -88,6 +87,7 @@ fn conflicts(m: &Master) -> Vec<crate::node::PlanRow> {
     conflicts
 }
 
+/// Every order in which three masters' links can run their rounds.
 fn orders() -> Vec<Vec<(usize, usize)>> {
     let links = [(0, 1), (0, 2), (1, 0), (1, 2), (2, 0), (2, 1)];
     let mut orders = Vec::new();

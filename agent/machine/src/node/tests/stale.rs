@@ -92,6 +92,7 @@ fn a_master_back_after_the_ttl_offers_nothing_and_the_deleted_key_stays_deleted(
     let rows = c.plan(None);
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!((&rows[0].id, &rows[0].will, rows[0].why), (&web01(), &Holding::Nothing, Some(plan::STALE_WHY)));
+    assert!(rows.iter().all(|row| !row.conflict) && c.conflicts().is_empty(), "and no conflict for `status`");
 
     // A contact does not end it, and the next Hello after a restart finds it again.
     c.on_contact(later, &mut rt_c);

@@ -189,6 +189,16 @@ fn a_first_start_left_unrecorded_is_not_marked_initialized_by_one_step() {
     assert!(rt.store.initialized && rt.store.decisions.len() == n, "recorded at the retry");
 }
 
+/// `n` keys `k000000`, `k000001`, …, one in twenty rejected, the others
+/// accepted; `k000001` pending as well.
+fn put_keys_one_in_two_folders(rt: &mut Recorder, n: usize) {
+    for i in 0..n {
+        let folder = if i % 20 == 0 { Folder::Rejected } else { Folder::Accepted };
+        rt.folders.put(folder, &format!("k{i:06}"), PUB.as_bytes());
+    }
+    rt.folders.put(Folder::Pending, "k000001", PUB.as_bytes());
+}
+
 /// A scan reads each key where its listing names it: one file for a key in
 /// one folder, not one in each of the three (two thirds of the start-up's
 /// opens at 1,000,000 keys were of files that were not there). An id held
@@ -197,12 +207,8 @@ fn a_first_start_left_unrecorded_is_not_marked_initialized_by_one_step() {
 fn a_scan_reads_each_key_in_the_folders_its_listing_names() {
     let n = 2 * super::super::local::RESCAN_STEP + 10;
     let mut rt = Recorder::default();
-    for i in 0..n {
-        let folder = if i % 20 == 0 { Folder::Rejected } else { Folder::Accepted };
-        rt.folders.put(folder, &format!("k{i:06}"), PUB.as_bytes());
-    }
     // A key in two folders is read in both.
-    rt.folders.put(Folder::Pending, "k000001", PUB.as_bytes());
+    put_keys_one_in_two_folders(&mut rt, n);
     let base = Instant::now();
     let mut node = started_unguarded(&mut rt, base);
     assert_eq!(node.len(), n);
@@ -242,11 +248,7 @@ fn a_scan_names_the_files_it_reads_next_before_it_reads_them() {
     }
     let n = 2 * RECONCILE_CHUNK + 10;
     let mut rt = Recorder { read_log: Some(Vec::new()), ..Recorder::default() };
-    for i in 0..n {
-        let folder = if i % 20 == 0 { Folder::Rejected } else { Folder::Accepted };
-        rt.folders.put(folder, &format!("k{i:06}"), PUB.as_bytes());
-    }
-    rt.folders.put(Folder::Pending, "k000001", PUB.as_bytes());
+    put_keys_one_in_two_folders(&mut rt, n);
     let base = Instant::now();
     let mut node = started_unguarded(&mut rt, base);
     assert_eq!(node.len(), n);
