@@ -29,43 +29,11 @@ impl Pki {
 
     /// [`Pki::read_slot`], also returning the file it read a key from.
     pub(super) fn open_slot(&self, folder: Folder, name: &str) -> (Slot, Option<std::fs::File>) {
-        let dir = match self.folder_fd(folder) {
-            Ok(dir) => dir,
-            Err(why) => return (Slot::Refused(Refusal::Unreadable(why)), None),
+        let (mut file, size) = match self.open_checked(folder, name) {
+            Ok(opened) => opened,
+            Err(slot) => return (slot, None),
         };
-        if MASTER_KEY_NAMES.contains(&name) {
-            // Refused without being opened, and only where such a file is:
-            // one refusal per file, not one per folder.
-            return (
-                match rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-                    Err(rustix::io::Errno::NOENT) => Slot::Absent,
-                    _ => Slot::Refused(Refusal::NotRegular("the name of a master key file")),
-                },
-                None,
-            );
-        }
-        let fd = match self.open_key(&dir, name) {
-            Ok(fd) => fd,
-            Err(rustix::io::Errno::NOENT) => return (Slot::Absent, None),
-            Err(rustix::io::Errno::LOOP) => return (Slot::Refused(Refusal::NotRegular("symbolic link")), None),
-            Err(e) => return (Slot::Refused(Refusal::Unreadable(io::Error::from(e).to_string())), None),
-        };
-        let mut file = std::fs::File::from(fd);
-        let st = match rustix::fs::fstat(&file) {
-            Ok(st) => st,
-            Err(e) => return (Slot::Refused(Refusal::Unreadable(io::Error::from(e).to_string())), None),
-        };
-        let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
-        if kind != rustix::fs::FileType::RegularFile {
-            return (Slot::Refused(Refusal::NotRegular(file_type_name(kind))), None);
-        }
-        if st.st_nlink > 1 {
-            return (Slot::Refused(Refusal::HardLinked(st.st_nlink)), None);
-        }
-        if st.st_size as u64 > MAX_KEY_BYTES as u64 {
-            return (Slot::Refused(Refusal::Content(KeyError::TooLarge(st.st_size as u64))), None);
-        }
-        let bytes = match read_noting(&mut file, st.st_size as usize, Some(&self.cold)) {
+        let bytes = match read_noting(&mut file, size, Some(&self.cold)) {
             Ok(bytes) => bytes,
             Err(e) => return (Slot::Refused(Refusal::Unreadable(e.to_string())), None),
         };
@@ -74,6 +42,42 @@ impl Pki {
             Ok(()) => (Slot::Key(PublicKey::new(bytes)), Some(file)),
             Err(e) => (Slot::Refused(Refusal::Content(e)), None),
         }
+    }
+
+    /// Opens a key file that a read may read, and its size as `fstat` gave
+    /// it: a regular file with one name, directly in the folder, never
+    /// through a symlink, no larger than the cap, never a master key's name.
+    /// What else it found is the slot (absent, or refused and why).
+    fn open_checked(&self, folder: Folder, name: &str) -> Result<(std::fs::File, usize), Slot> {
+        let dir = self.folder_fd(folder).map_err(|why| Slot::Refused(Refusal::Unreadable(why)))?;
+        if MASTER_KEY_NAMES.contains(&name) {
+            // Refused without being opened, and only where such a file is:
+            // one refusal per file, not one per folder.
+            return Err(match rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+                Err(rustix::io::Errno::NOENT) => Slot::Absent,
+                _ => Slot::Refused(Refusal::NotRegular("the name of a master key file")),
+            });
+        }
+        let fd = match self.open_key(&dir, name) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::NOENT) => return Err(Slot::Absent),
+            Err(rustix::io::Errno::LOOP) => return Err(Slot::Refused(Refusal::NotRegular("symbolic link"))),
+            Err(e) => return Err(Slot::Refused(Refusal::Unreadable(io::Error::from(e).to_string()))),
+        };
+        let file = std::fs::File::from(fd);
+        let st =
+            rustix::fs::fstat(&file).map_err(|e| Slot::Refused(Refusal::Unreadable(io::Error::from(e).to_string())))?;
+        let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
+        if kind != rustix::fs::FileType::RegularFile {
+            return Err(Slot::Refused(Refusal::NotRegular(file_type_name(kind))));
+        }
+        if st.st_nlink > 1 {
+            return Err(Slot::Refused(Refusal::HardLinked(st.st_nlink)));
+        }
+        if st.st_size as u64 > MAX_KEY_BYTES as u64 {
+            return Err(Slot::Refused(Refusal::Content(KeyError::TooLarge(st.st_size as u64))));
+        }
+        Ok((file, st.st_size as usize))
     }
 
     /// Opens a key file in `dir` for reading, as [`Pki::read_slot`] does.
@@ -101,34 +105,17 @@ impl Pki {
     /// a master key's name. Whatever fails is left to the read itself to
     /// find and tell.
     pub(super) fn read_ahead(&self, folder: Folder, name: &str) {
-        if MASTER_KEY_NAMES.contains(&name) {
-            return;
-        }
-        let Ok(dir) = self.folder_fd(folder) else { return };
-        let Ok(fd) = self.open_key(&dir, name) else { return };
-        let Ok(st) = rustix::fs::fstat(&fd) else { return };
-        let regular = rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile;
         // What a read refuses before reading a byte is not read ahead either.
-        if !regular || st.st_nlink > 1 || st.st_size as u64 > MAX_KEY_BYTES as u64 {
-            return;
-        }
+        let Ok((file, size)) = self.open_checked(folder, name) else { return };
         // Counted when not in memory: the files read ahead are read warm,
         // and the reads alone would not tell that the next ones are cold.
-        if !self.cold.unsupported.load(Ordering::Relaxed) {
-            let mut byte = [0u8; 1];
-            let bufs = &mut [io::IoSliceMut::new(&mut byte)];
-            match rustix::io::preadv2(&fd, bufs, 0, ReadWriteFlags::NOWAIT) {
-                Err(rustix::io::Errno::AGAIN) => {
-                    self.cold.ahead.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(_) => {}
-                Ok(_) => return,
-            }
+        if self.cold.nowait(&file, &mut [0u8; 1], 0, &self.cold.ahead).is_some() {
+            return;
         }
         // No further than the size `fstat` gave: a file grown since is not
         // read past the cap.
-        if let Some(len) = std::num::NonZeroU64::new(st.st_size as u64) {
-            let _ = rustix::fs::fadvise(&fd, 0, Some(len), rustix::fs::Advice::WillNeed);
+        if let Some(len) = std::num::NonZeroU64::new(size as u64) {
+            let _ = rustix::fs::fadvise(&file, 0, Some(len), rustix::fs::Advice::WillNeed);
         }
     }
 }
@@ -153,6 +140,29 @@ impl ColdReads {
     /// How many files reading ahead found not in memory.
     pub(super) fn found_ahead(&self) -> u64 {
         self.ahead.load(Ordering::Relaxed)
+    }
+
+    /// A read of `file` at `offset` (`u64::MAX`: at its offset, which it
+    /// moves on) asked not to wait for the disk: how many bytes came, or
+    /// `None` where it would have waited (counted in `count`), where it
+    /// cannot be asked so (not asked again), or where it failed (the
+    /// caller's read finds that again).
+    fn nowait(&self, file: &std::fs::File, buf: &mut [u8], offset: u64, count: &AtomicU64) -> Option<usize> {
+        if self.unsupported.load(Ordering::Relaxed) {
+            return None;
+        }
+        match rustix::io::preadv2(file, &mut [io::IoSliceMut::new(buf)], offset, ReadWriteFlags::NOWAIT) {
+            Ok(n) => Some(n),
+            Err(rustix::io::Errno::AGAIN) => {
+                count.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => {
+                self.unsupported.store(true, Ordering::Relaxed);
+                None
+            }
+            Err(_) => None,
+        }
     }
 }
 
@@ -186,21 +196,11 @@ pub(super) fn read_key_bytes(file: &mut std::fs::File, size: usize) -> io::Resul
 pub(super) fn read_noting(file: &mut std::fs::File, size: usize, cold: Option<&ColdReads>) -> io::Result<Vec<u8>> {
     let mut bytes = vec![0; size + 1];
     let mut got = 0;
-    if let Some(cold) = cold.filter(|cold| !cold.unsupported.load(Ordering::Relaxed)) {
-        // u64::MAX: at the file's offset, which it moves on.
-        let bufs = &mut [io::IoSliceMut::new(&mut bytes)];
-        match rustix::io::preadv2(&*file, bufs, u64::MAX, ReadWriteFlags::NOWAIT) {
-            Ok(n) if n == size => return finish(file, bytes, n, size),
-            Ok(n) => got = n,
-            Err(rustix::io::Errno::AGAIN) => {
-                cold.found.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => {
-                cold.unsupported.store(true, Ordering::Relaxed);
-            }
-            // Found again by the read below, and told.
-            Err(_) => {}
+    if let Some(n) = cold.and_then(|cold| cold.nowait(file, &mut bytes, u64::MAX, &cold.found)) {
+        if n == size {
+            return finish(file, bytes, n, size);
         }
+        got = n;
     }
     while got < bytes.len() {
         match file.read(&mut bytes[got..]) {
