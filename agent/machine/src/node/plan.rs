@@ -89,12 +89,7 @@ impl Node {
             // among them.
             return self.plan(None).into_iter().filter(|row| row.conflict).collect();
         }
-        let mut rows: Vec<PlanRow> = self
-            .replica
-            .entries()
-            .filter(|(_, entry)| claims::unsettled(entry))
-            .map(|(id, _)| self.plan_row(id))
-            .collect();
+        let mut rows: Vec<PlanRow> = self.replica.unsettled().map(|(id, _)| self.plan_row(id)).collect();
         rows.sort_by(|a, b| a.id.cmp(&b.id));
         rows
     }
