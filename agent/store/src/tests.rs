@@ -373,3 +373,43 @@ fn the_store_and_its_model_keep_the_same_of_two_kept_entries() {
         assert_eq!(model.decisions[id].seen, want, "{id} in the model");
     }
 }
+
+/// A scan's step writes what is kept beside each decision in step with
+/// them (the `i`th is the `i`th decision's, ids sorted): taken by place,
+/// not looked up. The same write with its kept in another order is looked
+/// up by id; both record the same, each decision with its own.
+#[test]
+fn kept_in_step_with_the_decisions_is_recorded_as_kept_found_by_id() {
+    let key = PublicKey::new(PUB.as_bytes());
+    let decisions: Vec<Decision> =
+        (0..6).map(|i| decision(&format!("web{i:02}"), Verdict::Accepted(key.clone()), 10 + i, None)).collect();
+    let kept: Vec<keysync_machine::node::Kept> = decisions
+        .iter()
+        .zip(1..)
+        .map(|(d, i)| keysync_machine::node::Kept {
+            id: d.id.clone(),
+            seen: vec![decision(d.id.as_str(), Verdict::Rejected(key.clone()), i, None).seen()],
+            mine: (i % 2 == 0).then(|| Version::claim(false, &key.fingerprint().0)),
+        })
+        .collect();
+    let recorded = |kept: &[keysync_machine::node::Kept]| {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), "a", NOW_MS).unwrap();
+        store.record(&StoreWrite { decisions: &decisions, kept, ..StoreWrite::default() }, "a").unwrap();
+        let mut entries: Vec<_> = store
+            .load()
+            .unwrap()
+            .entries
+            .into_iter()
+            .map(|(id, entry)| (id, entry.seen().to_vec(), entry.mine().cloned()))
+            .collect();
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        entries
+    };
+    let in_step = recorded(&kept);
+    let want: Vec<_> = kept.iter().map(|k| (k.id.clone(), k.seen.clone(), k.mine.clone())).collect();
+    assert_eq!(in_step, want, "each decision with what was kept for its id");
+    let mut shuffled = kept.clone();
+    shuffled.rotate_left(2);
+    assert_eq!(recorded(&shuffled), want, "the same, looked up by id");
+}

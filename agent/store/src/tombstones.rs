@@ -3,7 +3,7 @@
 //! every commit ([`index`]), compared with it at every load, read back by
 //! id or by bucket and compacted (what `node/cold.rs` asks for).
 
-use redb::ReadableTable;
+use redb::{ReadableTable, ReadableTableMetadata};
 
 use super::{Store, StoreError, DECISIONS, HELD, JOURNAL, META, META_FORGOT, TOMBSTONES};
 use crate::core::decision::is_plain_tombstone;
@@ -199,8 +199,14 @@ pub(super) fn index(
     seen: &[Seen],
     mine: Option<&Version>,
 ) -> Result<(), redb::StorageError> {
+    let plain = is_plain_tombstone(decision.verdict.kind(), seen, mine);
+    // No row to remove from an empty table: a first start's 1,000,000
+    // claims are not hashed for their buckets and looked up one by one.
+    if !plain && tombstones.is_empty()? {
+        return Ok(());
+    }
     let (key, value) = tombstone_row(decision);
-    if is_plain_tombstone(decision.verdict.kind(), seen, mine) {
+    if plain {
         tombstones.insert(key.as_slice(), value.as_slice())?;
     } else {
         tombstones.remove(key.as_slice())?;
