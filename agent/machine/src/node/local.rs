@@ -180,10 +180,17 @@ impl Node {
             .collect();
         let kept: Vec<Kept> = decisions.iter().zip(&after).map(|(d, after)| Kept::of(&d.id, after)).collect();
         // A claim below one already learnt from a peer is kept beside it.
-        let (mut held, mut claims) = (Vec::new(), Vec::new());
-        for (d, after) in decisions.iter().zip(&after) {
-            if after.version == d.version { &mut held } else { &mut claims }.push(d.clone());
-        }
+        // Where none is (every decision of a first start), none is copied.
+        let (held, claims): (std::borrow::Cow<[Decision]>, Vec<Decision>) =
+            if decisions.iter().zip(&after).all(|(d, after)| after.version == d.version) {
+                (std::borrow::Cow::Borrowed(&decisions), Vec::new())
+            } else {
+                let (mut held, mut claims) = (Vec::new(), Vec::new());
+                for (d, after) in decisions.iter().zip(&after) {
+                    if after.version == d.version { &mut held } else { &mut claims }.push(d.clone());
+                }
+                (std::borrow::Cow::Owned(held), claims)
+            };
         let unheld: Vec<MinionId> = decisions
             .iter()
             .zip(&after)
@@ -191,7 +198,7 @@ impl Node {
             .map(|(d, _)| d.id.clone())
             .collect();
         let write = StoreWrite {
-            decisions: &held,
+            decisions: held.as_ref(),
             claims: &claims,
             kept: &kept,
             clock: self.replica.clock(),
@@ -382,7 +389,8 @@ impl Node {
         // Keys in minions/ and minions_rejected/ not held yet are held once
         // recorded (on a first start, every one): room for them at once.
         let decided = |folder: &Folder| matches!(folder, Folder::Accepted | Folder::Rejected);
-        self.replica.reserve(all.listed.iter().filter(|(f, name)| decided(f) && !self.replica.holds(name)).count());
+        let held = |name: &str| !self.replica.is_empty() && self.replica.holds(name);
+        self.replica.reserve(all.listed.iter().filter(|(f, name)| decided(f) && !held(name)).count());
         // Read now: every name but those left to the settler, moved out of
         // the listing (25 bytes a name here, where the listing takes 32 and
         // is dropped now, before the entries grow), each with its folders.
@@ -403,10 +411,13 @@ impl Node {
             // The next chunk's files are asked for while this one is read.
             let next: Vec<(String, InFolders)> = names.by_ref().take(RECONCILE_CHUNK).collect();
             read_soon(next.iter().map(|(name, folders)| (name.as_str(), *folders)), rt);
-            let decisions: Vec<Decision> = chunk
-                .iter()
-                .filter_map(|(name, folders)| self.observe_name(name, Some(*folders), mode, now, rt))
-                .collect();
+            // Room for a decision per name (a first start finds one each):
+            // grown by doubling, the vector was copied and its fresh pages
+            // faulted in again at each step.
+            let mut decisions: Vec<Decision> = Vec::with_capacity(chunk.len());
+            decisions.extend(
+                chunk.iter().filter_map(|(name, folders)| self.observe_name(name, Some(*folders), mode, now, rt)),
+            );
             n_found += decisions.len();
             self.record_local(decisions, Some(found), now, rt);
             chunk = next;
