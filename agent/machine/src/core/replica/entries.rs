@@ -79,11 +79,13 @@ impl Entries {
 
     /// Holds `entry` for `id`, returning the entry it replaces.
     pub fn insert(&mut self, id: MinionId, entry: Entry) -> Option<Entry> {
-        if let Some(at) = self.position(&id) {
-            return Some(std::mem::replace(&mut self.slots[at].1, entry));
+        // Hashed once, to look and to place.
+        let hash = self.hasher.hash_one(&id);
+        let slots = &self.slots;
+        if let Some(&at) = self.index.find(hash, |&at| slots[at as usize].0 == id) {
+            return Some(std::mem::replace(&mut self.slots[at as usize].1, entry));
         }
         let at = u32::try_from(self.slots.len()).expect("fewer than 2^32 ids held");
-        let hash = self.hasher.hash_one(&id);
         self.buckets.push(u16::try_from(bucket_of(&id)).expect("buckets fit 16 bits"));
         self.slots.push((id, entry));
         let (slots, hasher) = (&self.slots, &self.hasher);
