@@ -44,11 +44,13 @@ pub fn check_public_key(bytes: &[u8]) -> Result<(), KeyError> {
     if !PUBLIC_LABELS.contains(&label) {
         return Err(KeyError::NotPublicKey("the PEM block is not a public key"));
     }
-    let end = format!("-----END {label}-----");
+    let is_end = |line: &str| {
+        line.strip_prefix("-----END ").and_then(|rest| rest.strip_suffix("-----")).is_some_and(|l| l == label)
+    };
     let mut body_len = 0usize;
     let mut ended = false;
     for line in lines.by_ref() {
-        if line == end {
+        if is_end(line) {
             ended = true;
             break;
         }

@@ -12,9 +12,15 @@
 //! sorts after `web1\tx …`). Such ids follow each other directly, so only
 //! they are held back, sorted, until an id that cannot precede them comes.
 
+use std::fmt::Write;
+
 use sha2::{Digest, Sha256};
 
 use crate::core::{Decision, MinionId, Verdict};
+
+/// A line's bytes after its id and state: two spaces, the fingerprint
+/// (32 bytes in hex, colon-separated), the newline.
+const LINE_TAIL: usize = 2 + (32 * 3 - 1) + 1;
 
 #[derive(Debug, Default)]
 pub(super) struct Inventory {
@@ -57,8 +63,13 @@ impl Inventory {
             self.digest_group();
             self.root = Some(claim.id.clone());
         }
-        let fingerprint = claim.verdict.fingerprint().map(|f| f.to_string()).unwrap_or_default();
-        self.group.push(format!("{} {state} {fingerprint}\n", claim.id));
+        // One line, formatted in place (a first start notes 1,000,000).
+        let mut line = String::with_capacity(claim.id.as_str().len() + state.len() + LINE_TAIL);
+        let _ = match claim.verdict.fingerprint() {
+            Some(fingerprint) => writeln!(line, "{} {state} {fingerprint}", claim.id),
+            None => writeln!(line, "{} {state} ", claim.id),
+        };
+        self.group.push(line);
     }
 
     /// Digests the lines held back, in their order.
