@@ -535,12 +535,12 @@ impl Store {
     }
 }
 
-/// The claims table's key for a claim.
 /// What a commit keeps beside each of its decisions ([`StoreWrite::kept`]).
 enum KeptById<'w> {
     /// The `i`th is the `i`th decision's, and their ids are sorted and
     /// distinct: a scan's step, where every id's entry changed with its
-    /// decision (5,000 at a time on a first start, hashed twice each before).
+    /// decision (5,000 at a time on a first start; each id was hashed four
+    /// times, into and out of two hash tables, before).
     InStep(&'w [Kept]),
     /// Looked up by id (a scan per decision was most of a first start's CPU):
     /// the first for an id, as a scan found it.
@@ -576,6 +576,7 @@ impl<'w> KeptById<'w> {
     }
 }
 
+/// The claims table's key for a claim.
 fn claim_key(claim: &Decision) -> String {
     format!("{}\0{}", claim.id, claim.version)
 }

@@ -406,10 +406,62 @@ fn kept_in_step_with_the_decisions_is_recorded_as_kept_found_by_id() {
         entries.sort_by(|a, b| a.0.cmp(&b.0));
         entries
     };
-    let in_step = recorded(&kept);
+    let in_step = |kept: &[keysync_machine::node::Kept]| {
+        KeptById::new(&StoreWrite { decisions: &decisions, kept, ..StoreWrite::default() }).in_step()
+    };
+    assert!(in_step(&kept));
     let want: Vec<_> = kept.iter().map(|k| (k.id.clone(), k.seen.clone(), k.mine.clone())).collect();
-    assert_eq!(in_step, want, "each decision with what was kept for its id");
+    assert_eq!(recorded(&kept), want, "each decision with what was kept for its id");
     let mut shuffled = kept.clone();
     shuffled.rotate_left(2);
+    assert!(!in_step(&shuffled));
     assert_eq!(recorded(&shuffled), want, "the same, looked up by id");
+}
+
+/// Two decisions of one id in one commit, each with a kept: not in step
+/// (their ids are not distinct), the first kept for the id is taken for
+/// both, as a lookup by id takes it.
+#[test]
+fn two_decisions_of_one_id_in_one_commit_keep_the_first_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), "a", NOW_MS).unwrap();
+    let key = PublicKey::new(PUB.as_bytes());
+    let (earlier, later) = (
+        decision("web01", Verdict::Accepted(key.clone()), 10, None),
+        decision("web01", Verdict::Rejected(key.clone()), 11, None),
+    );
+    let seen = |hlc| vec![decision("web01", Verdict::Deleted, hlc, None).seen()];
+    let kept = [
+        keysync_machine::node::Kept { id: earlier.id.clone(), seen: seen(3), mine: None },
+        keysync_machine::node::Kept { id: earlier.id.clone(), seen: seen(4), mine: None },
+    ];
+    let decisions = [earlier, later.clone()];
+    let write = StoreWrite { decisions: &decisions, kept: &kept, ..StoreWrite::default() };
+    assert!(!KeptById::new(&write).in_step());
+    store.record(&write, "a").unwrap();
+    let loaded = store.load().unwrap();
+    assert_eq!(loaded.entries.len(), 1);
+    let (_, entry) = &loaded.entries[0];
+    assert_eq!((&entry.version, entry.seen().to_vec()), (&later.version, seen(3)));
+}
+
+/// A claim displaced by a live decision is kept in the claims table; when
+/// the same commit then holds that claim again, its row there is removed,
+/// though the table was empty when the commit began.
+#[test]
+fn a_claim_displaced_and_held_again_in_one_commit_leaves_no_row_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), "a", NOW_MS).unwrap();
+    let key = PublicKey::new(PUB.as_bytes());
+    let claim = Decision {
+        version: Version::claim(false, &key.fingerprint().0),
+        verdict: Verdict::Accepted(key.clone()),
+        ..decision("web01", Verdict::Deleted, 0, None)
+    };
+    store.record(&StoreWrite { decisions: std::slice::from_ref(&claim), ..StoreWrite::default() }, "a").unwrap();
+    let live = decision("web01", Verdict::Rejected(key), 1 << 50, None);
+    let both = [live, claim.clone()];
+    store.record(&StoreWrite { decisions: &both, ..StoreWrite::default() }, "a").unwrap();
+    // Held, and known once: not a second time as a claim displaced.
+    assert_eq!(store.get(std::slice::from_ref(&claim.id)).unwrap(), vec![claim]);
 }
