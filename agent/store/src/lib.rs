@@ -412,7 +412,8 @@ impl Store {
             let mut claims = txn.open_table(CLAIMS).map_err(|e| self.err(e))?;
             let mut tombstones = txn.open_table(TOMBSTONES).map_err(|e| self.err(e))?;
             let kept = KeptById::new(write);
-            // Claims held here, from earlier starts or learnt: none on a first start.
+            // The claims displaced or learnt below another: a row is removed
+            // only once one may be there (none on a first start).
             let mut no_claims = claims.is_empty().map_err(|e| self.err(e))?;
             for (at, decision) in write.decisions.iter().enumerate() {
                 let (seen, mine) =
