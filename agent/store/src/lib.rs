@@ -412,9 +412,6 @@ impl Store {
             let mut claims = txn.open_table(CLAIMS).map_err(|e| self.err(e))?;
             let mut tombstones = txn.open_table(TOMBSTONES).map_err(|e| self.err(e))?;
             let kept = KeptById::new(write);
-            // The claims displaced or learnt below another: a row is removed
-            // only once one may be there (none on a first start).
-            let mut no_claims = claims.is_empty().map_err(|e| self.err(e))?;
             for (at, decision) in write.decisions.iter().enumerate() {
                 let (seen, mine) =
                     kept.get(at, &decision.id).map(|k| (k.seen.as_slice(), k.mine.as_ref())).unwrap_or_default();
@@ -428,10 +425,11 @@ impl Store {
                     if old.version.is_claim() && old.version != decision.version {
                         let bytes = codec::encode_record(&old, &[], None);
                         claims.insert(claim_key(&old).as_str(), bytes.as_slice()).map_err(|e| self.err(e))?;
-                        no_claims = false;
                     }
                 }
-                if decision.version.is_claim() && !no_claims {
+                // No row to remove from an empty table of displaced claims
+                // (a first start's): its key is not formatted nor looked up.
+                if decision.version.is_claim() && !claims.is_empty().map_err(|e| self.err(e))? {
                     claims.remove(claim_key(decision).as_str()).map_err(|e| self.err(e))?;
                 }
             }

@@ -389,8 +389,7 @@ impl Node {
         // Keys in minions/ and minions_rejected/ not held yet are held once
         // recorded (on a first start, every one): room for them at once.
         let decided = |folder: &Folder| matches!(folder, Folder::Accepted | Folder::Rejected);
-        let held = |name: &str| !self.replica.is_empty() && self.replica.holds(name);
-        self.replica.reserve(all.listed.iter().filter(|(f, name)| decided(f) && !held(name)).count());
+        self.replica.reserve(all.listed.iter().filter(|(f, name)| decided(f) && !self.replica.holds(name)).count());
         // Read now: every name but those left to the settler, moved out of
         // the listing (25 bytes a name here, where the listing takes 32 and
         // is dropped now, before the entries grow), each with its folders.

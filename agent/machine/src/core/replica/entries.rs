@@ -57,6 +57,11 @@ impl Entries {
         MinionId: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
+        // Nothing to hash for: a first start asks about every name before
+        // it holds any.
+        if self.is_empty() {
+            return None;
+        }
         let slots = &self.slots;
         self.index.find(self.hasher.hash_one(id), |&at| slots[at as usize].0.borrow() == id).map(|&at| at as usize)
     }
