@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Instant;
 
 use keysync_machine::core::merge::Conflict;
 use keysync_machine::node::{Applied, Event, Failure, Listing, Runtime, StoreWrite};
@@ -50,9 +51,16 @@ impl Effects {
     /// Writes the records told so far (the core loop calls it after every input).
     pub fn write_told(&mut self) {
         if !self.buffered.is_empty() {
+            let (n, started) = (self.buffered.len(), Instant::now());
             self.audit.record_all(std::mem::take(&mut self.buffered));
+            tracing::debug!(n, audited_us = micros(started), "audited");
         }
     }
+}
+
+/// Microseconds since `started`, for the debug log's timings of each step.
+fn micros(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
 impl Runtime for Effects {
@@ -74,7 +82,9 @@ impl Runtime for Effects {
         if self.observe {
             return decisions.iter().map(|_| Ok(Applied::default())).collect();
         }
+        let started = Instant::now();
         let results = self.pki.apply_all(decisions);
+        tracing::debug!(n = decisions.len(), written_us = micros(started), "applied");
         for _ in results.iter().filter(|r| r.is_err()) {
             self.metrics.write_failures.inc();
         }
@@ -85,8 +95,10 @@ impl Runtime for Effects {
         if self.observe {
             return Ok(());
         }
+        let started = Instant::now();
         let synced =
             self.pki.sync().map_err(|e| Failure::new(format_args!("syncfs {}: {e}", self.pki.root().display())));
+        tracing::debug!(synced_us = micros(started), "synced");
         self.count_failure(synced)
     }
 
@@ -99,12 +111,16 @@ impl Runtime for Effects {
     }
 
     fn journal(&mut self, decisions: &[Decision]) -> Result<(), Failure> {
+        let started = Instant::now();
         let journalled = self.store.journal(decisions).map_err(Failure::new);
+        tracing::debug!(n = decisions.len(), journalled_us = micros(started), "journalled");
         self.count_failure(journalled)
     }
 
     fn record(&mut self, write: &StoreWrite<'_>) -> Result<(), Failure> {
+        let started = Instant::now();
         let recorded = self.store.record_at(write, &self.node, Some(&self.audit.head())).map_err(Failure::new);
+        tracing::debug!(n = write.decisions.len(), recorded_us = micros(started), "recorded");
         self.count_failure(recorded)
     }
 
