@@ -28,6 +28,7 @@ use crate::core::settle::SettleTimings;
 use crate::core::{Decision, MinionId};
 use crate::disk::audit::AuditLog;
 use crate::disk::audit::{Action, Outcome as AuditOutcome, Via};
+use crate::disk::pki::prestage::{Prestaged, PRESTAGE_FROM};
 use crate::disk::pki::{Owner, Pki};
 use crate::disk::store::Store;
 use crate::disk::watcher::{FolderWatch, WatchEvent};
@@ -83,8 +84,15 @@ pub enum Request {
     RepairAgreed { peer: PeerName },
     /// The next ids and whole buckets to fetch from `peer`, `None` when its plan is done.
     RepairNext { peer: PeerName, reply: oneshot::Sender<Option<Fetch>> },
-    /// What `fetch` from `peer` brought; replies with how many were applied.
-    RepairFetched { peer: PeerName, fetch: Fetch, decisions: Vec<Decision>, reply: oneshot::Sender<u32> },
+    /// What `fetch` from `peer` brought, its keys perhaps written ahead
+    /// (`staged`); replies with how many were applied.
+    RepairFetched {
+        peer: PeerName,
+        fetch: Fetch,
+        decisions: Vec<Decision>,
+        staged: Option<Prestaged>,
+        reply: oneshot::Sender<u32>,
+    },
     /// The bucket a peer's Diff answer brought (`Node::repair_brought`).
     RepairBrought { peer: PeerName, fetch: Fetch, decisions: Vec<Decision>, reply: oneshot::Sender<u32> },
     /// The link to `peer` went down: its plan and claims are dropped.
@@ -123,6 +131,8 @@ pub enum Request {
 pub struct CoreHandle {
     requests: mpsc::Sender<Request>,
     outgoing: outgoing::Channel,
+    /// Where a link writes a fetched chunk's keys ahead; none in observe mode.
+    stager: Option<Arc<Pki>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -139,6 +149,19 @@ impl CoreHandle {
     /// Sends a request that wants no answer.
     pub async fn tell(&self, request: Request) -> Result<(), CoreGone> {
         self.requests.send(request).await.map_err(|_| CoreGone)
+    }
+
+    /// Writes the keys of a fetched chunk ahead (`disk/pki/prestage.rs`), on
+    /// a blocking thread, while the node applies the chunk before it: only
+    /// a chunk large enough to be written by several threads, and never in
+    /// observe mode.
+    pub async fn prestage(&self, decisions: &[Decision]) -> Option<Prestaged> {
+        let pki = self.stager.clone()?;
+        if decisions.len() < PRESTAGE_FROM {
+            return None;
+        }
+        let keys = crate::disk::pki::prestage::keys_of(decisions);
+        tokio::task::spawn_blocking(move || pki.prestage(&keys)).await.ok().flatten()
     }
 
     /// Follows what the node sends its peers, for `peer`'s link.
@@ -405,9 +428,13 @@ impl Core {
             Request::RepairNext { peer, reply } => {
                 let _ = reply.send(self.node.repair_next(&peer));
             }
-            Request::RepairFetched { peer, fetch, decisions, reply } => {
+            Request::RepairFetched { peer, fetch, decisions, staged, reply } => {
                 self.effects.metrics.received(peer.as_str(), "fetch", decisions.len());
-                let _ = reply.send(self.node.repair_fetched(&peer, &fetch, decisions, now(), &mut self.effects));
+                // What was written ahead and not renamed into place is removed here.
+                self.effects.prestaged = staged;
+                let applied = self.node.repair_fetched(&peer, &fetch, decisions, now(), &mut self.effects);
+                self.effects.prestaged = None;
+                let _ = reply.send(applied);
             }
             Request::RepairBrought { peer, fetch, decisions, reply } => {
                 self.effects.metrics.received(peer.as_str(), "fetch", decisions.len());
@@ -502,7 +529,8 @@ pub enum StartError {
 pub fn prepare(parts: CoreParts) -> (Starting, CoreHandle, mpsc::Receiver<Request>) {
     let outgoing = outgoing::Channel::new(OUTGOING_QUEUE);
     let (tx, rx) = mpsc::channel(REQUEST_QUEUE);
-    (Starting { parts, outgoing: outgoing.clone() }, CoreHandle { requests: tx, outgoing }, rx)
+    let stager = (!parts.settings.observe).then(|| parts.pki.clone());
+    (Starting { parts, outgoing: outgoing.clone() }, CoreHandle { requests: tx, outgoing, stager }, rx)
 }
 
 /// [`prepare`] and [`Starting::start`] at once, on the caller's thread.
@@ -544,6 +572,7 @@ impl Starting {
             outgoing,
             buffered: Vec::new(),
             observe: parts.settings.observe,
+            prestaged: None,
         };
         let node = Node::start(settings, loaded, now(), &mut effects);
         effects.write_told();

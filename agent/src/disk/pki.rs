@@ -30,6 +30,7 @@ mod apply;
 mod dfn;
 pub mod dirs;
 mod owner;
+pub mod prestage;
 mod read;
 mod staging;
 

@@ -29,6 +29,7 @@ use crate::config::Peer;
 use crate::core::digest::N_BUCKETS;
 use crate::core::Decision;
 use crate::disk::audit::{Action, Outcome, Via};
+use crate::disk::pki::prestage::Prestaged;
 use crate::net::wire::{health_from_wire, health_to_wire, held_from_wire, held_to_wire};
 use crate::node::{CoreHandle, Request};
 use crate::ops::board::{AntiEntropyRun, Board, LinkState};
@@ -104,7 +105,7 @@ impl PeerLink {
                 link.handle(Input::Failed, false);
                 while let Some(out) = link.poll() {
                     if let Out::Call(call) = out {
-                        let _ = self.call(call).await;
+                        let _ = self.call(call, None).await;
                     }
                 }
                 let Some(session) = session else { return };
@@ -243,6 +244,7 @@ impl PeerLink {
             run: AntiEntropyRun::default(),
             n_decisions: hello.n_decisions,
             connected,
+            staged: None,
         };
         link.handle(Input::HelloDone, self.board.peer_fetching(&self.peer.name));
         loop {
@@ -289,7 +291,9 @@ impl PeerLink {
                 Input::HelloDone
             }
             Out::Call(call) => {
-                let ask = self.call(call);
+                // The last chunk's keys were written ahead while the one before was applied.
+                let staged = if matches!(call, Call::Apply { .. }) { io.staged.take() } else { None };
+                let ask = self.call(call, staged);
                 match during(ask, link, &mut io.push).await?? {
                     Some(answer) => Input::Answer(answer),
                     None => return Ok(()),
@@ -322,9 +326,20 @@ impl PeerLink {
             }
             Out::FetchApplying { fetch, applying, decisions } => {
                 // Both at once; the apply is handed in first, as the link asks.
-                let apply = self.call(Call::Apply { fetch: applying, decisions });
-                let both = async { tokio::join!(apply, self.fetch(&mut io.client, &fetch)) };
-                let (applied, fetched) = during(both, link, &mut io.push).await?;
+                let apply = self.call(Call::Apply { fetch: applying, decisions }, io.staged.take());
+                let client = &mut io.client;
+                let fetch_and_stage = async {
+                    let fetched = self.fetch(client, &fetch).await;
+                    // Its keys written ahead while the node applies the chunk before.
+                    let staged = match &fetched {
+                        Ok((decisions, ..)) => self.core.prestage(decisions).await,
+                        Err(_) => None,
+                    };
+                    (fetched, staged)
+                };
+                let both = async { tokio::join!(apply, fetch_and_stage) };
+                let (applied, (fetched, staged)) = during(both, link, &mut io.push).await?;
+                io.staged = staged;
                 if let Some(answer) = applied? {
                     link.handle(Input::Answer(answer), self.board.peer_fetching(&self.peer.name));
                 }
@@ -434,7 +449,9 @@ impl PeerLink {
     }
 
     /// Asks the node what the link asks of it; `None` for calls that want no answer.
-    async fn call(&self, call: Call) -> Result<Option<Answer>, SessionError> {
+    /// Asks the core what `call` asks; `staged`: the keys written ahead for
+    /// a [`Call::Apply`].
+    async fn call(&self, call: Call, staged: Option<Prestaged>) -> Result<Option<Answer>, SessionError> {
         let peer = self.peer.name.clone();
         let core = &self.core;
         Ok(Some(match call {
@@ -451,9 +468,9 @@ impl PeerLink {
             Call::ApplyBrought { fetch, decisions } => {
                 Answer::Applied(core.ask(|reply| Request::RepairBrought { peer, fetch, decisions, reply }).await?)
             }
-            Call::Apply { fetch, decisions } => {
-                Answer::Applied(core.ask(|reply| Request::RepairFetched { peer, fetch, decisions, reply }).await?)
-            }
+            Call::Apply { fetch, decisions } => Answer::Applied(
+                core.ask(|reply| Request::RepairFetched { peer, fetch, decisions, staged, reply }).await?,
+            ),
             Call::Agreed => {
                 core.tell(Request::RepairAgreed { peer }).await?;
                 return Ok(None);
@@ -590,6 +607,8 @@ struct SessionIo {
     /// What the peer said it holds, for the log.
     n_decisions: u64,
     connected: mpsc::Sender<()>,
+    /// The keys of the chunk fetched last, written ahead until it is applied.
+    staged: Option<Prestaged>,
 }
 
 mod answers;

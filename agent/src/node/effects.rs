@@ -36,6 +36,9 @@ pub struct Effects {
     /// Observe mode: nothing is written to the key folders or `.dfn`, and
     /// the node's events are logged, not audited (nothing happened).
     pub(super) observe: bool,
+    /// Keys of the chunk being applied that its link wrote ahead
+    /// (`disk/pki/prestage.rs`), while the node applies that chunk.
+    pub(super) prestaged: Option<crate::disk::pki::prestage::Prestaged>,
 }
 
 impl Effects {
@@ -83,8 +86,13 @@ impl Runtime for Effects {
             return decisions.iter().map(|_| Ok(Applied::default())).collect();
         }
         let started = Instant::now();
-        let results = self.pki.apply_all(decisions);
-        tracing::debug!(n = decisions.len(), written_us = micros(started), "applied");
+        let results = self.pki.apply_all(decisions, self.prestaged.as_ref());
+        tracing::debug!(
+            n = decisions.len(),
+            written_ahead = self.prestaged.as_ref().map_or(0, |staged| staged.len()),
+            written_us = micros(started),
+            "applied"
+        );
         for _ in results.iter().filter(|r| r.is_err()) {
             self.metrics.write_failures.inc();
         }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use keysync_server::CertAuthority;
-use keysync_tests::binary::{free_addr, run_cli, ProcessCluster};
+use keysync_tests::binary::{free_addr, run_cli, FaultCluster, ProcessCluster};
 use keysync_tests::cluster::write_agent_files;
 use keysync_tests::salt_ops::{master_writes_pending, move_key, new_public_key, path, SaltLine};
 use keysync_tests::wait_until;
@@ -51,4 +51,56 @@ fn three_agent_processes_replicate_an_accept_byte_for_byte() {
         }
     });
     cluster.stop();
+}
+
+/// An empty master joining a peer with more keys than two fetches bring:
+/// the keys of each chunk after the first are written ahead (into the
+/// staging folder's `writer-4/`) while the chunk before is applied, renamed
+/// into place byte for byte, and nothing is left behind there. Its debug
+/// log times each step of each batch.
+#[test]
+fn a_joining_master_writes_each_next_chunk_ahead_and_leaves_nothing_staged() {
+    const N: usize = 5_000;
+    let dir = tempfile::tempdir().unwrap();
+    let keys: Vec<String> = (0..3).map(|_| new_public_key()).collect();
+    let name = |i: usize| format!("join{i:05}");
+    let folder = |i: usize| if i.is_multiple_of(10) { "minions_rejected" } else { "minions" };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut cluster = FaultCluster::create(dir.path(), 2, |i, f| {
+            for id in (0..N).filter(|_| i == 0) {
+                std::fs::write(path(&f.pki, folder(id), &name(id)), &keys[id % keys.len()]).unwrap();
+            }
+        })
+        .await;
+        cluster.env[1].push(("SALT_KEYSYNC_LOG".into(), "info,salt_keysync::node::effects=debug".into()));
+        // master-a holds its keys before master-b, empty, joins it: B fetches them.
+        cluster.start(0).await;
+        cluster.start(1).await;
+        let pki = cluster.files[1].pki.clone();
+        wait_until(Duration::from_secs(120), "master-b holds every key", || {
+            (0..N).rev().all(|i| std::fs::read(path(&pki, folder(i), &name(i))).is_ok())
+        })
+        .await;
+        let ahead = pki.join(".keysync-staging/writer-4");
+        assert!(ahead.is_dir(), "{} was never made: nothing was written ahead", ahead.display());
+        wait_until(Duration::from_secs(20), "nothing left written ahead", || {
+            std::fs::read_dir(&ahead).is_ok_and(|mut files| files.next().is_none())
+        })
+        .await;
+        for i in 0..N {
+            assert_eq!(std::fs::read(path(&pki, folder(i), &name(i))).unwrap(), keys[i % keys.len()].as_bytes());
+        }
+        let log = std::fs::read_to_string(cluster.log(1)).unwrap();
+        let written_ahead: usize = log
+            .lines()
+            .filter_map(|line| line.split("written_ahead=").nth(1)?.split_whitespace().next()?.parse::<usize>().ok())
+            .sum();
+        assert!(written_ahead >= 2_000, "at least a chunk of 2,000 written ahead, not {written_ahead}:\n{log}");
+        // Each step's time, as docs/performance.md's per-batch timings name them.
+        for step in ["journalled_us=", "written_us=", "synced_us=", "recorded_us=", "audited_us="] {
+            assert!(log.contains(step), "no {step} in master-b's debug log:\n{log}");
+        }
+        cluster.stop_all();
+    });
 }

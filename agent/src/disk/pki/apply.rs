@@ -11,9 +11,10 @@ use std::sync::atomic::Ordering;
 use rustix::fs::{AtFlags, Mode, OFlags};
 
 use super::adopt::Adoption;
+use super::prestage::Prestaged;
 use super::{Applied, Owner, Pki, MAX_WRITERS, PARALLEL_FROM, STAGING_DIR, STAGING_SEQ};
 use crate::core::settle::FsChange;
-use crate::core::{Decision, Folder, Slot, Verdict};
+use crate::core::{Decision, Folder, PublicKey, Slot, Verdict};
 
 impl Pki {
     /// Makes the folders say `decision`: the key staged in the agent's
@@ -21,23 +22,29 @@ impl Pki {
     /// other folders. Not durable until [`Pki::sync`].
     pub fn apply(&self, decision: &Decision) -> io::Result<Applied> {
         self.check_folders();
-        self.apply_in(decision, 0)
+        self.apply_in(decision, 0, None)
     }
 
     /// [`Pki::apply`] for many decisions about distinct ids, by a few writer
     /// threads when there are many (a join, a `salt-key -A` burst). Creating
     /// a file is the costly step (ext4 searches its inode bitmaps under the
     /// staging folder's lock), so each writer stages in a folder of its own.
-    /// Results are in the order of `decisions`.
-    pub fn apply_all(&self, decisions: &[&Decision]) -> Vec<io::Result<Applied>> {
+    /// Results are in the order of `decisions`. A key written ahead into
+    /// `staged` ([`Pki::prestage`]) is renamed into place from there.
+    pub fn apply_all(&self, decisions: &[&Decision], staged: Option<&Prestaged>) -> Vec<io::Result<Applied>> {
         self.check_folders();
         let writers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_WRITERS);
-        self.apply_by(decisions, writers)
+        self.apply_by(decisions, writers, staged)
     }
 
-    pub(super) fn apply_by(&self, decisions: &[&Decision], writers: usize) -> Vec<io::Result<Applied>> {
+    pub(super) fn apply_by(
+        &self,
+        decisions: &[&Decision],
+        writers: usize,
+        staged: Option<&Prestaged>,
+    ) -> Vec<io::Result<Applied>> {
         if decisions.len() < PARALLEL_FROM || writers < 2 {
-            return decisions.iter().map(|decision| self.apply_in(decision, 0)).collect();
+            return decisions.iter().map(|decision| self.apply_in(decision, 0, staged)).collect();
         }
         let chunk = decisions.len().div_ceil(writers);
         std::thread::scope(|scope| {
@@ -45,7 +52,9 @@ impl Pki {
                 .chunks(chunk)
                 .enumerate()
                 .map(|(lane, part)| {
-                    scope.spawn(move || part.iter().map(|decision| self.apply_in(decision, lane)).collect::<Vec<_>>())
+                    scope.spawn(move || {
+                        part.iter().map(|decision| self.apply_in(decision, lane, staged)).collect::<Vec<_>>()
+                    })
                 })
                 .collect();
             running
@@ -55,8 +64,9 @@ impl Pki {
         })
     }
 
-    /// [`Pki::apply`], staging in writer `lane`'s folder.
-    pub(super) fn apply_in(&self, decision: &Decision, lane: usize) -> io::Result<Applied> {
+    /// [`Pki::apply`], staging in writer `lane`'s folder, or renaming the
+    /// key's file from `staged` where it was written ahead.
+    pub(super) fn apply_in(&self, decision: &Decision, lane: usize, staged: Option<&Prestaged>) -> io::Result<Applied> {
         let id = decision.id.as_str();
         let (target, key) = match &decision.verdict {
             Verdict::Accepted(key) => (Some(Folder::Accepted), Some(key)),
@@ -89,7 +99,9 @@ impl Pki {
                 _ => Adoption::No,
             };
             if adopted == Adoption::No {
-                self.write_key(fd_of(folder), folder, id, key.bytes(), lane)?;
+                if !self.rename_staged(staged, fd_of(folder), id, key) {
+                    self.write_key(fd_of(folder), folder, id, key.bytes(), lane)?;
+                }
                 applied.changes.push((folder, FsChange::MovedIn));
             }
         }
@@ -105,6 +117,23 @@ impl Pki {
             }
         }
         Ok(applied)
+    }
+
+    /// Renames the file written ahead for `id` into `dir` if `staged` holds
+    /// one with exactly `key` in the mode keys are written with now; false
+    /// if there is none, or the rename failed (the file is then removed, and
+    /// the key is written as if there had been none).
+    fn rename_staged(&self, staged: Option<&Prestaged>, dir: &OwnedFd, id: &str, key: &PublicKey) -> bool {
+        let Some((from, name)) = staged.and_then(|staged| staged.take(id, key, self.key_mode())) else {
+            return false;
+        };
+        if rustix::fs::renameat(from, name, dir, id).is_ok() {
+            return true;
+        }
+        if let Some(staged) = staged {
+            staged.remove(name);
+        }
+        false
     }
 
     fn write_key(&self, dir: &OwnedFd, folder: Folder, id: &str, bytes: &[u8], lane: usize) -> io::Result<()> {

@@ -98,7 +98,7 @@ fn a_pending_file_holding_the_decided_key_is_moved_not_copied() {
     pki.apply(&decision(Verdict::Deleted)).unwrap();
     fs::write(&pending, PUB).unwrap();
     let ino = fs::metadata(&pending).unwrap().ino();
-    let applied = pki.apply_in(&decision(Verdict::Accepted(PublicKey::new(PUB.as_bytes()))), 2).unwrap();
+    let applied = pki.apply_in(&decision(Verdict::Accepted(PublicKey::new(PUB.as_bytes()))), 2, None).unwrap();
     assert_eq!(applied.changes, [(Folder::Pending, FsChange::Gone), (Folder::Accepted, FsChange::MovedIn)]);
     assert_eq!(fs::metadata(dir.path().join("minions/web01")).unwrap().ino(), ino);
     let writer = dir.path().join(STAGING_DIR).join("writer-2");
@@ -192,7 +192,7 @@ fn a_large_batch_is_written_by_several_writers_in_order() {
     // One of them finds a different key pending: reported at its own place.
     let other = PUB.replace("mwIDAQAB", "mwIDAQAC");
     fs::write(dir.path().join("minions_pre/m0101"), &other).unwrap();
-    let results = pki.apply_by(&decisions.iter().collect::<Vec<_>>(), 3);
+    let results = pki.apply_by(&decisions.iter().collect::<Vec<_>>(), 3, None);
     assert_eq!(results.len(), n);
     for (i, result) in results.iter().enumerate() {
         let applied = result.as_ref().unwrap();
@@ -383,7 +383,7 @@ fn a_staging_folder_that_is_not_the_agents_own_is_never_used() {
                 ..decision(Verdict::Accepted(key.clone()))
             })
             .collect();
-        assert!(pki.apply_by(&big.iter().collect::<Vec<_>>(), 2).iter().all(Result::is_ok));
+        assert!(pki.apply_by(&big.iter().collect::<Vec<_>>(), 2, None).iter().all(Result::is_ok));
         assert_eq!(fs::read(&victim).unwrap(), b"root's file", "{planted}: nothing written through a symlink");
         let meta = fs::symlink_metadata(&staging).unwrap();
         assert!(meta.is_dir() && meta.permissions().mode() & 0o7777 == 0o700, "{planted}: a private folder");
@@ -556,4 +556,61 @@ fn a_key_file_is_read_whole_whatever_its_size_became() {
     assert_eq!(read(b"", 0), b"", "empty");
     let huge = vec![b'x'; 3 * MAX_KEY_BYTES];
     assert_eq!(read(&huge, 10).len(), MAX_KEY_BYTES + 1, "grown past the cap: one byte over, no more");
+}
+
+/// Keys written ahead are renamed into place when the decision applied
+/// holds exactly that key in the mode of then; any other is written from
+/// the decision's own bytes, and what was not renamed is removed.
+#[test]
+fn keys_written_ahead_are_renamed_into_place_and_the_rest_removed() {
+    let (dir, pki) = setup();
+    let key = PublicKey::new(PUB.as_bytes());
+    let other = PublicKey::new(PUB.replace("mwIDAQAB", "mwIDAQAC").as_bytes());
+    let n = PARALLEL_FROM * 2;
+    let decisions: Vec<Decision> = (0..n)
+        .map(|i| Decision {
+            id: MinionId::parse(&format!("m{i:04}")).unwrap(),
+            verdict: if i % 3 == 0 { Verdict::Rejected(key.clone()) } else { Verdict::Accepted(key.clone()) },
+            version: Version::new(1, "a"),
+            context: Default::default(),
+            relays: Default::default(),
+            reached: Default::default(),
+        })
+        .collect();
+    // m0005 was written ahead with another key; m9999 is not applied.
+    let mut keys = prestage::keys_of(&decisions);
+    keys[5].1 = other.clone();
+    keys.push(("m9999".to_owned(), key.clone()));
+    let staged = pki.prestage(&keys).unwrap();
+    let ahead = dir.path().join(STAGING_DIR).join(format!("writer-{MAX_WRITERS}"));
+    assert_eq!(fs::read_dir(&ahead).unwrap().count(), n + 1);
+    let inode_of = |id: &str| fs::metadata(ahead.join(staged.name_of(id).unwrap())).unwrap().ino();
+    let (renamed, mismatched) = (inode_of("m0001"), inode_of("m0005"));
+
+    let results = pki.apply_by(&decisions.iter().collect::<Vec<_>>(), 2, Some(&staged));
+    assert!(results.iter().all(Result::is_ok));
+    let accepted = dir.path().join("minions");
+    assert_eq!(fs::metadata(accepted.join("m0001")).unwrap().ino(), renamed, "the file written ahead, renamed");
+    assert_ne!(fs::metadata(accepted.join("m0005")).unwrap().ino(), mismatched, "another key: written anew");
+    for i in 0..n {
+        let folder = if i % 3 == 0 { "minions_rejected" } else { "minions" };
+        let path = dir.path().join(folder).join(format!("m{i:04}"));
+        assert_eq!(fs::read(&path).unwrap(), PUB.as_bytes(), "{}", path.display());
+        assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, KEY_MODE);
+    }
+    assert_eq!(fs::read_dir(&ahead).unwrap().count(), 2, "m0005's and m9999's, until dropped");
+    drop(staged);
+    assert_eq!(fs::read_dir(&ahead).unwrap().count(), 0, "what was not renamed is removed");
+
+    // Written ahead 0644, applied after the mode became 0600: written anew.
+    let again: Vec<Decision> =
+        decisions.iter().map(|d| Decision { version: Version::new(2, "a"), ..d.clone() }).collect();
+    let staged = pki.prestage(&prestage::keys_of(&again)).unwrap();
+    pki.set_key_mode(KEY_MODE_3008);
+    let results = pki.apply_by(&again.iter().collect::<Vec<_>>(), 2, Some(&staged));
+    assert!(results.iter().all(Result::is_ok));
+    let mode = fs::metadata(accepted.join("m0001")).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, KEY_MODE_3008);
+    drop(staged);
+    assert_eq!(fs::read_dir(&ahead).unwrap().count(), 0);
 }
