@@ -151,10 +151,10 @@ impl CoreHandle {
         self.requests.send(request).await.map_err(|_| CoreGone)
     }
 
-    /// Writes the keys of a fetched chunk ahead (`disk/pki/prestage.rs`), on
-    /// a blocking thread, while the node applies the chunk before it: only
-    /// a chunk large enough to be written by several threads, and never in
-    /// observe mode.
+    /// Writes the keys of a fetched chunk ahead (`disk/pki/prestage.rs`),
+    /// off the runtime's workers, while the node applies the chunk before
+    /// it: only a chunk large enough to be written by several threads, and
+    /// never in observe mode.
     pub async fn prestage(&self, decisions: &[Decision]) -> Option<Prestaged> {
         let pki = self.stager.clone()?;
         if decisions.len() < PRESTAGE_FROM {
@@ -430,11 +430,12 @@ impl Core {
             }
             Request::RepairFetched { peer, fetch, decisions, staged, reply } => {
                 self.effects.metrics.received(peer.as_str(), "fetch", decisions.len());
-                // What was written ahead and not renamed into place is removed here.
                 self.effects.prestaged = staged;
                 let applied = self.node.repair_fetched(&peer, &fetch, decisions, now(), &mut self.effects);
-                self.effects.prestaged = None;
                 let _ = reply.send(applied);
+                // What was written ahead and not renamed into place is removed
+                // (on a blocking thread).
+                self.effects.prestaged = None;
             }
             Request::RepairBrought { peer, fetch, decisions, reply } => {
                 self.effects.metrics.received(peer.as_str(), "fetch", decisions.len());

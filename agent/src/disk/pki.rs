@@ -64,6 +64,11 @@ const PARALLEL_FROM: usize = 256;
 /// At most this many writer threads (and no more than the machine's cores).
 const MAX_WRITERS: usize = 4;
 
+/// How many threads write a large batch: one per core, at most [`MAX_WRITERS`].
+fn writers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_WRITERS)
+}
+
 /// The agent's own folder in pki_dir (same file system as the keys, ignored
 /// by Salt): staged files are renamed from here into their folder, so the
 /// agent's own writes stay out of its inotify watch and off the folders'

@@ -448,9 +448,8 @@ impl PeerLink {
         Ok(Input::DiffChunk { buckets: chunk.buckets, summaries, whole, first })
     }
 
-    /// Asks the node what the link asks of it; `None` for calls that want no answer.
-    /// Asks the core what `call` asks; `staged`: the keys written ahead for
-    /// a [`Call::Apply`].
+    /// Asks the node what the link asks of it (`staged`: the keys written
+    /// ahead for a [`Call::Apply`]); `None` for calls that want no answer.
     async fn call(&self, call: Call, staged: Option<Prestaged>) -> Result<Option<Answer>, SessionError> {
         let peer = self.peer.name.clone();
         let core = &self.core;

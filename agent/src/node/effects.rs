@@ -85,11 +85,12 @@ impl Runtime for Effects {
         if self.observe {
             return decisions.iter().map(|_| Ok(Applied::default())).collect();
         }
-        let started = Instant::now();
+        let renamed = || self.prestaged.as_ref().map_or(0, |staged| staged.n_renamed());
+        let (started, renamed_before) = (Instant::now(), renamed());
         let results = self.pki.apply_all(decisions, self.prestaged.as_ref());
         tracing::debug!(
             n = decisions.len(),
-            written_ahead = self.prestaged.as_ref().map_or(0, |staged| staged.len()),
+            renamed_ahead = renamed() - renamed_before,
             written_us = micros(started),
             "applied"
         );

@@ -12,7 +12,7 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 
 use super::adopt::Adoption;
 use super::prestage::Prestaged;
-use super::{Applied, Owner, Pki, MAX_WRITERS, PARALLEL_FROM, STAGING_DIR, STAGING_SEQ};
+use super::{Applied, Owner, Pki, PARALLEL_FROM, STAGING_DIR, STAGING_SEQ};
 use crate::core::settle::FsChange;
 use crate::core::{Decision, Folder, PublicKey, Slot, Verdict};
 
@@ -33,8 +33,7 @@ impl Pki {
     /// `staged` ([`Pki::prestage`]) is renamed into place from there.
     pub fn apply_all(&self, decisions: &[&Decision], staged: Option<&Prestaged>) -> Vec<io::Result<Applied>> {
         self.check_folders();
-        let writers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_WRITERS);
-        self.apply_by(decisions, writers, staged)
+        self.apply_by(decisions, super::writers(), staged)
     }
 
     pub(super) fn apply_by(
@@ -124,15 +123,13 @@ impl Pki {
     /// if there is none, or the rename failed (the file is then removed, and
     /// the key is written as if there had been none).
     fn rename_staged(&self, staged: Option<&Prestaged>, dir: &OwnedFd, id: &str, key: &PublicKey) -> bool {
-        let Some((from, name)) = staged.and_then(|staged| staged.take(id, key, self.key_mode())) else {
-            return false;
-        };
+        let Some(staged) = staged else { return false };
+        let Some((from, name)) = staged.take(id, key, self.key_mode()) else { return false };
         if rustix::fs::renameat(from, name, dir, id).is_ok() {
+            staged.renamed();
             return true;
         }
-        if let Some(staged) = staged {
-            staged.remove(name);
-        }
+        Prestaged::remove(from, name);
         false
     }
 

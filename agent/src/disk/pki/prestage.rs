@@ -1,18 +1,20 @@
 //! Key files written ahead: while the node applies one chunk of a join, the
-//! link that fetched the next chunk writes its keys into a staging folder
-//! of their own (`writer-<MAX_WRITERS>`), on another core. When the node
-//! applies that chunk, a key whose staged file holds exactly its bytes (the
-//! same fingerprint) in the mode keys are written with then is renamed into
-//! place instead of written again. Nothing a staged file holds is in a key
-//! folder before the node applies it: writing ahead changes only when the
-//! bytes are written, not what is decided or when it is journalled.
+//! link that fetched the next chunk writes its keys into staging folders
+//! of their own (`writer-4/` to `writer-7/`, by up to min(cores, 4)
+//! threads), on the other cores. When the node applies that chunk, a key
+//! whose staged file holds exactly its bytes (the same fingerprint) in the
+//! mode keys are written with then, and is still the very file written
+//! (same inode, size, owner, mode and change time, one name), is renamed
+//! into place instead of written again. Nothing a staged file holds is in a
+//! key folder before the node journals and applies its decision: writing
+//! ahead changes only when the bytes are written.
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use rustix::fs::AtFlags;
+use rustix::fs::{AtFlags, FileType, Stat};
 
 use super::{staged_name, write_new, Pki, MAX_WRITERS, PARALLEL_FROM};
 use crate::core::{Decision, Fingerprint, PublicKey};
@@ -20,42 +22,148 @@ use crate::core::{Decision, Fingerprint, PublicKey};
 /// Chunks smaller than this are not written ahead (nor by several threads).
 pub const PRESTAGE_FROM: usize = PARALLEL_FROM;
 
+/// Free space the file system keeps beyond what writing ahead takes: the
+/// key folders, the store and the audit log share it, and writing ahead
+/// must never be what fills it.
+const KEEP_FREE_BYTES: u64 = 64 * 1024 * 1024;
+
 /// The files written ahead for one chunk; those not renamed into place are
-/// removed when it is dropped.
+/// removed when it is dropped (on a blocking thread where there is a
+/// runtime).
 pub struct Prestaged {
-    dir: Arc<OwnedFd>,
+    /// Each writer's folder (`writer-<MAX_WRITERS + n>/`).
+    dirs: Vec<Arc<OwnedFd>>,
     files: HashMap<String, Staged>,
+    renamed: AtomicUsize,
 }
 
 struct Staged {
+    /// Index in `dirs`.
+    dir: usize,
     name: String,
     fingerprint: Fingerprint,
     mode: u32,
+    /// What the file was once written.
+    written: Identity,
     /// Renamed into place, or removed: nothing left to remove.
     taken: AtomicBool,
 }
 
+/// What tells the file written from any other put at its name, or changed
+/// since: the salt user owns the staging folder where the agent runs as
+/// salt. A change time is set by the kernel on every write, chmod, chown
+/// or link, and no user can set it back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Identity {
+    dev: u64,
+    ino: u64,
+    size: i64,
+    uid: u32,
+    gid: u32,
+    mode: u32,
+    ctime: (i64, u64),
+}
+
+impl Identity {
+    /// `None` unless a regular file with one name.
+    fn of(st: &Stat) -> Option<Identity> {
+        (FileType::from_raw_mode(st.st_mode) == FileType::RegularFile && st.st_nlink == 1).then_some(Identity {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            size: st.st_size,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            mode: st.st_mode & 0o7777,
+            ctime: (st.st_ctime, st.st_ctime_nsec),
+        })
+    }
+
+    fn at(dir: &OwnedFd, name: &str) -> Option<Identity> {
+        Identity::of(&rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).ok()?)
+    }
+}
+
 impl Pki {
-    /// Writes the key of each decision that has one into the write-ahead
-    /// staging folder. Stops at the first failure (a full disk): what was
-    /// not written ahead is written when applied, as any other.
+    /// Writes the key of each of `keys` into the write-ahead staging
+    /// folders, by as many threads as a batch is applied by. Nothing is
+    /// written where the file system lacks room for it with
+    /// [`KEEP_FREE_BYTES`] to spare; a writer stops at its first failure.
+    /// What was not written ahead is written when applied, as any other.
     pub fn prestage(&self, keys: &[(String, PublicKey)]) -> Option<Prestaged> {
-        let dir = self.staging.lane(&self.root, MAX_WRITERS).ok()?;
+        self.prestage_by(keys, super::writers())
+    }
+
+    /// [`Pki::prestage`] by `writers` threads.
+    pub(super) fn prestage_by(&self, keys: &[(String, PublicKey)], writers: usize) -> Option<Prestaged> {
+        if !self.room_to_write_ahead(keys) {
+            return None;
+        }
+        let writers = writers.clamp(1, MAX_WRITERS);
+        let dirs: Vec<Arc<OwnedFd>> =
+            (0..writers).map(|n| self.staging.lane(&self.root, MAX_WRITERS + n)).collect::<Result<_, _>>().ok()?;
         let mode = self.key_mode();
-        let mut files = HashMap::with_capacity(keys.len());
-        for (id, key) in keys {
-            let name = staged_name("keysync");
-            if write_new(&*dir, &name, key.bytes(), mode, self.options.owner).is_err() {
-                let _ = rustix::fs::unlinkat(&*dir, name.as_str(), AtFlags::empty());
-                break;
-            }
-            let staged = Staged { name, fingerprint: key.fingerprint(), mode, taken: AtomicBool::new(false) };
-            if let Some(earlier) = files.insert(id.clone(), staged) {
-                let _ = rustix::fs::unlinkat(&*dir, earlier.name.as_str(), AtFlags::empty());
+        let part = keys.len().div_ceil(writers).max(1);
+        let written: Vec<Vec<(String, Staged)>> = std::thread::scope(|scope| {
+            let running: Vec<_> = keys
+                .chunks(part)
+                .zip(&dirs)
+                .enumerate()
+                .map(|(n, (keys, dir))| scope.spawn(move || self.write_ahead(n, dir, keys, mode)))
+                .collect();
+            running.into_iter().map(|writer| writer.join().unwrap_or_default()).collect()
+        });
+        let mut staged = Prestaged { dirs, files: HashMap::with_capacity(keys.len()), renamed: AtomicUsize::new(0) };
+        for (id, file) in written.into_iter().flatten() {
+            if let Some(earlier) = staged.files.insert(id, file) {
+                // The same id twice in one chunk: the first is not used.
+                let _ = rustix::fs::unlinkat(&*staged.dirs[earlier.dir], earlier.name.as_str(), AtFlags::empty());
             }
         }
-        Some(Prestaged { dir, files })
+        Some(staged)
     }
+
+    /// One writer's part: each key written under a fresh name in `dir`.
+    fn write_ahead(&self, n: usize, dir: &OwnedFd, keys: &[(String, PublicKey)], mode: u32) -> Vec<(String, Staged)> {
+        let mut written = Vec::with_capacity(keys.len());
+        for (id, key) in keys {
+            let name = staged_name("keysync");
+            let identity = write_new(dir, &name, key.bytes(), mode, self.options.owner)
+                .ok()
+                .and_then(|()| Identity::at(dir, &name));
+            let Some(identity) = identity else {
+                let _ = rustix::fs::unlinkat(dir, name.as_str(), AtFlags::empty());
+                break;
+            };
+            let staged = Staged {
+                dir: n,
+                name,
+                fingerprint: key.fingerprint(),
+                mode,
+                written: identity,
+                taken: AtomicBool::new(false),
+            };
+            written.push((id.clone(), staged));
+        }
+        written
+    }
+
+    /// Whether the file system of the staging folder has room for `keys`
+    /// with [`KEEP_FREE_BYTES`] and as many inodes again to spare.
+    fn room_to_write_ahead(&self, keys: &[(String, PublicKey)]) -> bool {
+        let Ok(fs) = rustix::fs::fstatvfs(&*self.staging.fd) else { return false };
+        let bytes: u64 = keys.iter().map(|(_, key)| key.bytes().len() as u64).sum();
+        room_for(fs.f_bavail.saturating_mul(fs.f_frsize), fs.f_favail, fs.f_files, keys.len() as u64, bytes)
+    }
+}
+
+/// Whether `n` files of `bytes` in all (each taking at least a 4 KiB block)
+/// fit in `avail_bytes` and `avail_inodes` with room to spare: at least
+/// [`KEEP_FREE_BYTES`] and twice what they take, and twice as many inodes
+/// (a file system that counts none, `total_inodes` 0, has no such limit).
+fn room_for(avail_bytes: u64, avail_inodes: u64, total_inodes: u64, n: u64, bytes: u64) -> bool {
+    let takes = bytes.max(n.saturating_mul(4096));
+    avail_bytes >= KEEP_FREE_BYTES.saturating_add(takes.saturating_mul(2))
+        && (total_inodes == 0 || avail_inodes >= n.saturating_mul(2))
 }
 
 /// The keys of `decisions` to write ahead: those of accepted and rejected ids.
@@ -65,27 +173,31 @@ pub fn keys_of(decisions: &[Decision]) -> Vec<(String, PublicKey)> {
 
 impl Prestaged {
     /// The staged file written ahead for `id` if it holds exactly `key` in
-    /// `mode`: its folder and name, given once.
+    /// `mode` and is still the file written: its folder and name, given once.
     pub(super) fn take(&self, id: &str, key: &PublicKey, mode: u32) -> Option<(&OwnedFd, &str)> {
         let staged = self.files.get(id)?;
         if staged.fingerprint != key.fingerprint() || staged.mode != mode || staged.taken.swap(true, Ordering::AcqRel) {
             return None;
         }
-        Some((&*self.dir, staged.name.as_str()))
+        let dir = &*self.dirs[staged.dir];
+        if Identity::at(dir, &staged.name) != Some(staged.written) {
+            let _ = rustix::fs::unlinkat(dir, staged.name.as_str(), AtFlags::empty());
+            return None;
+        }
+        Some((dir, staged.name.as_str()))
     }
 
-    /// Removes the staged file named `name` (a rename of it failed).
-    pub(super) fn remove(&self, name: &str) {
-        let _ = rustix::fs::unlinkat(&*self.dir, name, AtFlags::empty());
+    /// A file given by [`Prestaged::take`] was renamed into place.
+    pub(super) fn renamed(&self) {
+        self.renamed.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The name of the file written ahead for `id`.
-    #[cfg(test)]
-    pub(super) fn name_of(&self, id: &str) -> Option<&str> {
-        self.files.get(id).map(|staged| staged.name.as_str())
+    /// Removes the staged file `name` in `dir` (its rename failed).
+    pub(super) fn remove(dir: &OwnedFd, name: &str) {
+        let _ = rustix::fs::unlinkat(dir, name, AtFlags::empty());
     }
 
-    /// How many files were written ahead.
+    /// How many files were written ahead for the chunk.
     pub fn len(&self) -> usize {
         self.files.len()
     }
@@ -93,14 +205,57 @@ impl Prestaged {
     pub fn is_empty(&self) -> bool {
         self.files.is_empty()
     }
+
+    /// How many of them were renamed into place so far.
+    pub fn n_renamed(&self) -> usize {
+        self.renamed.load(Ordering::Relaxed)
+    }
+
+    /// The name of the file written ahead for `id`, and its folder's index.
+    #[cfg(test)]
+    pub(super) fn name_of(&self, id: &str) -> Option<(usize, &str)> {
+        self.files.get(id).map(|staged| (staged.dir, staged.name.as_str()))
+    }
 }
 
 impl Drop for Prestaged {
     fn drop(&mut self) {
-        for staged in self.files.values() {
-            if !staged.taken.load(Ordering::Acquire) {
-                let _ = rustix::fs::unlinkat(&*self.dir, staged.name.as_str(), AtFlags::empty());
-            }
+        let left: Vec<(usize, String)> = self
+            .files
+            .drain()
+            .filter(|(_, staged)| !staged.taken.load(Ordering::Acquire))
+            .map(|(_, staged)| (staged.dir, staged.name))
+            .collect();
+        if left.is_empty() {
+            return;
         }
+        let dirs = std::mem::take(&mut self.dirs);
+        let remove = move || {
+            for (dir, name) in left {
+                let _ = rustix::fs::unlinkat(&*dirs[dir], name.as_str(), AtFlags::empty());
+            }
+        };
+        // Not on the core's thread nor a runtime's worker, where one is.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(remove)),
+            Err(_) => remove(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{room_for, KEEP_FREE_BYTES};
+
+    #[test]
+    fn nothing_is_written_ahead_where_it_would_leave_too_little_room() {
+        let (n, bytes) = (2_000, 2_000 * 451);
+        let takes = n * 4096;
+        assert!(room_for(KEEP_FREE_BYTES + 2 * takes, 2 * n, 1_000_000, n, bytes));
+        assert!(!room_for(KEEP_FREE_BYTES + 2 * takes - 1, 2 * n, 1_000_000, n, bytes), "bytes");
+        assert!(!room_for(u64::MAX, 2 * n - 1, 1_000_000, n, bytes), "inodes");
+        assert!(room_for(u64::MAX, 0, 0, n, bytes), "a file system that counts no inodes");
+        let large = 16 * 1024;
+        assert!(!room_for(KEEP_FREE_BYTES + 2 * n * 4096, 2 * n, 1_000_000, n, n * large), "large keys count whole");
     }
 }

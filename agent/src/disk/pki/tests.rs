@@ -559,8 +559,9 @@ fn a_key_file_is_read_whole_whatever_its_size_became() {
 }
 
 /// Keys written ahead are renamed into place when the decision applied
-/// holds exactly that key in the mode of then; any other is written from
-/// the decision's own bytes, and what was not renamed is removed.
+/// holds exactly that key in the mode of then, and the file is still the
+/// one written; any other is written from the decision's own bytes, and
+/// what was not renamed is removed.
 #[test]
 fn keys_written_ahead_are_renamed_into_place_and_the_rest_removed() {
     let (dir, pki) = setup();
@@ -581,14 +582,27 @@ fn keys_written_ahead_are_renamed_into_place_and_the_rest_removed() {
     let mut keys = prestage::keys_of(&decisions);
     keys[5].1 = other.clone();
     keys.push(("m9999".to_owned(), key.clone()));
-    let staged = pki.prestage(&keys).unwrap();
-    let ahead = dir.path().join(STAGING_DIR).join(format!("writer-{MAX_WRITERS}"));
-    assert_eq!(fs::read_dir(&ahead).unwrap().count(), n + 1);
-    let inode_of = |id: &str| fs::metadata(ahead.join(staged.name_of(id).unwrap())).unwrap().ino();
+    let staged = pki.prestage_by(&keys, 2).unwrap();
+    let ahead: Vec<_> =
+        (0..2).map(|n| dir.path().join(STAGING_DIR).join(format!("writer-{}", MAX_WRITERS + n))).collect();
+    let n_ahead = || ahead.iter().map(|dir| fs::read_dir(dir).unwrap().count()).sum::<usize>();
+    assert_eq!(n_ahead(), n + 1);
+    assert!(ahead.iter().all(|dir| fs::read_dir(dir).unwrap().count() > 0), "both writers wrote");
+    let staged_path = |id: &str| {
+        let (lane, name) = staged.name_of(id).unwrap();
+        ahead[lane].join(name)
+    };
+    let inode_of = |id: &str| fs::metadata(staged_path(id)).unwrap().ino();
     let (renamed, mismatched) = (inode_of("m0001"), inode_of("m0005"));
+    // m0002's file is written again in place (as the salt user could where
+    // the agent runs as salt): no longer the file written, not renamed (its
+    // content below is the decision's; its inode may be reused).
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    fs::write(staged_path("m0002"), PUB.replace("mwIDAQAB", "mwIDAQAD")).unwrap();
 
     let results = pki.apply_by(&decisions.iter().collect::<Vec<_>>(), 2, Some(&staged));
     assert!(results.iter().all(Result::is_ok));
+    assert_eq!(staged.n_renamed(), n - 2, "all but m0005 and m0002");
     let accepted = dir.path().join("minions");
     assert_eq!(fs::metadata(accepted.join("m0001")).unwrap().ino(), renamed, "the file written ahead, renamed");
     assert_ne!(fs::metadata(accepted.join("m0005")).unwrap().ino(), mismatched, "another key: written anew");
@@ -598,19 +612,20 @@ fn keys_written_ahead_are_renamed_into_place_and_the_rest_removed() {
         assert_eq!(fs::read(&path).unwrap(), PUB.as_bytes(), "{}", path.display());
         assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, KEY_MODE);
     }
-    assert_eq!(fs::read_dir(&ahead).unwrap().count(), 2, "m0005's and m9999's, until dropped");
+    assert_eq!(n_ahead(), 2, "m0005's and m9999's, until dropped (m0002's was removed when refused)");
     drop(staged);
-    assert_eq!(fs::read_dir(&ahead).unwrap().count(), 0, "what was not renamed is removed");
+    assert_eq!(n_ahead(), 0, "what was not renamed is removed");
 
     // Written ahead 0644, applied after the mode became 0600: written anew.
     let again: Vec<Decision> =
         decisions.iter().map(|d| Decision { version: Version::new(2, "a"), ..d.clone() }).collect();
-    let staged = pki.prestage(&prestage::keys_of(&again)).unwrap();
+    let staged = pki.prestage_by(&prestage::keys_of(&again), 2).unwrap();
     pki.set_key_mode(KEY_MODE_3008);
     let results = pki.apply_by(&again.iter().collect::<Vec<_>>(), 2, Some(&staged));
     assert!(results.iter().all(Result::is_ok));
+    assert_eq!(staged.n_renamed(), 0);
     let mode = fs::metadata(accepted.join("m0001")).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, KEY_MODE_3008);
     drop(staged);
-    assert_eq!(fs::read_dir(&ahead).unwrap().count(), 0);
+    assert_eq!(n_ahead(), 0);
 }
