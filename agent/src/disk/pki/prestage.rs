@@ -1,7 +1,7 @@
 //! Key files written ahead: while the node applies one chunk of a join, the
 //! link that fetched the next chunk writes its keys into staging folders
-//! of their own (`writer-4/` to `writer-7/`, by up to min(cores, 4)
-//! threads), on the other cores. When the node applies that chunk, a key
+//! of their own (`writer-4/` to `writer-7/`, by one thread per core but
+//! one, at most 4), on the other cores. When the node applies that chunk, a key
 //! whose staged file holds exactly its bytes (the same fingerprint) in the
 //! mode keys are written with then, and is still the very file written
 //! (same inode, size, owner, mode and change time, one name), is renamed
@@ -85,12 +85,15 @@ impl Identity {
 
 impl Pki {
     /// Writes the key of each of `keys` into the write-ahead staging
-    /// folders, by as many threads as a batch is applied by. Nothing is
-    /// written where the file system lacks room for it with
-    /// [`KEEP_FREE_BYTES`] to spare; a writer stops at its first failure.
-    /// What was not written ahead is written when applied, as any other.
+    /// folders, by one thread per core but one (the node's core thread
+    /// applies the chunk before meanwhile), at least one and at most
+    /// [`MAX_WRITERS`]. Nothing is written where the file system lacks
+    /// room for it with [`KEEP_FREE_BYTES`] to spare; a writer stops at its
+    /// first failure. What was not written ahead is written when applied,
+    /// as any other.
     pub fn prestage(&self, keys: &[(String, PublicKey)]) -> Option<Prestaged> {
-        self.prestage_by(keys, super::writers())
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        self.prestage_by(keys, cores.saturating_sub(1))
     }
 
     /// [`Pki::prestage`] by `writers` threads.
