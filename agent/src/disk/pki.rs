@@ -34,7 +34,7 @@ pub mod prestage;
 mod read;
 mod staging;
 
-use apply::{give_to, remove_if_present, staged_name, write_new};
+use apply::{give_to, remove_if_present, staged_name, write_new, write_new_file};
 pub use dfn::{check_cachedir, drop_dfn};
 pub use dirs::{DirError, Trust};
 pub use owner::{user_name, Owner};

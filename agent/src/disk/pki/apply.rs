@@ -167,13 +167,25 @@ pub(super) fn staged_name(what: &str) -> String {
 /// symlink: `O_EXCL|O_NOFOLLOW`), holding `bytes`, with exactly `mode` and
 /// owned by `owner`.
 pub(super) fn write_new(dir: &impl AsFd, name: &str, bytes: &[u8], mode: u32, owner: Owner) -> io::Result<()> {
+    write_new_file(dir, name, bytes, mode, owner).map(drop)
+}
+
+/// [`write_new`], the file left open.
+pub(super) fn write_new_file(
+    dir: &impl AsFd,
+    name: &str,
+    bytes: &[u8],
+    mode: u32,
+    owner: Owner,
+) -> io::Result<std::fs::File> {
     let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let fd = rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(mode))?;
     let mut file = std::fs::File::from(fd);
     file.write_all(bytes)?;
     // The umask may have narrowed the mode given to open.
     rustix::fs::fchmod(&file, Mode::from_raw_mode(mode))?;
-    give_to(&file, owner)
+    give_to(&file, owner)?;
+    Ok(file)
 }
 
 /// Makes `owner` own the file or folder `fd`. Only when it does not

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use rustix::fs::{AtFlags, FileType, Stat};
 
-use super::{staged_name, write_new, Pki, MAX_WRITERS, PARALLEL_FROM};
+use super::{staged_name, write_new_file, Pki, MAX_WRITERS, PARALLEL_FROM};
 use crate::core::{Decision, Fingerprint, PublicKey};
 
 /// Chunks smaller than this are not written ahead (nor by several threads).
@@ -35,6 +35,8 @@ pub struct Prestaged {
     dirs: Vec<Arc<OwnedFd>>,
     files: HashMap<String, Staged>,
     renamed: AtomicUsize,
+    /// A file written ahead was found changed (and told once).
+    refused: AtomicBool,
 }
 
 struct Staged {
@@ -81,6 +83,11 @@ impl Identity {
     fn at(dir: &OwnedFd, name: &str) -> Option<Identity> {
         Identity::of(&rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).ok()?)
     }
+
+    /// The file as the agent wrote it, from its own descriptor.
+    fn of_file(file: &std::fs::File) -> Option<Identity> {
+        Identity::of(&rustix::fs::fstat(file).ok()?)
+    }
 }
 
 impl Pki {
@@ -98,24 +105,43 @@ impl Pki {
 
     /// [`Pki::prestage`] by `writers` threads.
     pub(super) fn prestage_by(&self, keys: &[(String, PublicKey)], writers: usize) -> Option<Prestaged> {
-        if !self.room_to_write_ahead(keys) {
+        if keys.is_empty() || !self.room_to_write_ahead(keys) {
             return None;
         }
         let writers = writers.clamp(1, MAX_WRITERS);
         let dirs: Vec<Arc<OwnedFd>> =
             (0..writers).map(|n| self.staging.lane(&self.root, MAX_WRITERS + n)).collect::<Result<_, _>>().ok()?;
         let mode = self.key_mode();
-        let part = keys.len().div_ceil(writers).max(1);
-        let written: Vec<Vec<(String, Staged)>> = std::thread::scope(|scope| {
-            let running: Vec<_> = keys
-                .chunks(part)
-                .zip(&dirs)
-                .enumerate()
-                .map(|(n, (keys, dir))| scope.spawn(move || self.write_ahead(n, dir, keys, mode)))
-                .collect();
-            running.into_iter().map(|writer| writer.join().unwrap_or_default()).collect()
-        });
-        let mut staged = Prestaged { dirs, files: HashMap::with_capacity(keys.len()), renamed: AtomicUsize::new(0) };
+        let part = keys.len().div_ceil(writers);
+        let written: Vec<Vec<(String, Staged)>> = if writers == 1 {
+            vec![self.write_ahead(0, &dirs[0], keys, mode)]
+        } else {
+            std::thread::scope(|scope| {
+                let parts: Vec<_> = keys.chunks(part).zip(&dirs).enumerate().collect();
+                let mut running = Vec::with_capacity(parts.len());
+                let mut inline = Vec::new();
+                for (n, (keys, dir)) in parts {
+                    // A thread that cannot start (a limit on tasks): its part written here.
+                    match std::thread::Builder::new().spawn_scoped(scope, move || self.write_ahead(n, dir, keys, mode))
+                    {
+                        Ok(writer) => running.push(writer),
+                        Err(_) => inline.push(self.write_ahead(n, dir, keys, mode)),
+                    }
+                }
+                let mut written: Vec<_> = running
+                    .into_iter()
+                    .map(|writer| writer.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+                    .collect();
+                written.extend(inline);
+                written
+            })
+        };
+        let mut staged = Prestaged {
+            dirs,
+            files: HashMap::with_capacity(keys.len()),
+            renamed: AtomicUsize::new(0),
+            refused: AtomicBool::new(false),
+        };
         for (id, file) in written.into_iter().flatten() {
             if let Some(earlier) = staged.files.insert(id, file) {
                 // The same id twice in one chunk: the first is not used.
@@ -130,9 +156,9 @@ impl Pki {
         let mut written = Vec::with_capacity(keys.len());
         for (id, key) in keys {
             let name = staged_name("keysync");
-            let identity = write_new(dir, &name, key.bytes(), mode, self.options.owner)
+            let identity = write_new_file(dir, &name, key.bytes(), mode, self.options.owner)
                 .ok()
-                .and_then(|()| Identity::at(dir, &name));
+                .and_then(|file| Identity::of_file(&file));
             let Some(identity) = identity else {
                 let _ = rustix::fs::unlinkat(dir, name.as_str(), AtFlags::empty());
                 break;
@@ -184,6 +210,15 @@ impl Prestaged {
         }
         let dir = &*self.dirs[staged.dir];
         if Identity::at(dir, &staged.name) != Some(staged.written) {
+            // Only the agent's user writes its staging folder: where that is
+            // the salt user, something of the salt user's changed it.
+            if !self.refused.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    id,
+                    "a key file written ahead in the staging folder was changed or replaced since: \
+                     not used, the key is written anew"
+                );
+            }
             let _ = rustix::fs::unlinkat(dir, staged.name.as_str(), AtFlags::empty());
             return None;
         }
@@ -223,25 +258,38 @@ impl Prestaged {
 
 impl Drop for Prestaged {
     fn drop(&mut self) {
-        let left: Vec<(usize, String)> = self
-            .files
-            .drain()
-            .filter(|(_, staged)| !staged.taken.load(Ordering::Acquire))
-            .map(|(_, staged)| (staged.dir, staged.name))
-            .collect();
-        if left.is_empty() {
+        let left = Leftovers {
+            dirs: std::mem::take(&mut self.dirs),
+            names: self
+                .files
+                .drain()
+                .filter(|(_, staged)| !staged.taken.load(Ordering::Acquire))
+                .map(|(_, staged)| (staged.dir, staged.name))
+                .collect(),
+        };
+        if left.names.is_empty() {
             return;
         }
-        let dirs = std::mem::take(&mut self.dirs);
-        let remove = move || {
-            for (dir, name) in left {
-                let _ = rustix::fs::unlinkat(&*dirs[dir], name.as_str(), AtFlags::empty());
-            }
-        };
         // Not on the core's thread nor a runtime's worker, where one is.
+        // Removed when dropped: also if the runtime, shutting down, drops
+        // the task without running it.
         match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn_blocking(remove)),
-            Err(_) => remove(),
+            Ok(runtime) => drop(runtime.spawn_blocking(move || drop(left))),
+            Err(_) => drop(left),
+        }
+    }
+}
+
+/// Files written ahead and not renamed: removed when dropped.
+struct Leftovers {
+    dirs: Vec<Arc<OwnedFd>>,
+    names: Vec<(usize, String)>,
+}
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        for (dir, name) in &self.names {
+            let _ = rustix::fs::unlinkat(&*self.dirs[*dir], name.as_str(), AtFlags::empty());
         }
     }
 }

@@ -174,12 +174,9 @@ fn a_pending_file_swapped_after_it_was_read_is_never_moved_into_place() {
     assert_eq!(fs::read(dir.path().join("minions/web01")).unwrap(), PUB.as_bytes());
 }
 
-#[test]
-fn a_large_batch_is_written_by_several_writers_in_order() {
-    let (dir, pki) = setup();
-    let key = PublicKey::new(PUB.as_bytes());
-    let n = PARALLEL_FROM * 2 + 3;
-    let decisions: Vec<Decision> = (0..n)
+/// `n` decisions of `key` for ids `m0000`…, one in three rejected.
+fn batch(n: usize, key: &PublicKey) -> Vec<Decision> {
+    (0..n)
         .map(|i| Decision {
             id: MinionId::parse(&format!("m{i:04}")).unwrap(),
             verdict: if i % 3 == 0 { Verdict::Rejected(key.clone()) } else { Verdict::Accepted(key.clone()) },
@@ -188,7 +185,15 @@ fn a_large_batch_is_written_by_several_writers_in_order() {
             relays: Default::default(),
             reached: Default::default(),
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn a_large_batch_is_written_by_several_writers_in_order() {
+    let (dir, pki) = setup();
+    let key = PublicKey::new(PUB.as_bytes());
+    let n = PARALLEL_FROM * 2 + 3;
+    let decisions = batch(n, &key);
     // One of them finds a different key pending: reported at its own place.
     let other = PUB.replace("mwIDAQAB", "mwIDAQAC");
     fs::write(dir.path().join("minions_pre/m0101"), &other).unwrap();
@@ -568,21 +573,12 @@ fn keys_written_ahead_are_renamed_into_place_and_the_rest_removed() {
     let key = PublicKey::new(PUB.as_bytes());
     let other = PublicKey::new(PUB.replace("mwIDAQAB", "mwIDAQAC").as_bytes());
     let n = PARALLEL_FROM * 2;
-    let decisions: Vec<Decision> = (0..n)
-        .map(|i| Decision {
-            id: MinionId::parse(&format!("m{i:04}")).unwrap(),
-            verdict: if i % 3 == 0 { Verdict::Rejected(key.clone()) } else { Verdict::Accepted(key.clone()) },
-            version: Version::new(1, "a"),
-            context: Default::default(),
-            relays: Default::default(),
-            reached: Default::default(),
-        })
-        .collect();
+    let decisions = batch(n, &key);
     // m0005 was written ahead with another key; m9999 is not applied.
     let mut keys = prestage::keys_of(&decisions);
     keys[5].1 = other.clone();
     keys.push(("m9999".to_owned(), key.clone()));
-    let staged = pki.prestage_by(&keys, 2).unwrap();
+    let staged = pki.prestage_by(&keys, 2).expect("written ahead (needs 64 MiB free in TMPDIR)");
     let ahead: Vec<_> =
         (0..2).map(|n| dir.path().join(STAGING_DIR).join(format!("writer-{}", MAX_WRITERS + n))).collect();
     let n_ahead = || ahead.iter().map(|dir| fs::read_dir(dir).unwrap().count()).sum::<usize>();
@@ -596,9 +592,21 @@ fn keys_written_ahead_are_renamed_into_place_and_the_rest_removed() {
     let (renamed, mismatched) = (inode_of("m0001"), inode_of("m0005"));
     // m0002's file is written again in place (as the salt user could where
     // the agent runs as salt): no longer the file written, not renamed (its
-    // content below is the decision's; its inode may be reused).
-    std::thread::sleep(std::time::Duration::from_millis(20));
-    fs::write(staged_path("m0002"), PUB.replace("mwIDAQAB", "mwIDAQAD")).unwrap();
+    // content below is the decision's; its inode may be reused). Written
+    // until its change time moves: the file system's clock ticks coarsely.
+    let ctime = |path: &Path| {
+        let meta = fs::metadata(path).unwrap();
+        (meta.ctime(), meta.ctime_nsec())
+    };
+    let (changed, before) = (staged_path("m0002"), ctime(&staged_path("m0002")));
+    for _ in 0..300 {
+        fs::write(&changed, PUB.replace("mwIDAQAB", "mwIDAQAD")).unwrap();
+        if ctime(&changed) != before {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_ne!(ctime(&changed), before, "m0002's change time never moved");
 
     let results = pki.apply_by(&decisions.iter().collect::<Vec<_>>(), 2, Some(&staged));
     assert!(results.iter().all(Result::is_ok));
@@ -619,7 +627,7 @@ fn keys_written_ahead_are_renamed_into_place_and_the_rest_removed() {
     // Written ahead 0644, applied after the mode became 0600: written anew.
     let again: Vec<Decision> =
         decisions.iter().map(|d| Decision { version: Version::new(2, "a"), ..d.clone() }).collect();
-    let staged = pki.prestage_by(&prestage::keys_of(&again), 2).unwrap();
+    let staged = pki.prestage_by(&prestage::keys_of(&again), 2).expect("written ahead (needs 64 MiB free)");
     pki.set_key_mode(KEY_MODE_3008);
     let results = pki.apply_by(&again.iter().collect::<Vec<_>>(), 2, Some(&staged));
     assert!(results.iter().all(Result::is_ok));
