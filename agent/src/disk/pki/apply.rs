@@ -129,7 +129,7 @@ impl Pki {
             staged.renamed();
             return true;
         }
-        Prestaged::remove(from, name);
+        let _ = remove_if_present(from, name);
         false
     }
 

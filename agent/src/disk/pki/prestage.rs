@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use rustix::fs::{AtFlags, FileType, Stat};
 
-use super::{staged_name, write_new_file, Pki, MAX_WRITERS, PARALLEL_FROM};
+use super::{remove_if_present, staged_name, write_new_file, Pki, MAX_WRITERS, PARALLEL_FROM};
 use crate::core::{Decision, Fingerprint, PublicKey};
 
 /// Chunks smaller than this are not written ahead (nor by several threads).
@@ -145,7 +145,7 @@ impl Pki {
         for (id, file) in written.into_iter().flatten() {
             if let Some(earlier) = staged.files.insert(id, file) {
                 // The same id twice in one chunk: the first is not used.
-                let _ = rustix::fs::unlinkat(&*staged.dirs[earlier.dir], earlier.name.as_str(), AtFlags::empty());
+                let _ = remove_if_present(&*staged.dirs[earlier.dir], &earlier.name);
             }
         }
         Some(staged)
@@ -160,7 +160,7 @@ impl Pki {
                 .ok()
                 .and_then(|file| Identity::of_file(&file));
             let Some(identity) = identity else {
-                let _ = rustix::fs::unlinkat(dir, name.as_str(), AtFlags::empty());
+                let _ = remove_if_present(dir, &name);
                 break;
             };
             let staged = Staged {
@@ -219,7 +219,7 @@ impl Prestaged {
                      not used, the key is written anew"
                 );
             }
-            let _ = rustix::fs::unlinkat(dir, staged.name.as_str(), AtFlags::empty());
+            let _ = remove_if_present(dir, &staged.name);
             return None;
         }
         Some((dir, staged.name.as_str()))
@@ -228,20 +228,6 @@ impl Prestaged {
     /// A file given by [`Prestaged::take`] was renamed into place.
     pub(super) fn renamed(&self) {
         self.renamed.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Removes the staged file `name` in `dir` (its rename failed).
-    pub(super) fn remove(dir: &OwnedFd, name: &str) {
-        let _ = rustix::fs::unlinkat(dir, name, AtFlags::empty());
-    }
-
-    /// How many files were written ahead for the chunk.
-    pub fn len(&self) -> usize {
-        self.files.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.files.is_empty()
     }
 
     /// How many of them were renamed into place so far.
@@ -289,7 +275,7 @@ struct Leftovers {
 impl Drop for Leftovers {
     fn drop(&mut self) {
         for (dir, name) in &self.names {
-            let _ = rustix::fs::unlinkat(&*self.dirs[*dir], name.as_str(), AtFlags::empty());
+            let _ = remove_if_present(&*self.dirs[*dir], name);
         }
     }
 }
