@@ -327,17 +327,7 @@ impl PeerLink {
             Out::FetchApplying { fetch, applying, decisions } => {
                 // Both at once; the apply is handed in first, as the link asks.
                 let apply = self.call(Call::Apply { fetch: applying, decisions }, io.staged.take());
-                let client = &mut io.client;
-                let fetch_and_stage = async {
-                    let fetched = self.fetch(client, &fetch).await;
-                    // Its keys written ahead while the node applies the chunk before.
-                    let staged = match &fetched {
-                        Ok((decisions, ..)) => self.core.prestage(decisions).await,
-                        Err(_) => None,
-                    };
-                    (fetched, staged)
-                };
-                let both = async { tokio::join!(apply, fetch_and_stage) };
+                let both = async { tokio::join!(apply, self.fetch_writing_ahead(&mut io.client, &fetch)) };
                 let (applied, (fetched, staged)) = during(both, link, &mut io.push).await?;
                 io.staged = staged;
                 if let Some(answer) = applied? {
@@ -411,41 +401,6 @@ impl PeerLink {
         // Its opening has no deadline: the peer answers it once its own
         // start is over, as the Hello. The rest of it has, from then on.
         Ok(client.diff(request).await.ok().map(|answer| (answer.into_inner(), Answering::start("Diff"), sent)))
-    }
-
-    /// The next chunk of the peer's Diff answer, for the link. Read as it
-    /// comes: a peer's answer, however large, is never held whole.
-    async fn read_diff(
-        &self,
-        link: &mut Link,
-        io: &mut SessionIo,
-    ) -> Result<Input<Arc<crate::node::Outgoing>>, SessionError> {
-        let Some((stream, answering)) = io.diff.as_mut() else {
-            return Ok(Input::DiffEnd);
-        };
-        let Some(chunk) = during(answering.message(stream.message()), link, &mut io.push).await?? else {
-            io.diff = None;
-            return Ok(Input::DiffEnd);
-        };
-        io.run.bytes_received += chunk.encoded_len();
-        let Some(whole) = crate::net::wire::buckets::whole_from_wire(&chunk.whole, &chunk.whole_counts) else {
-            return Err(SessionError::BadDiff(format!(
-                "{} bytes of whole buckets with {} sizes",
-                chunk.whole.len(),
-                chunk.whole_counts.len()
-            )));
-        };
-        let first = self.first_bucket(chunk.first_bucket, chunk.first_decisions, &whole)?;
-        if let Some((fetch, decisions)) = &first {
-            tracing::debug!(
-                bucket = fetch.buckets[0],
-                n_decisions = decisions.len(),
-                "the Diff answer brought a bucket"
-            );
-        }
-        // A malformed summary only means that id is not fetched.
-        let summaries = chunk.entries.into_iter().filter_map(crate::net::wire::summary_from_wire).collect();
-        Ok(Input::DiffChunk { buckets: chunk.buckets, summaries, whole, first })
     }
 
     /// Asks the node what the link asks of it (`staged`: the keys written

@@ -1,17 +1,21 @@
-//! What a peer's answers bring, checked as they come: a Fetch's decisions,
-//! and the bucket a Diff answer brings with it (see `peers.rs`), and the
-//! deadlines a Diff or Fetch answer keeps.
+//! What a peer's answers bring, checked as they come: a Fetch's decisions
+//! (and their keys written ahead), the Diff answer chunk by chunk and the
+//! bucket it brings with it (see `peers.rs`), and the deadlines a Diff or
+//! Fetch answer keeps.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use keysync_machine::link::Input;
 use keysync_machine::node::{Fetch, Whole, FIRST_BUCKET_MOST};
 use keysync_proto::v1::{self, key_sync_client::KeySyncClient};
 use prost::Message;
 use tonic::transport::Channel;
 
-use super::{PeerLink, SessionError};
+use super::{during, Link, PeerLink, SessionError, SessionIo};
 use crate::core::digest::{bucket_of, N_BUCKETS};
 use crate::core::{Decision, MinionId};
+use crate::disk::pki::prestage::Prestaged;
 use crate::net::wire::decision_from_wire;
 
 /// How long a peer may take over its whole answer to a round's Diff or
@@ -124,6 +128,57 @@ impl PeerLink {
             }
         }
         Ok((decisions, sent, received))
+    }
+
+    /// [`PeerLink::fetch`], its keys then written ahead
+    /// (`disk/pki/prestage.rs`): asked while the node applies the chunk
+    /// before.
+    pub(super) async fn fetch_writing_ahead(
+        &self,
+        client: &mut KeySyncClient<Channel>,
+        fetch: &Fetch,
+    ) -> (Result<(Vec<Decision>, usize, usize), SessionError>, Option<Prestaged>) {
+        let fetched = self.fetch(client, fetch).await;
+        let staged = match &fetched {
+            Ok((decisions, ..)) => self.core.prestage(decisions).await,
+            Err(_) => None,
+        };
+        (fetched, staged)
+    }
+
+    /// The next chunk of the peer's Diff answer, for the link. Read as it
+    /// comes: a peer's answer, however large, is never held whole.
+    pub(super) async fn read_diff(
+        &self,
+        link: &mut Link,
+        io: &mut SessionIo,
+    ) -> Result<Input<Arc<crate::node::Outgoing>>, SessionError> {
+        let Some((stream, answering)) = io.diff.as_mut() else {
+            return Ok(Input::DiffEnd);
+        };
+        let Some(chunk) = during(answering.message(stream.message()), link, &mut io.push).await?? else {
+            io.diff = None;
+            return Ok(Input::DiffEnd);
+        };
+        io.run.bytes_received += chunk.encoded_len();
+        let Some(whole) = crate::net::wire::buckets::whole_from_wire(&chunk.whole, &chunk.whole_counts) else {
+            return Err(SessionError::BadDiff(format!(
+                "{} bytes of whole buckets with {} sizes",
+                chunk.whole.len(),
+                chunk.whole_counts.len()
+            )));
+        };
+        let first = self.first_bucket(chunk.first_bucket, chunk.first_decisions, &whole)?;
+        if let Some((fetch, decisions)) = &first {
+            tracing::debug!(
+                bucket = fetch.buckets[0],
+                n_decisions = decisions.len(),
+                "the Diff answer brought a bucket"
+            );
+        }
+        // A malformed summary only means that id is not fetched.
+        let summaries = chunk.entries.into_iter().filter_map(crate::net::wire::summary_from_wire).collect();
+        Ok(Input::DiffChunk { buckets: chunk.buckets, summaries, whole, first })
     }
 
     /// The bucket a Diff answer brings, as the answer to a fetch of it: one
