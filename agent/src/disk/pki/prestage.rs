@@ -282,7 +282,16 @@ impl Drop for Leftovers {
 
 #[cfg(test)]
 mod tests {
-    use super::{room_for, KEEP_FREE_BYTES};
+    use std::fs;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::path::Path;
+
+    use keysync_machine::testkit::PUB;
+
+    use super::{keys_of, room_for, KEEP_FREE_BYTES};
+    use crate::core::{Decision, PublicKey, Version};
+    use crate::disk::pki::tests::{batch, setup};
+    use crate::disk::pki::{KEY_MODE, KEY_MODE_3008, MAX_WRITERS, PARALLEL_FROM, STAGING_DIR};
 
     #[test]
     fn nothing_is_written_ahead_where_it_would_leave_too_little_room() {
@@ -294,5 +303,80 @@ mod tests {
         assert!(room_for(u64::MAX, 0, 0, n, bytes), "a file system that counts no inodes");
         let large = 16 * 1024;
         assert!(!room_for(KEEP_FREE_BYTES + 2 * n * 4096, 2 * n, 1_000_000, n, n * large), "large keys count whole");
+    }
+
+    /// Keys written ahead are renamed into place when the decision applied
+    /// holds exactly that key in the mode of then, and the file is still the
+    /// one written; any other is written from the decision's own bytes, and
+    /// what was not renamed is removed.
+    #[test]
+    fn keys_written_ahead_are_renamed_into_place_and_the_rest_removed() {
+        let (dir, pki) = setup();
+        let key = PublicKey::new(PUB.as_bytes());
+        let other = PublicKey::new(PUB.replace("mwIDAQAB", "mwIDAQAC").as_bytes());
+        let n = PARALLEL_FROM * 2;
+        let decisions = batch(n, &key);
+        // m0005 was written ahead with another key; m9999 is not applied.
+        let mut keys = keys_of(&decisions);
+        keys[5].1 = other.clone();
+        keys.push(("m9999".to_owned(), key.clone()));
+        let staged = pki.prestage_by(&keys, 2).expect("written ahead (needs 64 MiB free in TMPDIR)");
+        let ahead: Vec<_> =
+            (0..2).map(|n| dir.path().join(STAGING_DIR).join(format!("writer-{}", MAX_WRITERS + n))).collect();
+        let n_ahead = || ahead.iter().map(|dir| fs::read_dir(dir).unwrap().count()).sum::<usize>();
+        assert_eq!(n_ahead(), n + 1);
+        assert!(ahead.iter().all(|dir| fs::read_dir(dir).unwrap().count() > 0), "both writers wrote");
+        let staged_path = |id: &str| {
+            let (lane, name) = staged.name_of(id).unwrap();
+            ahead[lane].join(name)
+        };
+        let inode_of = |id: &str| fs::metadata(staged_path(id)).unwrap().ino();
+        let (renamed, mismatched) = (inode_of("m0001"), inode_of("m0005"));
+        // m0002's file is written again in place (as the salt user could where
+        // the agent runs as salt): no longer the file written, not renamed (its
+        // content below is the decision's; its inode may be reused). Written
+        // until its change time moves: the file system's clock ticks coarsely.
+        let ctime = |path: &Path| {
+            let meta = fs::metadata(path).unwrap();
+            (meta.ctime(), meta.ctime_nsec())
+        };
+        let (changed, before) = (staged_path("m0002"), ctime(&staged_path("m0002")));
+        for _ in 0..300 {
+            fs::write(&changed, PUB.replace("mwIDAQAB", "mwIDAQAD")).unwrap();
+            if ctime(&changed) != before {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_ne!(ctime(&changed), before, "m0002's change time never moved");
+
+        let results = pki.apply_by(&decisions.iter().collect::<Vec<_>>(), 2, Some(&staged));
+        assert!(results.iter().all(Result::is_ok));
+        assert_eq!(staged.n_renamed(), n - 2, "all but m0005 and m0002");
+        let accepted = dir.path().join("minions");
+        assert_eq!(fs::metadata(accepted.join("m0001")).unwrap().ino(), renamed, "the file written ahead, renamed");
+        assert_ne!(fs::metadata(accepted.join("m0005")).unwrap().ino(), mismatched, "another key: written anew");
+        for i in 0..n {
+            let folder = if i % 3 == 0 { "minions_rejected" } else { "minions" };
+            let path = dir.path().join(folder).join(format!("m{i:04}"));
+            assert_eq!(fs::read(&path).unwrap(), PUB.as_bytes(), "{}", path.display());
+            assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, KEY_MODE);
+        }
+        assert_eq!(n_ahead(), 2, "m0005's and m9999's, until dropped (m0002's was removed when refused)");
+        drop(staged);
+        assert_eq!(n_ahead(), 0, "what was not renamed is removed");
+
+        // Written ahead 0644, applied after the mode became 0600: written anew.
+        let again: Vec<Decision> =
+            decisions.iter().map(|d| Decision { version: Version::new(2, "a"), ..d.clone() }).collect();
+        let staged = pki.prestage_by(&keys_of(&again), 2).expect("written ahead (needs 64 MiB free)");
+        pki.set_key_mode(KEY_MODE_3008);
+        let results = pki.apply_by(&again.iter().collect::<Vec<_>>(), 2, Some(&staged));
+        assert!(results.iter().all(Result::is_ok));
+        assert_eq!(staged.n_renamed(), 0);
+        let mode = fs::metadata(accepted.join("m0001")).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, KEY_MODE_3008);
+        drop(staged);
+        assert_eq!(n_ahead(), 0);
     }
 }

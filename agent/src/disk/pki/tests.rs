@@ -22,7 +22,7 @@ pub(crate) fn open(dir: &Path) -> Pki {
     Pki::open(dir, options).unwrap()
 }
 
-fn setup() -> (tempfile::TempDir, Pki) {
+pub(super) fn setup() -> (tempfile::TempDir, Pki) {
     let dir = tempfile::tempdir().unwrap();
     let pki = open(dir.path());
     (dir, pki)
@@ -175,7 +175,7 @@ fn a_pending_file_swapped_after_it_was_read_is_never_moved_into_place() {
 }
 
 /// `n` decisions of `key` for ids `m0000`…, one in three rejected.
-fn batch(n: usize, key: &PublicKey) -> Vec<Decision> {
+pub(super) fn batch(n: usize, key: &PublicKey) -> Vec<Decision> {
     (0..n)
         .map(|i| Decision {
             id: MinionId::parse(&format!("m{i:04}")).unwrap(),
@@ -561,79 +561,4 @@ fn a_key_file_is_read_whole_whatever_its_size_became() {
     assert_eq!(read(b"", 0), b"", "empty");
     let huge = vec![b'x'; 3 * MAX_KEY_BYTES];
     assert_eq!(read(&huge, 10).len(), MAX_KEY_BYTES + 1, "grown past the cap: one byte over, no more");
-}
-
-/// Keys written ahead are renamed into place when the decision applied
-/// holds exactly that key in the mode of then, and the file is still the
-/// one written; any other is written from the decision's own bytes, and
-/// what was not renamed is removed.
-#[test]
-fn keys_written_ahead_are_renamed_into_place_and_the_rest_removed() {
-    let (dir, pki) = setup();
-    let key = PublicKey::new(PUB.as_bytes());
-    let other = PublicKey::new(PUB.replace("mwIDAQAB", "mwIDAQAC").as_bytes());
-    let n = PARALLEL_FROM * 2;
-    let decisions = batch(n, &key);
-    // m0005 was written ahead with another key; m9999 is not applied.
-    let mut keys = prestage::keys_of(&decisions);
-    keys[5].1 = other.clone();
-    keys.push(("m9999".to_owned(), key.clone()));
-    let staged = pki.prestage_by(&keys, 2).expect("written ahead (needs 64 MiB free in TMPDIR)");
-    let ahead: Vec<_> =
-        (0..2).map(|n| dir.path().join(STAGING_DIR).join(format!("writer-{}", MAX_WRITERS + n))).collect();
-    let n_ahead = || ahead.iter().map(|dir| fs::read_dir(dir).unwrap().count()).sum::<usize>();
-    assert_eq!(n_ahead(), n + 1);
-    assert!(ahead.iter().all(|dir| fs::read_dir(dir).unwrap().count() > 0), "both writers wrote");
-    let staged_path = |id: &str| {
-        let (lane, name) = staged.name_of(id).unwrap();
-        ahead[lane].join(name)
-    };
-    let inode_of = |id: &str| fs::metadata(staged_path(id)).unwrap().ino();
-    let (renamed, mismatched) = (inode_of("m0001"), inode_of("m0005"));
-    // m0002's file is written again in place (as the salt user could where
-    // the agent runs as salt): no longer the file written, not renamed (its
-    // content below is the decision's; its inode may be reused). Written
-    // until its change time moves: the file system's clock ticks coarsely.
-    let ctime = |path: &Path| {
-        let meta = fs::metadata(path).unwrap();
-        (meta.ctime(), meta.ctime_nsec())
-    };
-    let (changed, before) = (staged_path("m0002"), ctime(&staged_path("m0002")));
-    for _ in 0..300 {
-        fs::write(&changed, PUB.replace("mwIDAQAB", "mwIDAQAD")).unwrap();
-        if ctime(&changed) != before {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    assert_ne!(ctime(&changed), before, "m0002's change time never moved");
-
-    let results = pki.apply_by(&decisions.iter().collect::<Vec<_>>(), 2, Some(&staged));
-    assert!(results.iter().all(Result::is_ok));
-    assert_eq!(staged.n_renamed(), n - 2, "all but m0005 and m0002");
-    let accepted = dir.path().join("minions");
-    assert_eq!(fs::metadata(accepted.join("m0001")).unwrap().ino(), renamed, "the file written ahead, renamed");
-    assert_ne!(fs::metadata(accepted.join("m0005")).unwrap().ino(), mismatched, "another key: written anew");
-    for i in 0..n {
-        let folder = if i % 3 == 0 { "minions_rejected" } else { "minions" };
-        let path = dir.path().join(folder).join(format!("m{i:04}"));
-        assert_eq!(fs::read(&path).unwrap(), PUB.as_bytes(), "{}", path.display());
-        assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, KEY_MODE);
-    }
-    assert_eq!(n_ahead(), 2, "m0005's and m9999's, until dropped (m0002's was removed when refused)");
-    drop(staged);
-    assert_eq!(n_ahead(), 0, "what was not renamed is removed");
-
-    // Written ahead 0644, applied after the mode became 0600: written anew.
-    let again: Vec<Decision> =
-        decisions.iter().map(|d| Decision { version: Version::new(2, "a"), ..d.clone() }).collect();
-    let staged = pki.prestage_by(&prestage::keys_of(&again), 2).expect("written ahead (needs 64 MiB free)");
-    pki.set_key_mode(KEY_MODE_3008);
-    let results = pki.apply_by(&again.iter().collect::<Vec<_>>(), 2, Some(&staged));
-    assert!(results.iter().all(Result::is_ok));
-    assert_eq!(staged.n_renamed(), 0);
-    let mode = fs::metadata(accepted.join("m0001")).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode, KEY_MODE_3008);
-    drop(staged);
-    assert_eq!(n_ahead(), 0);
 }
