@@ -184,6 +184,9 @@ impl<H: Handler> KeySync for KeySyncService<H> {
                 // The next batch is read as it comes, and handled only within
                 // the budgets (`budget.rs`): nothing more is read meanwhile.
                 let ack = match inbound.message().await {
+                    // A probe of the path (an agent's link sends them at
+                    // first, `copies.rs`): answered at once, for nothing.
+                    Ok(Some(batch)) if batch.decisions.is_empty() => Ok(PushAck::default()),
                     Ok(Some(batch)) => {
                         let _permits = budgets.acquire(&peer).await;
                         handler.push(&peer, batch).await

@@ -30,6 +30,9 @@ use tokio::net::TcpStream;
 pub struct Sent {
     pub segments: u32,
     pub retransmitted: u32,
+    /// Segments sent again and not acknowledged yet: not counted in
+    /// `retransmitted` until they are (they may turn out duplicates).
+    pub resending: u32,
 }
 
 /// The path loses packets when TCP resent at least 1 in this many of a
@@ -145,7 +148,7 @@ fn sent(fd: BorrowedFd<'_>) -> io::Result<Sent> {
     }
     // Still in flight, a retransmission may yet turn out a duplicate.
     let lost = info.tcpi_total_retrans.saturating_sub(info.tcpi_retrans).saturating_sub(info.tcpi_dsack_dups);
-    Ok(Sent { segments: info.tcpi_data_segs_out, retransmitted: lost })
+    Ok(Sent { segments: info.tcpi_data_segs_out, retransmitted: lost, resending: info.tcpi_retrans })
 }
 
 /// A connection its probe looks at: the stream the TLS session runs on.
@@ -221,7 +224,7 @@ mod tests {
     }
 
     fn sent(segments: u32, retransmitted: u32) -> Sent {
-        Sent { segments, retransmitted }
+        Sent { segments, retransmitted, resending: 0 }
     }
 
     #[test]

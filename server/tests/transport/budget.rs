@@ -2,7 +2,8 @@
 //! pushed batches are handled two at a time, all peers' three at a time, the
 //! rest wait unread (slowed, not buffered); a peer's third push stream at
 //! once is refused, an idle stream holds no budget, and a peer holds at most
-//! six connections.
+//! six connections. An empty batch, a probe of the path, is answered at
+//! once and reaches no handler.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -20,6 +21,12 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use crate::support::{bounded, hello_from, Pki, CONNECT_TIMEOUT, MAX_MESSAGE};
+
+/// A batch of one decision (what it holds is the handler's business: an
+/// empty batch is a probe, which reaches no handler).
+fn batch() -> DecisionBatch {
+    DecisionBatch { decisions: vec![Default::default()] }
+}
 
 /// Counts pushes in progress, in all and per peer, each taking a while.
 #[derive(Default)]
@@ -92,7 +99,7 @@ async fn calls_wait_for_their_budget_and_connections_per_peer_are_capped() {
             for _ in 0..8 {
                 let mut client = client.clone();
                 calls.push(tokio::spawn(async move {
-                    let batches = tokio_stream::iter(vec![DecisionBatch::default()]);
+                    let batches = tokio_stream::iter(vec![batch()]);
                     let mut acks = client.push(batches).await?.into_inner();
                     acks.message().await
                 }));
@@ -141,6 +148,40 @@ async fn calls_wait_for_their_budget_and_connections_per_peer_are_capped() {
     .await;
 }
 
+/// Probes of the path (`copies.rs` in the agent: empty batches on a push
+/// stream, hundreds in a second) are answered at once, one ack each, and
+/// reach no handler: the peer's core never sees them.
+#[tokio::test]
+async fn probes_of_the_path_are_answered_without_the_handler() {
+    bounded(async {
+        let pki = Pki::new();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let handler = Arc::new(SlowPushes::default());
+        let shutdown = CancellationToken::new();
+        let opts = ServeOptions { allowed_peers: vec![PeerName::new("a").unwrap()], ..ServeOptions::default() };
+        let tls = pki.setup(&["b"]);
+        tokio::spawn({
+            let (handler, shutdown) = (handler.clone(), shutdown.clone());
+            async move { serve(listener, &tls, opts, handler, Arc::new(|_| {}), shutdown).await }
+        });
+        let mut client = keysync_server::connect(&addr, "b", &pki.setup(&["a"]), MAX_MESSAGE, CONNECT_TIMEOUT)
+            .await
+            .expect("a peer connects");
+        let probes = tokio_stream::iter(vec![DecisionBatch::default(); 200]);
+        let mut acks = client.push(probes).await.expect("the push stream opens").into_inner();
+        let mut n_acks = 0;
+        while let Some(ack) = acks.message().await.expect("every probe is answered") {
+            assert_eq!(ack, PushAck::default());
+            n_acks += 1;
+        }
+        assert_eq!(n_acks, 200, "one ack per probe");
+        assert_eq!(handler.done.load(Ordering::SeqCst), 0, "no probe reached the handler");
+        shutdown.cancel();
+    })
+    .await;
+}
+
 /// A master with four peers (five masters): every peer keeps its live push
 /// stream open, idle between decisions. An idle stream holds no budget, so
 /// the fourth peer's decision is read at once. (The budget was taken before
@@ -173,8 +214,7 @@ async fn idle_push_streams_hold_no_budget() {
         let mut last = keysync_server::connect(&addr, "b", &pki.setup(&["e"]), MAX_MESSAGE, CONNECT_TIMEOUT)
             .await
             .expect("the fourth peer connects");
-        let batch = DecisionBatch::default();
-        let mut acks = last.push(tokio_stream::iter([batch])).await.expect("its push stream opens").into_inner();
+        let mut acks = last.push(tokio_stream::iter([batch()])).await.expect("its push stream opens").into_inner();
         let ack = tokio::time::timeout(Duration::from_secs(20), acks.message())
             .await
             .expect("the fourth peer's push is read while the others' streams are idle");
