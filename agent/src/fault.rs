@@ -23,7 +23,9 @@
 //! And a path that loses packets, which loopback never does:
 //! `SALT_KEYSYNC_FAULT_LOSSY=master-b` makes this agent's link to master-b
 //! find its path lossy (a comma-separated list names several), so it pushes
-//! each live decision twice.
+//! each live decision twice. And a link that has not told its path yet,
+//! which loopback tells within a second: `SALT_KEYSYNC_FAULT_NO_PROBES=1`
+//! makes this agent's links send no probes of their paths.
 
 /// Milliseconds added to the wall clock (negative: behind).
 #[cfg(feature = "fault-injection")]
@@ -99,6 +101,17 @@ pub fn lossy() -> &'static [String] {
     &[]
 }
 
+/// Whether the links probe their paths (`net/peers/copies.rs`).
+#[cfg(feature = "fault-injection")]
+pub fn probes() -> bool {
+    std::env::var_os("SALT_KEYSYNC_FAULT_NO_PROBES").is_none()
+}
+
+#[cfg(not(feature = "fault-injection"))]
+pub fn probes() -> bool {
+    true
+}
+
 /// The milliseconds the variable `name` says (none, or not a number: 0).
 #[cfg(feature = "fault-injection")]
 fn env_millis(name: &str) -> std::time::Duration {
@@ -120,12 +133,14 @@ pub fn announce() {
     let fetch_delay = fetch_delay();
     let answer_deadline = answer_deadline();
     let lossy = lossy();
+    let probes = probes();
     if offset != 0
         || overflow.is_some()
         || !start_delay.is_zero()
         || !fetch_delay.is_zero()
         || answer_deadline.is_some()
         || !lossy.is_empty()
+        || !probes
     {
         tracing::warn!(
             clock_offset_ms = offset,
@@ -134,6 +149,7 @@ pub fn announce() {
             ?fetch_delay,
             ?answer_deadline,
             ?lossy,
+            probes,
             "test-only fault injection active"
         );
     }

@@ -36,8 +36,6 @@ pub struct LinkContext {
 /// The running links by peer name.
 pub struct PeerLinks {
     ctx: LinkContext,
-    /// How many links find their path lossy (`peers/copies.rs`).
-    lossy_links: crate::net::peers::LossyLinks,
     running: BTreeMap<PeerName, Running>,
     /// What says each link a reload removed has ended: a link added again
     /// for that peer waits for it (the newest per name; a link it replaced
@@ -88,8 +86,7 @@ impl std::fmt::Display for LinkChanges {
 impl PeerLinks {
     /// Starts one link per peer.
     pub fn start(ctx: LinkContext, peers: &[Peer]) -> PeerLinks {
-        let mut links =
-            PeerLinks { ctx, lossy_links: Default::default(), running: BTreeMap::new(), removed: BTreeMap::new() };
+        let mut links = PeerLinks { ctx, running: BTreeMap::new(), removed: BTreeMap::new() };
         links.update(peers, false);
         links
     }
@@ -154,7 +151,6 @@ impl PeerLinks {
             board: self.ctx.board.clone(),
             listener: self.ctx.listener.clone(),
             lossy_until: Default::default(),
-            lossy_links: self.lossy_links.clone(),
             after,
             ended: CancellationToken::new(),
         };

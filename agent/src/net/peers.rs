@@ -21,7 +21,7 @@ use tracing::Instrument;
 
 use answers::Answering;
 use copies::Copies;
-pub use copies::{LossyLinks, LossyUntil};
+pub use copies::LossyUntil;
 use error::SessionError;
 use push::{during, send_decisions, Copying, PushIo, NO_ONE, PUSHES_IN_FLIGHT};
 
@@ -54,8 +54,6 @@ pub struct PeerLink {
     pub listener: keysync_server::ListenerControl,
     /// Until when the path is taken for one that loses packets, across sessions.
     pub lossy_until: LossyUntil,
-    /// How many of this master's links find their path lossy.
-    pub lossy_links: LossyLinks,
     /// Cancelled once the link this one replaces (a reload restarted it,
     /// or removed it and added it again) has ended, its claims released.
     pub after: Option<CancellationToken>,
@@ -223,8 +221,7 @@ impl PeerLink {
         let probes = [rounds_probe, push_probe];
         let (listener, peer, lossy_until) = (self.listener.clone(), self.peer.name.clone(), self.lossy_until.clone());
         let takes_copies = copies::takes_copies(&hello);
-        let lossy_links = self.lossy_links.clone();
-        let copies = Copies::new(client.clone(), probes, listener, peer, lossy_until, lossy_links, takes_copies);
+        let copies = Copies::new(client.clone(), probes, listener, peer, lossy_until, takes_copies);
         let mut io = SessionIo {
             client,
             push: PushIo {
@@ -253,7 +250,7 @@ impl PeerLink {
                 self.execute(out, link, &mut io).await?;
             }
             let SessionIo { push, timer, timer_armed, .. } = &mut io;
-            let PushIo { outgoing, unacked, acks, .. } = push;
+            let PushIo { outgoing, unacked, acks, copies, .. } = push;
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
                 out = outgoing.receiver.recv(), if *unacked < PUSHES_IN_FLIGHT => match out {
@@ -267,6 +264,10 @@ impl PeerLink {
                 ack = acks.message() => {
                     push.acknowledged(ack)?;
                     push.flush(link).await?;
+                }
+                // The path told (or the probes gave up): copies stop on a clean one.
+                () = copies.probes_ended() => {
+                    push.copies.wanted();
                 }
                 () = timer.as_mut(), if *timer_armed => {
                     *timer_armed = false;

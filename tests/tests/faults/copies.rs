@@ -1,11 +1,14 @@
-//! Second copies of live pushes on a path that loses packets. Loopback loses
-//! none, so master-a's link to master-b takes its path for a lossy one
-//! (`SALT_KEYSYNC_FAULT_LOSSY`): each live decision goes to master-b twice,
-//! once on each of the link's connections, and master-b applies and audits
-//! it once. master-a's link to master-c, which has sent too little to tell,
-//! copies too while master-a's other path loses packets. master-b reads its
-//! own connections' TCP counters, which say loopback resent nothing, and
-//! its other links find nothing either: it pushes each decision once.
+//! Second copies of live pushes, while a path loses packets or has not told
+//! yet whether it does. Loopback loses none, and tells within a few seconds
+//! once either end probes it, so two knobs make the other cases:
+//! - master-a and master-c send no probes (`SALT_KEYSYNC_FAULT_NO_PROBES`):
+//!   with rounds a minute apart their path sends a few segments a minute,
+//!   too few to tell for the whole test, and each live push on it goes twice;
+//! - master-b takes its path to master-a for a lossy one
+//!   (`SALT_KEYSYNC_FAULT_LOSSY`): its pushes there go twice, and those to
+//!   master-c, whose path its probes found clean, once.
+//!
+//! Every copy reaches its peer, which applies and audits each decision once.
 
 use std::time::Duration;
 
@@ -24,74 +27,106 @@ fn counter(text: &str, name: &str, labels: &[&str]) -> u64 {
         .sum()
 }
 
+/// The segments master `idx`'s link to `peer` said its probes of the path
+/// made, once it has said so.
+fn probed(cluster: &FaultCluster, idx: usize, peer: &str) -> Option<u64> {
+    let log = std::fs::read_to_string(cluster.log(idx)).unwrap_or_default();
+    let line = log.lines().find(|l| l.contains(&format!("peer={peer} ")) && l.contains("the link probed its path"))?;
+    let segments = line.split_whitespace().find_map(|word| word.strip_prefix("segments="))?;
+    segments.parse().ok()
+}
+
+/// Master `idx`'s copies to `peer` so far.
+fn copied(metrics: std::net::SocketAddr, peer: &str) -> u64 {
+    counter(&metrics_text(metrics), "keysync_decisions_copied_total", &[&format!("peer=\"{peer}\"")])
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_a_lossy_path_each_live_push_goes_twice_and_is_applied_once() {
+async fn live_pushes_go_twice_while_a_path_loses_packets_or_has_not_told() {
     let _serial = crate::common::SERIAL.lock().await;
     let root = tempfile::tempdir().unwrap();
     let keys = key_pool(4);
-    let ids: Vec<String> = (0..20).map(|i| format!("web{i:02}")).collect();
+    let from_a: Vec<String> = (0..10).map(|i| format!("web{i:02}")).collect();
+    let from_b: Vec<String> = (0..10).map(|i| format!("db{i:02}")).collect();
     let metrics = [free_addr(), free_addr(), free_addr()];
     let mut cluster = FaultCluster::create(root.path(), 3, |i, f| {
-        write_pending(&f.pki, ids.iter().cloned().chain(["back".to_string()]), &keys);
+        write_pending(&f.pki, from_a.iter().chain(&from_b).cloned().chain(["back".to_string()]), &keys);
         with_metrics(f, metrics[i]);
-        // Rounds a minute apart, as in production: the link to master-c
-        // sends a few segments a minute, and has sent too little to tell
-        // for the whole test however slow the machine (every second, it
-        // would pass 200 segments within a minute or so).
+        // Rounds a minute apart, as in production: the path between
+        // master-a and master-c carries a few segments a minute, too few to
+        // tell for the whole test however slow the machine (every second,
+        // it would pass 400 segments within a minute or two).
         let config = std::fs::read_to_string(&f.config_path).unwrap();
         let config = config.replace("anti_entropy_interval = \"1s\"", "anti_entropy_interval = \"60s\"");
         write_private(&f.config_path, &config);
     })
     .await;
-    cluster.env[0] = vec![("SALT_KEYSYNC_FAULT_LOSSY".into(), "master-b".into())];
+    let no_probes = vec![("SALT_KEYSYNC_FAULT_NO_PROBES".to_string(), "1".to_string())];
+    cluster.env[0] = no_probes.clone();
+    cluster.env[1] = vec![("SALT_KEYSYNC_FAULT_LOSSY".into(), "master-a".into())];
+    cluster.env[2] = no_probes;
     cluster.start_all().await;
-    let (a, b) = (cluster.files[0].pki.clone(), cluster.files[1].pki.clone());
+    let (a, b, c) = (cluster.files[0].pki.clone(), cluster.files[1].pki.clone(), cluster.files[2].pki.clone());
     for idx in 0..3 {
         wait_until(Duration::from_secs(30), "the links are up", || {
             std::fs::read_to_string(cluster.log(idx)).unwrap_or_default().matches(" connected n_decisions").count() >= 2
         })
         .await;
     }
+    // master-b's links have probed their paths: loopback resent nothing.
+    for peer in ["master-a", "master-c"] {
+        wait_until(Duration::from_secs(30), "the link probed its path", || probed(&cluster, 1, peer).is_some()).await;
+        let segments = probed(&cluster, 1, peer).unwrap();
+        assert!(segments >= 400, "master-b's probes of its path to {peer} made {segments} segments");
+    }
 
     // master-a accepts one key at a time, each pushed live.
-    for id in &ids {
+    for id in &from_a {
         std::fs::rename(path(&a, "minions_pre", id), path(&a, "minions", id)).unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     converged(&cluster, Duration::from_secs(30)).await;
-    let copied = counter(&metrics_text(metrics[0]), "keysync_decisions_copied_total", &["peer=\"master-b\""]);
     // Each, but for one the copy stream could not take at once (it takes
     // four at a time, and sends them as they come).
-    assert!(copied >= ids.len() as u64 / 2, "master-a copied its live pushes on the lossy path: {copied}");
-    // Both copies reach master-b (the second is read after the first is applied).
-    wait_until(Duration::from_secs(30), "master-b received every copy", || {
+    let a_to_c = copied(metrics[0], "master-c");
+    assert!(a_to_c >= from_a.len() as u64 / 2, "master-a's untold path to master-c: {a_to_c} copied");
+    let log = std::fs::read_to_string(cluster.log(0)).unwrap();
+    assert!(log.contains("has sent too little to tell whether its path loses packets"), "said:\n{log}");
+    assert!(!log.contains("the link probed its path"), "master-a sent no probes:\n{log}");
+    // Both copies reach master-c (the second is read after the first is applied).
+    wait_until(Duration::from_secs(30), "master-c received every copy", || {
         let received = counter(
-            &metrics_text(metrics[1]),
+            &metrics_text(metrics[2]),
             "keysync_decisions_received_total",
             &["peer=\"master-a\"", "how=\"push\""],
         );
-        received >= ids.len() as u64 + copied
+        received >= from_a.len() as u64 + a_to_c
     })
     .await;
-    let applied = audited(&cluster, 1, "accept", "applied");
-    for id in &ids {
+    let applied = audited(&cluster, 2, "accept", "applied");
+    for id in &from_a {
         let n = applied.iter().filter(|r| r.minion.as_deref() == Some(id.as_str())).count();
-        assert_eq!(n, 1, "master-b applied and audited {id} once, copies or not");
+        assert_eq!(n, 1, "master-c applied and audited {id} once, copies or not");
     }
-    let log = std::fs::read_to_string(cluster.log(0)).unwrap();
-    assert!(log.contains("the path to the peer loses packets"), "said:\n{log}");
-    // The link to master-c: too little sent to tell, another path lossy.
-    let to_c = counter(&metrics_text(metrics[0]), "keysync_decisions_copied_total", &["peer=\"master-c\""]);
-    assert!(to_c >= 1, "master-a's link to master-c copied as its other path loses packets: {to_c}");
-    assert!(log.contains("another link of this master's does"), "said:\n{log}");
 
-    // master-b's paths are loopback, which resent nothing: one push each.
-    std::fs::rename(path(&b, "minions_pre", "back"), path(&b, "minions", "back")).unwrap();
+    // master-b: twice to master-a (lossy), once to master-c (probed clean).
+    for id in &from_b {
+        std::fs::rename(path(&b, "minions_pre", id), path(&b, "minions", id)).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     converged(&cluster, Duration::from_secs(30)).await;
-    let copied = counter(&metrics_text(metrics[1]), "keysync_decisions_copied_total", &[]);
-    assert_eq!(copied, 0, "no copies on a path that loses nothing");
-    assert!(!std::fs::read_to_string(cluster.log(1)).unwrap().contains("loses packets"));
+    let b_to_a = copied(metrics[1], "master-a");
+    assert!(b_to_a >= from_b.len() as u64 / 2, "master-b's lossy path to master-a: {b_to_a} copied");
+    assert_eq!(copied(metrics[1], "master-c"), 0, "master-b's path to master-c, probed and clean: no copies");
+    let log = std::fs::read_to_string(cluster.log(1)).unwrap();
+    assert!(log.contains("the path to the peer loses packets"), "said:\n{log}");
+
+    // master-c: its path to master-a untold, its first push there copied.
+    std::fs::rename(path(&c, "minions_pre", "back"), path(&c, "minions", "back")).unwrap();
+    converged(&cluster, Duration::from_secs(30)).await;
+    assert!(copied(metrics[2], "master-a") >= 1, "master-c's untold path to master-a");
+    assert!(!std::fs::read_to_string(cluster.log(2)).unwrap().contains("the path to the peer loses packets"));
     let back = audited(&cluster, 0, "accept", "applied").into_iter().filter(|r| r.minion.as_deref() == Some("back"));
-    assert_eq!(back.count(), 1, "master-a applied master-b's accept once");
+    assert_eq!(back.count(), 1, "master-a applied master-c's accept once");
     cluster.stop_all();
 }

@@ -19,11 +19,18 @@
 //! [`RESENT_ONE_IN`] of its recent segments loses enough for a percent of
 //! pushes to wait for TCP's recovery.
 //!
-//! A link that has sent too little to tell (fewer than [`RESENT_ONE_IN`]
-//! segments since it connected, none resent) takes its path for one like
-//! this master's others: while another link finds its own path lossy, it
-//! copies too. A master behind a lossy uplink then copies from its links'
-//! first push, not from the first push each link loses.
+//! A link that has sent too little to tell (fewer than [`TOLD_AFTER`]
+//! segments since it connected, none resent, none being resent) copies
+//! too: a path's first
+//! lost push came seconds late at 300 ms, and every link is new after a
+//! restart or an upgrade. It tells soon: each session probes its path,
+//! sending empty push batches on the copy stream every [`PROBE_EVERY`]
+//! until its connections have sent [`TOLD_AFTER`] segments or resent one
+//! (at most [`PROBES_AT_MOST`]; the peer answers each at once, and its
+//! answers tell the peer's links of the path the same way). On a clean
+//! path that takes a second or two at 300 ms, tens of kilobytes, after
+//! which pushes go once; a master that decides in that time copies its
+//! first few decisions.
 //!
 //! Only small batches are copied, a few segments: a lone decision or a few,
 //! whose tail segment TCP recovers late. A burst's batch of megabytes goes
@@ -38,13 +45,12 @@
 //! A copy is best effort: if its stream is refused or falls behind, the
 //! push goes alone, as on a clean path.
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use keysync_machine::PeerName;
 use keysync_proto::v1::{self, key_sync_client::KeySyncClient};
 use keysync_server::{ListenerControl, Sent, TcpProbe, RESENT_ONE_IN};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::task::AbortOnDropHandle;
 use tonic::transport::Channel;
@@ -61,6 +67,44 @@ const REOPEN_AFTER: Duration = Duration::from_secs(60);
 /// connections say meanwhile: loss comes and goes, and a link on the edge
 /// would otherwise switch (and log) at every push.
 const LOSSY_FOR: Duration = Duration::from_secs(600);
+/// How often a session probes its path while it has sent too little to
+/// tell whether it loses packets: each probe a segment of its own (TCP
+/// coalesces them only while its window is full, at a path's first round
+/// trips).
+pub(super) const PROBE_EVERY: Duration = Duration::from_millis(5);
+/// Probes a session sends at most, however few segments they make.
+pub(super) const PROBES_AT_MOST: u32 = 5 * RESENT_ONE_IN;
+/// Segments a link's connections send, none resent, before it takes its
+/// path for a clean one: twice [`RESENT_ONE_IN`], as at 2 % loss 200
+/// segments go without a loss 1.8 % of the time (a mesh of 7 masters has
+/// 42 links), 400 0.03 %.
+pub(super) const TOLD_AFTER: u32 = 2 * RESENT_ONE_IN;
+
+/// What a link takes its path for, from its connections' looks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    /// It loses packets (found now, or within [`LOSSY_FOR`]): copies.
+    Lossy,
+    /// Its connections have sent too little to tell: copies, and probes.
+    Untold,
+    /// They sent enough, and resent too few to matter (or cannot be read,
+    /// before Linux 4.19: no copies, as before they existed).
+    Clean,
+}
+
+/// What the path is taken for: lossy if `held` says so, else untold while
+/// the connections read (`looks`) have sent fewer than [`TOLD_AFTER`]
+/// segments together, or one of them is sending one again (a loss not
+/// counted until it is acknowledged).
+fn path_of(held: bool, looks: &[Sent]) -> Path {
+    let sent = looks.iter().fold(0u32, |n, sent| n.saturating_add(sent.segments));
+    let resending = looks.iter().any(|sent| sent.resending > 0);
+    match held {
+        true => Path::Lossy,
+        false if !looks.is_empty() && (sent < TOLD_AFTER || resending) => Path::Untold,
+        false => Path::Clean,
+    }
+}
 
 /// Whether the path is taken for one that loses packets at `now`, when
 /// the connections `found` it did or not: for [`LOSSY_FOR`] after the last
@@ -82,11 +126,8 @@ pub(super) fn takes_copies(hello: &v1::HelloResponse) -> bool {
 /// Until when a link takes its path for one that loses packets.
 pub type LossyUntil = std::sync::Arc<std::sync::Mutex<Option<Instant>>>;
 
-/// How many of this master's links find their own path lossy now.
-pub type LossyLinks = std::sync::Arc<std::sync::atomic::AtomicUsize>;
-
 /// A session's copies: its connections' probes, and the copy stream on the
-/// rounds' connection once the path is found to lose packets.
+/// rounds' connection, opened with the session where the peer takes one.
 pub(super) struct Copies {
     /// The rounds' connection and the pushes' one.
     probes: [TcpProbe; 2],
@@ -97,26 +138,19 @@ pub(super) struct Copies {
     /// kept from one session to the next (a reconnect does not make the
     /// path clean).
     lossy_until: LossyUntil,
-    /// How many of this master's links find their own path lossy, this
-    /// one among them while `counted`.
-    lossy_links: LossyLinks,
-    counted: bool,
     /// Whether the peer takes a second push stream of a session.
     takes_copies: bool,
     /// What the last look found, to log a change once.
-    lossy: bool,
+    path: Path,
     rounds: KeySyncClient<Channel>,
     stream: Option<CopyStream>,
     /// When the last copy stream was opened.
     opened: Option<Instant>,
-}
-
-impl Drop for Copies {
-    fn drop(&mut self) {
-        if self.counted {
-            self.lossy_links.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
+    /// The session's probes of its path, sent while it has sent too little
+    /// to tell; they end with the session.
+    _probing: Option<AbortOnDropHandle<()>>,
+    /// Told when the probes end, to look at the path again then.
+    probed: Option<oneshot::Receiver<()>>,
 }
 
 /// The push stream of the copies: fed without waiting, its acknowledgements
@@ -133,50 +167,69 @@ impl Copies {
         inbound: ListenerControl,
         peer: PeerName,
         lossy_until: LossyUntil,
-        lossy_links: LossyLinks,
         takes_copies: bool,
     ) -> Copies {
-        let (lossy, counted, stream, opened) = (false, false, None, None);
-        Copies { probes, inbound, peer, lossy_until, lossy_links, counted, takes_copies, lossy, rounds, stream, opened }
+        let (path, stream, opened) = (Path::Clean, None, None);
+        let (_probing, probed) = (None, None);
+        let mut copies =
+            Copies { probes, inbound, peer, lossy_until, takes_copies, path, rounds, stream, opened, _probing, probed };
+        if takes_copies && crate::fault::probes() {
+            copies.open();
+            if let Some(stream) = &copies.stream {
+                let (done, probed) = oneshot::channel();
+                let probing = probe(stream.tx.clone(), copies.probes.clone(), done);
+                copies._probing = Some(AbortOnDropHandle::new(tokio::spawn(probing.in_current_span())));
+                copies.probed = Some(probed);
+            }
+        }
+        copies
+    }
+
+    /// Resolves once the session's probes of its path have ended (never,
+    /// if it sends none, or after it resolved once).
+    pub(super) async fn probes_ended(&mut self) {
+        match &mut self.probed {
+            Some(probed) => {
+                let _ = probed.await;
+                self.probed = None;
+            }
+            None => std::future::pending().await,
+        }
     }
 
     /// Whether live pushes go twice now (logged when that changes). Read
     /// at each live push and each round, so every connection's window of
-    /// recent segments moves on, and a path lossy long ago is not counted
-    /// among the master's lossy ones.
+    /// recent segments moves on.
     pub(super) fn wanted(&mut self) -> bool {
         let probes: Vec<TcpProbe> = self.probes.iter().cloned().chain(self.inbound.probes(&self.peer)).collect();
         // Every probe is read, once, so each connection's window moves on.
         let looks: Vec<(Sent, bool)> = probes.iter().filter_map(TcpProbe::look).collect();
         let knob = crate::fault::lossy().iter().any(|name| name == self.peer.as_str());
         let found = knob || looks.iter().any(|&(_, lossy)| lossy);
-        let own = held(&mut self.lossy_until.lock().unwrap_or_else(|e| e.into_inner()), found, Instant::now());
-        if own != self.counted {
-            self.counted = own;
-            match own {
-                true => self.lossy_links.fetch_add(1, Ordering::Relaxed),
-                false => self.lossy_links.fetch_sub(1, Ordering::Relaxed),
-            };
-        }
-        let sent = looks.iter().fold(0u32, |n, (sent, _)| n.saturating_add(sent.segments));
-        let like_the_others = !own && sent < RESENT_ONE_IN && self.lossy_links.load(Ordering::Relaxed) > 0;
-        let lossy = (own || like_the_others) && self.takes_copies;
-        if lossy != self.lossy {
-            self.lossy = lossy;
-            match (own, lossy) {
-                (true, _) => tracing::info!(
+        let lossy = held(&mut self.lossy_until.lock().unwrap_or_else(|e| e.into_inner()), found, Instant::now());
+        let path = path_of(lossy, &looks.iter().map(|&(sent, _)| sent).collect::<Vec<_>>());
+        if path != self.path && self.takes_copies {
+            match path {
+                Path::Lossy => tracing::info!(
                     "the path to the peer loses packets (TCP resent 1 in {RESENT_ONE_IN} segments or more): each live push also goes on the rounds' connection"
                 ),
-                (false, true) => tracing::info!(
-                    "the link has sent too little to tell whether its path loses packets, and another link of this master's does: each live push also goes on the rounds' connection"
+                Path::Untold => tracing::info!(
+                    "the link has sent too little to tell whether its path loses packets: each live push also goes on the rounds' connection until it has sent {TOLD_AFTER} segments"
                 ),
-                (false, false) => tracing::info!(
+                Path::Clean => tracing::info!(
                     "live pushes go once: the link's connections resent fewer than 1 in {RESENT_ONE_IN} of their recent segments (for {} min, if they lost packets before)",
                     LOSSY_FOR.as_secs() / 60
                 ),
             }
         }
-        lossy
+        self.path = path;
+        if path == Path::Clean && self.stream.take().is_some() {
+            // Closed, so that it holds none of the peer's four push streams
+            // (a lost session's may still hold some there); opened again
+            // at the next copy, whenever that is.
+            self.opened = None;
+        }
+        path != Path::Clean && self.takes_copies
     }
 
     /// Hands a copy of `batch` to the copy stream, opening it first if
@@ -223,6 +276,39 @@ impl Copies {
     }
 }
 
+/// Probes the path while the session's connections (`probes`) have sent
+/// too little to tell whether it loses packets: an empty push batch on the
+/// copy stream (`tx`) every [`PROBE_EVERY`], leaving room there for a copy,
+/// until they have sent [`TOLD_AFTER`] segments or resent one, or
+/// [`PROBES_AT_MOST`] went. Says what they found; `_done` is dropped as
+/// it ends.
+async fn probe(tx: mpsc::Sender<v1::DecisionBatch>, probes: [TcpProbe; 2], _done: oneshot::Sender<()>) {
+    let mut every = tokio::time::interval(PROBE_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut n_probes = 0u32;
+    loop {
+        every.tick().await;
+        let looks: Vec<Sent> = probes.iter().filter_map(TcpProbe::sent).collect();
+        if looks.is_empty() {
+            // Closed, or a kernel that does not tell (before 4.19).
+            return;
+        }
+        let segments = looks.iter().fold(0u32, |n, sent| n.saturating_add(sent.segments));
+        let resent = looks.iter().fold(0u32, |n, sent| n.saturating_add(sent.retransmitted));
+        if segments >= TOLD_AFTER || resent > 0 || n_probes >= PROBES_AT_MOST {
+            tracing::info!(n_probes, segments, resent, "the link probed its path");
+            return;
+        }
+        if tx.capacity() > 1 {
+            match tx.try_send(v1::DecisionBatch::default()) {
+                Ok(()) => n_probes += 1,
+                Err(mpsc::error::TrySendError::Full(_)) => {}
+                Err(mpsc::error::TrySendError::Closed(_)) => return,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,6 +323,19 @@ mod tests {
         assert!(held(&mut until, true, start + 9 * minute), "found again");
         assert!(held(&mut until, false, start + 18 * minute));
         assert!(!held(&mut until, false, start + 19 * minute), "ten minutes after it was last found");
+    }
+
+    #[test]
+    fn a_path_is_untold_until_its_connections_sent_enough_to_tell() {
+        let sent = |segments| Sent { segments, retransmitted: 0, resending: 0 };
+        assert_eq!(path_of(false, &[sent(0), sent(0)]), Path::Untold, "a new session");
+        assert_eq!(path_of(false, &[sent(320), sent(79)]), Path::Untold, "399 together");
+        assert_eq!(path_of(false, &[sent(320), sent(80)]), Path::Clean);
+        let resending = Sent { resending: 1, ..sent(500) };
+        assert_eq!(path_of(false, &[resending, sent(80)]), Path::Untold, "a loss not acknowledged yet");
+        assert_eq!(path_of(true, &[sent(320), sent(80)]), Path::Lossy);
+        assert_eq!(path_of(true, &[sent(3)]), Path::Lossy, "lossy before it told (the knob, or a hold)");
+        assert_eq!(path_of(false, &[]), Path::Clean, "nothing read: no copies, as before Linux 4.19");
     }
 
     #[test]
