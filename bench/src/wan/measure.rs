@@ -25,6 +25,8 @@ use crate::watch::{Final, PeerWatch};
 const OP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest wait for the agents' links to come up after their start.
 const LINKS_UP: Duration = Duration::from_secs(180);
+/// Longest wait for the links to have probed their paths once up.
+const PATHS_PROBED: Duration = Duration::from_secs(30);
 
 /// Accepts on master `d % n` for `settings.decisions` decisions, one at a
 /// time, `settings.pace` apart at least, the masters holding
@@ -43,7 +45,11 @@ pub fn live(
     }
     Command::new("sync").status().context("cannot run sync")?;
     mesh.cluster.start_all()?;
-    mesh.wait_links_up(&(0..n).collect::<Vec<_>>(), LINKS_UP)?;
+    let all: Vec<usize> = (0..n).collect();
+    mesh.wait_links_up(&all, LINKS_UP)?;
+    let up = line.counts();
+    mesh.wait_paths_probed(&all, PATHS_PROBED)?;
+    let probing = line.counts().since(&up);
 
     let ids: Vec<String> = (0..settings.decisions).map(|d| format!("wan{d:06}")).collect();
     // As on a multi-master site: every minion sent its key to every master.
@@ -86,6 +92,7 @@ pub fn live(
         copies_per_decision: per_decision(copied()? - copies0),
         fetches_per_decision: per_decision(received("fetch")? - fetches0),
         bytes_per_decision: per_decision(counts.total_bytes() as f64),
+        probing_bytes_per_link: probing.total_bytes() as f64 / (n * (n - 1) / 2).max(1) as f64,
         rounds: mesh.sum("keysync_anti_entropy_runs_total", "")? - rounds0,
         packets_lost: counts.total_lost(),
         links_silent: silent_links(&counts, n),

@@ -121,6 +121,31 @@ impl<'a> Mesh<'a> {
         }
         Ok(())
     }
+
+    /// Waits until each agent's links have probed their paths (one line
+    /// each in its log), so that the figures timed next are not those of a
+    /// session's first second: its probes' bytes, and the copies it makes
+    /// while its path has not told whether it loses packets. A link whose
+    /// peer refused its copy stream probes nothing: past `timeout` the
+    /// figures are timed anyway.
+    pub fn wait_paths_probed(&self, agents: &[usize], timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        for &i in agents {
+            loop {
+                let log = std::fs::read_to_string(self.cluster.log(i))
+                    .with_context(|| format!("cannot read {}", self.cluster.log(i).display()))?;
+                if log.matches("the link probed its path").count() >= agents.len() - 1 {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    eprintln!("{}'s links had not all probed their paths within {timeout:?}: timing anyway", name(i));
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Serves metrics on the namespace's loopback and sets the anti-entropy

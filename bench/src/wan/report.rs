@@ -22,6 +22,10 @@ pub struct LiveFigures {
     /// IP bytes over all links while the decisions were made ÷ decisions
     /// (keep-alives and anti-entropy rounds included).
     pub bytes_per_decision: f64,
+    /// IP bytes over all links from the links up to their paths probed (the
+    /// sessions' first second: probes, their answers, and whatever else
+    /// the links sent meanwhile) ÷ links; not in `bytes_per_decision`.
+    pub probing_bytes_per_link: f64,
     /// Anti-entropy rounds run on all links meanwhile.
     pub rounds: f64,
     pub packets_lost: u64,
@@ -78,7 +82,7 @@ impl WanReport {
             self.key_file_bytes,
         );
         out.push_str(&format!(
-            "{:>2} {:>5} {:>5} | {:>8} {:>8} {:>8} {:>6} | {:>8} {:>7} {:>8} {:>9} {:>6} | {:>8}\n",
+            "{:>2} {:>5} {:>5} | {:>8} {:>8} {:>8} {:>6} | {:>8} {:>7} {:>8} {:>9} {:>6} {:>9} | {:>8}\n",
             "n",
             "RTT",
             "loss",
@@ -91,6 +95,7 @@ impl WanReport {
             "fetch/d",
             "B/dec",
             "rounds",
+            "probe B/l",
             "peak MiB"
         ));
         for row in &self.rows {
@@ -98,7 +103,7 @@ impl WanReport {
             let head = format!("{:>2} {:>5} {:>4}%", c.masters, format!("{}ms", c.rtt.as_millis()), c.loss_pct);
             match &row.live {
                 Some(l) => out.push_str(&format!(
-                    "{head} | {:>8.1} {:>8.1} {:>8.1} {:>6} | {:>8.2} {:>7.2} {:>8.2} {:>9.0} {:>6.0} | {:>8.1}\n",
+                    "{head} | {:>8.1} {:>8.1} {:>8.1} {:>6} | {:>8.2} {:>7.2} {:>8.2} {:>9.0} {:>6.0} {:>9.0} | {:>8.1}\n",
                     l.latency.p50_ms,
                     l.latency.p99_ms,
                     l.latency.max_ms,
@@ -108,6 +113,7 @@ impl WanReport {
                     l.fetches_per_decision,
                     l.bytes_per_decision,
                     l.rounds,
+                    l.probing_bytes_per_link,
                     l.peak_rss_mib
                 )),
                 None => out.push_str(&format!("{head} | (no live decisions)\n")),
