@@ -8,7 +8,8 @@
 //! sends stays in HTTP/2 flow control (a window per stream and per
 //! connection) instead of this process's memory. A peer's fifth push
 //! stream at once is refused (an agent keeps one per link, and a second on
-//! its other connection while that link loses packets; as many again cover
+//! its other connection while that link loses packets or has not told yet,
+//! at a session's start; as many again cover
 //! a session ending unseen as the next begins): each open
 //! stream holds at most one batch, so with the cap on each peer's
 //! connections (`control.rs`) the memory peers' pushes take is bounded by
@@ -38,7 +39,7 @@ pub const ANSWERS_PER_PEER: usize = 2;
 pub const CALLS_PER_PEER: usize = 2;
 /// Push streams of one peer open at once: a link's session keeps one, and
 /// a second for the copies of its live pushes while the path loses
-/// packets; two more let the next session open its streams while the
+/// packets or has not told yet (a session's first seconds); two more let the next session open its streams while the
 /// server has not seen the last one's end yet (a connection lost without
 /// a word stays open here until its keep-alive ends it), so a reconnect
 /// on a lossy path is not refused, nor audited as a refusal.

@@ -168,7 +168,7 @@ impl<H: Handler> KeySync for KeySyncService<H> {
         let peer = self.peer_of(&request)?;
         let Some(place) = self.budgets.open_push(&peer) else {
             let status = Status::resource_exhausted(format!(
-                "{peer} has {} push streams open already: this one is refused (an agent keeps one per link, two on a path that loses packets)",
+                "{peer} has {} push streams open already: this one is refused (an agent keeps one per link, two on a path that loses packets or while it probes its path)",
                 crate::budget::PUSH_STREAMS_PER_PEER
             ));
             return Err(self.refuse(&peer, status));
@@ -184,12 +184,15 @@ impl<H: Handler> KeySync for KeySyncService<H> {
                 // The next batch is read as it comes, and handled only within
                 // the budgets (`budget.rs`): nothing more is read meanwhile.
                 let ack = match inbound.message().await {
-                    // A probe of the path (an agent's link sends them at
-                    // first, `copies.rs`): answered at once, for nothing.
-                    Ok(Some(batch)) if batch.decisions.is_empty() => Ok(PushAck::default()),
                     Ok(Some(batch)) => {
                         let _permits = budgets.acquire(&peer).await;
-                        handler.push(&peer, batch).await
+                        if batch.decisions.is_empty() {
+                            // A probe of the path (an agent's link sends them
+                            // at first, `copies.rs`): answered at once.
+                            Ok(PushAck::default())
+                        } else {
+                            handler.push(&peer, batch).await
+                        }
                     }
                     Ok(None) => break,
                     Err(status) => {

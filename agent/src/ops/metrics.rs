@@ -190,7 +190,7 @@ impl Metrics {
         );
         registry.register(
             "decisions_copied",
-            "Live decisions pushed to the peer a second time, on the link's other connection, while the path loses packets",
+            "Live decisions pushed to the peer a second time, on the link's other connection, while the path loses packets or has not told yet",
             decisions_copied.clone(),
         );
         registry.register(

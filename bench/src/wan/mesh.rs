@@ -134,7 +134,13 @@ impl<'a> Mesh<'a> {
             loop {
                 let log = std::fs::read_to_string(self.cluster.log(i))
                     .with_context(|| format!("cannot read {}", self.cluster.log(i).display()))?;
-                if log.matches("the link probed its path").count() >= agents.len() - 1 {
+                // Each link once (a reconnect's session probes again).
+                let probed: std::collections::BTreeSet<&str> = log
+                    .lines()
+                    .filter(|l| l.contains("the link probed its path"))
+                    .filter_map(|l| l.split("peer=").nth(1)?.split([' ', '}']).next())
+                    .collect();
+                if probed.len() >= agents.len() - 1 {
                     break;
                 }
                 if Instant::now() > deadline {

@@ -74,6 +74,9 @@ const LOSSY_FOR: Duration = Duration::from_secs(600);
 pub(super) const PROBE_EVERY: Duration = Duration::from_millis(5);
 /// Probes a session sends at most, however few segments they make.
 pub(super) const PROBES_AT_MOST: u32 = 5 * RESENT_ONE_IN;
+/// Times a session's probing looks at its connections at most (30 s), as
+/// a copy stream that takes no probe (its queue full) sends none.
+const PROBE_LOOKS_AT_MOST: u32 = 6_000;
 /// Segments a link's connections send, none resent, before it takes its
 /// path for a clean one: twice [`RESENT_ONE_IN`], as at 2 % loss 200
 /// segments go without a loss 1.8 % of the time (a mesh of 7 masters has
@@ -92,16 +95,16 @@ enum Path {
     Clean,
 }
 
-/// What the path is taken for: lossy if `held` says so, else untold while
-/// the connections read (`looks`) have sent fewer than [`TOLD_AFTER`]
-/// segments together, or one of them is sending one again (a loss not
-/// counted until it is acknowledged).
-fn path_of(held: bool, looks: &[Sent]) -> Path {
+/// What the path is taken for: lossy if `held` says so; else clean once
+/// it `told` so; else untold while the connections read (`looks`) have
+/// sent fewer than [`TOLD_AFTER`] segments together, or one of them is
+/// sending one again (a loss not counted until it is acknowledged).
+fn path_of(held: bool, told: bool, looks: &[Sent]) -> Path {
     let sent = looks.iter().fold(0u32, |n, sent| n.saturating_add(sent.segments));
     let resending = looks.iter().any(|sent| sent.resending > 0);
     match held {
         true => Path::Lossy,
-        false if !looks.is_empty() && (sent < TOLD_AFTER || resending) => Path::Untold,
+        false if !told && !looks.is_empty() && (sent < TOLD_AFTER || resending) => Path::Untold,
         false => Path::Clean,
     }
 }
@@ -142,6 +145,9 @@ pub(super) struct Copies {
     takes_copies: bool,
     /// What the last look found, to log a change once.
     path: Path,
+    /// The path told whether it loses packets (once told, a segment being
+    /// resent no longer makes it untold: it is lost or it is not).
+    told: bool,
     rounds: KeySyncClient<Channel>,
     stream: Option<CopyStream>,
     /// When the last copy stream was opened.
@@ -169,10 +175,27 @@ impl Copies {
         lossy_until: LossyUntil,
         takes_copies: bool,
     ) -> Copies {
-        let (path, stream, opened) = (Path::Clean, None, None);
+        let (path, told, stream, opened) = (Path::Untold, false, None, None);
         let (_probing, probed) = (None, None);
-        let mut copies =
-            Copies { probes, inbound, peer, lossy_until, takes_copies, path, rounds, stream, opened, _probing, probed };
+        let mut copies = Copies {
+            probes,
+            inbound,
+            peer,
+            lossy_until,
+            takes_copies,
+            path,
+            told,
+            rounds,
+            stream,
+            opened,
+            _probing,
+            probed,
+        };
+        if takes_copies {
+            tracing::info!(
+                "the link has sent too little to tell whether its path loses packets: each live push also goes on the rounds' connection until it has sent {TOLD_AFTER} segments (it probes the path meanwhile)"
+            );
+        }
         if takes_copies && crate::fault::probes() {
             copies.open();
             if let Some(stream) = &copies.stream {
@@ -207,7 +230,8 @@ impl Copies {
         let knob = crate::fault::lossy().iter().any(|name| name == self.peer.as_str());
         let found = knob || looks.iter().any(|&(_, lossy)| lossy);
         let lossy = held(&mut self.lossy_until.lock().unwrap_or_else(|e| e.into_inner()), found, Instant::now());
-        let path = path_of(lossy, &looks.iter().map(|&(sent, _)| sent).collect::<Vec<_>>());
+        let path = path_of(lossy, self.told, &looks.iter().map(|&(sent, _)| sent).collect::<Vec<_>>());
+        self.told |= path != Path::Untold;
         if path != self.path && self.takes_copies {
             match path {
                 Path::Lossy => tracing::info!(
@@ -279,23 +303,26 @@ impl Copies {
 /// Probes the path while the session's connections (`probes`) have sent
 /// too little to tell whether it loses packets: an empty push batch on the
 /// copy stream (`tx`) every [`PROBE_EVERY`], leaving room there for a copy,
-/// until they have sent [`TOLD_AFTER`] segments or resent one, or
-/// [`PROBES_AT_MOST`] went. Says what they found; `_done` is dropped as
-/// it ends.
+/// until they find it lossy or have sent [`TOLD_AFTER`] segments with none
+/// being resent, or [`PROBES_AT_MOST`] went ([`PROBE_LOOKS_AT_MOST`]
+/// looks). Says what they found; `_done` is dropped as it ends.
 async fn probe(tx: mpsc::Sender<v1::DecisionBatch>, probes: [TcpProbe; 2], _done: oneshot::Sender<()>) {
     let mut every = tokio::time::interval(PROBE_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut n_probes = 0u32;
-    loop {
+    for n_looks in 1.. {
         every.tick().await;
-        let looks: Vec<Sent> = probes.iter().filter_map(TcpProbe::sent).collect();
+        let looks: Vec<(Sent, bool)> = probes.iter().filter_map(TcpProbe::look).collect();
         if looks.is_empty() {
             // Closed, or a kernel that does not tell (before 4.19).
             return;
         }
-        let segments = looks.iter().fold(0u32, |n, sent| n.saturating_add(sent.segments));
-        let resent = looks.iter().fold(0u32, |n, sent| n.saturating_add(sent.retransmitted));
-        if segments >= TOLD_AFTER || resent > 0 || n_probes >= PROBES_AT_MOST {
+        let segments = looks.iter().fold(0u32, |n, (sent, _)| n.saturating_add(sent.segments));
+        let resent = looks.iter().fold(0u32, |n, (sent, _)| n.saturating_add(sent.retransmitted));
+        let lossy = looks.iter().any(|&(_, lossy)| lossy);
+        let resending = looks.iter().any(|(sent, _)| sent.resending > 0);
+        let told = lossy || (segments >= TOLD_AFTER && !resending);
+        if told || n_probes >= PROBES_AT_MOST || n_looks >= PROBE_LOOKS_AT_MOST {
             tracing::info!(n_probes, segments, resent, "the link probed its path");
             return;
         }
@@ -328,14 +355,16 @@ mod tests {
     #[test]
     fn a_path_is_untold_until_its_connections_sent_enough_to_tell() {
         let sent = |segments| Sent { segments, retransmitted: 0, resending: 0 };
-        assert_eq!(path_of(false, &[sent(0), sent(0)]), Path::Untold, "a new session");
-        assert_eq!(path_of(false, &[sent(320), sent(79)]), Path::Untold, "399 together");
-        assert_eq!(path_of(false, &[sent(320), sent(80)]), Path::Clean);
+        assert_eq!(path_of(false, false, &[sent(0), sent(0)]), Path::Untold, "a new session");
+        assert_eq!(path_of(false, false, &[sent(320), sent(79)]), Path::Untold, "399 together");
+        assert_eq!(path_of(false, false, &[sent(320), sent(80)]), Path::Clean);
         let resending = Sent { resending: 1, ..sent(500) };
-        assert_eq!(path_of(false, &[resending, sent(80)]), Path::Untold, "a loss not acknowledged yet");
-        assert_eq!(path_of(true, &[sent(320), sent(80)]), Path::Lossy);
-        assert_eq!(path_of(true, &[sent(3)]), Path::Lossy, "lossy before it told (the knob, or a hold)");
-        assert_eq!(path_of(false, &[]), Path::Clean, "nothing read: no copies, as before Linux 4.19");
+        assert_eq!(path_of(false, false, &[resending, sent(80)]), Path::Untold, "a loss not acknowledged yet");
+        assert_eq!(path_of(false, true, &[resending, sent(80)]), Path::Clean, "told clean before it");
+        assert_eq!(path_of(false, true, &[sent(3)]), Path::Clean, "told (a reading of fewer connections)");
+        assert_eq!(path_of(true, false, &[sent(320), sent(80)]), Path::Lossy);
+        assert_eq!(path_of(true, false, &[sent(3)]), Path::Lossy, "lossy before it told (the knob, or a hold)");
+        assert_eq!(path_of(false, false, &[]), Path::Clean, "nothing read: no copies, as before Linux 4.19");
     }
 
     #[test]

@@ -122,6 +122,10 @@ pub(super) async fn during<F: std::future::Future>(
                 Err(broadcast::error::RecvError::Closed) => open = false,
             },
             ack = push.acks.message(), if push.unacked > 0 => push.acknowledged(ack)?,
+            // As between rounds (`peers.rs`): copies stop once a path tells clean.
+            () = push.copies.probes_ended() => {
+                push.copies.wanted();
+            }
         }
         while let Some(batches) = link.poll_push() {
             push.waiting.extend(batches);
