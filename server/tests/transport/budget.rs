@@ -73,23 +73,28 @@ impl Handler for SlowPushes {
     }
 }
 
+/// Master "b" serving `peers` with [`SlowPushes`]: its CA, its address,
+/// the handler, and what stops it.
+async fn serve_slow_pushes(peers: &[&str]) -> (Pki, String, Arc<SlowPushes>, CancellationToken) {
+    let pki = Pki::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let handler = Arc::new(SlowPushes::default());
+    let shutdown = CancellationToken::new();
+    let allowed_peers = peers.iter().map(|p| PeerName::new(p).unwrap()).collect();
+    let opts = ServeOptions { allowed_peers, ..ServeOptions::default() };
+    let tls = pki.setup(&["b"]);
+    tokio::spawn({
+        let (handler, shutdown) = (handler.clone(), shutdown.clone());
+        async move { serve(listener, &tls, opts, handler, Arc::new(|_| {}), shutdown).await }
+    });
+    (pki, addr, handler, shutdown)
+}
+
 #[tokio::test]
 async fn calls_wait_for_their_budget_and_connections_per_peer_are_capped() {
     bounded(async {
-        let pki = Pki::new();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let handler = Arc::new(SlowPushes::default());
-        let shutdown = CancellationToken::new();
-        let opts = ServeOptions {
-            allowed_peers: vec![PeerName::new("a").unwrap(), PeerName::new("c").unwrap()],
-            ..ServeOptions::default()
-        };
-        let tls = pki.setup(&["b"]);
-        tokio::spawn({
-            let (handler, shutdown) = (handler.clone(), shutdown.clone());
-            async move { serve(listener, &tls, opts, handler, Arc::new(|_| {}), shutdown).await }
-        });
+        let (pki, addr, handler, shutdown) = serve_slow_pushes(&["a", "c"]).await;
         let mut calls = Vec::new();
         for peer in ["a", "c"] {
             let client = keysync_server::connect(&addr, "b", &pki.setup(&[peer]), MAX_MESSAGE, CONNECT_TIMEOUT)
@@ -154,17 +159,7 @@ async fn calls_wait_for_their_budget_and_connections_per_peer_are_capped() {
 #[tokio::test]
 async fn probes_of_the_path_are_answered_without_the_handler() {
     bounded(async {
-        let pki = Pki::new();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let handler = Arc::new(SlowPushes::default());
-        let shutdown = CancellationToken::new();
-        let opts = ServeOptions { allowed_peers: vec![PeerName::new("a").unwrap()], ..ServeOptions::default() };
-        let tls = pki.setup(&["b"]);
-        tokio::spawn({
-            let (handler, shutdown) = (handler.clone(), shutdown.clone());
-            async move { serve(listener, &tls, opts, handler, Arc::new(|_| {}), shutdown).await }
-        });
+        let (pki, addr, handler, shutdown) = serve_slow_pushes(&["a"]).await;
         let mut client = keysync_server::connect(&addr, "b", &pki.setup(&["a"]), MAX_MESSAGE, CONNECT_TIMEOUT)
             .await
             .expect("a peer connects");
