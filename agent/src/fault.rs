@@ -24,8 +24,8 @@
 //! `SALT_KEYSYNC_FAULT_LOSSY=master-b` makes this agent's link to master-b
 //! find its path lossy (a comma-separated list names several), so it pushes
 //! each live decision twice. And a link that has not told its path yet,
-//! which loopback tells within seconds: `SALT_KEYSYNC_FAULT_NO_PROBES=1`
-//! makes this agent's links send no probes of their paths.
+//! which loopback tells within seconds: `SALT_KEYSYNC_FAULT_NO_PROBES` set
+//! (to anything) makes this agent's links send no probes of their paths.
 
 /// Milliseconds added to the wall clock (negative: behind).
 #[cfg(feature = "fault-injection")]

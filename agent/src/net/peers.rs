@@ -265,10 +265,8 @@ impl PeerLink {
                     push.acknowledged(ack)?;
                     push.flush(link).await?;
                 }
-                // The path told (or the probes gave up): copies stop on a clean one.
-                () = copies.probes_ended() => {
-                    push.copies.wanted();
-                }
+                // The path told: copies stop on a clean one.
+                found = copies.probes_ended() => push.copies.probes_found(found),
                 () = timer.as_mut(), if *timer_armed => {
                     *timer_armed = false;
                     push.copies.wanted();

@@ -1,9 +1,9 @@
 //! Budgets for authenticated peers (`budget.rs`, `control.rs`): one peer's
 //! pushed batches are handled two at a time, all peers' three at a time, the
-//! rest wait unread (slowed, not buffered); a peer's third push stream at
+//! rest wait unread (slowed, not buffered); a peer's fifth push stream at
 //! once is refused, an idle stream holds no budget, and a peer holds at most
-//! six connections. An empty batch, a probe of the path, is answered at
-//! once and reaches no handler.
+//! six connections. An empty batch, a probe of the path, reaches no
+//! handler, and waits for its peer's permits as any batch.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -172,6 +172,25 @@ async fn probes_of_the_path_are_answered_without_the_handler() {
         }
         assert_eq!(n_acks, 200, "one ack per probe");
         assert_eq!(handler.done.load(Ordering::SeqCst), 0, "no probe reached the handler");
+
+        // While two of the peer's pushes hold its two permits, a probe waits.
+        let mut slow = Vec::new();
+        for _ in 0..CALLS_PER_PEER {
+            let mut client = client.clone();
+            slow.push(tokio::spawn(async move {
+                let mut acks = client.push(tokio_stream::iter([batch()])).await?.into_inner();
+                acks.message().await
+            }));
+        }
+        while handler.now_a.load(Ordering::SeqCst) < CALLS_PER_PEER {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let mut acks = client.push(tokio_stream::iter([DecisionBatch::default()])).await.unwrap().into_inner();
+        acks.message().await.expect("the probe is answered").expect("an ack");
+        assert!(handler.done.load(Ordering::SeqCst) >= 1, "the probe waited for a permit");
+        for push in slow {
+            push.await.unwrap().expect("the slow pushes are answered");
+        }
         shutdown.cancel();
     })
     .await;

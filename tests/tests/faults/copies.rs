@@ -55,6 +55,7 @@ async fn live_pushes_go_twice_while_a_path_loses_packets_or_has_not_told() {
         // it would pass 400 segments within a minute or two).
         let config = std::fs::read_to_string(&f.config_path).unwrap();
         let config = config.replace("anti_entropy_interval = \"1s\"", "anti_entropy_interval = \"60s\"");
+        assert!(config.contains("anti_entropy_interval = \"60s\""), "rounds a minute apart:\n{config}");
         write_private(&f.config_path, &config);
     })
     .await;

@@ -19,16 +19,19 @@
 //! [`RESENT_ONE_IN`] of its recent segments loses enough for a percent of
 //! pushes to wait for TCP's recovery.
 //!
-//! A link that has sent too little to tell (fewer than [`TOLD_AFTER`]
-//! segments since it connected, none resent, none being resent) copies
-//! too: a path's first
-//! lost push came seconds late at 300 ms, and every link is new after a
-//! restart or an upgrade. It tells soon: each session probes its path,
-//! sending empty push batches on the copy stream every [`PROBE_EVERY`]
-//! until its connections have sent [`TOLD_AFTER`] segments or resent one
-//! (at most [`PROBES_AT_MOST`]; the peer answers each at once, and its
-//! answers tell the peer's links of the path the same way). On a clean
-//! path that takes a second or two at 300 ms, tens of kilobytes, after
+//! A link whose path has not told yet copies too (its connections have
+//! sent fewer than [`TOLD_AFTER`] segments together, or one is being sent
+//! again): a path's first lost push came seconds late at 300 ms, and every
+//! link is new after a restart or an upgrade. It tells soon: each session
+//! probes its path, sending empty push batches on the copy stream every
+//! [`PROBE_EVERY`] until its own connections find it lossy or have sent
+//! [`TOLD_AFTER`] segments with none being resent (at most
+//! [`PROBES_AT_MOST`]; the peer answers each without its core, and its
+//! answers tell the peer's links of the path the same way). What the
+//! probes found is what the path told; if they could not tell (the copy
+//! stream refused, the connections starved), the path is taken for a clean
+//! one, as before probes: no copies without a loss. On a clean path that
+//! takes a second or two at 300 ms and about a hundred kilobytes, after
 //! which pushes go once; a master that decides in that time copies its
 //! first few decisions.
 //!
@@ -82,6 +85,16 @@ const PROBE_LOOKS_AT_MOST: u32 = 6_000;
 /// segments go without a loss 1.8 % of the time (a mesh of 7 masters has
 /// 42 links), 400 0.03 %.
 pub(super) const TOLD_AFTER: u32 = 2 * RESENT_ONE_IN;
+
+/// What a session's probes found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Probed {
+    Lossy,
+    Clean,
+    /// Nothing: the copy stream was refused or closed, the connections
+    /// closed, or the probes ran out first.
+    GaveUp,
+}
 
 /// What a link takes its path for, from its connections' looks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,8 +168,8 @@ pub(super) struct Copies {
     /// The session's probes of its path, sent while it has sent too little
     /// to tell; they end with the session.
     _probing: Option<AbortOnDropHandle<()>>,
-    /// Told when the probes end, to look at the path again then.
-    probed: Option<oneshot::Receiver<()>>,
+    /// Told what the probes found when they end.
+    probed: Option<oneshot::Receiver<Probed>>,
 }
 
 /// The push stream of the copies: fed without waiting, its acknowledgements
@@ -208,16 +221,28 @@ impl Copies {
         copies
     }
 
-    /// Resolves once the session's probes of its path have ended (never,
-    /// if it sends none, or after it resolved once).
-    pub(super) async fn probes_ended(&mut self) {
+    /// What the session's probes of its path found, once they have ended
+    /// (never, if it sends none, or after it resolved once).
+    pub(super) async fn probes_ended(&mut self) -> Probed {
         match &mut self.probed {
             Some(probed) => {
-                let _ = probed.await;
+                let found = probed.await.unwrap_or(Probed::GaveUp);
                 self.probed = None;
+                found
             }
             None => std::future::pending().await,
         }
+    }
+
+    /// The probes ended, having `found` that: the path has told (a path
+    /// they could not tell is taken for a clean one, as before probes),
+    /// and the copies follow it (the copy stream closes on a clean path).
+    pub(super) fn probes_found(&mut self, found: Probed) {
+        self.told = true;
+        if found == Probed::Lossy {
+            held(&mut self.lossy_until.lock().unwrap_or_else(|e| e.into_inner()), true, Instant::now());
+        }
+        self.wanted();
     }
 
     /// Whether live pushes go twice now (logged when that changes). Read
@@ -231,7 +256,8 @@ impl Copies {
         let found = knob || looks.iter().any(|&(_, lossy)| lossy);
         let lossy = held(&mut self.lossy_until.lock().unwrap_or_else(|e| e.into_inner()), found, Instant::now());
         let path = path_of(lossy, self.told, &looks.iter().map(|&(sent, _)| sent).collect::<Vec<_>>());
-        self.told |= path != Path::Untold;
+        // A hold from an earlier session is not this session's telling.
+        self.told |= path == Path::Clean;
         if path != self.path && self.takes_copies {
             match path {
                 Path::Lossy => tracing::info!(
@@ -247,7 +273,8 @@ impl Copies {
             }
         }
         self.path = path;
-        if path == Path::Clean && self.stream.take().is_some() {
+        // Not while probing: the probes go on it (and end soon).
+        if path == Path::Clean && self.probed.is_none() && self.stream.take().is_some() {
             // Closed, so that it holds none of the peer's four push streams
             // (a lost session's may still hold some there); opened again
             // at the next copy, whenever that is.
@@ -305,35 +332,38 @@ impl Copies {
 /// copy stream (`tx`) every [`PROBE_EVERY`], leaving room there for a copy,
 /// until they find it lossy or have sent [`TOLD_AFTER`] segments with none
 /// being resent, or [`PROBES_AT_MOST`] went ([`PROBE_LOOKS_AT_MOST`]
-/// looks). Says what they found; `_done` is dropped as it ends.
-async fn probe(tx: mpsc::Sender<v1::DecisionBatch>, probes: [TcpProbe; 2], _done: oneshot::Sender<()>) {
+/// looks). Says what they found, in the log and on `done`.
+async fn probe(tx: mpsc::Sender<v1::DecisionBatch>, probes: [TcpProbe; 2], done: oneshot::Sender<Probed>) {
     let mut every = tokio::time::interval(PROBE_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut n_probes = 0u32;
-    for n_looks in 1.. {
+    let (mut n_probes, mut n_looks) = (0u32, 0u32);
+    let (found, segments, resent) = loop {
         every.tick().await;
+        n_looks += 1;
         let looks: Vec<(Sent, bool)> = probes.iter().filter_map(TcpProbe::look).collect();
-        if looks.is_empty() {
-            // Closed, or a kernel that does not tell (before 4.19).
-            return;
-        }
         let segments = looks.iter().fold(0u32, |n, (sent, _)| n.saturating_add(sent.segments));
         let resent = looks.iter().fold(0u32, |n, (sent, _)| n.saturating_add(sent.retransmitted));
-        let lossy = looks.iter().any(|&(_, lossy)| lossy);
         let resending = looks.iter().any(|(sent, _)| sent.resending > 0);
-        let told = lossy || (segments >= TOLD_AFTER && !resending);
-        if told || n_probes >= PROBES_AT_MOST || n_looks >= PROBE_LOOKS_AT_MOST {
-            tracing::info!(n_probes, segments, resent, "the link probed its path");
-            return;
+        if looks.iter().any(|&(_, lossy)| lossy) {
+            break (Probed::Lossy, segments, resent);
+        }
+        if segments >= TOLD_AFTER && !resending {
+            break (Probed::Clean, segments, resent);
+        }
+        // Closed (or a kernel that does not tell, before 4.19), or too long.
+        if looks.is_empty() || n_probes >= PROBES_AT_MOST || n_looks >= PROBE_LOOKS_AT_MOST {
+            break (Probed::GaveUp, segments, resent);
         }
         if tx.capacity() > 1 {
             match tx.try_send(v1::DecisionBatch::default()) {
                 Ok(()) => n_probes += 1,
                 Err(mpsc::error::TrySendError::Full(_)) => {}
-                Err(mpsc::error::TrySendError::Closed(_)) => return,
+                Err(mpsc::error::TrySendError::Closed(_)) => break (Probed::GaveUp, segments, resent),
             }
         }
-    }
+    };
+    tracing::info!(?found, n_probes, segments, resent, "the link probed its path");
+    let _ = done.send(found);
 }
 
 #[cfg(test)]

@@ -123,9 +123,7 @@ pub(super) async fn during<F: std::future::Future>(
             },
             ack = push.acks.message(), if push.unacked > 0 => push.acknowledged(ack)?,
             // As between rounds (`peers.rs`): copies stop once a path tells clean.
-            () = push.copies.probes_ended() => {
-                push.copies.wanted();
-            }
+            found = push.copies.probes_ended() => push.copies.probes_found(found),
         }
         while let Some(batches) = link.poll_push() {
             push.waiting.extend(batches);
