@@ -341,18 +341,21 @@ async fn probe(tx: mpsc::Sender<v1::DecisionBatch>, probes: [TcpProbe; 2], done:
         every.tick().await;
         n_looks += 1;
         let looks: Vec<(Sent, bool)> = probes.iter().filter_map(TcpProbe::look).collect();
-        let segments = looks.iter().fold(0u32, |n, (sent, _)| n.saturating_add(sent.segments));
-        let resent = looks.iter().fold(0u32, |n, (sent, _)| n.saturating_add(sent.retransmitted));
-        let resending = looks.iter().any(|(sent, _)| sent.resending > 0);
-        if looks.iter().any(|&(_, lossy)| lossy) {
-            break (Probed::Lossy, segments, resent);
-        }
-        if segments >= TOLD_AFTER && !resending {
-            break (Probed::Clean, segments, resent);
-        }
-        // Closed (or a kernel that does not tell, before 4.19), or too long.
-        if looks.is_empty() || n_probes >= PROBES_AT_MOST || n_looks >= PROBE_LOOKS_AT_MOST {
+        let sent: Vec<Sent> = looks.iter().map(|&(sent, _)| sent).collect();
+        let segments = sent.iter().fold(0u32, |n, sent| n.saturating_add(sent.segments));
+        let resent = sent.iter().fold(0u32, |n, sent| n.saturating_add(sent.retransmitted));
+        // Closed (or a kernel that does not tell, before 4.19).
+        if looks.is_empty() {
             break (Probed::GaveUp, segments, resent);
+        }
+        // The link's own rule, on these connections alone.
+        match path_of(looks.iter().any(|&(_, lossy)| lossy), false, &sent) {
+            Path::Lossy => break (Probed::Lossy, segments, resent),
+            Path::Clean => break (Probed::Clean, segments, resent),
+            Path::Untold if n_probes >= PROBES_AT_MOST || n_looks >= PROBE_LOOKS_AT_MOST => {
+                break (Probed::GaveUp, segments, resent)
+            }
+            Path::Untold => {}
         }
         if tx.capacity() > 1 {
             match tx.try_send(v1::DecisionBatch::default()) {
