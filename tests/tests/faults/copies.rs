@@ -27,10 +27,20 @@ fn counter(text: &str, name: &str, labels: &[&str]) -> u64 {
         .sum()
 }
 
-/// Whether master `idx`'s link to `peer` says it probed its path.
-fn probed(cluster: &FaultCluster, idx: usize, peer: &str) -> bool {
+/// Whether master `idx`'s link to `peer` has said `what` in its log.
+fn said(cluster: &FaultCluster, idx: usize, peer: &str, what: &str) -> bool {
     let log = std::fs::read_to_string(cluster.log(idx)).unwrap_or_default();
-    log.lines().any(|l| l.contains(&format!("peer={peer} ")) && l.contains("the link probed its path"))
+    log.lines().any(|l| l.contains(&format!("peer={peer} ")) && l.contains(what))
+}
+
+/// Accepts `ids` on the master of `pki` one at a time, each pushed live,
+/// and waits for every master to agree.
+async fn accept_one_by_one(cluster: &FaultCluster, pki: &std::path::Path, ids: &[String]) {
+    for id in ids {
+        std::fs::rename(path(pki, "minions_pre", id), path(pki, "minions", id)).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    converged(cluster, Duration::from_secs(30)).await;
 }
 
 /// Master `idx`'s copies to `peer` so far.
@@ -74,22 +84,18 @@ async fn live_pushes_go_twice_while_a_path_loses_packets_or_has_not_told() {
     // master-b's links have probed their paths: the one to master-c found
     // it clean (loopback resent nothing), the one to master-a lossy (the knob).
     for peer in ["master-a", "master-c"] {
-        wait_until(Duration::from_secs(60), "the link probed its path", || probed(&cluster, 1, peer)).await;
+        wait_until(Duration::from_secs(60), "the link probed its path", || {
+            said(&cluster, 1, peer, "the link probed its path")
+        })
+        .await;
     }
     wait_until(Duration::from_secs(30), "master-b's link to master-c pushes once", || {
-        std::fs::read_to_string(cluster.log(1))
-            .unwrap_or_default()
-            .lines()
-            .any(|l| l.contains("peer=master-c ") && l.contains("live pushes go once"))
+        said(&cluster, 1, "master-c", "live pushes go once")
     })
     .await;
 
     // master-a accepts one key at a time, each pushed live.
-    for id in &from_a {
-        std::fs::rename(path(&a, "minions_pre", id), path(&a, "minions", id)).unwrap();
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    converged(&cluster, Duration::from_secs(30)).await;
+    accept_one_by_one(&cluster, &a, &from_a).await;
     // Each, but for one the copy stream could not take at once (it takes
     // four at a time, and sends them as they come).
     let a_to_c = copied(metrics[0], "master-c");
@@ -114,11 +120,7 @@ async fn live_pushes_go_twice_while_a_path_loses_packets_or_has_not_told() {
     }
 
     // master-b: twice to master-a (lossy), once to master-c (probed clean).
-    for id in &from_b {
-        std::fs::rename(path(&b, "minions_pre", id), path(&b, "minions", id)).unwrap();
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    converged(&cluster, Duration::from_secs(30)).await;
+    accept_one_by_one(&cluster, &b, &from_b).await;
     let b_to_a = copied(metrics[1], "master-a");
     assert!(b_to_a >= from_b.len() as u64 / 2, "master-b's lossy path to master-a: {b_to_a} copied");
     assert_eq!(copied(metrics[1], "master-c"), 0, "master-b's path to master-c, probed and clean: no copies");
