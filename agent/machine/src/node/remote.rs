@@ -356,7 +356,7 @@ impl Node {
             })
             .collect();
         let writes: Vec<Decision> = planned.iter().filter_map(|(_, e)| e.write.clone()).collect();
-        let mut done: Vec<(Merged, Effect, Option<Applied>)> = Vec::new();
+        let mut done: Vec<(Merged, Effect, Option<Applied>)> = Vec::with_capacity(planned.len());
         let mut revoked = false;
         if !writes.is_empty() {
             // The peers' decisions are journalled, not what they make the

@@ -282,8 +282,9 @@ impl AuditLog {
     fn append_all(&self, tail: &mut Tail, records: Vec<Record>) -> bool {
         let time = now_rfc3339();
         let (mut seq, mut last_hash) = (tail.seq, tail.last_hash.clone());
-        let mut lines = String::new();
         let n = records.len();
+        // Each line serialized in place, at the end of the batch's buffer.
+        let mut lines: Vec<u8> = Vec::with_capacity(n.saturating_mul(LINE_BYTES));
         let first_action = records.first().map(|r| r.action.clone()).unwrap_or_default();
         for mut record in records {
             record.time.clone_from(&time);
@@ -291,12 +292,12 @@ impl AuditLog {
             seq += 1;
             record.seq = seq;
             record.prev = last_hash;
-            let line = serde_json::to_string(&record).expect("records serialize");
-            last_hash = line_hash(line.as_bytes());
-            lines.push_str(&line);
-            lines.push('\n');
+            let start = lines.len();
+            serde_json::to_writer(&mut lines, &record).expect("records serialize");
+            last_hash = line_hash(&lines[start..]);
+            lines.push(b'\n');
         }
-        let result = match (&*tail.file).write(lines.as_bytes()) {
+        let result = match (&*tail.file).write(&lines) {
             Ok(written) if written == lines.len() => Ok(()),
             Ok(written) => {
                 // A short write (disk full): cut it off so the file keeps whole lines.
@@ -364,6 +365,10 @@ impl AuditLog {
 /// Lines appended per write by a [`Batch`]: few system calls for a burst of
 /// 10,000 decisions, and no 100,000-line buffer for a first start.
 pub const BATCH_LINES: usize = 1024;
+
+/// Room kept per line in a write's buffer: a decision's line is about 400
+/// bytes (a join of 200,000 keys wrote 76.7 MB); a longer batch grows it.
+const LINE_BYTES: usize = 512;
 
 /// Records appended in order, [`BATCH_LINES`] per write; the rest when dropped.
 pub struct Batch<'a> {
