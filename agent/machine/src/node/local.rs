@@ -25,6 +25,10 @@ pub(super) const RECONCILE_CHUNK: usize = 5000;
 /// seconds every `rescan_interval`.
 pub const RESCAN_STEP: usize = 5000;
 
+/// Settled names read at once from this many on are asked for ahead
+/// ([`Runtime::read_soon`]).
+const READ_AHEAD_FROM: usize = 256;
+
 /// The periodic rescan under way: the names it reads, and how far it got.
 #[derive(Debug)]
 pub(super) struct Rescanning {
@@ -39,8 +43,18 @@ impl Node {
         if due.is_empty() {
             return;
         }
-        let decisions: Vec<Decision> =
-            due.iter().filter_map(|name| self.observe_name(name, None, ObserveMode::Live, now, rt)).collect();
+        // Every name, after lost events (`recheck_all`): each read in all
+        // three folders, the next chunk's asked for while one is read, as a
+        // scan does. A few names are read before a thread could ask.
+        let mut ahead = due.iter().map(|name| (name.as_str(), InFolders::ALL));
+        let mut decisions: Vec<Decision> = Vec::new();
+        for (at, name) in due.iter().enumerate() {
+            if due.len() >= READ_AHEAD_FROM && at % RECONCILE_CHUNK == 0 {
+                let first = if at == 0 { RECONCILE_CHUNK } else { 0 };
+                read_soon(ahead.by_ref().take(first + RECONCILE_CHUNK), rt);
+            }
+            decisions.extend(self.observe_name(name, None, ObserveMode::Live, now, rt));
+        }
         self.record_local(decisions, None, now, rt);
         if self.pending.capacity() > 4 * self.pending.len() + 1024 {
             // A burst of pending keys was decided: hand the map's memory back.
@@ -269,12 +283,21 @@ impl Node {
             self.settler.note_listed(&all.listed, now.mono);
         }
         let mut decisions: Vec<Decision> = Vec::new();
-        for (name, folders) in all.iter_placed() {
+        // It reads every key file, as a start does: the next chunk's files
+        // are asked for while one is read (a name left to the settler too:
+        // asking is only a hint).
+        let mut ahead = all.iter_placed();
+        read_soon(ahead.by_ref().take(RECONCILE_CHUNK), rt);
+        for (at, (name, folders)) in all.iter_placed().enumerate() {
+            if at % RECONCILE_CHUNK == 0 {
+                read_soon(ahead.by_ref().take(RECONCILE_CHUNK), rt);
+            }
             if self.settler.is_unsettled(name) {
                 continue;
             }
             decisions.extend(self.observe_name(name, Some(folders), mode, now, rt));
         }
+        drop(ahead);
         drop(all);
         if !decisions.is_empty() {
             rt.audit(Event::RescanFound { n: decisions.len(), why: why.to_string() });

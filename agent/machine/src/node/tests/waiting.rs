@@ -225,9 +225,11 @@ fn a_scan_reads_each_key_in_the_folders_its_listing_names() {
 
 /// A scan names the files it reads next before it reads them (the agent
 /// has the kernel read them ahead: `disk/pki/ahead.rs`): a start each
-/// chunk's, the next one's while it reads one, and each step of the
-/// periodic rescan its own. Every file read was named, every file named is
-/// read, and no more than two chunks are named ahead.
+/// chunk's, the next one's while it reads one, each step of the periodic
+/// rescan its own, and a whole rescan (after a failed write) and the
+/// names read again after lost events as a start.
+/// Every file read was named, every file named is read, and no more than
+/// two chunks are named ahead.
 #[test]
 fn a_scan_names_the_files_it_reads_next_before_it_reads_them() {
     use super::super::local::{RECONCILE_CHUNK, RESCAN_STEP};
@@ -257,9 +259,21 @@ fn a_scan_names_the_files_it_reads_next_before_it_reads_them() {
     check(&log, 2 * RECONCILE_CHUNK + 1);
 
     tick_until(&mut node, &mut rt, base, 3601.0);
-    let log = rt.read_log.take().unwrap();
+    let log = rt.read_log.replace(Vec::new()).unwrap();
     assert_eq!(log.iter().filter(|(soon, ..)| !soon).count(), n + 1);
     check(&log, RESCAN_STEP + 1);
+
+    node.rescan("retry after a failed write", at(base, 3602.0), &mut rt);
+    let log = rt.read_log.replace(Vec::new()).unwrap();
+    assert_eq!(log.iter().filter(|(soon, ..)| !soon).count(), n + 1);
+    check(&log, 2 * RECONCILE_CHUNK + 1);
+
+    // Lost events: every name read again once settled, in all three folders.
+    node.on_lost("inotify queue overflow", at(base, 3603.0), &mut rt);
+    tick_until(&mut node, &mut rt, base, 3610.0);
+    let log = rt.read_log.take().unwrap();
+    assert_eq!(log.iter().filter(|(soon, ..)| !soon).count(), 3 * n);
+    check(&log, 3 * 2 * RECONCILE_CHUNK);
 }
 
 /// A key moved to another folder between the periodic rescan's listing and
