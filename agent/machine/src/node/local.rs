@@ -43,9 +43,10 @@ impl Node {
         if due.is_empty() {
             return;
         }
-        // Every name, after lost events (`recheck_all`): each read in all
-        // three folders, the next chunk's asked for while one is read, as a
-        // scan does. A few names are read before a thread could ask.
+        // Many names at once (after lost events, `recheck_all`, every name):
+        // each read in all three folders, the next chunk's asked for while
+        // one is read, as a scan does. Fewer than `READ_AHEAD_FROM` are read
+        // without asking: most often one, its file just written.
         let mut ahead = due.iter().map(|name| (name.as_str(), InFolders::ALL));
         let mut decisions: Vec<Decision> = Vec::new();
         for (at, name) in due.iter().enumerate() {
@@ -285,12 +286,14 @@ impl Node {
         let mut decisions: Vec<Decision> = Vec::new();
         // It reads every key file, as a start does: the next chunk's files
         // are asked for while one is read (a name left to the settler too:
-        // asking is only a hint).
+        // asking is only a hint). The first two chunks in one call: the
+        // runtime decides at each call by what reads found since the last,
+        // and a second call before any read would find nothing.
         let mut ahead = all.iter_placed();
-        read_soon(ahead.by_ref().take(RECONCILE_CHUNK), rt);
         for (at, (name, folders)) in all.iter_placed().enumerate() {
             if at % RECONCILE_CHUNK == 0 {
-                read_soon(ahead.by_ref().take(RECONCILE_CHUNK), rt);
+                let first = if at == 0 { RECONCILE_CHUNK } else { 0 };
+                read_soon(ahead.by_ref().take(first + RECONCILE_CHUNK), rt);
             }
             if self.settler.is_unsettled(name) {
                 continue;
