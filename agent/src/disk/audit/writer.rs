@@ -367,7 +367,7 @@ impl AuditLog {
 pub const BATCH_LINES: usize = 1024;
 
 /// Room kept per line in a write's buffer: a decision's line is about 400
-/// bytes (a join of 200,000 keys wrote 76.7 MB); a longer batch grows it.
+/// bytes (a join of 200,000 keys wrote 76.7 MB); longer lines grow it.
 const LINE_BYTES: usize = 512;
 
 /// Records appended in order, [`BATCH_LINES`] per write; the rest when dropped.
