@@ -50,9 +50,8 @@ impl Node {
         let mut ahead = due.iter().map(|name| (name.as_str(), InFolders::ALL));
         let mut decisions: Vec<Decision> = Vec::new();
         for (at, name) in due.iter().enumerate() {
-            if due.len() >= READ_AHEAD_FROM && at % RECONCILE_CHUNK == 0 {
-                let first = if at == 0 { RECONCILE_CHUNK } else { 0 };
-                read_soon(ahead.by_ref().take(first + RECONCILE_CHUNK), rt);
+            if due.len() >= READ_AHEAD_FROM {
+                read_soon_at(at, &mut ahead, rt);
             }
             decisions.extend(self.observe_name(name, None, ObserveMode::Live, now, rt));
         }
@@ -286,15 +285,10 @@ impl Node {
         let mut decisions: Vec<Decision> = Vec::new();
         // It reads every key file, as a start does: the next chunk's files
         // are asked for while one is read (a name left to the settler too:
-        // asking is only a hint). The first two chunks in one call: the
-        // runtime decides at each call by what reads found since the last,
-        // and a second call before any read would find nothing.
+        // asking is only a hint).
         let mut ahead = all.iter_placed();
         for (at, (name, folders)) in all.iter_placed().enumerate() {
-            if at % RECONCILE_CHUNK == 0 {
-                let first = if at == 0 { RECONCILE_CHUNK } else { 0 };
-                read_soon(ahead.by_ref().take(first + RECONCILE_CHUNK), rt);
-            }
+            read_soon_at(at, &mut ahead, rt);
             if self.settler.is_unsettled(name) {
                 continue;
             }
@@ -470,6 +464,18 @@ fn read_soon<'a>(names: impl Iterator<Item = (&'a str, InFolders)>, rt: &mut imp
         .collect();
     if !files.is_empty() {
         rt.read_soon(&files);
+    }
+}
+
+/// At name `at` of a scan reading the names `ahead` yields, in order: at
+/// the first, asks for the first two chunks of [`RECONCILE_CHUNK`] names
+/// (in one call: the runtime decides at each call by what reads found
+/// since the last, and a second call before any read would find nothing),
+/// and at each chunk's first name after, for the chunk after it.
+fn read_soon_at<'a>(at: usize, ahead: &mut impl Iterator<Item = (&'a str, InFolders)>, rt: &mut impl Runtime) {
+    if at.is_multiple_of(RECONCILE_CHUNK) {
+        let first = if at == 0 { RECONCILE_CHUNK } else { 0 };
+        read_soon(ahead.take(first + RECONCILE_CHUNK), rt);
     }
 }
 
