@@ -2,6 +2,9 @@
 
 use super::*;
 use crate::core::{PublicKey, Verdict, Version};
+use crate::disk::audit::AuditLog;
+use crate::disk::pki::Owner;
+use crate::disk::store::Store;
 use keysync_machine::testkit::PUB;
 
 fn core_in(dir: &std::path::Path) -> (Core, CoreHandle, mpsc::Receiver<Request>) {
