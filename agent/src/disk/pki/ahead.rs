@@ -17,11 +17,18 @@
 //! warm, and the reads alone would turn it off every other batch. Where
 //! every file is in memory, nothing is asked past a life's first two
 //! batches: opening each file twice would cost a warm start's CPU for
-//! nothing.
+//! nothing. A batch not asked for by that rule is still handed to the
+//! thread as a probe: it looks at its first [`PROBE_FILES`] files, and
+//! reads the whole batch ahead only if one of them is not in memory. A
+//! scan after a quiet time (lost events, a rescan hours after the start)
+//! then has its first files read ahead too, where the reads, all warm
+//! since the last batch, could not tell (its first two batches, 10,000
+//! names, were read one after another).
 //!
 //! It is a hint: a batch the thread has no room for is dropped, a file that
 //! cannot be opened is left to the read, which tells what it finds.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 
@@ -33,10 +40,21 @@ const QUEUED: usize = 2;
 /// Batches asked for whatever the reads found: a life's first, before any
 /// read could tell.
 const FIRST_BATCHES: u32 = 2;
+/// Files of a batch the rule did not ask for that the thread looks at:
+/// when none of them is found not in memory, it reads no further.
+pub const PROBE_FILES: usize = 32;
+
+/// Files named for the thread, and whether only to probe them.
+struct Batch {
+    files: Vec<(Folder, String)>,
+    probe: bool,
+}
 
 pub struct ReadAhead {
     pki: Arc<Pki>,
-    to: Option<SyncSender<Vec<(Folder, String)>>>,
+    to: Option<SyncSender<Batch>>,
+    /// Batches the thread finished (read ahead, or probed and left).
+    finished: Arc<AtomicU64>,
     /// The reads that had found a file not in memory when last told.
     cold_seen: u64,
     batches: u32,
@@ -46,23 +64,27 @@ pub struct ReadAhead {
 
 impl ReadAhead {
     pub fn new(pki: Arc<Pki>) -> ReadAhead {
-        ReadAhead { pki, to: None, cold_seen: 0, batches: 0, no_thread: false }
+        ReadAhead { pki, to: None, finished: Arc::default(), cold_seen: 0, batches: 0, no_thread: false }
     }
 
     /// The files read next, in order: read ahead when a file was found not
-    /// in memory since the last call. Returns whether they were wanted
-    /// (handed to the thread, or dropped while it has no room).
+    /// in memory since the last call, else probed ([`PROBE_FILES`]).
+    /// Returns whether they were wanted (handed to the thread to read
+    /// ahead, or dropped while it has no room), not only probed.
     pub fn soon(&mut self, files: &[(Folder, &str)]) -> bool {
         let cold = self.pki.cold.found() + self.pki.cold.found_ahead();
         let wanted = cold != self.cold_seen || self.batches < FIRST_BATCHES;
         self.cold_seen = cold;
-        if !wanted || files.is_empty() {
+        if files.is_empty() {
             return false;
         }
-        self.batches = self.batches.saturating_add(1);
-        let batch = files.iter().map(|&(folder, name)| (folder, name.to_string())).collect();
+        if wanted {
+            self.batches = self.batches.saturating_add(1);
+        }
+        let batch =
+            Batch { files: files.iter().map(|&(folder, name)| (folder, name.to_string())).collect(), probe: !wanted };
         if self.to.is_none() && !self.no_thread {
-            self.to = spawn(self.pki.clone());
+            self.to = spawn(self.pki.clone(), self.finished.clone());
             self.no_thread = self.to.is_none();
         }
         if let Some(to) = &self.to {
@@ -70,15 +92,21 @@ impl ReadAhead {
                 self.to = None;
             }
         }
-        true
+        wanted
+    }
+
+    /// How many batches the thread finished.
+    #[cfg(test)]
+    fn finished(&self) -> u64 {
+        self.finished.load(Ordering::Relaxed)
     }
 }
 
 /// The thread, ended when its [`ReadAhead`] is dropped. `None` when it
 /// cannot be started: files are then read as they come.
-fn spawn(pki: Arc<Pki>) -> Option<SyncSender<Vec<(Folder, String)>>> {
+fn spawn(pki: Arc<Pki>, finished: Arc<AtomicU64>) -> Option<SyncSender<Batch>> {
     let (to, from) = mpsc::sync_channel(QUEUED);
-    match std::thread::Builder::new().name("keysync-read-ahead".into()).spawn(move || run(&pki, &from)) {
+    match std::thread::Builder::new().name("keysync-read-ahead".into()).spawn(move || run(&pki, &from, &finished)) {
         Ok(_) => Some(to),
         Err(e) => {
             tracing::debug!(error = %e, "no thread to read key files ahead: they are read as they come");
@@ -87,11 +115,20 @@ fn spawn(pki: Arc<Pki>) -> Option<SyncSender<Vec<(Folder, String)>>> {
     }
 }
 
-fn run(pki: &Pki, from: &Receiver<Vec<(Folder, String)>>) {
-    while let Ok(batch) = from.recv() {
-        for (folder, name) in batch {
-            pki.read_ahead(folder, &name);
+fn run(pki: &Pki, from: &Receiver<Batch>, finished: &AtomicU64) {
+    while let Ok(Batch { files, probe }) = from.recv() {
+        // A probe reads on past its first files only when one was not in memory.
+        let (mut opened, mut cold) = (0, false);
+        for (folder, name) in files {
+            if probe && !cold && opened == PROBE_FILES {
+                break;
+            }
+            if let Some(found_cold) = pki.read_ahead(folder, &name) {
+                opened += 1;
+                cold |= found_cold;
+            }
         }
+        finished.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -207,6 +244,63 @@ mod tests {
         while !in_memory(&key) {
             assert!(asked.elapsed() < Duration::from_secs(120), "never read ahead");
             std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Waits until the thread finished `n` batches.
+    fn wait_finished(ahead: &ReadAhead, n: u64) {
+        let asked = Instant::now();
+        while ahead.finished() < n {
+            assert!(asked.elapsed() < Duration::from_secs(120), "{} batches of {n} finished", ahead.finished());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// A batch the rule does not ask for (no file found not in memory since
+    /// the last one, as after a quiet time) is probed: read ahead whole when
+    /// one of its first files is not in memory, left after its first
+    /// [`PROBE_FILES`] when every one of them is.
+    #[test]
+    fn a_batch_not_asked_for_is_read_ahead_when_its_first_files_are_not_in_memory() {
+        let dir = on_disk();
+        let pki = Arc::new(super::super::tests::open(dir.path()));
+        let names: Vec<String> = (0..PROBE_FILES + 8).map(|i| format!("web{i:03}")).collect();
+        let paths: Vec<std::path::PathBuf> = names.iter().map(|name| dir.path().join("minions").join(name)).collect();
+        for path in &paths {
+            fs::write(path, PUB).unwrap();
+        }
+        let files: Vec<(Folder, &str)> = names.iter().map(|name| (Folder::Accepted, name.as_str())).collect();
+        let mut ahead = ReadAhead::new(pki.clone());
+        let absent = [(Folder::Accepted, "absent")];
+        assert!(ahead.soon(&absent) && ahead.soon(&absent), "the first two batches");
+        wait_finished(&ahead, 2);
+
+        // Every file on the disk only, nothing read since the last batch.
+        for path in &paths {
+            evict(path);
+        }
+        assert!(!ahead.soon(&files), "no file found not in memory since the last batch");
+        let last = paths.last().unwrap();
+        let asked = Instant::now();
+        while !in_memory(last) {
+            assert!(asked.elapsed() < Duration::from_secs(120), "the batch probed was never read ahead");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        wait_finished(&ahead, 3);
+        assert_eq!(pki.cold.found(), 0, "the agent read nothing");
+
+        // Its first files in memory, the others not: left after the first.
+        for path in &paths[..PROBE_FILES] {
+            fs::read(path).unwrap();
+        }
+        for path in &paths[PROBE_FILES..] {
+            evict(path);
+        }
+        assert!(!ahead.soon(&[]), "nothing named (the probe's finds counted)");
+        assert!(!ahead.soon(&files), "no file found not in memory since the last batch");
+        wait_finished(&ahead, 4);
+        for path in &paths[PROBE_FILES..] {
+            assert!(!in_memory(path), "{} was read ahead past the probe", path.display());
         }
     }
 

@@ -103,20 +103,25 @@ impl Pki {
     /// for it (`disk/pki/ahead.rs`): opened as [`Pki::read_slot`] opens it,
     /// and only a regular file with one name, no larger than the cap; never
     /// a master key's name. Whatever fails is left to the read itself to
-    /// find and tell.
-    pub(super) fn read_ahead(&self, folder: Folder, name: &str) {
+    /// find and tell. Returns whether it was opened (`None`: not), and if so
+    /// whether it was found not in memory.
+    pub(super) fn read_ahead(&self, folder: Folder, name: &str) -> Option<bool> {
         // What a read refuses before reading a byte is not read ahead either.
-        let Ok((file, size)) = self.open_checked(folder, name) else { return };
+        let (file, size) = self.open_checked(folder, name).ok()?;
         // Counted when not in memory: the files read ahead are read warm,
         // and the reads alone would not tell that the next ones are cold.
+        // Only this thread counts there (`ahead.rs`): a count that moved is
+        // this file's.
+        let counted = self.cold.found_ahead();
         if self.cold.nowait(&file, &mut [0u8; 1], 0, &self.cold.ahead).is_some() {
-            return;
+            return Some(false);
         }
         // No further than the size `fstat` gave: a file grown since is not
         // read past the cap.
         if let Some(len) = std::num::NonZeroU64::new(size as u64) {
             let _ = rustix::fs::fadvise(&file, 0, Some(len), rustix::fs::Advice::WillNeed);
         }
+        Some(self.cold.found_ahead() != counted)
     }
 }
 
