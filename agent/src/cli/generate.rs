@@ -195,7 +195,7 @@ fn escape(text: &str) -> String {
 /// rebuilt from what completions use: arguments and the visible subcommands
 /// with everything below them. (clap's names are `&'static str`, so the
 /// name is this binary's, which is the name `Cli` declares.)
-/// The binary's name, as `Cli` in main.rs declares it.
+/// The binary's name, as `Cli` in args.rs declares it.
 const BIN_NAME: &str = "salt-keysync";
 
 fn without_hidden_subcommands(cli: clap::Command) -> clap::Command {
