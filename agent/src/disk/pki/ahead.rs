@@ -15,15 +15,19 @@
 //! either: the disk then has many reads at once (4.6 s for the same 200,000
 //! keys). The thread's own finds count: the files it read ahead are read
 //! warm, and the reads alone would turn it off every other batch. Where
-//! every file is in memory, nothing is asked past a life's first two
+//! every file is in memory, nothing is read ahead past a life's first two
 //! batches: opening each file twice would cost a warm start's CPU for
-//! nothing. A batch not asked for by that rule is still handed to the
-//! thread as a probe: it looks at its first [`PROBE_FILES`] files, and
-//! reads the whole batch ahead only if one of them is not in memory. A
-//! scan after a quiet time (lost events, a rescan hours after the start)
-//! then has its first files read ahead too, where the reads, all warm
-//! since the last batch, could not tell (its first two batches, 10,000
-//! names, were read one after another).
+//! nothing.
+//!
+//! A scan after a quiet time (after lost events, a rescan hours after the
+//! start) would start cold with nothing to tell it: the reads since the
+//! last batch were all warm, and its first two batches (10,000 names) were
+//! read one after another. So the first batch named after a quiet second
+//! that the rule does not ask for is handed to the thread as a probe: it
+//! opens the batch's files in order until [`PROBE_FILES`] have opened (or
+//! three times as many names were looked at), and reads the whole batch
+//! ahead if one of them, or a read of the agent's meanwhile, found a file
+//! not in memory. What it finds counts for the batches after it.
 //!
 //! It is a hint: a batch the thread has no room for is dropped, a file that
 //! cannot be opened is left to the read, which tells what it finds.
@@ -31,6 +35,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::Pki;
 use crate::core::Folder;
@@ -40,14 +45,31 @@ const QUEUED: usize = 2;
 /// Batches asked for whatever the reads found: a life's first, before any
 /// read could tell.
 const FIRST_BATCHES: u32 = 2;
-/// Files of a batch the rule did not ask for that the thread looks at:
-/// when none of them is found not in memory, it reads no further.
-pub const PROBE_FILES: usize = 32;
+/// Files of a probed batch the thread opens: when none of them is found
+/// not in memory, it reads no further.
+const PROBE_FILES: usize = 32;
+/// Names of a probed batch the thread looks at, at most (a name named in
+/// all three folders is in one, or none after a mass delete).
+const PROBE_NAMES: usize = 3 * PROBE_FILES;
+/// How long no batch was named before one is probed.
+const QUIET: Duration = Duration::from_secs(1);
 
-/// Files named for the thread, and whether only to probe them.
+/// Files named for the thread; a probe's, with the agent's reads that had
+/// found a file not in memory when it was handed over.
 struct Batch {
     files: Vec<(Folder, String)>,
-    probe: bool,
+    probe: Option<u64>,
+}
+
+/// What [`ReadAhead::soon`] made of a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Asked {
+    /// Nothing: every file was found in memory since the last batch.
+    Nothing,
+    /// Probed: read ahead whole only where its first files are not in memory.
+    Probe,
+    /// Read ahead (or dropped while the thread has no room).
+    Whole,
 }
 
 pub struct ReadAhead {
@@ -58,31 +80,53 @@ pub struct ReadAhead {
     /// The reads that had found a file not in memory when last told.
     cold_seen: u64,
     batches: u32,
+    /// When a batch was last named.
+    last: Option<Instant>,
+    /// [`QUIET`] (shorter in tests).
+    quiet: Duration,
     /// The thread could not be started: not tried again.
     no_thread: bool,
 }
 
 impl ReadAhead {
     pub fn new(pki: Arc<Pki>) -> ReadAhead {
-        ReadAhead { pki, to: None, finished: Arc::default(), cold_seen: 0, batches: 0, no_thread: false }
+        ReadAhead {
+            pki,
+            to: None,
+            finished: Arc::default(),
+            cold_seen: 0,
+            batches: 0,
+            last: None,
+            quiet: QUIET,
+            no_thread: false,
+        }
     }
 
     /// The files read next, in order: read ahead when a file was found not
-    /// in memory since the last call, else probed ([`PROBE_FILES`]).
-    /// Returns whether they were wanted (handed to the thread to read
-    /// ahead, or dropped while it has no room), not only probed.
-    pub fn soon(&mut self, files: &[(Folder, &str)]) -> bool {
+    /// in memory since the last call; else, the first named after a quiet
+    /// second, probed (see the module's doc). Says which.
+    pub fn soon(&mut self, files: &[(Folder, &str)]) -> Asked {
         let cold = self.pki.cold.found() + self.pki.cold.found_ahead();
         let wanted = cold != self.cold_seen || self.batches < FIRST_BATCHES;
         self.cold_seen = cold;
-        if files.is_empty() {
-            return false;
+        let now = Instant::now();
+        let after_quiet = self.last.is_none_or(|last| now.duration_since(last) >= self.quiet);
+        self.last = Some(now);
+        // Where a read cannot tell a file not in memory, nor can a probe.
+        let asked = match (wanted, after_quiet && self.pki.cold.tells()) {
+            _ if files.is_empty() => Asked::Nothing,
+            (true, _) => Asked::Whole,
+            (false, true) => Asked::Probe,
+            (false, false) => Asked::Nothing,
+        };
+        if asked == Asked::Nothing {
+            return asked;
         }
         if wanted {
             self.batches = self.batches.saturating_add(1);
         }
-        let batch =
-            Batch { files: files.iter().map(|&(folder, name)| (folder, name.to_string())).collect(), probe: !wanted };
+        let probe = (asked == Asked::Probe).then(|| self.pki.cold.found());
+        let batch = Batch { files: files.iter().map(|&(folder, name)| (folder, name.to_string())).collect(), probe };
         if self.to.is_none() && !self.no_thread {
             self.to = spawn(self.pki.clone(), self.finished.clone());
             self.no_thread = self.to.is_none();
@@ -92,7 +136,7 @@ impl ReadAhead {
                 self.to = None;
             }
         }
-        wanted
+        asked
     }
 
     /// How many batches the thread finished.
@@ -117,12 +161,18 @@ fn spawn(pki: Arc<Pki>, finished: Arc<AtomicU64>) -> Option<SyncSender<Batch>> {
 
 fn run(pki: &Pki, from: &Receiver<Batch>, finished: &AtomicU64) {
     while let Ok(Batch { files, probe }) = from.recv() {
-        // A probe reads on past its first files only when one was not in memory.
-        let (mut opened, mut cold) = (0, false);
+        // A probe reads on past its first files only when one was found not
+        // in memory, by this thread or by the agent's reads meanwhile (the
+        // core reads the batch's first files as this thread looks at them).
+        let (mut opened, mut looked, mut cold) = (0, 0, false);
         for (folder, name) in files {
-            if probe && !cold && opened == PROBE_FILES {
-                break;
+            if let Some(found) = probe {
+                cold |= pki.cold.found() != found;
+                if !cold && (opened == PROBE_FILES || looked == PROBE_NAMES) {
+                    break;
+                }
             }
+            looked += 1;
             if let Some(found_cold) = pki.read_ahead(folder, &name) {
                 opened += 1;
                 cold |= found_cold;
@@ -192,7 +242,11 @@ mod tests {
 
         evict(&path);
         let mut ahead = ReadAhead::new(pki.clone());
-        assert!(ahead.soon(&[(Folder::Accepted, "web01"), (Folder::Accepted, "web02")]), "a first batch");
+        assert_eq!(
+            ahead.soon(&[(Folder::Accepted, "web01"), (Folder::Accepted, "web02")]),
+            Asked::Whole,
+            "a first batch"
+        );
         // Only the thread reads it; in memory once the disk answered.
         let asked = Instant::now();
         while !in_memory(&path) {
@@ -256,10 +310,11 @@ mod tests {
         }
     }
 
-    /// A batch the rule does not ask for (no file found not in memory since
-    /// the last one, as after a quiet time) is probed: read ahead whole when
-    /// one of its first files is not in memory, left after its first
-    /// [`PROBE_FILES`] when every one of them is.
+    /// The first batch named after a quiet time that the rule does not ask
+    /// for (no file found not in memory since the last one) is probed: read
+    /// ahead whole when one of its first files is not in memory, left after
+    /// its first [`PROBE_FILES`] files when every one of them is, or after
+    /// [`PROBE_NAMES`] names; within the quiet time, not even probed.
     #[test]
     fn a_batch_not_asked_for_is_read_ahead_when_its_first_files_are_not_in_memory() {
         let dir = on_disk();
@@ -271,61 +326,78 @@ mod tests {
         }
         let files: Vec<(Folder, &str)> = names.iter().map(|name| (Folder::Accepted, name.as_str())).collect();
         let mut ahead = ReadAhead::new(pki.clone());
+        ahead.quiet = Duration::ZERO;
         let absent = [(Folder::Accepted, "absent")];
-        assert!(ahead.soon(&absent) && ahead.soon(&absent), "the first two batches");
+        assert_eq!(ahead.soon(&absent), Asked::Whole, "a first batch");
+        assert_eq!(ahead.soon(&absent), Asked::Whole, "a second batch");
         wait_finished(&ahead, 2);
 
         // Every file on the disk only, nothing read since the last batch.
         for path in &paths {
             evict(path);
         }
-        assert!(!ahead.soon(&files), "no file found not in memory since the last batch");
-        let last = paths.last().unwrap();
+        assert_eq!(ahead.soon(&files), Asked::Probe, "no file found not in memory since the last batch");
         let asked = Instant::now();
-        while !in_memory(last) {
-            assert!(asked.elapsed() < Duration::from_secs(120), "the batch probed was never read ahead");
+        while !paths.iter().all(|path| in_memory(path)) {
+            assert!(asked.elapsed() < Duration::from_secs(120), "the batch probed was never read ahead whole");
             std::thread::sleep(Duration::from_millis(5));
         }
         wait_finished(&ahead, 3);
         assert_eq!(pki.cold.found(), 0, "the agent read nothing");
 
         // Its first files in memory, the others not: left after the first.
-        for path in &paths[..PROBE_FILES] {
-            fs::read(path).unwrap();
-        }
         for path in &paths[PROBE_FILES..] {
             evict(path);
         }
-        assert!(!ahead.soon(&[]), "nothing named (the probe's finds counted)");
-        assert!(!ahead.soon(&files), "no file found not in memory since the last batch");
+        assert_eq!(ahead.soon(&[]), Asked::Nothing, "nothing named (the probe's finds counted)");
+        assert_eq!(ahead.soon(&files), Asked::Probe);
         wait_finished(&ahead, 4);
         for path in &paths[PROBE_FILES..] {
             assert!(!in_memory(path), "{} was read ahead past the probe", path.display());
         }
+
+        // Names that open nothing (a mass delete's): left after as many.
+        let gone: Vec<String> = (0..PROBE_NAMES).map(|i| format!("gone{i:03}")).collect();
+        let batch: Vec<(Folder, &str)> =
+            gone.iter().map(|name| (Folder::Accepted, name.as_str())).chain(files.iter().copied()).collect();
+        for path in &paths {
+            evict(path);
+        }
+        assert_eq!(ahead.soon(&batch), Asked::Probe);
+        wait_finished(&ahead, 5);
+        for path in &paths {
+            assert!(!in_memory(path), "{} was read ahead past the names probed", path.display());
+        }
+
+        // Within the quiet time: nothing asked, the files left to the reads.
+        ahead.quiet = Duration::from_secs(3600);
+        assert_eq!(ahead.soon(&files), Asked::Nothing, "named within the quiet time");
     }
 
     /// Past a life's first two batches, a batch is read ahead when a file
     /// was found not in memory since the last, by a read or by reading
-    /// ahead: warm reads ask for nothing.
+    /// ahead: within the quiet time, warm reads ask for nothing.
     #[test]
     fn files_are_read_ahead_only_while_files_are_found_not_in_memory() {
         let dir = tempfile::tempdir().unwrap();
         let pki = Arc::new(super::super::tests::open(dir.path()));
         let mut ahead = ReadAhead::new(pki.clone());
+        ahead.quiet = Duration::from_secs(3600);
         let absent = [(Folder::Accepted, "web02")];
-        assert!(ahead.soon(&absent) && ahead.soon(&absent), "the first two batches");
-        assert!(!ahead.soon(&absent), "no file found not in memory since");
-        assert!(!ahead.soon(&[]), "nothing named");
+        assert_eq!(ahead.soon(&absent), Asked::Whole, "a first batch");
+        assert_eq!(ahead.soon(&absent), Asked::Whole, "a second batch");
+        assert_eq!(ahead.soon(&absent), Asked::Nothing, "no file found not in memory since");
+        assert_eq!(ahead.soon(&[]), Asked::Nothing, "nothing named");
 
         pki.cold.found.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        assert!(!ahead.soon(&[]), "nothing named");
+        assert_eq!(ahead.soon(&[]), Asked::Nothing, "nothing named");
         pki.cold.found.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        assert!(ahead.soon(&absent), "a read waited for the disk");
-        assert!(!ahead.soon(&absent), "none since");
+        assert_eq!(ahead.soon(&absent), Asked::Whole, "a read waited for the disk");
+        assert_eq!(ahead.soon(&absent), Asked::Nothing, "none since");
 
         // The files read ahead are read warm: what reading ahead finds counts.
         pki.cold.ahead.fetch_add(3, std::sync::atomic::Ordering::Relaxed);
-        assert!(ahead.soon(&absent), "reading ahead found files not in memory");
-        assert!(!ahead.soon(&absent), "none since");
+        assert_eq!(ahead.soon(&absent), Asked::Whole, "reading ahead found files not in memory");
+        assert_eq!(ahead.soon(&absent), Asked::Nothing, "none since");
     }
 }

@@ -110,8 +110,8 @@ impl Pki {
         let (file, size) = self.open_checked(folder, name).ok()?;
         // Counted when not in memory: the files read ahead are read warm,
         // and the reads alone would not tell that the next ones are cold.
-        // Only this thread counts there (`ahead.rs`): a count that moved is
-        // this file's.
+        // Only the read-ahead thread counts there, one file at a time
+        // (`ahead.rs`): a count that moved is this file's.
         let counted = self.cold.found_ahead();
         if self.cold.nowait(&file, &mut [0u8; 1], 0, &self.cold.ahead).is_some() {
             return Some(false);
@@ -140,6 +140,11 @@ impl ColdReads {
     /// How many reads so far found their file not in memory.
     pub(super) fn found(&self) -> u64 {
         self.found.load(Ordering::Relaxed)
+    }
+
+    /// Whether a read can tell a file not in memory (`RWF_NOWAIT` is there).
+    pub(super) fn tells(&self) -> bool {
+        !self.unsupported.load(Ordering::Relaxed)
     }
 
     /// How many files reading ahead found not in memory.
