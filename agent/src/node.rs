@@ -247,12 +247,15 @@ impl Core {
                 () = shutdown.cancelled() => break,
                 event = events.recv() => {
                     let Some(event) = event else { break };
-                    self.on_watch_event(event);
-                    for _ in 0..EVENT_BURST {
+                    let mut burst = vec![event];
+                    while burst.len() <= EVENT_BURST {
                         match events.try_recv() {
-                            Ok(event) => self.on_watch_event(event),
+                            Ok(event) => burst.push(event),
                             Err(_) => break,
                         }
+                    }
+                    for event in once_lost(burst) {
+                        self.on_watch_event(event);
                     }
                     self.node.on_tick(now(), &mut self.effects);
                 }
@@ -483,6 +486,30 @@ impl Core {
             }
         }
     }
+}
+
+/// A burst of folder events in which events were lost more than once (a
+/// storm of queue overflows while the core was busy reading): only the
+/// last loss is kept, its reason saying how many there were. Each loss
+/// lists every name and reads each again once settled; the last one's
+/// listing is the newer and covers what the others would have found. The
+/// events between them are kept, in order: a file still being written is
+/// still held until it is closed.
+fn once_lost(mut burst: Vec<WatchEvent>) -> Vec<WatchEvent> {
+    let lost = burst.iter().filter(|event| matches!(event, WatchEvent::Rescan(_))).count();
+    if lost < 2 {
+        return burst;
+    }
+    let mut seen = 0;
+    burst.retain_mut(|event| {
+        let WatchEvent::Rescan(reason) = event else { return true };
+        seen += 1;
+        if seen == lost {
+            *reason = format!("{reason} ({lost} times in one burst of events)");
+        }
+        seen == lost
+    });
+    burst
 }
 
 async fn sleep_until(due: Option<Instant>) {
