@@ -247,15 +247,23 @@ impl Core {
                 () = shutdown.cancelled() => break,
                 event = events.recv() => {
                     let Some(event) = event else { break };
-                    let mut burst = vec![event];
+                    let mut burst = Vec::with_capacity(events.len().min(EVENT_BURST) + 1);
+                    burst.push(event);
                     while burst.len() <= EVENT_BURST {
                         match events.try_recv() {
                             Ok(event) => burst.push(event),
                             Err(_) => break,
                         }
                     }
-                    for event in once_lost(burst) {
-                        self.on_watch_event(event);
+                    let losses = Losses::of(&burst);
+                    for (at, event) in burst.into_iter().enumerate() {
+                        match event {
+                            WatchEvent::Rescan(_) if Some(at) == losses.last => {
+                                self.node.on_lost(&losses.why, now(), &mut self.effects);
+                            }
+                            WatchEvent::Rescan(_) => self.node.on_lost_again_later(now()),
+                            event => self.on_watch_event(event),
+                        }
                     }
                     self.node.on_tick(now(), &mut self.effects);
                 }
@@ -488,28 +496,39 @@ impl Core {
     }
 }
 
-/// A burst of folder events in which events were lost more than once (a
-/// storm of queue overflows while the core was busy reading): only the
-/// last loss is kept, its reason saying how many there were. Each loss
-/// lists every name and reads each again once settled; the last one's
-/// listing is the newer and covers what the others would have found. The
-/// events between them are kept, in order: a file still being written is
-/// still held until it is closed.
-fn once_lost(mut burst: Vec<WatchEvent>) -> Vec<WatchEvent> {
-    let lost = burst.iter().filter(|event| matches!(event, WatchEvent::Rescan(_))).count();
-    if lost < 2 {
-        return burst;
-    }
-    let mut seen = 0;
-    burst.retain_mut(|event| {
-        let WatchEvent::Rescan(reason) = event else { return true };
-        seen += 1;
-        if seen == lost {
-            *reason = format!("{reason} ({lost} times in one burst of events)");
+/// The losses of events in one burst of folder events (queue overflows
+/// that queued up while the core was busy reading, a watch that failed):
+/// every name is listed and read again at the last only ([`Node::on_lost`];
+/// its listing is the newer and covers what the others' would have found),
+/// the earlier ones only forget the echoes awaited
+/// ([`Node::on_lost_again_later`]). The events between are taken in order:
+/// a file still being written is still held until it is closed.
+#[derive(Debug, PartialEq, Eq)]
+struct Losses {
+    /// Where the last is in the burst.
+    last: Option<usize>,
+    /// Their reasons, each once, and how many when more than one.
+    why: String,
+}
+
+impl Losses {
+    fn of(burst: &[WatchEvent]) -> Losses {
+        let mut reasons: Vec<&str> = Vec::new();
+        let (mut last, mut n) = (None, 0);
+        for (at, event) in burst.iter().enumerate() {
+            if let WatchEvent::Rescan(reason) = event {
+                (last, n) = (Some(at), n + 1);
+                if !reasons.contains(&reason.as_str()) {
+                    reasons.push(reason);
+                }
+            }
         }
-        seen == lost
-    });
-    burst
+        let why = match n {
+            0 | 1 => reasons.concat(),
+            n => format!("{} ({n} times in one burst of events)", reasons.join("; ")),
+        };
+        Losses { last, why }
+    }
 }
 
 async fn sleep_until(due: Option<Instant>) {

@@ -265,6 +265,18 @@ impl Node {
         }
     }
 
+    /// Events were lost, and are lost again later in the same burst of
+    /// events, where [`Node::on_lost`] lists and reads every name: only
+    /// what it does at once, nothing listed as an echo awaited any more
+    /// (the events that follow are not taken for the agent's own writes).
+    pub fn on_lost_again_later(&mut self, now: Now) {
+        self.seen = now.mono;
+        if self.is_stale() {
+            return;
+        }
+        self.echoes.clear();
+    }
+
     /// Events were lost (a queue overflow): nothing listed as an echo is
     /// awaited any more, and every name is read again once it has settled.
     pub fn on_lost(&mut self, why: &str, now: Now, rt: &mut impl Runtime) {

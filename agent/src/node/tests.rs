@@ -215,31 +215,31 @@ fn a_request_is_answered_while_the_rescan_is_always_due() {
     assert!(stopped(core).is_ok());
 }
 
-/// Events lost several times in one burst are listed and read again once,
-/// at the last loss, its reason saying how many; the other events stay,
-/// in order. Once, or never, the burst is as it came.
+/// Events lost several times in one burst are listed and read again at
+/// the last loss only, its reason naming each reason once and how many;
+/// once, or never, the burst says so.
 #[test]
-fn a_burst_with_events_lost_several_times_lists_every_name_once() {
+fn a_burst_with_events_lost_several_times_lists_every_name_at_the_last() {
     let change = |name: &str| WatchEvent::Change {
         folder: keysync_machine::core::Folder::Pending,
         name: name.to_string(),
         change: keysync_machine::core::settle::FsChange::Closed,
     };
-    let lost = || WatchEvent::Rescan("inotify queue overflow".to_string());
-    let shown = |burst: Vec<WatchEvent>| -> Vec<String> {
-        burst
-            .into_iter()
-            .map(|event| match event {
-                WatchEvent::Change { name, .. } => name,
-                WatchEvent::Rescan(reason) => format!("lost: {reason}"),
-            })
-            .collect()
-    };
-    let burst = vec![change("web01"), lost(), change("web02"), lost(), lost(), change("web03")];
+    let lost = |why: &str| WatchEvent::Rescan(why.to_string());
+    let overflow = "inotify queue overflow";
+    let burst = [change("web01"), lost(overflow), change("web02"), lost(overflow), lost(overflow), change("web03")];
     assert_eq!(
-        shown(once_lost(burst)),
-        ["web01", "web02", "lost: inotify queue overflow (3 times in one burst of events)", "web03"]
+        Losses::of(&burst),
+        Losses { last: Some(4), why: "inotify queue overflow (3 times in one burst of events)".into() }
     );
-    assert_eq!(shown(once_lost(vec![change("web01"), lost()])), ["web01", "lost: inotify queue overflow"]);
-    assert_eq!(shown(once_lost(vec![change("web01")])), ["web01"]);
+    let burst = [lost("the watch failed"), change("web01"), lost(overflow)];
+    assert_eq!(
+        Losses::of(&burst),
+        Losses {
+            last: Some(2),
+            why: "the watch failed; inotify queue overflow (2 times in one burst of events)".into()
+        }
+    );
+    assert_eq!(Losses::of(&[change("web01"), lost(overflow)]), Losses { last: Some(1), why: overflow.into() });
+    assert_eq!(Losses::of(&[change("web01")]), Losses { last: None, why: String::new() });
 }

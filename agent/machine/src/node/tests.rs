@@ -84,6 +84,23 @@ fn a_decision_this_node_never_made_is_refused() {
     assert!(rt.folders.files.is_empty(), "nothing written");
 }
 
+/// Events lost again later in the same burst: the echoes awaited are
+/// forgotten at once (the events in between are not taken for the
+/// agent's own writes), nothing is listed until the last loss.
+#[test]
+fn events_lost_before_a_later_loss_forget_the_echoes_awaited() {
+    let mut rt = Recorder::default();
+    let mut a = node("master-a", &mut rt);
+    let accept = decision(Verdict::Accepted(key("mwIDAQAB")), NOW_MS, "master-b", &[]);
+    assert_eq!(push(&mut a, &mut rt, "master-b", vec![accept]), 1);
+    assert!(!a.echoes.is_empty(), "its write's echo is awaited");
+    let listed = rt.events.iter().filter(|e| matches!(e, Event::EventsLost { .. })).count();
+    a.on_lost_again_later(now());
+    assert!(a.echoes.is_empty(), "no echo awaited once events were lost");
+    let after = rt.events.iter().filter(|e| matches!(e, Event::EventsLost { .. })).count();
+    assert_eq!(after, listed, "nothing listed before the last loss");
+}
+
 /// A peer cannot hide a conflict with this node's own decision by claiming
 /// to have known a version of it this node never issued.
 #[test]
