@@ -64,7 +64,9 @@ struct Batch {
 /// What [`ReadAhead::soon`] made of a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Asked {
-    /// Nothing: every file was found in memory since the last batch.
+    /// Nothing: no file was found not in memory since the last batch, and
+    /// no probe is due (named within a quiet second of the last batch,
+    /// `RWF_NOWAIT` cannot tell, or nothing named).
     Nothing,
     /// Probed: read ahead whole only where its first files are not in memory.
     Probe,
