@@ -110,18 +110,17 @@ impl Pki {
         let (file, size) = self.open_checked(folder, name).ok()?;
         // Counted when not in memory: the files read ahead are read warm,
         // and the reads alone would not tell that the next ones are cold.
-        // Only the read-ahead thread counts there, one file at a time
-        // (`ahead.rs`): a count that moved is this file's.
-        let counted = self.cold.found_ahead();
-        if self.cold.nowait(&file, &mut [0u8; 1], 0, &self.cold.ahead).is_some() {
-            return Some(false);
-        }
+        let cold = match self.cold.nowait(&file, &mut [0u8; 1], 0, &self.cold.ahead) {
+            NoWait::Read(_) => return Some(false),
+            NoWait::WouldWait => true,
+            NoWait::Untold => false,
+        };
         // No further than the size `fstat` gave: a file grown since is not
         // read past the cap.
         if let Some(len) = std::num::NonZeroU64::new(size as u64) {
             let _ = rustix::fs::fadvise(&file, 0, Some(len), rustix::fs::Advice::WillNeed);
         }
-        Some(self.cold.found_ahead() != counted)
+        Some(cold)
     }
 }
 
@@ -153,27 +152,37 @@ impl ColdReads {
     }
 
     /// A read of `file` at `offset` (`u64::MAX`: at its offset, which it
-    /// moves on) asked not to wait for the disk: how many bytes came, or
-    /// `None` where it would have waited (counted in `count`), where it
-    /// cannot be asked so (not asked again), or where it failed (the
-    /// caller's read finds that again).
-    fn nowait(&self, file: &std::fs::File, buf: &mut [u8], offset: u64, count: &AtomicU64) -> Option<usize> {
+    /// moves on) asked not to wait for the disk: how many bytes came, that
+    /// it would have waited (counted in `count`), or neither, where it
+    /// cannot be asked so (not asked again) or failed (the caller's read
+    /// finds that again).
+    fn nowait(&self, file: &std::fs::File, buf: &mut [u8], offset: u64, count: &AtomicU64) -> NoWait {
         if self.unsupported.load(Ordering::Relaxed) {
-            return None;
+            return NoWait::Untold;
         }
         match rustix::io::preadv2(file, &mut [io::IoSliceMut::new(buf)], offset, ReadWriteFlags::NOWAIT) {
-            Ok(n) => Some(n),
+            Ok(n) => NoWait::Read(n),
             Err(rustix::io::Errno::AGAIN) => {
                 count.fetch_add(1, Ordering::Relaxed);
-                None
+                NoWait::WouldWait
             }
             Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => {
                 self.unsupported.store(true, Ordering::Relaxed);
-                None
+                NoWait::Untold
             }
-            Err(_) => None,
+            Err(_) => NoWait::Untold,
         }
     }
+}
+
+/// What a read asked not to wait for the disk found ([`ColdReads::nowait`]).
+enum NoWait {
+    /// The bytes that came: the file was in memory.
+    Read(usize),
+    /// It would have waited: not in memory.
+    WouldWait,
+    /// It cannot tell (not asked so, or failed).
+    Untold,
 }
 
 fn file_type_name(kind: rustix::fs::FileType) -> &'static str {
@@ -206,7 +215,7 @@ pub(super) fn read_key_bytes(file: &mut std::fs::File, size: usize) -> io::Resul
 pub(super) fn read_noting(file: &mut std::fs::File, size: usize, cold: Option<&ColdReads>) -> io::Result<Vec<u8>> {
     let mut bytes = vec![0; size + 1];
     let mut got = 0;
-    if let Some(n) = cold.and_then(|cold| cold.nowait(file, &mut bytes, u64::MAX, &cold.found)) {
+    if let Some(NoWait::Read(n)) = cold.map(|cold| cold.nowait(file, &mut bytes, u64::MAX, &cold.found)) {
         if n == size {
             return finish(file, bytes, n, size);
         }
