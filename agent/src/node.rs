@@ -257,13 +257,7 @@ impl Core {
                     }
                     let losses = Losses::of(&burst);
                     for (at, event) in burst.into_iter().enumerate() {
-                        match event {
-                            WatchEvent::Rescan(_) if Some(at) == losses.last => {
-                                self.node.on_lost(&losses.why, now(), &mut self.effects);
-                            }
-                            WatchEvent::Rescan(_) => self.node.on_lost_again_later(now()),
-                            event => self.on_watch_event(event),
-                        }
+                        self.on_watch_event(event, (Some(at) == losses.last).then_some(losses.why.as_str()));
                     }
                     self.node.on_tick(now(), &mut self.effects);
                 }
@@ -346,10 +340,15 @@ impl Core {
         self.held_exported = now;
     }
 
-    fn on_watch_event(&mut self, event: WatchEvent) {
-        match event {
-            WatchEvent::Change { folder, name, change } => self.node.on_fs(&FsEvent { folder, name, change }, now()),
-            WatchEvent::Rescan(reason) => self.node.on_lost(&reason, now(), &mut self.effects),
+    /// One event of a burst; `last_loss`: the reasons of the burst's losses
+    /// where this is the last of them ([`Losses`]).
+    fn on_watch_event(&mut self, event: WatchEvent, last_loss: Option<&str>) {
+        match (event, last_loss) {
+            (WatchEvent::Change { folder, name, change }, _) => {
+                self.node.on_fs(&FsEvent { folder, name, change }, now())
+            }
+            (WatchEvent::Rescan(_), Some(why)) => self.node.on_lost(why, now(), &mut self.effects),
+            (WatchEvent::Rescan(_), None) => self.node.on_lost_again_later(now()),
         }
     }
 
