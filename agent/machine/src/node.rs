@@ -38,6 +38,7 @@ use crate::core::settle::{FsChange, SettleTimings, Settler};
 use crate::core::version::Hlc;
 use crate::core::{Decision, Entry, Fingerprint, Folder, MinionId, VerdictKind, Version};
 
+pub use crate::core::observe::FileToken;
 pub use event::{Event, Found, Settled};
 pub use guard::{GuardSettings, HeldDelete};
 pub use held::{OperatorAction, Outcome};

@@ -33,6 +33,7 @@ mod owner;
 pub mod prestage;
 mod read;
 mod staging;
+mod token;
 
 use apply::{give_to, remove_if_present, staged_name, write_new, write_new_file};
 pub use dfn::{check_cachedir, drop_dfn};

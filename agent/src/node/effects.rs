@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use keysync_machine::core::merge::Conflict;
-use keysync_machine::node::{Applied, Event, Failure, Listing, Runtime, StoreWrite};
+use keysync_machine::node::{Applied, Event, Failure, FileToken, Listing, Runtime, StoreWrite};
 
 use crate::core::{Decision, Entry, Folder, MinionId, Slot, Version};
 use crate::disk::audit::{AuditLog, Record};
@@ -69,6 +69,14 @@ fn micros(started: Instant) -> u64 {
 impl Runtime for Effects {
     fn read_slot(&mut self, folder: Folder, id: &MinionId) -> Slot {
         self.pki.read_slot(folder, id.as_str())
+    }
+
+    fn read_slot_token(&mut self, folder: Folder, id: &MinionId) -> (Slot, Option<FileToken>) {
+        self.pki.read_slot_token(folder, id.as_str())
+    }
+
+    fn unchanged(&mut self, token: FileToken, id: &MinionId) -> bool {
+        self.pki.unchanged(token, id.as_str())
     }
 
     fn read_soon(&mut self, files: &[(Folder, &str)]) {

@@ -46,6 +46,38 @@ pub enum Refusal {
     Unreadable(String),
 }
 
+/// A key file as the runtime read it: its folder, and its inode, size,
+/// owner, mode and change time hashed (the agent's `disk/pki/token.rs`).
+/// A scan that read an id's one file in `minions/` or `minions_rejected/`
+/// and decided nothing keeps it with the id's entry, and the next scan
+/// reads that file again only if [`Runtime::unchanged`] says it is not the
+/// same file any more: every key file was read at every periodic rescan
+/// (56 s at 1,000,000 keys every 5 minutes) and again after lost events.
+/// Forgotten whenever the entry changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileToken(std::num::NonZeroU64);
+
+impl FileToken {
+    /// The token of a file in `folder` whose identity hashes to `identity`.
+    pub fn new(folder: Folder, identity: u64) -> FileToken {
+        let folder = match folder {
+            Folder::Accepted => 1,
+            Folder::Pending => 2,
+            Folder::Rejected => 3,
+        };
+        FileToken(std::num::NonZeroU64::new((identity & !3) | folder).expect("the folder's bits are not zero"))
+    }
+
+    /// The folder of the file.
+    pub fn folder(self) -> Folder {
+        match self.0.get() & 3 {
+            1 => Folder::Accepted,
+            2 => Folder::Pending,
+            _ => Folder::Rejected,
+        }
+    }
+}
+
 /// The three folders' files for one id.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Slots {
@@ -67,6 +99,18 @@ impl Slots {
             Folder::Accepted => &self.accepted,
             Folder::Pending => &self.pending,
             Folder::Rejected => &self.rejected,
+        }
+    }
+
+    /// The token of these slots' one key file ([`FileToken`], as `token`
+    /// gives a folder's), when it is their only file and in `minions/` or
+    /// `minions_rejected/`: what a scan keeps with the id's entry.
+    pub fn only_key(&self, token: impl Fn(Folder) -> Option<FileToken>) -> Option<FileToken> {
+        let mut present = Folder::ALL.into_iter().filter(|&folder| !matches!(self.get(folder), Slot::Absent));
+        let (Some(folder), None) = (present.next(), present.next()) else { return None };
+        match self.get(folder) {
+            Slot::Key(_) if folder != Folder::Pending => token(folder),
+            _ => None,
         }
     }
 

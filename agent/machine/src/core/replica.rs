@@ -102,6 +102,22 @@ impl Replica {
         self.entries.get(id)
     }
 
+    /// The file a scan last read for `id` and decided nothing on, unless
+    /// its entry changed since ([`super::observe::FileToken`]).
+    pub fn file_token<Q>(&self, id: &Q) -> Option<super::observe::FileToken>
+    where
+        MinionId: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
+        self.entries.token(id)
+    }
+
+    /// Keeps (or forgets) the file a scan read for `id`, while its entry
+    /// stays as it is (nothing when none is held).
+    pub fn set_file_token(&mut self, id: &MinionId, token: Option<super::observe::FileToken>) {
+        self.entries.set_token(id, token);
+    }
+
     pub fn entries(&self) -> impl Iterator<Item = (&MinionId, &Entry)> {
         self.entries.iter()
     }

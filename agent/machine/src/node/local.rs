@@ -1,8 +1,8 @@
 //! Local side of the node: folder events and scans turned into decisions,
 //! made durable, told and sent to the peers.
 
-use crate::core::observe::{interpret, Slot, Slots};
-use crate::core::replica::ObserveMode;
+use crate::core::observe::{interpret, FileToken, Slot, Slots};
+use crate::core::replica::{ObserveMode, Replica};
 use crate::core::settle::looks_like_salt_tmp;
 use crate::core::{Decision, Folder, MinionId};
 
@@ -51,7 +51,7 @@ impl Node {
         let mut decisions: Vec<Decision> = Vec::new();
         for (at, name) in due.iter().enumerate() {
             if due.len() >= READ_AHEAD_FROM {
-                read_soon_at(at, &mut ahead, rt);
+                read_soon_at(at, &mut ahead, &self.replica, rt);
             }
             decisions.extend(self.observe_name(name, None, ObserveMode::Live, now, rt));
         }
@@ -84,9 +84,12 @@ impl Node {
                 return None;
             }
         };
-        let (mut slots, mut read) = match listed {
+        if mode == ObserveMode::Live && self.unchanged_since_read(&id, listed, rt) {
+            return None;
+        }
+        let (mut slots, mut read, mut token) = match listed {
             Some(folders) => read_listed(&id, folders, rt),
-            None => (rt.read_slots(&id), InFolders::ALL),
+            None => read_all(&id, rt),
         };
         if let Err(e) = self.warm([&id], rt) {
             self.note_slots(&id, &slots, read, rt);
@@ -102,17 +105,50 @@ impl Node {
         // same turn; each of its names is a claim, read once.)
         let mut reading = interpret(&slots);
         if mode == ObserveMode::Live && read != InFolders::ALL && self.replica.would_observe(&id, &reading) {
-            (slots, read) = (rt.read_slots(&id), InFolders::ALL);
+            (slots, read, token) = read_all(&id, rt);
             reading = interpret(&slots);
         }
         self.note_slots(&id, &slots, read, rt);
-        let decision = self.replica.observe(&id, reading, now.wall_ms, mode)?;
+        // The file read is kept with the entry while reading it decides
+        // nothing: kept before observing, so that an entry the observation
+        // changes forgets it (`Entries::insert`), and forgotten when it
+        // decides anything (a decision's recording can fail and be retried
+        // by a scan, which must read the file again).
+        self.replica.set_file_token(&id, token.filter(|_| mode == ObserveMode::Live));
+        let decision = self.replica.observe(&id, reading, now.wall_ms, mode);
+        if decision.is_some() {
+            self.replica.set_file_token(&id, None);
+        }
+        let decision = decision?;
         // The agent's own write of a peer's decision whose recording failed is
         // not an operator's decision: the retry records it with its version.
         let own_write =
             self.retried(&decision.id).any(|d| d.verdict == decision.verdict || self.would_show(d, &decision))
                 || (decision.verdict.kind() == crate::core::VerdictKind::Deleted && self.putting_back(&decision.id));
         (!own_write).then_some(decision)
+    }
+
+    /// Whether `id`'s one key file is still the file a scan read and
+    /// decided nothing on ([`crate::core::observe::FileToken`]), and its
+    /// other folders hold nothing: as the listing says (`listed`; the same
+    /// word a scan's reading of the listed folders takes), or as read. Then
+    /// reading it would decide nothing again, and what the reading would
+    /// note is noted (nothing refused in the folders looked at, no pending
+    /// key when that folder was).
+    fn unchanged_since_read(&mut self, id: &MinionId, listed: Option<InFolders>, rt: &mut impl Runtime) -> bool {
+        let Some(token) = self.replica.file_token(id) else { return false };
+        let folder = token.folder();
+        let others: Vec<Folder> = match listed {
+            Some(listed) if listed == InFolders::NONE.with(folder) => Vec::new(),
+            Some(_) => return false,
+            None => Folder::ALL.into_iter().filter(|&other| other != folder).collect(),
+        };
+        if !rt.unchanged(token, id) || others.iter().any(|&other| !matches!(rt.read_slot(other, id), Slot::Absent)) {
+            return false;
+        }
+        let looked = others.into_iter().fold(InFolders::NONE.with(folder), InFolders::with);
+        self.note_slots(id, &Slots::EMPTY, looked, rt);
+        true
     }
 
     /// Whether committing `retried` makes the folders show what `read`
@@ -288,7 +324,7 @@ impl Node {
         // asking is only a hint).
         let mut ahead = all.iter_placed();
         for (at, (name, folders)) in all.iter_placed().enumerate() {
-            read_soon_at(at, &mut ahead, rt);
+            read_soon_at(at, &mut ahead, &self.replica, rt);
             if self.settler.is_unsettled(name) {
                 continue;
             }
@@ -333,7 +369,7 @@ impl Node {
         };
         let step = self.settings.rescan_step.max(1);
         let mut ahead = rescanning.at;
-        read_soon(std::iter::from_fn(|| rescanning.names.next_at(&mut ahead)).take(step), rt);
+        read_soon(std::iter::from_fn(|| rescanning.names.next_at(&mut ahead)).take(step), &self.replica, rt);
         let mut decisions: Vec<Decision> = Vec::new();
         for _ in 0..step {
             let Some((name, folders)) = rescanning.names.next_at(&mut rescanning.at) else { break };
@@ -425,11 +461,11 @@ impl Node {
         // Each name is dropped once read: 100,000 of them are 4 MiB.
         let mut names = names.into_iter().zip(folders);
         let mut chunk: Vec<(String, InFolders)> = names.by_ref().take(RECONCILE_CHUNK).collect();
-        read_soon(chunk.iter().map(|(name, folders)| (name.as_str(), *folders)), rt);
+        read_soon(chunk.iter().map(|(name, folders)| (name.as_str(), *folders)), &self.replica, rt);
         while !chunk.is_empty() {
             // The next chunk's files are asked for while this one is read.
             let next: Vec<(String, InFolders)> = names.by_ref().take(RECONCILE_CHUNK).collect();
-            read_soon(next.iter().map(|(name, folders)| (name.as_str(), *folders)), rt);
+            read_soon(next.iter().map(|(name, folders)| (name.as_str(), *folders)), &self.replica, rt);
             // Room for a decision per name (a first start finds one each):
             // grown by doubling, the vector was copied and its fresh pages
             // faulted in again at each step.
@@ -456,8 +492,11 @@ impl Node {
 /// Tells the runtime which files a scan reads next ([`Runtime::read_soon`]):
 /// each name in the folders its listing names it in (a name listed in none
 /// is read in all three, but it is held and its files gone: none to ask for).
-fn read_soon<'a>(names: impl Iterator<Item = (&'a str, InFolders)>, rt: &mut impl Runtime) {
+/// Names whose file a scan read and found unchanged since are left out:
+/// it will not be read ([`Node::unchanged_since_read`]).
+fn read_soon<'a>(names: impl Iterator<Item = (&'a str, InFolders)>, replica: &Replica, rt: &mut impl Runtime) {
     let files: Vec<(Folder, &str)> = names
+        .filter(|(name, _)| replica.file_token(*name).is_none())
         .flat_map(|(name, listed)| {
             Folder::ALL.into_iter().filter(move |&folder| listed.contains(folder)).map(move |folder| (folder, name))
         })
@@ -472,10 +511,15 @@ fn read_soon<'a>(names: impl Iterator<Item = (&'a str, InFolders)>, rt: &mut imp
 /// (in one call: the runtime decides at each call by what reads found
 /// since the last, and a second call before any read would find nothing),
 /// and at each chunk's first name after, for the chunk after it.
-fn read_soon_at<'a>(at: usize, ahead: &mut impl Iterator<Item = (&'a str, InFolders)>, rt: &mut impl Runtime) {
+fn read_soon_at<'a>(
+    at: usize,
+    ahead: &mut impl Iterator<Item = (&'a str, InFolders)>,
+    replica: &Replica,
+    rt: &mut impl Runtime,
+) {
     if at.is_multiple_of(RECONCILE_CHUNK) {
         let first = if at == 0 { RECONCILE_CHUNK } else { 0 };
-        read_soon(ahead.take(first + RECONCILE_CHUNK), rt);
+        read_soon(ahead.take(first + RECONCILE_CHUNK), replica, rt);
     }
 }
 
@@ -487,17 +531,39 @@ fn read_soon_at<'a>(at: usize, ahead: &mut impl Iterator<Item = (&'a str, InFold
 /// folder could not be listed ([`Names`]). A live reading of the listed
 /// folders that would decide anything is made again of all three
 /// ([`Node::observe_name`]): a scan decides nothing on its listing's word.
-fn read_listed(id: &MinionId, listed: InFolders, rt: &mut impl Runtime) -> (Slots, InFolders) {
-    if listed.is_empty() || listed == InFolders::ALL {
-        return (rt.read_slots(id), InFolders::ALL);
+///
+/// With them, the token of the id's one key file when it is the only file
+/// read and is in `minions/` or `minions_rejected/`
+/// ([`crate::core::observe::FileToken`]).
+fn read_listed(id: &MinionId, listed: InFolders, rt: &mut impl Runtime) -> (Slots, InFolders, Option<FileToken>) {
+    read_folders(id, listed, rt).unwrap_or_else(|| read_all(id, rt))
+}
+
+/// An id's files in all three folders, as [`read_listed`] gives them.
+fn read_all(id: &MinionId, rt: &mut impl Runtime) -> (Slots, InFolders, Option<FileToken>) {
+    let (slots, token) = rt.read_slots_token(id);
+    (slots, InFolders::ALL, token)
+}
+
+/// An id's files in `folders`, the others taken as absent; `None` when one
+/// of them is absent.
+fn read_folders(
+    id: &MinionId,
+    folders: InFolders,
+    rt: &mut impl Runtime,
+) -> Option<(Slots, InFolders, Option<FileToken>)> {
+    if folders.is_empty() || folders == InFolders::ALL {
+        return Some(read_all(id, rt));
     }
-    let mut slots = Slots::EMPTY;
-    for folder in Folder::ALL.into_iter().filter(|&folder| listed.contains(folder)) {
-        let slot = rt.read_slot(folder, id);
+    let (mut slots, mut tokens) = (Slots::EMPTY, Vec::new());
+    for folder in Folder::ALL.into_iter().filter(|&folder| folders.contains(folder)) {
+        let (slot, token) = rt.read_slot_token(folder, id);
         if matches!(slot, Slot::Absent) {
-            return (rt.read_slots(id), InFolders::ALL);
+            return None;
         }
         *slots.get_mut(folder) = slot;
+        tokens.push((folder, token));
     }
-    (slots, listed)
+    let token = slots.only_key(|folder| tokens.iter().find(|(f, _)| *f == folder).and_then(|(_, t)| *t));
+    Some((slots, folders, token))
 }

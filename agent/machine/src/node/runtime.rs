@@ -8,7 +8,7 @@
 use crate::PeerName;
 
 use crate::core::merge::Conflict;
-use crate::core::observe::{Slot, Slots};
+use crate::core::observe::{FileToken, Slot, Slots};
 use crate::core::settle::FsChange;
 use crate::core::{Decision, Entry, Folder, MinionId, PublicKey, Seen, Version};
 
@@ -121,6 +121,29 @@ pub struct Listing {
 pub trait Runtime {
     /// Reads an id's file in one folder, trusting nothing.
     fn read_slot(&mut self, folder: Folder, id: &MinionId) -> Slot;
+    /// [`Runtime::read_slot`], and the token of the file read when it is a
+    /// key ([`FileToken`]; none where the runtime cannot tell a file from
+    /// its successor, e.g. one changed within the clock's last tick).
+    fn read_slot_token(&mut self, folder: Folder, id: &MinionId) -> (Slot, Option<FileToken>) {
+        (self.read_slot(folder, id), None)
+    }
+    /// [`Runtime::read_slots`], and the token of the id's one key file
+    /// ([`Slots::only_key`]).
+    fn read_slots_token(&mut self, id: &MinionId) -> (Slots, Option<FileToken>) {
+        let mut tokens = Vec::new();
+        let slots = Slots::read(|folder| {
+            let (slot, token) = self.read_slot_token(folder, id);
+            tokens.push((folder, token));
+            slot
+        });
+        let token = slots.only_key(|folder| tokens.iter().find(|(f, _)| *f == folder).and_then(|(_, t)| *t));
+        (slots, token)
+    }
+    /// Whether the id's file in the token's folder is still the file the
+    /// token was taken of, unchanged; false whenever it cannot tell.
+    fn unchanged(&mut self, _token: FileToken, _id: &MinionId) -> bool {
+        false
+    }
     /// Reads an id's file in each of the three folders.
     fn read_slots(&mut self, id: &MinionId) -> Slots {
         Slots::read(|folder| self.read_slot(folder, id))

@@ -9,7 +9,7 @@ use crate::PeerName;
 
 use crate::core::keyfile::check_public_key;
 use crate::core::merge::Conflict;
-use crate::core::observe::{Refusal, Slot};
+use crate::core::observe::{FileToken, Refusal, Slot};
 use crate::core::settle::FsChange;
 use crate::core::{Decision, Entry, Folder, MinionId, PublicKey, Seen, Verdict, Version};
 
@@ -343,6 +343,22 @@ pub struct Recorder {
     /// When set, the files named by [`Runtime::read_soon`] (true) and those
     /// read (false), in order.
     pub read_log: Option<Vec<(bool, Folder, String)>>,
+    /// Key files read are given a token ([`FileToken`]), here of their
+    /// folder and bytes, as the agent gives one of their inode and change
+    /// time; off, none is (each scan reads every file).
+    pub file_tokens: bool,
+    /// Files asked about with [`Runtime::unchanged`].
+    pub files_asked: usize,
+}
+
+impl Recorder {
+    /// The token of `id`'s file in `folder` (see [`Recorder::file_tokens`]).
+    fn token(&self, folder: Folder, id: &MinionId) -> Option<FileToken> {
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        let bytes = self.folders.get(folder, id.as_str()).filter(|_| self.file_tokens)?;
+        let identity = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(bytes);
+        Some(FileToken::new(folder, identity))
+    }
 }
 
 impl Runtime for Recorder {
@@ -355,6 +371,17 @@ impl Runtime for Recorder {
             Some(refused) if refused == folder => Slot::Refused(Refusal::Unreadable("refused folder".to_string())),
             _ => self.folders.slot(folder, id.as_str()),
         }
+    }
+
+    fn read_slot_token(&mut self, folder: Folder, id: &MinionId) -> (Slot, Option<FileToken>) {
+        let slot = self.read_slot(folder, id);
+        let token = if matches!(slot, Slot::Key(_)) { self.token(folder, id) } else { None };
+        (slot, token)
+    }
+
+    fn unchanged(&mut self, token: FileToken, id: &MinionId) -> bool {
+        self.files_asked += 1;
+        self.token(token.folder(), id) == Some(token)
     }
 
     fn read_soon(&mut self, files: &[(Folder, &str)]) {

@@ -172,6 +172,7 @@ mod guard;
 mod repair;
 mod settling;
 mod stale;
+mod unchanged;
 mod waiting;
 mod whole;
 

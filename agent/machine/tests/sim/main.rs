@@ -179,7 +179,7 @@ fn masters_converge_under_chaos() {
          {} kills between inputs, {} inside one, {} full disks, {} partitions, {} inotify overflows; {} .dfn drops; \
          guard: {} mass deletes, {} bursts held, {} held deletes released and {} reverted by operators, \
          {} settled otherwise, 0 lost or applied unreleased; \
-         tombstones: {} read back from the store, {} compacted",
+         tombstones: {} read back from the store, {} compacted; {} key files unchanged since a scan read them, not read again",
         seeds.len(),
         started.elapsed(),
         t.decisions,
@@ -220,6 +220,7 @@ fn masters_converge_under_chaos() {
         t.settled,
         t.cold_read,
         t.compacted,
+        t.unchanged,
     );
     if seeds.len() >= DEFAULT_SEEDS as usize {
         // The seeds must exercise what they check: tombstones left to the
@@ -229,6 +230,8 @@ fn masters_converge_under_chaos() {
         assert!(t.overlapped > 0, "no fetch was made while the last was applied");
         // Of ids too, not only of whole buckets (a plan several chunks long).
         assert!(t.overlapped_ids > 0, "no fetch of ids was made while the last was applied");
+        // And scans that found key files unchanged since they read them.
+        assert!(t.unchanged > 0, "no scan found a key file unchanged since it read it");
     }
 }
 
@@ -278,6 +281,8 @@ pub(crate) struct Stats {
     settled: u64,
     pub(crate) cold_read: u64,
     pub(crate) compacted: u64,
+    /// Key files a scan did not read again: unchanged since it read them.
+    pub(crate) unchanged: u64,
     latencies_ms: Vec<u64>,
     verdicts: world::Verdicts,
 }
@@ -319,6 +324,7 @@ impl Stats {
         self.settled += o.settled;
         self.cold_read += o.cold_read;
         self.compacted += o.compacted;
+        self.unchanged += o.unchanged;
         self.latencies_ms.extend(&o.verdicts.latencies_ms);
     }
 }

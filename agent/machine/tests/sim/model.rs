@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use keysync_machine::core::keyfile::check_public_key;
-use keysync_machine::core::observe::Refusal;
+use keysync_machine::core::observe::{FileToken, Refusal};
 use keysync_machine::core::settle::FsChange;
 use keysync_machine::core::{Folder, PublicKey, Slot, Slots, Verdict};
 
@@ -60,6 +60,10 @@ pub(crate) fn key_bytes(id: &str, variant: u64) -> Vec<u8> {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Disk {
     pub(crate) files: BTreeMap<(String, Folder), (Vec<u8>, Slot)>,
+    /// Each file's generation, new at each write (as an inode's change time
+    /// is): its token ([`FileToken`]).
+    made: BTreeMap<(String, Folder), u64>,
+    writes: u64,
 }
 
 impl Disk {
@@ -79,6 +83,19 @@ impl Disk {
         self.files.get(&(name.to_string(), folder)).map_or(Slot::Absent, |(_, slot)| slot.clone())
     }
 
+    /// The token of a key file: its folder and generation.
+    pub(crate) fn token(&self, folder: Folder, name: &str) -> Option<FileToken> {
+        let made = self.made.get(&(name.to_string(), folder))?;
+        matches!(self.slot(folder, name), Slot::Key(_)).then(|| FileToken::new(folder, made << 2))
+    }
+
+    /// The id's slots and the token of its one key file, as the agent reads them.
+    pub(crate) fn slots_token(&self, name: &str) -> (Slots, Option<FileToken>) {
+        let slots = self.slots(name);
+        let token = slots.only_key(|folder| self.token(folder, name));
+        (slots, token)
+    }
+
     pub(crate) fn names(&self) -> BTreeSet<String> {
         self.files.keys().map(|(name, _)| name.clone()).collect()
     }
@@ -87,9 +104,12 @@ impl Disk {
         match change {
             Change::Put(folder, name, bytes) => {
                 self.files.insert((name.clone(), *folder), (bytes.clone(), read_key_file(bytes)));
+                self.writes += 1;
+                self.made.insert((name.clone(), *folder), self.writes);
             }
             Change::Remove(folder, name) => {
                 self.files.remove(&(name.clone(), *folder));
+                self.made.remove(&(name.clone(), *folder));
             }
         }
     }
@@ -195,6 +215,25 @@ pub(crate) fn plan_operator(
             Step::close(Pending, id).after(rng.between(0, 10)),
         ];
         return Some(("new pending key", steps, Expect::Nothing));
+    }
+    if roll < 40 && present.len() == 1 && matches!(present[0], Accepted | Rejected) {
+        // An operator copies another key over a decided one by hand (`cp`
+        // truncates and writes in place): the file changes, its name and
+        // folder do not. Salt never does; a scan that took the file for the
+        // one it read before would miss it.
+        let folder = present[0];
+        let bytes = key_bytes(id, rng.below(4));
+        if disk.get(folder, id) == Some(&bytes) {
+            return None;
+        }
+        let key = PublicKey::new(bytes.clone());
+        let verdict = if folder == Accepted { Verdict::Accepted(key) } else { Verdict::Rejected(key) };
+        let steps = vec![
+            Step::write(folder, id, vec![]),
+            Step::write(folder, id, bytes).after(rng.between(0, 10)),
+            Step::close(folder, id).after(rng.between(0, 10)),
+        ];
+        return Some(("key copied over in place", steps, Expect::AtMost(verdict)));
     }
     if roll >= 80 {
         let steps: Vec<Step> = present.iter().map(|&f| Step::unlink(f, id).after(rng.between(0, 2))).collect();

@@ -7,7 +7,7 @@
 
 use keysync_machine::core::merge::Conflict;
 use keysync_machine::core::{Decision, Entry, MinionId, Slot, Slots, Version};
-use keysync_machine::node::{Applied, Event, Failure, Listing, Runtime, StoreWrite};
+use keysync_machine::node::{Applied, Event, Failure, FileToken, Listing, Runtime, StoreWrite};
 
 use crate::model::{Change, Disk};
 use keysync_machine::core::settle::FsChange;
@@ -39,6 +39,8 @@ pub(crate) struct Outbox {
     pub(crate) audit_before: usize,
     /// Plain tombstones read back from the store, and compacted.
     pub(crate) cold_read: u64,
+    /// Key files a scan did not read again: unchanged since it last did.
+    pub(crate) unchanged: u64,
     pub(crate) compacted: u64,
     /// What the store held of each id it compacted (the conflicts told
     /// about it are forgotten with it).
@@ -132,6 +134,30 @@ impl Runtime for SimRuntime<'_> {
             return Slot::Absent;
         }
         self.disk.slot(folder, id.as_str())
+    }
+
+    fn read_slot_token(&mut self, folder: Folder, id: &MinionId) -> (Slot, Option<FileToken>) {
+        if self.dead() {
+            return (Slot::Absent, None);
+        }
+        (self.disk.slot(folder, id.as_str()), self.disk.token(folder, id.as_str()))
+    }
+
+    /// One effect, as [`SimRuntime::read_slots`].
+    fn read_slots_token(&mut self, id: &MinionId) -> (Slots, Option<FileToken>) {
+        if self.dead() {
+            return (Slots::EMPTY, None);
+        }
+        self.disk.slots_token(id.as_str())
+    }
+
+    fn unchanged(&mut self, token: FileToken, id: &MinionId) -> bool {
+        if self.dead() {
+            return false;
+        }
+        let unchanged = self.disk.token(token.folder(), id.as_str()) == Some(token);
+        self.out.unchanged += u64::from(unchanged);
+        unchanged
     }
 
     fn list(&mut self) -> Result<Listing, Failure> {

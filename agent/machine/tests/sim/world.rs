@@ -428,6 +428,7 @@ impl Sim {
         let name = n.name.clone();
         self.stats.dfn += u64::from(out.dfn_dropped);
         self.stats.cold_read += out.cold_read;
+        self.stats.unchanged += out.unchanged;
         self.stats.compacted += out.compacted;
         self.nodes[node].compacted.append(&mut out.forgotten);
         if out.killed {

@@ -22,11 +22,15 @@ use hashbrown::HashTable;
 
 use super::chunked::Chunked;
 use super::{bucket_of, Entry, MinionId};
+use crate::core::observe::FileToken;
 
 pub(super) struct Entries {
     slots: Chunked<(MinionId, Entry)>,
     /// Each slot's digest bucket (`bucket_of` of its id), in step with `slots`.
     buckets: Chunked<u16>,
+    /// Each slot's file as a scan last read it and decided nothing
+    /// (`FileToken`), in step with `slots`: forgotten when its entry changes.
+    tokens: Chunked<Option<FileToken>>,
     /// Positions in `slots`, hashed by their ids.
     index: HashTable<u32>,
     /// Seeded per process, as `HashMap`'s: ids come from peers and from
@@ -39,6 +43,7 @@ impl Default for Entries {
         Entries {
             slots: Chunked::default(),
             buckets: Chunked::default(),
+            tokens: Chunked::default(),
             index: HashTable::new(),
             hasher: RandomState::new(),
         }
@@ -88,10 +93,12 @@ impl Entries {
         let hash = self.hasher.hash_one(&id);
         let slots = &self.slots;
         if let Some(&at) = self.index.find(hash, |&at| slots[at as usize].0 == id) {
+            self.tokens[at as usize] = None;
             return Some(std::mem::replace(&mut self.slots[at as usize].1, entry));
         }
         let at = u32::try_from(self.slots.len()).expect("fewer than 2^32 ids held");
         self.buckets.push(u16::try_from(bucket_of(&id)).expect("buckets fit 16 bits"));
+        self.tokens.push(None);
         self.slots.push((id, entry));
         let (slots, hasher) = (&self.slots, &self.hasher);
         self.index.insert_unique(hash, at, |&at| hasher.hash_one(&slots[at as usize].0));
@@ -110,7 +117,25 @@ impl Entries {
             *slot = at as u32;
         }
         self.buckets.swap_remove(at);
+        self.tokens.swap_remove(at);
         Some(self.slots.swap_remove(at).1)
+    }
+
+    /// The file a scan last read for `id` and decided nothing on, if its
+    /// entry did not change since.
+    pub fn token<Q>(&self, id: &Q) -> Option<FileToken>
+    where
+        MinionId: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.position(id).and_then(|at| self.tokens[at])
+    }
+
+    /// Keeps `token` with `id`'s entry (nothing when none is held).
+    pub fn set_token(&mut self, id: &MinionId, token: Option<FileToken>) {
+        if let Some(at) = self.position(id) {
+            self.tokens[at] = token;
+        }
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&MinionId, &Entry)> + Clone {
@@ -135,6 +160,7 @@ impl Entries {
     pub fn reserve(&mut self, additional: usize) {
         self.slots.reserve(additional);
         self.buckets.reserve(additional);
+        self.tokens.reserve(additional);
         let (slots, hasher) = (&self.slots, &self.hasher);
         self.index.reserve(additional, |&at| hasher.hash_one(&slots[at as usize].0));
     }

@@ -1,0 +1,69 @@
+//! Tokens against real files: a file untouched is unchanged, any change
+//! to its bytes, mode, links or name is seen, and no token is taken of a
+//! file changed within `SETTLED` of its read.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+
+use super::super::tests::setup;
+use super::*;
+use keysync_machine::testkit::PUB;
+
+#[test]
+fn a_token_is_taken_of_a_settled_key_file_and_any_change_to_it_is_seen() {
+    let (dir, pki) = setup();
+    let accepted = dir.path().join("minions");
+    let names = ["same", "rewritten", "chmodded", "linked", "symlinked", "replaced", "removed", "moved"];
+    for name in names {
+        fs::write(accepted.join(name), PUB).unwrap();
+    }
+    // Just written: read, but no token (a change in the same clock tick
+    // would keep the times).
+    let (slot, token) = pki.read_slot_token(Folder::Accepted, "same");
+    assert!(matches!(slot, Slot::Key(_)), "{slot:?}");
+    assert_eq!(token, None, "a file changed within SETTLED has no token");
+    std::thread::sleep(SETTLED + Duration::from_millis(100));
+    let tokens: Vec<FileToken> = names
+        .iter()
+        .map(|name| {
+            let (slot, token) = pki.read_slot_token(Folder::Accepted, name);
+            assert!(matches!(slot, Slot::Key(_)), "{name}: {slot:?}");
+            token.unwrap_or_else(|| panic!("{name}: settled, a token is taken"))
+        })
+        .collect();
+    assert!(tokens.iter().all(|token| token.folder() == Folder::Accepted));
+    // Each change, made after the tokens were taken.
+    fs::write(accepted.join("rewritten"), PUB).unwrap();
+    fs::set_permissions(accepted.join("chmodded"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::hard_link(accepted.join("linked"), dir.path().join("elsewhere")).unwrap();
+    fs::remove_file(accepted.join("symlinked")).unwrap();
+    std::os::unix::fs::symlink(accepted.join("same"), accepted.join("symlinked")).unwrap();
+    fs::write(accepted.join("new"), PUB).unwrap();
+    fs::rename(accepted.join("new"), accepted.join("replaced")).unwrap();
+    fs::remove_file(accepted.join("removed")).unwrap();
+    fs::rename(accepted.join("moved"), dir.path().join("minions_rejected/moved")).unwrap();
+    let unchanged: Vec<(&str, bool)> =
+        names.iter().zip(&tokens).map(|(name, token)| (*name, pki.unchanged(*token, name))).collect();
+    assert_eq!(
+        unchanged,
+        vec![
+            ("same", true),
+            ("rewritten", false),
+            ("chmodded", false),
+            ("linked", false),
+            ("symlinked", false),
+            ("replaced", false),
+            ("removed", false),
+            ("moved", false),
+        ]
+    );
+    // A token names its folder: the same name elsewhere is not its file.
+    let moved = FileToken::new(Folder::Rejected, 0);
+    assert_eq!(moved.folder(), Folder::Rejected);
+    assert!(!pki.unchanged(moved, "moved"));
+    // What is not a key has no token.
+    fs::write(accepted.join("junk"), "not a key").unwrap();
+    std::thread::sleep(SETTLED + Duration::from_millis(100));
+    assert_eq!(pki.read_slot_token(Folder::Accepted, "junk").1, None);
+    assert!(pki.read_slot_token(Folder::Accepted, "same").1.is_some_and(|token| pki.unchanged(token, "same")));
+}
