@@ -21,5 +21,5 @@ pub mod version;
 pub use causal::{Context, Seen};
 pub use decision::{Decision, Entry, Fingerprint, PublicKey, Relays, Verdict, VerdictKind};
 pub use id::MinionId;
-pub use observe::{Folder, Reading, Slot, Slots};
+pub use observe::{FileToken, Folder, Reading, Slot, Slots};
 pub use version::Version;

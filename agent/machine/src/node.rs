@@ -262,6 +262,10 @@ impl Node {
             return;
         }
         if !self.echoes.is_echo(event.folder, &event.name, event.change, now.mono) {
+            // A change heard is read in full once settled, whatever the
+            // file's token says: a file's times can lag its bytes (a write
+            // through a shared mapping, a write whose copy stalled).
+            self.replica.set_file_token(event.name.as_str(), None);
             self.settler.on_event(event.folder, &event.name, event.change, now.mono);
         }
     }

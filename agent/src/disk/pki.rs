@@ -124,6 +124,8 @@ pub struct Pki {
     no_link: AtomicBool,
     /// Mode of the key files written from now on (see [`Pki::set_key_mode`]).
     key_mode: AtomicU32,
+    /// Whether key files read get tokens, and their epoch (`pki/token.rs`).
+    tokens: token::Tokens,
     /// Opening a key file with `O_NOATIME` was refused (EPERM: the files
     /// are another user's, and the agent lacks CAP_FOWNER): key files are
     /// opened without it from now on.
@@ -173,6 +175,7 @@ impl Pki {
         }
         let [accepted, pending, rejected]: [KeyFolder; 3] = opened.try_into().expect("three folders");
         let key_mode = AtomicU32::new(options.key_mode);
+        let tokens = token::Tokens::of(&root);
         Ok(Pki {
             root_path: root_path.to_path_buf(),
             root,
@@ -185,6 +188,7 @@ impl Pki {
             cold: read::ColdReads::default(),
             no_link: AtomicBool::new(false),
             key_mode,
+            tokens,
         })
     }
 

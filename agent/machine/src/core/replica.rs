@@ -114,8 +114,17 @@ impl Replica {
 
     /// Keeps (or forgets) the file a scan read for `id`, while its entry
     /// stays as it is (nothing when none is held).
-    pub fn set_file_token(&mut self, id: &MinionId, token: Option<super::observe::FileToken>) {
+    pub fn set_file_token<Q>(&mut self, id: &Q, token: Option<super::observe::FileToken>)
+    where
+        MinionId: std::borrow::Borrow<Q>,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
         self.entries.set_token(id, token);
+    }
+
+    /// Forgets every file a scan read ([`Replica::file_token`]).
+    pub fn forget_file_tokens(&mut self) {
+        self.entries.forget_tokens();
     }
 
     pub fn entries(&self) -> impl Iterator<Item = (&MinionId, &Entry)> {

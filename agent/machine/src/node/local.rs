@@ -25,6 +25,11 @@ pub(super) const RECONCILE_CHUNK: usize = 5000;
 /// seconds every `rescan_interval`.
 pub const RESCAN_STEP: usize = 5000;
 
+/// The periodic rescan reads every key file at least this often, whatever
+/// their tokens say ([`crate::core::observe::FileToken`]): a change that
+/// left a file's times alone is found within this.
+pub const FULL_READ_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// Settled names read at once from this many on are asked for ahead
 /// ([`Runtime::read_soon`]).
 const READ_AHEAD_FROM: usize = 256;
@@ -351,6 +356,10 @@ impl Node {
             Some(rescanning) => rescanning,
             None => {
                 self.waiting.next_rescan = now.mono + self.settings.rescan_interval;
+                if now.mono.saturating_duration_since(self.waiting.tokens_since) >= FULL_READ_EVERY {
+                    self.replica.forget_file_tokens();
+                    self.waiting.tokens_since = now.mono;
+                }
                 self.echoes.expire(now.mono);
                 if self.start == Start::FirstUnrecorded {
                     // A first start's files not all recorded yet: recorded in one

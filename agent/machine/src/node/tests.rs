@@ -34,7 +34,12 @@ fn node_with(name: &str, guard: GuardSettings, loaded: Loaded, rt: &mut Recorder
 
 /// [`node_with`], started at `at`.
 fn node_at(name: &str, guard: GuardSettings, loaded: Loaded, at: Now, rt: &mut Recorder) -> Node {
-    let settings = Settings {
+    Node::start(settings(name, guard), loaded, at, rt)
+}
+
+/// The settings of the tests' nodes.
+fn settings(name: &str, guard: GuardSettings) -> Settings {
+    Settings {
         node: name.into(),
         max_clock_skew: Duration::from_secs(60),
         rescan_interval: Duration::from_secs(3600),
@@ -45,8 +50,7 @@ fn node_at(name: &str, guard: GuardSettings, loaded: Loaded, at: Now, rt: &mut R
         guard,
         tombstone_ttl: TTL,
         masters: MASTERS.iter().map(|&m| Arc::from(m)).collect(),
-    };
-    Node::start(settings, loaded, at, rt)
+    }
 }
 
 fn key(variant: &str) -> PublicKey {

@@ -57,10 +57,14 @@ pub(super) struct Waiting {
     pub(super) rescanning: Option<super::local::Rescanning>,
     /// When plain tombstones past `tombstone_ttl` are next looked for.
     pub next_compact: Instant,
+    /// When the files' tokens were last all forgotten (the start, or a
+    /// periodic rescan that read every file: `local::FULL_READ_EVERY`).
+    pub tokens_since: Instant,
 }
 
 impl Waiting {
-    pub(super) fn new(next_rescan: Instant, next_compact: Instant, putting_back: Vec<MinionId>) -> Waiting {
+    /// Waiting for nothing yet at `now`, the start: compaction due at once.
+    pub(super) fn new(next_rescan: Instant, now: Instant, putting_back: Vec<MinionId>) -> Waiting {
         Waiting {
             retry: Vec::new(),
             deferred: Vec::new(),
@@ -71,7 +75,8 @@ impl Waiting {
             put_back_uncleared: false,
             next_rescan,
             rescanning: None,
-            next_compact,
+            next_compact: now,
+            tokens_since: now,
         }
     }
 }

@@ -9,8 +9,16 @@
 //! clean" rule): a change in the same tick of a coarse clock (a second on
 //! some file systems) as the read would keep the change time, and a file
 //! made in the inode of one removed could have its size and times.
+//!
+//! Tokens are given only on the local file systems listed in
+//! [`LOCAL_FILE_SYSTEMS`] (a network file system may answer `fstatat` from
+//! a cache, with the server's clock), and all are void once the wall clock
+//! is seen to step back (a change after the step could get the change time
+//! a token holds): they carry an epoch the step ends.
 
 use std::hash::{Hash, Hasher};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rustix::fs::{AtFlags, FileType, Stat};
@@ -22,31 +30,78 @@ use crate::core::{Folder, Slot};
 /// How long before a read a file must have last changed for a token.
 const SETTLED: Duration = Duration::from_secs(2);
 
+/// The file systems whose key files get tokens (`statfs` magic numbers):
+/// ext2/3/4, XFS, Btrfs, tmpfs, F2FS, ZFS, bcachefs, overlayfs.
+const LOCAL_FILE_SYSTEMS: [u64; 8] =
+    [0xEF53, 0x5846_5342, 0x9123_683E, 0x0102_1994, 0xF2F5_2010, 0x2FC1_2FC1, 0xCA45_1A4E, 0x794C_7630];
+
+/// Whether tokens are given, and their epoch.
+#[derive(Debug)]
+pub(super) struct Tokens {
+    /// The key folders are on a local file system.
+    local: bool,
+    /// Steps of the wall clock back seen so far.
+    epoch: AtomicU64,
+    /// The latest wall clock seen (ns since the epoch).
+    latest: AtomicU64,
+}
+
+impl Tokens {
+    /// For the key folders under `root`.
+    pub(super) fn of(root: &OwnedFd) -> Tokens {
+        let local = rustix::fs::fstatfs(root).is_ok_and(|fs| {
+            #[allow(clippy::unnecessary_cast)] // i64 on some targets, u32 or u64 on others
+            let kind = fs.f_type as u64;
+            LOCAL_FILE_SYSTEMS.contains(&kind)
+        });
+        Tokens { local, epoch: AtomicU64::new(0), latest: AtomicU64::new(0) }
+    }
+
+    /// The epoch at `now`: a new one once the clock is a second or more
+    /// behind the latest time seen (less cannot bring it back to a change
+    /// time a token holds, taken [`SETTLED`] before its read).
+    fn epoch_at(&self, now: SystemTime) -> u64 {
+        let now = now.duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        let latest = self.latest.fetch_max(now, Ordering::SeqCst);
+        if now.saturating_add(1_000_000_000) <= latest {
+            // Seen once per step: from now on the latest is the new time.
+            self.latest.store(now, Ordering::SeqCst);
+            return self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        }
+        self.epoch.load(Ordering::SeqCst)
+    }
+}
+
 impl Pki {
     /// [`Pki::read_slot`], and the token of the key file read (none for
     /// anything but a key, or a file changed within [`SETTLED`]).
     pub fn read_slot_token(&self, folder: Folder, name: &str) -> (Slot, Option<FileToken>) {
         let (slot, file) = self.open_slot(folder, name);
+        if !self.tokens.local {
+            return (slot, None);
+        }
+        let now = SystemTime::now();
+        let epoch = self.tokens.epoch_at(now);
         // Taken after the read: a file changed meanwhile changed within
         // `SETTLED` of now, and has no token.
-        let token = file
-            .and_then(|file| rustix::fs::fstat(&file).ok())
-            .and_then(|st| token_of(folder, &st, Some(SystemTime::now())));
+        let token =
+            file.and_then(|file| rustix::fs::fstat(&file).ok()).and_then(|st| token_of(folder, &st, epoch, Some(now)));
         (slot, token)
     }
 
     /// Whether `name`'s file in the token's folder is the file the token
     /// was taken of, unchanged: one `fstatat`, never through a symlink.
     pub fn unchanged(&self, token: FileToken, name: &str) -> bool {
+        let epoch = self.tokens.epoch_at(SystemTime::now());
         let Ok(dir) = self.folder_fd(token.folder()) else { return false };
         let Ok(st) = rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW) else { return false };
-        token_of(token.folder(), &st, None) == Some(token)
+        token_of(token.folder(), &st, epoch, None) == Some(token)
     }
 }
 
 /// The token of a regular file with one name in `folder`, as `st` says it
-/// is; `read_at`: when it was read, for the [`SETTLED`] rule.
-fn token_of(folder: Folder, st: &Stat, read_at: Option<SystemTime>) -> Option<FileToken> {
+/// is, in `epoch`; `read_at`: when it was read, for the [`SETTLED`] rule.
+fn token_of(folder: Folder, st: &Stat, epoch: u64, read_at: Option<SystemTime>) -> Option<FileToken> {
     if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile || st.st_nlink != 1 {
         return None;
     }
@@ -59,6 +114,7 @@ fn token_of(folder: Folder, st: &Stat, read_at: Option<SystemTime>) -> Option<Fi
     }
     // SipHash with fixed keys: tokens live only as long as the process.
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    epoch.hash(&mut hasher);
     (st.st_dev, st.st_ino, st.st_size, st.st_uid, st.st_gid, st.st_mode, st.st_nlink).hash(&mut hasher);
     (st.st_ctime, st.st_ctime_nsec, st.st_mtime, st.st_mtime_nsec).hash(&mut hasher);
     Some(FileToken::new(folder, hasher.finish()))

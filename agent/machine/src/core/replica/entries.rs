@@ -132,9 +132,20 @@ impl Entries {
     }
 
     /// Keeps `token` with `id`'s entry (nothing when none is held).
-    pub fn set_token(&mut self, id: &MinionId, token: Option<FileToken>) {
+    pub fn set_token<Q>(&mut self, id: &Q, token: Option<FileToken>)
+    where
+        MinionId: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         if let Some(at) = self.position(id) {
             self.tokens[at] = token;
+        }
+    }
+
+    /// Forgets every token: each file is read again by the next scan.
+    pub fn forget_tokens(&mut self) {
+        for at in 0..self.tokens.len() {
+            self.tokens[at] = None;
         }
     }
 
@@ -215,6 +226,34 @@ mod tests {
             entries.remove(&first).unwrap();
         }
         assert!(entries.is_empty());
+    }
+
+    /// Each token stays with its id's entry while the entry does: the
+    /// last entry moved into a removed one's place takes its token along,
+    /// and an entry replaced (or removed and held again) has none.
+    #[test]
+    fn a_token_stays_with_its_entry_until_the_entry_changes() {
+        use crate::core::{FileToken, Folder};
+        let token = |n: usize| Some(FileToken::new(Folder::Accepted, (n as u64) << 2));
+        let mut entries = Entries::default();
+        for n in 0..10 {
+            entries.insert(id(n), entry(n as u64));
+            entries.set_token(&id(n), token(n));
+        }
+        // web009, the last, moves into web003's place.
+        entries.remove(&id(3));
+        assert_eq!(entries.token(&id(9)), token(9));
+        assert_eq!(entries.token(&id(3)), None);
+        entries.insert(id(3), entry(3));
+        assert_eq!(entries.token(&id(3)), None, "held again: no token");
+        // Replaced with the same entry: still a change of the entry.
+        entries.insert(id(5), entry(5));
+        assert_eq!(entries.token(&id(5)), None);
+        assert_eq!(entries.token(id(4).as_str()), token(4), "found by name too");
+        entries.set_token(&id(42), token(42));
+        assert_eq!(entries.token(&id(42)), None, "an id not held keeps none");
+        entries.forget_tokens();
+        assert!((0..10).all(|n| entries.token(&id(n)).is_none()));
     }
 
     #[test]
