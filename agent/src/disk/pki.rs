@@ -97,6 +97,8 @@ struct KeyFolder {
     identity: (u64, u64),
     /// Why it is refused, if it is.
     refused: Option<String>,
+    /// On a local file system: its key files may get tokens (`pki/token.rs`).
+    local: bool,
 }
 
 /// A key folder that changed under the agent.
@@ -124,7 +126,7 @@ pub struct Pki {
     no_link: AtomicBool,
     /// Mode of the key files written from now on (see [`Pki::set_key_mode`]).
     key_mode: AtomicU32,
-    /// Whether key files read get tokens, and their epoch (`pki/token.rs`).
+    /// The key files' tokens: their epoch and key (`pki/token.rs`).
     tokens: token::Tokens,
     /// Opening a key file with `O_NOATIME` was refused (EPERM: the files
     /// are another user's, and the agent lacks CAP_FOWNER): key files are
@@ -175,7 +177,6 @@ impl Pki {
         }
         let [accepted, pending, rejected]: [KeyFolder; 3] = opened.try_into().expect("three folders");
         let key_mode = AtomicU32::new(options.key_mode);
-        let tokens = token::Tokens::of(&root);
         Ok(Pki {
             root_path: root_path.to_path_buf(),
             root,
@@ -188,7 +189,7 @@ impl Pki {
             cold: read::ColdReads::default(),
             no_link: AtomicBool::new(false),
             key_mode,
-            tokens,
+            tokens: token::Tokens::default(),
         })
     }
 
@@ -227,6 +228,11 @@ impl Pki {
             (_, Some(why)) => Err(why.clone()),
             (None, None) => Err(format!("{}/ is not open", folder.dir_name())),
         }
+    }
+
+    /// Whether a key folder, as open now, is on a local file system.
+    fn folder_is_local(&self, folder: Folder) -> bool {
+        self.folders[Self::slot_of(folder)].read().unwrap_or_else(std::sync::PoisonError::into_inner).local
     }
 
     /// Narrows decided key files (`minions/`, `minions_rejected/`) left
@@ -485,7 +491,8 @@ fn open_folder(root: &OwnedFd, root_path: &Path, folder: Folder, options: &PkiOp
         other => other?,
     };
     let identity = dirs::check_dir(&fd, &path, &options.trust)?;
-    Ok(KeyFolder { fd: Some(Arc::new(fd)), identity, refused: None })
+    let local = token::is_local(&fd);
+    Ok(KeyFolder { fd: Some(Arc::new(fd)), identity, refused: None, local })
 }
 
 /// Every name in a folder (not `.` and `..`).

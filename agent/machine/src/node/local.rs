@@ -25,9 +25,10 @@ pub(super) const RECONCILE_CHUNK: usize = 5000;
 /// seconds every `rescan_interval`.
 pub const RESCAN_STEP: usize = 5000;
 
-/// The periodic rescan reads every key file at least this often, whatever
-/// their tokens say ([`crate::core::observe::FileToken`]): a change that
-/// left a file's times alone is found within this.
+/// The first periodic rescan this long or more after the files' tokens
+/// were last forgotten forgets them all and reads every key file
+/// ([`crate::core::observe::FileToken`]): a change that left a file's
+/// times alone is found within this and one `rescan_interval`.
 pub const FULL_READ_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Settled names read at once from this many on are asked for ahead
@@ -143,15 +144,21 @@ impl Node {
     fn unchanged_since_read(&mut self, id: &MinionId, listed: Option<InFolders>, rt: &mut impl Runtime) -> bool {
         let Some(token) = self.replica.file_token(id) else { return false };
         let folder = token.folder();
-        let others: Vec<Folder> = match listed {
-            Some(listed) if listed == InFolders::NONE.with(folder) => Vec::new(),
+        let only = InFolders::NONE.with(folder);
+        let others = match listed {
+            Some(listed) if listed == only => InFolders::NONE,
             Some(_) => return false,
-            None => Folder::ALL.into_iter().filter(|&other| other != folder).collect(),
+            None => Folder::ALL.into_iter().filter(|&other| other != folder).fold(InFolders::NONE, InFolders::with),
         };
-        if !rt.unchanged(token, id) || others.iter().any(|&other| !matches!(rt.read_slot(other, id), Slot::Absent)) {
+        if !rt.unchanged(token, id) {
             return false;
         }
-        let looked = others.into_iter().fold(InFolders::NONE.with(folder), InFolders::with);
+        for other in Folder::ALL.into_iter().filter(|&other| others.contains(other)) {
+            if !matches!(rt.read_slot(other, id), Slot::Absent) {
+                return false;
+            }
+        }
+        let looked = others.with(folder);
         self.note_slots(id, &Slots::EMPTY, looked, rt);
         true
     }
@@ -564,15 +571,15 @@ fn read_folders(
     if folders.is_empty() || folders == InFolders::ALL {
         return Some(read_all(id, rt));
     }
-    let (mut slots, mut tokens) = (Slots::EMPTY, Vec::new());
-    for folder in Folder::ALL.into_iter().filter(|&folder| folders.contains(folder)) {
+    let (mut slots, mut tokens) = (Slots::EMPTY, [None; 3]);
+    for (at, folder) in Folder::ALL.into_iter().enumerate().filter(|&(_, folder)| folders.contains(folder)) {
         let (slot, token) = rt.read_slot_token(folder, id);
         if matches!(slot, Slot::Absent) {
             return None;
         }
         *slots.get_mut(folder) = slot;
-        tokens.push((folder, token));
+        tokens[at] = token;
     }
-    let token = slots.only_key(|folder| tokens.iter().find(|(f, _)| *f == folder).and_then(|(_, t)| *t));
+    let token = slots.only_key(|folder| Folder::ALL.iter().position(|&f| f == folder).and_then(|at| tokens[at]));
     Some((slots, folders, token))
 }

@@ -16,7 +16,7 @@
 //! is seen to step back (a change after the step could get the change time
 //! a token holds): they carry an epoch the step ends.
 
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -35,28 +35,30 @@ const SETTLED: Duration = Duration::from_secs(2);
 const LOCAL_FILE_SYSTEMS: [u64; 8] =
     [0xEF53, 0x5846_5342, 0x9123_683E, 0x0102_1994, 0xF2F5_2010, 0x2FC1_2FC1, 0xCA45_1A4E, 0x794C_7630];
 
-/// Whether tokens are given, and their epoch.
-#[derive(Debug)]
+/// Whether a folder is on one of [`LOCAL_FILE_SYSTEMS`]: its files may
+/// get tokens (asked of each key folder as it is opened, or opened again).
+pub(super) fn is_local(dir: &OwnedFd) -> bool {
+    rustix::fs::fstatfs(dir).is_ok_and(|fs| {
+        // A 32-bit magic number, whatever the type holding it (signed on
+        // some targets, where a cast to 64 bits would extend the sign).
+        #[allow(clippy::unnecessary_cast)]
+        let kind = u64::from(fs.f_type as u32);
+        LOCAL_FILE_SYSTEMS.contains(&kind)
+    })
+}
+
+/// The tokens' epoch and key.
+#[derive(Debug, Default)]
 pub(super) struct Tokens {
-    /// The key folders are on a local file system.
-    local: bool,
     /// Steps of the wall clock back seen so far.
     epoch: AtomicU64,
     /// The latest wall clock seen (ns since the epoch).
     latest: AtomicU64,
+    /// Keyed per process: the `salt` user chooses much of what is hashed.
+    key: RandomState,
 }
 
 impl Tokens {
-    /// For the key folders under `root`.
-    pub(super) fn of(root: &OwnedFd) -> Tokens {
-        let local = rustix::fs::fstatfs(root).is_ok_and(|fs| {
-            #[allow(clippy::unnecessary_cast)] // i64 on some targets, u32 or u64 on others
-            let kind = fs.f_type as u64;
-            LOCAL_FILE_SYSTEMS.contains(&kind)
-        });
-        Tokens { local, epoch: AtomicU64::new(0), latest: AtomicU64::new(0) }
-    }
-
     /// The epoch at `now`: a new one once the clock is a second or more
     /// behind the latest time seen (less cannot bring it back to a change
     /// time a token holds, taken [`SETTLED`] before its read).
@@ -70,54 +72,55 @@ impl Tokens {
         }
         self.epoch.load(Ordering::SeqCst)
     }
+
+    /// The token of a regular file with one name in `folder`, as `st` says
+    /// it is; `read_from`: when its read began, for the [`SETTLED`] rule
+    /// (`None` to compare with a token taken before).
+    fn token_of(&self, folder: Folder, st: &Stat, read_from: Option<SystemTime>) -> Option<FileToken> {
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile || st.st_nlink != 1 {
+            return None;
+        }
+        let epoch = self.epoch_at(read_from.unwrap_or_else(SystemTime::now));
+        if let Some(read_from) = read_from {
+            let changed = u64::try_from(st.st_ctime).ok()?;
+            let read = read_from.duration_since(UNIX_EPOCH).ok()?;
+            if Duration::from_secs(changed) + Duration::from_nanos(st.st_ctime_nsec) + SETTLED > read {
+                return None;
+            }
+        }
+        let mut hasher = self.key.build_hasher();
+        epoch.hash(&mut hasher);
+        (st.st_dev, st.st_ino, st.st_size, st.st_uid, st.st_gid, st.st_mode, st.st_nlink).hash(&mut hasher);
+        (st.st_ctime, st.st_ctime_nsec, st.st_mtime, st.st_mtime_nsec).hash(&mut hasher);
+        Some(FileToken::new(folder, hasher.finish()))
+    }
 }
 
 impl Pki {
     /// [`Pki::read_slot`], and the token of the key file read (none for
-    /// anything but a key, or a file changed within [`SETTLED`]).
+    /// anything but a key, a file changed within [`SETTLED`] of the read's
+    /// start, or a folder not on a local file system).
     pub fn read_slot_token(&self, folder: Folder, name: &str) -> (Slot, Option<FileToken>) {
+        // Before the read: a file changed while it is read changed after
+        // this, within `SETTLED` of it, and gets no token.
+        let read_from = SystemTime::now();
         let (slot, file) = self.open_slot(folder, name);
-        if !self.tokens.local {
+        if file.is_none() || !self.folder_is_local(folder) {
             return (slot, None);
         }
-        let now = SystemTime::now();
-        let epoch = self.tokens.epoch_at(now);
-        // Taken after the read: a file changed meanwhile changed within
-        // `SETTLED` of now, and has no token.
-        let token =
-            file.and_then(|file| rustix::fs::fstat(&file).ok()).and_then(|st| token_of(folder, &st, epoch, Some(now)));
+        let token = file
+            .and_then(|file| rustix::fs::fstat(&file).ok())
+            .and_then(|st| self.tokens.token_of(folder, &st, Some(read_from)));
         (slot, token)
     }
 
     /// Whether `name`'s file in the token's folder is the file the token
     /// was taken of, unchanged: one `fstatat`, never through a symlink.
     pub fn unchanged(&self, token: FileToken, name: &str) -> bool {
-        let epoch = self.tokens.epoch_at(SystemTime::now());
         let Ok(dir) = self.folder_fd(token.folder()) else { return false };
         let Ok(st) = rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW) else { return false };
-        token_of(token.folder(), &st, epoch, None) == Some(token)
+        self.tokens.token_of(token.folder(), &st, None) == Some(token)
     }
-}
-
-/// The token of a regular file with one name in `folder`, as `st` says it
-/// is, in `epoch`; `read_at`: when it was read, for the [`SETTLED`] rule.
-fn token_of(folder: Folder, st: &Stat, epoch: u64, read_at: Option<SystemTime>) -> Option<FileToken> {
-    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile || st.st_nlink != 1 {
-        return None;
-    }
-    if let Some(read_at) = read_at {
-        let changed = u64::try_from(st.st_ctime).ok()?;
-        let read = read_at.duration_since(UNIX_EPOCH).ok()?;
-        if Duration::from_secs(changed) + Duration::from_nanos(st.st_ctime_nsec) + SETTLED > read {
-            return None;
-        }
-    }
-    // SipHash with fixed keys: tokens live only as long as the process.
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    epoch.hash(&mut hasher);
-    (st.st_dev, st.st_ino, st.st_size, st.st_uid, st.st_gid, st.st_mode, st.st_nlink).hash(&mut hasher);
-    (st.st_ctime, st.st_ctime_nsec, st.st_mtime, st.st_mtime_nsec).hash(&mut hasher);
-    Some(FileToken::new(folder, hasher.finish()))
 }
 
 #[cfg(test)]

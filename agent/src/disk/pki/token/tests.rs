@@ -80,7 +80,8 @@ fn a_file_changed_just_now_has_no_token_whatever_its_modification_time() {
     let st = rustix::fs::stat(&path).unwrap();
     assert!(st.st_mtime < st.st_ctime - 3000, "the modification time is an hour back");
     assert_eq!(pki.read_slot_token(Folder::Accepted, "old").1, None);
-    assert!(token_of(Folder::Accepted, &st, 0, Some(SystemTime::now() + SETTLED + Duration::from_secs(1))).is_some());
+    let settled = SystemTime::now() + SETTLED + Duration::from_secs(1);
+    assert!(pki.tokens.token_of(Folder::Accepted, &st, Some(settled)).is_some());
 }
 
 /// A step of the wall clock back by a second or more starts an epoch, and
@@ -88,40 +89,31 @@ fn a_file_changed_just_now_has_no_token_whatever_its_modification_time() {
 /// step could get a change time a token holds.
 #[test]
 fn a_step_of_the_clock_back_voids_every_token() {
-    let (dir, pki) = setup();
-    fs::write(dir.path().join("minions/k"), PUB).unwrap();
-    let st = rustix::fs::stat(dir.path().join("minions/k")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("k"), PUB).unwrap();
+    let st = rustix::fs::stat(dir.path().join("k")).unwrap();
     let later = SystemTime::now() + Duration::from_secs(10);
-    let tokens = Tokens { local: true, epoch: AtomicU64::new(0), latest: AtomicU64::new(0) };
+    let tokens = Tokens::default();
     assert_eq!(tokens.epoch_at(later), 0);
+    let before = tokens.token_of(Folder::Accepted, &st, Some(later));
     assert_eq!(tokens.epoch_at(later - Duration::from_millis(500)), 0, "half a second: jitter, not a step");
     assert_eq!(tokens.epoch_at(later + Duration::from_secs(5)), 0);
+    assert_eq!(before, tokens.token_of(Folder::Accepted, &st, Some(later + Duration::from_secs(5))));
     assert_eq!(tokens.epoch_at(later), 1, "five seconds back: a step");
     assert_eq!(tokens.epoch_at(later + Duration::from_secs(1)), 1, "the new epoch goes on");
-    let before = token_of(Folder::Accepted, &st, 0, Some(later));
-    let after = token_of(Folder::Accepted, &st, 1, Some(later));
+    let after = tokens.token_of(Folder::Accepted, &st, Some(later + Duration::from_secs(1)));
     assert!(before.is_some() && after.is_some() && before != after);
-    // Where the key folders are: a local file system, so tokens are given.
-    assert!(pki.tokens.local);
 }
 
 /// Tokens are given on local file systems only: a network file system can
 /// answer `fstatat` from a cache, with its server's clock.
 #[test]
 fn only_local_file_systems_give_tokens() {
-    let proc_fs = rustix::fs::open(
-        "/proc",
-        rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::RDONLY,
-        rustix::fs::Mode::empty(),
-    )
-    .unwrap();
-    assert!(!Tokens::of(&proc_fs).local, "procfs is not one of them");
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = rustix::fs::open(
-        tmp.path(),
-        rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::RDONLY,
-        rustix::fs::Mode::empty(),
-    )
-    .unwrap();
-    assert!(Tokens::of(&dir).local, "the temporary folder's file system is");
+    use rustix::fs::{Mode, OFlags};
+    let open =
+        |path: &std::path::Path| rustix::fs::open(path, OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).unwrap();
+    assert!(!is_local(&open("/proc".as_ref())), "procfs is not one of them");
+    let (dir, pki) = setup();
+    assert!(is_local(&open(dir.path())), "the temporary folder's file system is");
+    assert!(pki.folder_is_local(Folder::Accepted));
 }
