@@ -222,17 +222,18 @@ impl Pki {
 
     /// The descriptor of a key folder, or why it is refused.
     fn folder_fd(&self, folder: Folder) -> Result<Arc<OwnedFd>, String> {
+        self.folder_local(folder).map(|(fd, _)| fd)
+    }
+
+    /// [`Pki::folder_fd`], and whether that folder is on a local file
+    /// system (`pki/token.rs`): read together, as a reopen changes both.
+    fn folder_local(&self, folder: Folder) -> Result<(Arc<OwnedFd>, bool), String> {
         let state = self.folders[Self::slot_of(folder)].read().unwrap_or_else(std::sync::PoisonError::into_inner);
         match (&state.fd, &state.refused) {
-            (Some(fd), None) => Ok(fd.clone()),
+            (Some(fd), None) => Ok((fd.clone(), state.local)),
             (_, Some(why)) => Err(why.clone()),
             (None, None) => Err(format!("{}/ is not open", folder.dir_name())),
         }
-    }
-
-    /// Whether a key folder, as open now, is on a local file system.
-    fn folder_is_local(&self, folder: Folder) -> bool {
-        self.folders[Self::slot_of(folder)].read().unwrap_or_else(std::sync::PoisonError::into_inner).local
     }
 
     /// Narrows decided key files (`minions/`, `minions_rejected/`) left
@@ -300,6 +301,7 @@ impl Pki {
                         state.fd = None;
                         state.refused = Some(why.clone());
                         state.identity = (0, 0);
+                        state.local = false;
                         Err(why)
                     }
                 };

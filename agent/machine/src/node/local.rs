@@ -28,7 +28,8 @@ pub const RESCAN_STEP: usize = 5000;
 /// The first periodic rescan this long or more after the files' tokens
 /// were last forgotten forgets them all and reads every key file
 /// ([`crate::core::observe::FileToken`]): a change that left a file's
-/// times alone is found within this and one `rescan_interval`.
+/// times alone is found within this, one `rescan_interval` and the time
+/// that rescan's steps take.
 pub const FULL_READ_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Settled names read at once from this many on are asked for ahead

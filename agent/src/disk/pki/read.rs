@@ -29,7 +29,14 @@ impl Pki {
 
     /// [`Pki::read_slot`], also returning the file it read a key from.
     pub(super) fn open_slot(&self, folder: Folder, name: &str) -> (Slot, Option<std::fs::File>) {
-        let (mut file, size) = match self.open_checked(folder, name) {
+        let (slot, opened) = self.open_slot_local(folder, name);
+        (slot, opened.map(|(file, _)| file))
+    }
+
+    /// [`Pki::open_slot`], and whether the folder the file was opened in
+    /// is on a local file system (`pki/token.rs`).
+    pub(super) fn open_slot_local(&self, folder: Folder, name: &str) -> (Slot, Option<(std::fs::File, bool)>) {
+        let (mut file, size, local) = match self.open_checked(folder, name) {
             Ok(opened) => opened,
             Err(slot) => return (slot, None),
         };
@@ -39,7 +46,7 @@ impl Pki {
         };
         // One byte over the cap, if it grew since: refused, as too large.
         match check_public_key(&bytes) {
-            Ok(()) => (Slot::Key(PublicKey::new(bytes)), Some(file)),
+            Ok(()) => (Slot::Key(PublicKey::new(bytes)), Some((file, local))),
             Err(e) => (Slot::Refused(Refusal::Content(e)), None),
         }
     }
@@ -47,9 +54,10 @@ impl Pki {
     /// Opens a key file that a read may read, and its size as `fstat` gave
     /// it: a regular file with one name, directly in the folder, never
     /// through a symlink, no larger than the cap, never a master key's name.
-    /// What else it found is the slot (absent, or refused and why).
-    fn open_checked(&self, folder: Folder, name: &str) -> Result<(std::fs::File, usize), Slot> {
-        let dir = self.folder_fd(folder).map_err(|why| Slot::Refused(Refusal::Unreadable(why)))?;
+    /// What else it found is the slot (absent, or refused and why). With
+    /// them, whether its folder is on a local file system.
+    fn open_checked(&self, folder: Folder, name: &str) -> Result<(std::fs::File, usize, bool), Slot> {
+        let (dir, local) = self.folder_local(folder).map_err(|why| Slot::Refused(Refusal::Unreadable(why)))?;
         if MASTER_KEY_NAMES.contains(&name) {
             // Refused without being opened, and only where such a file is:
             // one refusal per file, not one per folder.
@@ -77,7 +85,7 @@ impl Pki {
         if st.st_size as u64 > MAX_KEY_BYTES as u64 {
             return Err(Slot::Refused(Refusal::Content(KeyError::TooLarge(st.st_size as u64))));
         }
-        Ok((file, st.st_size as usize))
+        Ok((file, st.st_size as usize, local))
     }
 
     /// Opens a key file in `dir` for reading, as [`Pki::read_slot`] does.
@@ -107,7 +115,7 @@ impl Pki {
     /// whether it was found not in memory.
     pub(super) fn read_ahead(&self, folder: Folder, name: &str) -> Option<bool> {
         // What a read refuses before reading a byte is not read ahead either.
-        let (file, size) = self.open_checked(folder, name).ok()?;
+        let (file, size, _) = self.open_checked(folder, name).ok()?;
         // Counted when not in memory: the files read ahead are read warm,
         // and the reads alone would not tell that the next ones are cold.
         let cold = match self.cold.nowait(&file, &mut [0u8; 1], 0, &self.cold.ahead) {

@@ -54,7 +54,8 @@ pub(super) struct Tokens {
     epoch: AtomicU64,
     /// The latest wall clock seen (ns since the epoch).
     latest: AtomicU64,
-    /// Keyed per process: the `salt` user chooses much of what is hashed.
+    /// Keyed per `Pki` (one a process): the `salt` user chooses much of
+    /// what is hashed.
     key: RandomState,
 }
 
@@ -104,13 +105,15 @@ impl Pki {
         // Before the read: a file changed while it is read changed after
         // this, within `SETTLED` of it, and gets no token.
         let read_from = SystemTime::now();
-        let (slot, file) = self.open_slot(folder, name);
-        if file.is_none() || !self.folder_is_local(folder) {
-            return (slot, None);
-        }
-        let token = file
-            .and_then(|file| rustix::fs::fstat(&file).ok())
-            .and_then(|st| self.tokens.token_of(folder, &st, Some(read_from)));
+        let epoch = self.tokens.epoch_at(read_from);
+        let (slot, opened) = self.open_slot_local(folder, name);
+        let Some((file, true)) = opened else { return (slot, None) };
+        let Ok(st) = rustix::fs::fstat(&file) else { return (slot, None) };
+        // A step of the clock back during the read: no token.
+        let token = self
+            .tokens
+            .token_of(folder, &st, Some(read_from))
+            .filter(|_| self.tokens.epoch_at(SystemTime::now()) == epoch);
         (slot, token)
     }
 

@@ -97,7 +97,8 @@ fn a_scan_reads_again_only_the_key_files_not_the_ones_it_read() {
     tick_until(&mut node, &mut rt, base, 3.0 * INTERVAL + 300.0);
     assert_eq!(fingerprint_of(&node, "k000007"), Some(other_fingerprint), "decided once the store records");
 
-    // Every key file is read again at least every FULL_READ_EVERY.
+    // Every key file is read again by the first periodic rescan
+    // FULL_READ_EVERY or more after the start.
     rt.read_log = Some(Vec::new());
     let full = FULL_READ_EVERY.as_secs_f64();
     tick_until(&mut node, &mut rt, base, full - 1.0);

@@ -115,5 +115,12 @@ fn only_local_file_systems_give_tokens() {
     assert!(!is_local(&open("/proc".as_ref())), "procfs is not one of them");
     let (dir, pki) = setup();
     assert!(is_local(&open(dir.path())), "the temporary folder's file system is");
-    assert!(pki.folder_is_local(Folder::Accepted));
+    assert!(pki.folder_local(Folder::Accepted).unwrap().1);
+    // A key folder not on one (as a reopen would find it): read, no token.
+    fs::write(dir.path().join("minions/k"), PUB).unwrap();
+    std::thread::sleep(SETTLED + Duration::from_millis(100));
+    assert!(pki.read_slot_token(Folder::Accepted, "k").1.is_some());
+    pki.folders[0].write().unwrap().local = false;
+    let (slot, token) = pki.read_slot_token(Folder::Accepted, "k");
+    assert!(matches!(slot, Slot::Key(_)) && token.is_none(), "{slot:?} {token:?}");
 }
