@@ -130,13 +130,16 @@ pub trait Runtime {
     /// [`Runtime::read_slots`], and the token of the id's one key file
     /// ([`Slots::only_key`]).
     fn read_slots_token(&mut self, id: &MinionId) -> (Slots, Option<FileToken>) {
-        let mut tokens = Vec::new();
+        let mut tokens = [None; 3];
+        let mut at = 0;
         let slots = Slots::read(|folder| {
             let (slot, token) = self.read_slot_token(folder, id);
-            tokens.push((folder, token));
+            tokens[at] = token;
+            at += 1;
             slot
         });
-        let token = slots.only_key(|folder| tokens.iter().find(|(f, _)| *f == folder).and_then(|(_, t)| *t));
+        // `Slots::read` reads in the order of `Folder::ALL`.
+        let token = slots.only_key(|folder| Folder::ALL.iter().position(|&f| f == folder).and_then(|at| tokens[at]));
         (slots, token)
     }
     /// Whether the id's file in the token's folder is still the file the
