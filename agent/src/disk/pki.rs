@@ -29,6 +29,7 @@ pub mod ahead;
 mod apply;
 mod dfn;
 pub mod dirs;
+mod identity;
 mod owner;
 pub mod prestage;
 mod read;

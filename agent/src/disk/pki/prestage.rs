@@ -14,8 +14,7 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use rustix::fs::{AtFlags, FileType, Stat};
-
+use super::identity::Identity;
 use super::{remove_if_present, staged_name, write_new_file, Pki, MAX_WRITERS, PARALLEL_FROM};
 use crate::core::{Decision, Fingerprint, PublicKey};
 
@@ -45,49 +44,11 @@ struct Staged {
     name: String,
     fingerprint: Fingerprint,
     mode: u32,
-    /// What the file was once written.
+    /// What the file was once written (as the agent wrote it, from its own
+    /// descriptor: `identity.rs`).
     written: Identity,
     /// Renamed into place, or removed: nothing left to remove.
     taken: AtomicBool,
-}
-
-/// What tells the file written from any other put at its name, or changed
-/// since: the salt user owns the staging folder where the agent runs as
-/// salt. A change time is set by the kernel on every write, chmod, chown
-/// or link, and no user can set it back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Identity {
-    dev: u64,
-    ino: u64,
-    size: i64,
-    uid: u32,
-    gid: u32,
-    mode: u32,
-    ctime: (i64, u64),
-}
-
-impl Identity {
-    /// `None` unless a regular file with one name.
-    fn of(st: &Stat) -> Option<Identity> {
-        (FileType::from_raw_mode(st.st_mode) == FileType::RegularFile && st.st_nlink == 1).then_some(Identity {
-            dev: st.st_dev,
-            ino: st.st_ino,
-            size: st.st_size,
-            uid: st.st_uid,
-            gid: st.st_gid,
-            mode: st.st_mode & 0o7777,
-            ctime: (st.st_ctime, st.st_ctime_nsec),
-        })
-    }
-
-    fn at(dir: &OwnedFd, name: &str) -> Option<Identity> {
-        Identity::of(&rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).ok()?)
-    }
-
-    /// The file as the agent wrote it, from its own descriptor.
-    fn of_file(file: &std::fs::File) -> Option<Identity> {
-        Identity::of(&rustix::fs::fstat(file).ok()?)
-    }
 }
 
 impl Pki {

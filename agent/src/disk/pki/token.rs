@@ -1,6 +1,7 @@
-//! Key files' tokens ([`FileToken`]): a key file's inode, size, owner,
-//! mode and change and modification times, hashed with its folder, so that
-//! a scan reads again only the files that are not the ones it read last.
+//! Key files' tokens ([`FileToken`]): a key file's identity (`identity.rs`:
+//! its device, inode, size, owner, mode and change and modification times)
+//! hashed with its folder, so that a scan reads again only the files that
+//! are not the ones it read last.
 //!
 //! Every change to a file's bytes, owner, mode or links sets its change
 //! time to the kernel's clock, which no user can set back: a file whose
@@ -16,13 +17,12 @@
 //! is seen to step back (a change after the step could get the change time
 //! a token holds): they carry an epoch the step ends.
 
-use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::hash::{BuildHasher, RandomState};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use rustix::fs::{AtFlags, FileType, Stat};
-
+use super::identity::Identity;
 use super::Pki;
 use crate::core::observe::FileToken;
 use crate::core::{Folder, Slot};
@@ -74,26 +74,23 @@ impl Tokens {
         self.epoch.load(Ordering::SeqCst)
     }
 
-    /// The token of a regular file with one name in `folder`, as `st` says
-    /// it is; `read_from`: when its read began, for the [`SETTLED`] rule
-    /// (`None` to compare with a token taken before).
-    fn token_of(&self, folder: Folder, st: &Stat, read_from: Option<SystemTime>) -> Option<FileToken> {
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile || st.st_nlink != 1 {
-            return None;
-        }
-        let epoch = self.epoch_at(read_from.unwrap_or_else(SystemTime::now));
+    /// The token of a file in `folder` as `identity` tells it, in `epoch`;
+    /// `read_from`: when its read began, for the [`SETTLED`] rule (`None`
+    /// to compare with a token taken before).
+    fn token_of(
+        &self,
+        folder: Folder,
+        identity: Identity,
+        epoch: u64,
+        read_from: Option<SystemTime>,
+    ) -> Option<FileToken> {
         if let Some(read_from) = read_from {
-            let changed = u64::try_from(st.st_ctime).ok()?;
             let read = read_from.duration_since(UNIX_EPOCH).ok()?;
-            if Duration::from_secs(changed) + Duration::from_nanos(st.st_ctime_nsec) + SETTLED > read {
+            if identity.changed()? + SETTLED > read {
                 return None;
             }
         }
-        let mut hasher = self.key.build_hasher();
-        epoch.hash(&mut hasher);
-        (st.st_dev, st.st_ino, st.st_size, st.st_uid, st.st_gid, st.st_mode, st.st_nlink).hash(&mut hasher);
-        (st.st_ctime, st.st_ctime_nsec, st.st_mtime, st.st_mtime_nsec).hash(&mut hasher);
-        Some(FileToken::new(folder, hasher.finish()))
+        Some(FileToken::new(folder, self.key.hash_one((epoch, identity))))
     }
 }
 
@@ -108,11 +105,11 @@ impl Pki {
         let epoch = self.tokens.epoch_at(read_from);
         let (slot, opened) = self.open_slot_local(folder, name);
         let Some((file, true)) = opened else { return (slot, None) };
-        let Ok(st) = rustix::fs::fstat(&file) else { return (slot, None) };
+        let Some(identity) = Identity::of_file(&file) else { return (slot, None) };
         // A step of the clock back during the read: no token.
         let token = self
             .tokens
-            .token_of(folder, &st, Some(read_from))
+            .token_of(folder, identity, epoch, Some(read_from))
             .filter(|_| self.tokens.epoch_at(SystemTime::now()) == epoch);
         (slot, token)
     }
@@ -120,9 +117,10 @@ impl Pki {
     /// Whether `name`'s file in the token's folder is the file the token
     /// was taken of, unchanged: one `fstatat`, never through a symlink.
     pub fn unchanged(&self, token: FileToken, name: &str) -> bool {
+        let epoch = self.tokens.epoch_at(SystemTime::now());
         let Ok(dir) = self.folder_fd(token.folder()) else { return false };
-        let Ok(st) = rustix::fs::statat(&*dir, name, AtFlags::SYMLINK_NOFOLLOW) else { return false };
-        self.tokens.token_of(token.folder(), &st, None) == Some(token)
+        let Some(identity) = Identity::at(&dir, name) else { return false };
+        self.tokens.token_of(token.folder(), identity, epoch, None) == Some(token)
     }
 }
 

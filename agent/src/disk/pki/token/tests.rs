@@ -5,6 +5,7 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 
+use super::super::identity::Identity;
 use super::super::tests::setup;
 use super::*;
 use keysync_machine::testkit::PUB;
@@ -81,7 +82,8 @@ fn a_file_changed_just_now_has_no_token_whatever_its_modification_time() {
     assert!(st.st_mtime < st.st_ctime - 3000, "the modification time is an hour back");
     assert_eq!(pki.read_slot_token(Folder::Accepted, "old").1, None);
     let settled = SystemTime::now() + SETTLED + Duration::from_secs(1);
-    assert!(pki.tokens.token_of(Folder::Accepted, &st, Some(settled)).is_some());
+    let identity = Identity::of(&st).unwrap();
+    assert!(pki.tokens.token_of(Folder::Accepted, identity, pki.tokens.epoch_at(settled), Some(settled)).is_some());
 }
 
 /// A step of the wall clock back by a second or more starts an epoch, and
@@ -91,17 +93,18 @@ fn a_file_changed_just_now_has_no_token_whatever_its_modification_time() {
 fn a_step_of_the_clock_back_voids_every_token() {
     let dir = tempfile::tempdir().unwrap();
     fs::write(dir.path().join("k"), PUB).unwrap();
-    let st = rustix::fs::stat(dir.path().join("k")).unwrap();
+    let identity = Identity::of(&rustix::fs::stat(dir.path().join("k")).unwrap()).unwrap();
     let later = SystemTime::now() + Duration::from_secs(10);
     let tokens = Tokens::default();
+    let token_at = |at: SystemTime| tokens.token_of(Folder::Accepted, identity, tokens.epoch_at(at), Some(at));
     assert_eq!(tokens.epoch_at(later), 0);
-    let before = tokens.token_of(Folder::Accepted, &st, Some(later));
+    let before = token_at(later);
     assert_eq!(tokens.epoch_at(later - Duration::from_millis(500)), 0, "half a second: jitter, not a step");
     assert_eq!(tokens.epoch_at(later + Duration::from_secs(5)), 0);
-    assert_eq!(before, tokens.token_of(Folder::Accepted, &st, Some(later + Duration::from_secs(5))));
+    assert_eq!(before, token_at(later + Duration::from_secs(5)));
     assert_eq!(tokens.epoch_at(later), 1, "five seconds back: a step");
     assert_eq!(tokens.epoch_at(later + Duration::from_secs(1)), 1, "the new epoch goes on");
-    let after = tokens.token_of(Folder::Accepted, &st, Some(later + Duration::from_secs(1)));
+    let after = token_at(later + Duration::from_secs(1));
     assert!(before.is_some() && after.is_some() && before != after);
 }
 
