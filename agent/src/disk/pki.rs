@@ -217,10 +217,6 @@ impl Pki {
         self.staging.refused.as_deref()
     }
 
-    fn slot_of(folder: Folder) -> usize {
-        Folder::ALL.iter().position(|&f| f == folder).unwrap_or(0)
-    }
-
     /// The descriptor of a key folder, or why it is refused.
     fn folder_fd(&self, folder: Folder) -> Result<Arc<OwnedFd>, String> {
         self.folder_local(folder).map(|(fd, _)| fd)
@@ -229,7 +225,7 @@ impl Pki {
     /// [`Pki::folder_fd`], and whether that folder is on a local file
     /// system (`pki/token.rs`): read together, as a reopen changes both.
     fn folder_local(&self, folder: Folder) -> Result<(Arc<OwnedFd>, bool), String> {
-        let state = self.folders[Self::slot_of(folder)].read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let state = self.folders[folder.index()].read().unwrap_or_else(std::sync::PoisonError::into_inner);
         match (&state.fd, &state.refused) {
             (Some(fd), None) => Ok((fd.clone(), state.local)),
             (_, Some(why)) => Err(why.clone()),
@@ -277,7 +273,7 @@ impl Pki {
     /// Changes are kept for [`Pki::take_replaced`].
     pub fn check_folders(&self) {
         for folder in Folder::ALL {
-            let slot = &self.folders[Self::slot_of(folder)];
+            let slot = &self.folders[folder.index()];
             let now = dirs::identity_at(&self.root, folder.dir_name());
             let before = slot.read().unwrap_or_else(std::sync::PoisonError::into_inner).identity;
             if now == Some(before) {

@@ -15,6 +15,15 @@ pub enum Folder {
 impl Folder {
     pub const ALL: [Folder; 3] = [Folder::Accepted, Folder::Pending, Folder::Rejected];
 
+    /// Its place in [`Folder::ALL`].
+    pub fn index(self) -> usize {
+        match self {
+            Folder::Accepted => 0,
+            Folder::Pending => 1,
+            Folder::Rejected => 2,
+        }
+    }
+
     /// The folder's name under pki_dir.
     pub fn dir_name(self) -> &'static str {
         match self {

@@ -573,14 +573,14 @@ fn read_folders(
         return Some(read_all(id, rt));
     }
     let (mut slots, mut tokens) = (Slots::EMPTY, [None; 3]);
-    for (at, folder) in Folder::ALL.into_iter().enumerate().filter(|&(_, folder)| folders.contains(folder)) {
+    for folder in Folder::ALL.into_iter().filter(|&folder| folders.contains(folder)) {
         let (slot, token) = rt.read_slot_token(folder, id);
         if matches!(slot, Slot::Absent) {
             return None;
         }
         *slots.get_mut(folder) = slot;
-        tokens[at] = token;
+        tokens[folder.index()] = token;
     }
-    let token = slots.only_key(|folder| Folder::ALL.iter().position(|&f| f == folder).and_then(|at| tokens[at]));
+    let token = slots.only_key(|folder| tokens[folder.index()]);
     Some((slots, folders, token))
 }

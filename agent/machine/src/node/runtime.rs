@@ -131,15 +131,12 @@ pub trait Runtime {
     /// ([`Slots::only_key`]).
     fn read_slots_token(&mut self, id: &MinionId) -> (Slots, Option<FileToken>) {
         let mut tokens = [None; 3];
-        let mut at = 0;
         let slots = Slots::read(|folder| {
             let (slot, token) = self.read_slot_token(folder, id);
-            tokens[at] = token;
-            at += 1;
+            tokens[folder.index()] = token;
             slot
         });
-        // `Slots::read` reads in the order of `Folder::ALL`.
-        let token = slots.only_key(|folder| Folder::ALL.iter().position(|&f| f == folder).and_then(|at| tokens[at]));
+        let token = slots.only_key(|folder| tokens[folder.index()]);
         (slots, token)
     }
     /// Whether the id's file in the token's folder is still the file the

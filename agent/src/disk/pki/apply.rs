@@ -77,7 +77,7 @@ impl Pki {
         for folder in Folder::ALL {
             fds.push(self.folder_fd(folder).map_err(|why| io::Error::new(io::ErrorKind::PermissionDenied, why))?);
         }
-        let fd_of = |folder: Folder| &fds[Self::slot_of(folder)];
+        let fd_of = |folder: Folder| &fds[folder.index()];
         let mut applied = Applied::default();
         let mut adopted = Adoption::No;
         if let (Some(folder), Some(key)) = (target, key) {
