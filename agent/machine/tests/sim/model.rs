@@ -55,20 +55,18 @@ pub(crate) fn key_bytes(id: &str, variant: u64) -> Vec<u8> {
     pem.into_bytes()
 }
 
-/// One master's `minions/`, `minions_pre/` and `minions_rejected/`: each file's bytes and how
-/// the driver reads them (every byte checked, as it will be; computed once per write).
+/// One master's `minions/`, `minions_pre/` and `minions_rejected/`: each file's bytes, how
+/// the driver reads them (every byte checked, as it will be; computed once per write), and
+/// its generation, new at each write as an inode's change time is (its [`FileToken`]).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Disk {
-    pub(crate) files: BTreeMap<(String, Folder), (Vec<u8>, Slot)>,
-    /// Each file's generation, new at each write (as an inode's change time
-    /// is): its token ([`FileToken`]).
-    made: BTreeMap<(String, Folder), u64>,
+    pub(crate) files: BTreeMap<(String, Folder), (Vec<u8>, Slot, u64)>,
     writes: u64,
 }
 
 impl Disk {
     pub(crate) fn get(&self, folder: Folder, name: &str) -> Option<&Vec<u8>> {
-        self.files.get(&(name.to_string(), folder)).map(|(bytes, _)| bytes)
+        self.files.get(&(name.to_string(), folder)).map(|(bytes, _, _)| bytes)
     }
 
     pub(crate) fn has(&self, folder: Folder, name: &str) -> bool {
@@ -80,13 +78,15 @@ impl Disk {
     }
 
     pub(crate) fn slot(&self, folder: Folder, name: &str) -> Slot {
-        self.files.get(&(name.to_string(), folder)).map_or(Slot::Absent, |(_, slot)| slot.clone())
+        self.files.get(&(name.to_string(), folder)).map_or(Slot::Absent, |(_, slot, _)| slot.clone())
     }
 
     /// The token of a key file: its folder and generation.
     pub(crate) fn token(&self, folder: Folder, name: &str) -> Option<FileToken> {
-        let made = self.made.get(&(name.to_string(), folder))?;
-        matches!(self.slot(folder, name), Slot::Key(_)).then(|| FileToken::new(folder, made << 2))
+        match self.files.get(&(name.to_string(), folder))? {
+            (_, Slot::Key(_), made) => Some(FileToken::new(folder, made << 2)),
+            _ => None,
+        }
     }
 
     /// The id's slots and the token of its one key file, as the agent reads them.
@@ -103,13 +103,11 @@ impl Disk {
     pub(crate) fn change(&mut self, change: &Change) {
         match change {
             Change::Put(folder, name, bytes) => {
-                self.files.insert((name.clone(), *folder), (bytes.clone(), read_key_file(bytes)));
                 self.writes += 1;
-                self.made.insert((name.clone(), *folder), self.writes);
+                self.files.insert((name.clone(), *folder), (bytes.clone(), read_key_file(bytes), self.writes));
             }
             Change::Remove(folder, name) => {
                 self.files.remove(&(name.clone(), *folder));
-                self.made.remove(&(name.clone(), *folder));
             }
         }
     }
